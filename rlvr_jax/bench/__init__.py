@@ -1,0 +1,1 @@
+"""Throughput benchmarks (`rlvr-bench`) and the loss lab."""

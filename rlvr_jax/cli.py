@@ -1,0 +1,124 @@
+"""Console entry points. Thin: parse arguments, call into the library, map errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+
+EXIT_USAGE = 2
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--config", help="YAML config file (see configs/)")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key.sub=value", help="dotted overrides, values as YAML"
+    )
+    return p
+
+
+def _load_config(args: argparse.Namespace):
+    from rlvr_jax.config import load
+
+    return load(args.config, list(args.overrides))
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    """`rlvr-train --config FILE [key=value ...] [--dry-run] [--describe]`."""
+    p = _config_parser("rlvr-train", "Train a policy with RL from verifiable rewards.")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config and the parameter/memory plan, then exit",
+    )
+    p.add_argument("--describe", action="store_true", help="list every config key with its doc")
+    args = p.parse_args(argv)
+    from rlvr_jax.config import ConfigError, describe, dump
+
+    if args.describe:
+        for key, tp, doc in describe():
+            print(f"{key:36s} {tp:28s} {doc}")
+        return 0
+    try:
+        cfg = _load_config(args)
+    except ConfigError as e:
+        return _fail(str(e))
+    if args.dry_run:
+        print("# resolved config")
+        print(dump(cfg), end="")
+        from rlvr_jax.training.plan import PlanError, format_plan, make_plan
+
+        try:
+            plan = make_plan(cfg)
+        except PlanError as e:
+            return _fail(str(e))
+        print(format_plan(plan))
+        return 0
+    return _run_library("rlvr_jax.training.run", "main", cfg, what="rlvr-train")
+
+
+def _run_library(module: str, fn: str, *args, what: str) -> int:
+    """Calls `module:fn(*args)`; a module that does not exist yet is reported, not faked."""
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module.startswith(e.name):
+            print(
+                f"{what}: not yet available in this version (module {module} is not built yet)",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
+        raise
+    return int(getattr(mod, fn)(*args) or 0)
+
+
+_BENCH: dict[str, tuple[str, str]] = {
+    "losses": ("rlvr_jax.bench.losses", "Loss lab: every registered loss variant on one batch."),
+    "verifiers": ("rlvr_jax.bench.verifiers", "Verifier throughput (math, code sandbox)."),
+    "roofline": ("rlvr_jax.bench.roofline", "Matmul throughput and memory bandwidth."),
+    "decode": ("rlvr_jax.bench.decode", "Decode tokens/s: continuous, static, HF generate."),
+    "learner": ("rlvr_jax.bench.learner", "Train-step tokens/s and achieved FLOPs fraction."),
+    "e2e": ("rlvr_jax.bench.e2e", "The demo RL setup in sync and async mode."),
+    "waste": ("rlvr_jax.bench.waste", "Static vs continuous batching waste."),
+    "all": ("rlvr_jax.bench.all", "Every benchmark, one JSON and one table."),
+}
+
+
+def bench_main(argv: list[str] | None = None) -> int:
+    """`rlvr-bench SUBCOMMAND [options]`; each subcommand has `--json FILE`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: rlvr-bench SUBCOMMAND [--json FILE] [options]\n\nsubcommands:")
+        for name, (_, doc) in _BENCH.items():
+            print(f"  {name:10s} {doc}")
+        return 0 if argv else EXIT_USAGE
+    name, rest = argv[0], argv[1:]
+    if name not in _BENCH:
+        return _fail(f"unknown benchmark {name!r}; choose from {', '.join(_BENCH)}")
+    module, _ = _BENCH[name]
+    return _run_library(module, "main", rest, what=f"rlvr-bench {name}")
+
+
+def _simple(module: str, what: str) -> Callable[[list[str] | None], int]:
+    def main(argv: list[str] | None = None) -> int:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        return _run_library(module, "main", argv, what=what)
+
+    main.__doc__ = f"`{what}`: see `{what} --help`."
+    return main
+
+
+eval_main = _simple("rlvr_jax.eval.cli", "rlvr-eval")
+filter_main = _simple("rlvr_jax.data.filter_cli", "rlvr-filter")
+serve_main = _simple("rlvr_jax.rollout.serve", "rlvr-serve")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(train_main())

@@ -1,0 +1,303 @@
+"""The one typed config tree. Every field has its default here and a docstring under it.
+
+A YAML file maps onto `Config`; `rlvr_jax.config.load` validates it (unknown keys, wrong
+types and missing required values are errors naming the key and the file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+REQUIRED: Any = dataclasses.MISSING  # marks a field the YAML must set
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = REQUIRED
+    """Local directory with an HF checkpoint (config.json + *.safetensors)."""
+    tokenizer: str | None = None
+    """Local tokenizer directory; defaults to `model.path`."""
+    hf_config: dict[str, Any] | None = None
+    """Inline HF architecture config. Used when `path` holds no config.json (dry-runs of
+    real-scale configs, or building a fresh random model with `create_if_missing`)."""
+    create_if_missing: str | None = None
+    """`module:function` called as fn(path, cfg) to build the model at `path` when absent
+    (the demo builds its tiny base model this way)."""
+    param_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Storage dtype of the policy parameters."""
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Dtype of matmuls and activations; the LM head and log-softmax always run in fp32."""
+
+
+@dataclass(frozen=True)
+class MeshAxes:
+    data: int = 1
+    """Data-parallel degree (params replicated)."""
+    fsdp: int = -1
+    """Fully sharded data-parallel degree; -1 takes the devices left over."""
+    tensor: int = 1
+    """Tensor-parallel degree (heads / mlp / vocab split)."""
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    coordinator_address: str | None = None
+    """host:port of process 0 for `jax.distributed.initialize`; None reads the environment."""
+    num_processes: int | None = None
+    """Total processes; None reads the environment (or runs single-process)."""
+    process_id: int | None = None
+    """This process's index; None reads the environment."""
+    initialize: bool = False
+    """Call `jax.distributed.initialize` at start (multi-host runs)."""
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    actor_devices: int = 0
+    """Devices given to the rollout engine (the actor sub-mesh). 0 shares the learner's
+    devices (one machine); > 0 splits the device list: the last `actor_devices` go to the
+    actors, the rest to the learner."""
+    learner: MeshAxes = field(default_factory=MeshAxes)
+    """Axis sizes of the learner sub-mesh."""
+    actor: MeshAxes = field(default_factory=lambda: MeshAxes(data=-1, fsdp=1, tensor=1))
+    """Axis sizes of the actor sub-mesh (decode slots split over `data`)."""
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    """Multi-host initialisation."""
+    hardware: str | None = None
+    """Name of the target hardware (e.g. "TPU v5p-128", "8xH100-80GB"), for the dry-run plan."""
+    plan_devices: int = 0
+    """Devices the dry-run plan assumes (0 = the devices this process sees)."""
+    device_memory_gib: float = 0.0
+    """Memory per device the dry-run plan checks against (0 = unknown / not checked)."""
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    path: str = REQUIRED
+    """A JSONL or Parquet file, or a TFDS dataset name (with `format: tfds`)."""
+    format: Literal["jsonl", "parquet", "tfds", "auto"] = "auto"
+    """File format; `auto` goes by the file extension."""
+    weight: float = 1.0
+    """Mixture weight (normalised over sources)."""
+    name: str | None = None
+    """Source name in logs and metrics; defaults to the file stem."""
+    split: str = "train"
+    """TFDS split."""
+    data_dir: str | None = None
+    """TFDS data directory (local)."""
+    domain: str | None = None
+    """Default domain for rows that name none."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    sources: list[SourceConfig] = field(default_factory=list)
+    """Prompt sources with mixture weights."""
+    eval_sources: list[SourceConfig] = field(default_factory=list)
+    """Held-out prompt sources for `eval`."""
+    prompt_template: Literal["chat", "r1", "plain"] = "plain"
+    """How a row's prompt becomes text: the tokenizer's chat template, the R1
+    `<think>/<answer>` template, or the raw text."""
+    max_prompt_len: int = 256
+    """Prompts longer than this (tokens) are skipped and counted."""
+    seed: int = 0
+    """Seed of the mixture sampler and shuffling."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    mode: Literal["sync", "async"] = "sync"
+    """`sync`: generate, score, train, repeat. `async`: the actors generate while the
+    learner trains, with in-flight weight updates."""
+    backend: Literal["jetstream", "vllm"] = "jetstream"
+    """Rollout engine: our JAX engine (JetStream `Engine` API) or vLLM (GPU only)."""
+    num_samples: int = 8
+    """G: completions per prompt (group size)."""
+    max_new_tokens: int = 64
+    """Generation budget per completion (T_max of Dr.GRPO's normaliser)."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 = off, as RLVR requires for exact log-probs)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off)."""
+    max_slots: int = 32
+    """Decode slots of the continuous-batching engine."""
+    max_staleness: int = 1
+    """Async: a sample generated by policy version v trains step s only if s - v <= this."""
+    queue_size: int = 4
+    """Async: completed batches buffered between actors and learner."""
+    stop_strings: list[str] = field(default_factory=list)
+    """Extra stop strings (converted to token ids); the EOS token always stops."""
+    decode_chunk: int = 8
+    """Decode steps per jitted call (host polls between chunks)."""
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    preset: str | None = None
+    """Named bundle of the settings below (`olmo3`, `grpo`, `dapo`, `drgrpo`, `cispo`,
+    `gspo`); explicit keys override it."""
+    variant: str | None = None
+    """Policy loss: registered name or `module:function`."""
+    advantage: str | None = None
+    """Advantage estimator: registered name or `module:function`."""
+    eps_low: float | None = None
+    """Lower clip range; None = the variant's default."""
+    eps_high: float | None = None
+    """Upper clip range (clip-higher); None = the variant's default."""
+    agg: str | None = None
+    """Aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
+    seq-mean-token-sum-norm."""
+    tis_cap: float | None = None
+    """Truncated importance sampling cap C (None = off)."""
+    tis_mode: str | None = None
+    """TIS weight: `token`, `sequence`, `geometric`, or `mask` (drop outside [low, high])."""
+    kl_coef: float | None = None
+    """β of the KL term against the frozen reference (0 = no reference policy)."""
+    kl_estimator: str | None = None
+    """k1 | k2 | k3."""
+    kl_mode: Literal["loss", "reward"] | None = None
+    """Add β·KL to the loss, or subtract it from the reward."""
+    ratio_denominator: Literal["old", "sampler"] | None = None
+    """Ratio denominator: recomputed `old` log-probs, or the `sampler`'s (saves a forward)."""
+    variant_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the variant (e.g. `dual_clip: 3.0`)."""
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    zero_variance: bool = True
+    """Drop groups whose rewards are all equal."""
+    active_sampling: bool = True
+    """Keep drawing groups until the batch holds `train.prompts_per_batch` kept groups."""
+    max_draws: int = 4
+    """Cap on draws per batch, in multiples of `train.prompts_per_batch`."""
+    overlong_filter: bool = False
+    """Mask completions cut off by the length limit (DAPO)."""
+    soft_overlong_buffer: int = 0
+    """L_c of DAPO's soft overlong punishment (0 = off)."""
+
+
+@dataclass(frozen=True)
+class RewardsConfig:
+    domain_weights: dict[str, float] = field(default_factory=dict)
+    """Per-domain multiplier on the verifier reward (default 1.0)."""
+    format_weight: float = 0.0
+    """Weight of the `<think>/<answer>` format reward term."""
+    workers: int = 0
+    """Reward worker pool size; 0 = one per CPU core."""
+    timeout_s: float = 5.0
+    """Hard timeout per verification."""
+    code_mode: Literal["fraction", "all"] = "fraction"
+    """Code reward: fraction of tests passed, or 1 only if all pass."""
+    ifeval_mode: Literal["all", "fraction"] = "all"
+    """Instruction reward: 1 only if all constraints hold, or the fraction."""
+    judge_url: str | None = None
+    """OpenAI-compatible endpoint of the LLM judge."""
+    judge_model: str | None = None
+    """Judge model name sent to the endpoint."""
+    judge_api_key_env: str = "RLVR_JUDGE_API_KEY"
+    """Environment variable holding the judge's API key (never logged)."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    max_steps: int = 10
+    """Optimizer steps to run."""
+    output_dir: str = "runs/default"
+    """Metrics, checkpoints, plots and the exported policy go here."""
+    prompts_per_batch: int = 4
+    """Groups (prompts) per rollout batch."""
+    updates_per_batch: int = 1
+    """Optimizer steps (mini-batches) per rollout batch."""
+    micro_batch_size: int = 0
+    """Rows per gradient-accumulation micro-batch (0 = the whole mini-batch)."""
+    learning_rate: float = 1e-6
+    """Peak learning rate."""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Learning-rate schedule after warmup."""
+    warmup_steps: int = 0
+    """Linear warmup steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_b1: float = 0.9
+    """AdamW β1."""
+    adam_b2: float = 0.999
+    """AdamW β2."""
+    adam_eps: float = 1e-8
+    """AdamW ε."""
+    max_grad_norm: float = 1.0
+    """Global-norm gradient clipping (0 = off)."""
+    save_batch: str | None = None
+    """Write one training batch to this .npz (for `rlvr-bench losses --batch`)."""
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 0
+    """Save every N steps (0 = only at the end)."""
+    keep: int = 2
+    """Checkpoints kept (keep-last-N)."""
+    resume: bool = True
+    """Resume from the latest complete checkpoint in `train.output_dir`."""
+    export_hf: bool = True
+    """Export the final policy as an HF checkpoint."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every_steps: int = 0
+    """Held-out evaluation every N steps (0 = off)."""
+    num_samples: int = 8
+    """Samples per prompt (n of the pass@k estimator)."""
+    ks: list[int] = field(default_factory=lambda: [1, 8])
+    """k values of pass@k."""
+    max_prompts: int = 64
+    """Held-out prompts per evaluation."""
+    temperature: float = 1.0
+    """Sampling temperature for evaluation."""
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    tensorboard: bool = True
+    """Also write TensorBoard event files."""
+    progress_bar: bool = True
+    """Show a progress bar on the console."""
+    sample_completions: int = 2
+    """Completions logged as text per step."""
+    plots: bool = True
+    """PNG plots of the main curves at the end."""
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy (and its tokenizer)."""
+    algorithm: Literal["rl", "sft", "expert_iteration", "rl_sft_parallel"] = "rl"
+    """Training algorithm."""
+    seed: int = 0
+    """Global seed (params init when built, sampling, data order)."""
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    """Device mesh and its learner/actor split."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompt sources."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The rollout engine."""
+    loss: LossConfig = field(default_factory=LossConfig)
+    """Policy loss, advantages, KL, TIS."""
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    """Group filtering and active sampling."""
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    """Verifiers and reward weights."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimizer and loop."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpointing and export."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Metrics and console output."""

@@ -1,0 +1,1 @@
+"""Learner step, RL loop (sync/async), SFT, checkpointing, metrics, and the dry-run plan."""

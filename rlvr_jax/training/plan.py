@@ -1,0 +1,221 @@
+"""The dry-run plan: parameter count, mesh split and per-device memory, without allocating.
+
+Shapes come from `jax.eval_shape` over the architecture; per-device bytes divide each array by
+the mesh axes its logical axes map to (the same rules tables the learner and engine use).
+
+Estimates (documented, deliberately simple):
+- learner: params + grads (param dtype) + AdamW mu/nu (param dtype, as optax keeps them) +
+  activations of one micro-batch without rematerialisation: per token and layer
+  (12·D + 3·F) values in the compute dtype plus N·S attention probabilities, plus the fp32
+  logits and log-softmax (2·V·4 bytes per token); activations split over data × fsdp.
+- actor: params in the compute dtype + the per-slot KV cache
+  2·L·slots·S·K·H in the compute dtype (S = max prompt + max new tokens), slots split over
+  the actor's data axis and KV heads over its tensor axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlvr_jax.config.schema import Config, MeshAxes
+
+GiB = 1024**3
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+class PlanError(ValueError):
+    """The plan cannot be made (no architecture, impossible mesh)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    arch: str
+    n_params: int
+    n_devices: int
+    learner_devices: int
+    actor_devices: int
+    learner_axes: dict[str, int]
+    actor_axes: dict[str, int]
+    learner_bytes: dict[str, float]
+    actor_bytes: dict[str, float]
+    device_memory_gib: float
+    hardware: str | None
+    shared: bool
+
+    @property
+    def learner_total(self) -> float:
+        return sum(self.learner_bytes.values())
+
+    @property
+    def actor_total(self) -> float:
+        return sum(self.actor_bytes.values())
+
+    @property
+    def peak_per_device(self) -> float:
+        # on a shared mesh every device holds both halves
+        if self.shared:
+            return self.learner_total + self.actor_total
+        return max(self.learner_total, self.actor_total)
+
+    @property
+    def fits(self) -> bool | None:
+        if not self.device_memory_gib:
+            return None
+        return self.peak_per_device <= self.device_memory_gib * GiB
+
+
+def resolve_axes(axes: MeshAxes | dict[str, int], n_devices: int) -> dict[str, int]:
+    """Axis sizes with the (at most one) -1 filled so that their product is `n_devices`."""
+    sizes = dataclasses.asdict(axes) if isinstance(axes, MeshAxes) else dict(axes)
+    free = [k for k, v in sizes.items() if v == -1]
+    if len(free) > 1:
+        raise PlanError(f"mesh axes {sizes}: at most one axis may be -1")
+    if any(v == 0 or v < -1 for v in sizes.values()):
+        raise PlanError(f"mesh axes {sizes}: sizes must be positive (or one -1)")
+    fixed = math.prod(v for v in sizes.values() if v != -1)
+    if free:
+        if n_devices % fixed:
+            raise PlanError(f"mesh axes {sizes} do not divide {n_devices} devices")
+        sizes[free[0]] = n_devices // fixed
+    elif fixed != n_devices:
+        raise PlanError(f"mesh axes {sizes} use {fixed} devices, but {n_devices} are assigned")
+    return sizes
+
+
+def split_counts(n_devices: int, actor_devices: int) -> tuple[int, int, bool]:
+    """(learner, actor, shared): the device split `mesh.actor_devices` asks for."""
+    if actor_devices == 0:
+        return n_devices, n_devices, True
+    if not 0 < actor_devices < n_devices:
+        raise PlanError(
+            f"mesh.actor_devices={actor_devices} must leave at least one of {n_devices} devices "
+            "to the learner (0 shares all devices)"
+        )
+    return n_devices - actor_devices, actor_devices, False
+
+
+def arch_hf_config(cfg: Config) -> dict[str, Any]:
+    """The HF config of the policy: `model.path`/config.json, else `model.hf_config`."""
+    path = Path(cfg.model.path) / "config.json"
+    if path.is_file():
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise PlanError(f"{path}: not valid JSON: {e}") from None
+    if cfg.model.hf_config:
+        return dict(cfg.model.hf_config)
+    raise PlanError(
+        f"model.path {cfg.model.path!r} has no config.json and model.hf_config is not set: "
+        "cannot plan the architecture"
+    )
+
+
+def _shard_factor(logical: tuple, rules: dict, sizes: dict[str, int]) -> int:
+    used: set[str] = set()
+    for name in logical:
+        target = rules.get(name) if name is not None else None
+        if target is None:
+            continue
+        for axis in (target,) if isinstance(target, str) else target:
+            used.add(axis)
+    return math.prod(sizes.get(a, 1) for a in used)
+
+
+def _sharded_bytes(shapes, axes, rules, sizes, itemsize: int) -> float:
+    flat_shapes = jax.tree_util.tree_leaves(shapes)
+    flat_axes = jax.tree_util.tree_leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
+    if len(flat_shapes) != len(flat_axes):
+        raise PlanError("param_logical_axes does not match the params tree")
+    total = 0.0
+    for s, ax in zip(flat_shapes, flat_axes):
+        total += math.prod(s.shape) * itemsize / _shard_factor(ax, rules, sizes)
+    return total
+
+
+def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
+    """Computes the plan for `cfg` on `n_devices` (default: `mesh.plan_devices` or local)."""
+    from rlvr_jax import models, sharding
+
+    try:
+        arch = models.ArchConfig.from_hf(arch_hf_config(cfg))
+    except (KeyError, ValueError, TypeError) as e:
+        raise PlanError(f"model architecture: {e}") from None
+    n = n_devices or cfg.mesh.plan_devices or jax.device_count()
+    n_learn, n_act, shared = split_counts(n, cfg.mesh.actor_devices)
+    learner_axes = resolve_axes(cfg.mesh.learner, n_learn)
+    actor_axes = resolve_axes(cfg.mesh.actor, n_act)
+
+    pbytes = _DTYPE_BYTES[cfg.model.param_dtype]
+    cbytes = _DTYPE_BYTES[cfg.model.compute_dtype]
+    shapes = models.abstract_params(arch, np.float32)
+    axes = models.param_logical_axes(arch)
+    n_params = sum(math.prod(s.shape) for s in jax.tree_util.tree_leaves(shapes))
+
+    params_l = _sharded_bytes(shapes, axes, sharding.LEARNER_RULES, learner_axes, pbytes)
+    seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
+    rows = cfg.train.micro_batch_size or cfg.train.prompts_per_batch * cfg.rollout.num_samples
+    batch_split = learner_axes["data"] * learner_axes["fsdp"]
+    tokens = rows * seq / batch_split
+    per_layer = (12 * arch.d_model + 3 * arch.d_ff) * cbytes + arch.n_heads * seq * cbytes
+    learner_bytes = {
+        "params": params_l,
+        "grads": params_l,
+        "optimizer": 2 * params_l,
+        "activations": tokens * (arch.n_layers * per_layer + 2 * arch.vocab_size * 4),
+    }
+    params_a = _sharded_bytes(shapes, axes, sharding.ACTOR_RULES, actor_axes, cbytes)
+    kv_split = actor_axes["data"] * min(actor_axes["tensor"], arch.n_kv_heads)
+    kv = 2 * arch.n_layers * cfg.rollout.max_slots * seq * arch.n_kv_heads * arch.head_dim
+    actor_bytes = {"params": params_a, "kv_cache": kv * cbytes / kv_split}
+    return Plan(
+        arch=arch.arch,
+        n_params=n_params,
+        n_devices=n,
+        learner_devices=n_learn,
+        actor_devices=n_act,
+        learner_axes=learner_axes,
+        actor_axes=actor_axes,
+        learner_bytes=learner_bytes,
+        actor_bytes=actor_bytes,
+        device_memory_gib=cfg.mesh.device_memory_gib,
+        hardware=cfg.mesh.hardware,
+        shared=shared,
+    )
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as the table `--dry-run` prints."""
+
+    def gib(b: float) -> str:
+        return f"{b / GiB:9.3f} GiB"
+
+    lines = [
+        "# plan",
+        f"architecture:      {plan.arch}",
+        f"parameters:        {plan.n_params:,} ({plan.n_params / 1e9:.3f} B)",
+        f"devices:           {plan.n_devices}" + (f"  [{plan.hardware}]" if plan.hardware else ""),
+        f"learner sub-mesh:  {plan.learner_devices} devices {plan.learner_axes}",
+        f"actor sub-mesh:    {plan.actor_devices} devices {plan.actor_axes}"
+        + ("  (shares the learner's devices)" if plan.shared else ""),
+        "per-device memory (estimate):",
+    ]
+    for k, v in plan.learner_bytes.items():
+        lines.append(f"  learner {k:12s} {gib(v)}")
+    lines.append(f"  learner total        {gib(plan.learner_total)}")
+    for k, v in plan.actor_bytes.items():
+        lines.append(f"  actor   {k:12s} {gib(v)}")
+    lines.append(f"  actor   total        {gib(plan.actor_total)}")
+    lines.append(f"  peak per device      {gib(plan.peak_per_device)}")
+    if plan.fits is None:
+        lines.append("fits: unknown (set mesh.device_memory_gib to check)")
+    else:
+        verdict = "yes" if plan.fits else "NO"
+        lines.append(f"fits in {plan.device_memory_gib:g} GiB per device: {verdict}")
+    return "\n".join(lines)

@@ -1,0 +1,47 @@
+"""Regenerates the README's config-key table from the schema's field docstrings.
+
+Usage: python scripts/config_docs.py [--check]   (--check exits 1 when the README is stale)
+"""
+
+import sys
+from pathlib import Path
+
+from rlvr_jax.config import describe
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+START, END = "<!-- config-keys:start -->", "<!-- config-keys:end -->"
+
+
+def table() -> str:
+    rows = ["| key | type | meaning |", "|---|---|---|"]
+    for key, tp, doc in describe():
+        cell = tp.replace("|", "\\|")  # a pipe inside a table cell must be escaped
+        rows.append(f"| `{key}` | `{cell}` | {doc.replace('|', chr(92) + '|')} |")
+    return "\n".join(rows)
+
+
+def render(text: str) -> str:
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    return f"{head}{START}\n{table()}\n{END}{tail}"
+
+
+def main() -> int:
+    text = README.read_text()
+    if START not in text or END not in text:
+        print(f"{README}: markers {START} / {END} missing", file=sys.stderr)
+        return 1
+    new = render(text)
+    if "--check" in sys.argv:
+        if new != text:
+            print(
+                "README config table is stale: run python scripts/config_docs.py", file=sys.stderr
+            )
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

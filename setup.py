@@ -1,0 +1,55 @@
+"""rlvr_jax: JAX-native RL from verifiable rewards (OlmoRL). `pip install -e .[dev]`."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+README = Path(__file__).with_name("README.md")
+
+setup(
+    name="rlvr_jax",
+    version="0.1.0",
+    description="JAX-native RLVR: OlmoRL/GRPO losses, verifiers, a continuous-batching JetStream "
+    "engine and an async actor/learner trainer",
+    long_description=README.read_text() if README.exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["rlvr_jax", "rlvr_jax.*"]),
+    package_data={"rlvr_jax": ["py.typed", "**/*.json", "**/*.jsonl", "**/*.md"]},
+    # Ranges are the ones tested here (2026-11, Python 3.11, CPU); the upper bounds keep
+    # a fresh install on APIs we have run against.
+    install_requires=[
+        "jax>=0.10.2,<0.11",
+        "flax>=0.12.8,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12.8,<0.13",
+        "google-jetstream==0.2.2",  # the only release; archived upstream
+        "sympy>=1.14,<1.15",
+        "tensorflow-datasets>=4.9.10,<4.10",
+        "transformers>=5.23,<5.24",
+        "tokenizers>=0.23,<0.24",
+        "safetensors>=0.8,<0.9",
+        "pyyaml>=6.0,<7",
+        "numpy>=2.4,<2.5",
+        "pyarrow>=26,<27",
+        "matplotlib>=3.11,<3.12",
+        "tqdm>=4.70,<5",
+        "tensorboardX>=2.6.5,<2.7",
+    ],
+    extras_require={
+        "dev": ["pytest>=9.2,<10", "ruff==0.17.6", "torch==2.13.0"],
+        # Never installed by the scripts here: they pull accelerator builds.
+        "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
+        "tpu": ["jax[tpu]>=0.10.2,<0.11"],
+        "vllm": ["vllm>=0.11"],
+    },
+    entry_points={
+        "console_scripts": [
+            "rlvr-train=rlvr_jax.cli:train_main",
+            "rlvr-eval=rlvr_jax.cli:eval_main",
+            "rlvr-bench=rlvr_jax.cli:bench_main",
+            "rlvr-filter=rlvr_jax.cli:filter_main",
+            "rlvr-serve=rlvr_jax.cli:serve_main",
+        ]
+    },
+)
