@@ -1,0 +1,144 @@
+"""The learner step: batch layout, log-prob alignment, gradient accumulation with the global
+denominator, skipping non-finite steps, and the sharded step equal to the unsharded one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rlvr_jax import losses, models, sharding
+from rlvr_jax.config.schema import TrainConfig
+from rlvr_jax.training import learner
+from rlvr_jax.training.batch import Sample, collate
+from rlvr_jax.training.optimizer import learning_rate_schedule, make_optimizer
+
+ARCH = models.ArchConfig.from_hf(
+    dict(
+        model_type="qwen2",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=True,
+    )
+)
+
+
+def make_batch(seed=0, rows=4, seq_len=16, lengths=(3, 7, 1, 6)):
+    rng = np.random.default_rng(seed)
+    samples = [
+        Sample(
+            rng.integers(3, 60, 5).tolist(),
+            rng.integers(3, 60, n).tolist(),
+            (-rng.random(n) * 3).tolist(),
+            float(rng.normal()),
+        )
+        for n in lengths
+    ]
+    return samples, {
+        k: jnp.asarray(v) for k, v in collate(samples, rows=rows, seq_len=seq_len, pad_id=0).items()
+    }
+
+
+def test_collate_layout_by_hand():
+    s = Sample(
+        prompt_tokens=[5, 6], tokens=[7, 8, 1], sampler_logp=[-0.1, -0.2, -0.3], advantage=0.5
+    )
+    b = collate([s], rows=2, seq_len=6, pad_id=0)
+    # row = [5 6 7 8 1 0]; inputs = row[:-1], targets = row[1:]
+    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 1], [0] * 5]
+    assert b["target_ids"].tolist() == [[6, 7, 8, 1, 0], [0] * 5]
+    # targets 7, 8, 1 (the completion, stop token included) sit at shifted indices 1..3
+    assert b["mask"].tolist() == [[0, 1, 1, 1, 0], [0] * 5]
+    np.testing.assert_allclose(b["sampler_logp"][0], [0, -0.1, -0.2, -0.3, 0])
+    assert b["segment_ids"].tolist() == [[1, 1, 1, 1, 1], [0] * 5]
+    assert b["advantages"].tolist() == [0.5, 0.0]
+    with pytest.raises(ValueError, match="sample 0 has 2 prompt \\+ 3 completion tokens > 4"):
+        collate([s], rows=1, seq_len=4, pad_id=0)
+
+
+def test_token_logprobs_match_the_full_forward():
+    params = models.init_params(ARCH, jax.random.key(1))
+    samples, batch = make_batch()
+    logp = learner.token_logprobs(params, ARCH, batch, compute_dtype=jnp.float32, temperature=0.7)
+    for i, s in enumerate(samples):
+        row = jnp.asarray([list(s.prompt_tokens) + list(s.tokens)])
+        model = models.Model(config=ARCH, params=params, compute_dtype=jnp.float32)
+        logits = models.forward(model, row)[0] / 0.7
+        ref = jax.nn.log_softmax(logits, axis=-1)
+        n_p = len(s.prompt_tokens)
+        for j, tok in enumerate(s.tokens):
+            np.testing.assert_allclose(logp[i, n_p - 1 + j], ref[n_p - 1 + j, tok], atol=1e-5)
+
+
+@pytest.mark.parametrize("preset", ["olmo3", "grpo", "drgrpo", "gspo"])
+def test_micro_batches_give_the_full_batch_update(preset):
+    params = models.init_params(ARCH, jax.random.key(0))
+    opt = optax.sgd(0.5)
+    settings = losses.resolve_loss_settings(preset)
+    _, batch = make_batch()
+    if settings.needs_ref_logp:  # grpo's KL term: any fixed reference log-probs will do
+        batch["ref_logp"] = batch["sampler_logp"] - 0.1
+    results = []
+    for n_micro in (1, 2, 4):
+        step = jax.jit(learner.make_train_step(ARCH, opt, settings, max_len=15, n_micro=n_micro))
+        state, metrics = step(learner.init_state(params, opt), batch)
+        results.append((state.params, float(metrics["loss"]), float(metrics["grad_norm"])))
+    for p, loss, gnorm in results[1:]:
+        assert loss == pytest.approx(results[0][1], rel=1e-5, abs=1e-7)
+        assert gnorm == pytest.approx(results[0][2], rel=1e-5)
+        for a, b in zip(jax.tree.leaves(results[0][0]), jax.tree.leaves(p)):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_non_finite_step_is_skipped_and_counted():
+    params = models.init_params(ARCH, jax.random.key(0))
+    opt = optax.sgd(0.1)
+    _, batch = make_batch()
+    batch["advantages"] = batch["advantages"].at[0].set(jnp.nan)
+    step = jax.jit(
+        learner.make_train_step(ARCH, opt, losses.resolve_loss_settings("olmo3"), max_len=12)
+    )
+    state, metrics = step(learner.init_state(params, opt), batch)
+    assert float(metrics["step_ok"]) == 0.0
+    assert int(state.step) == 0 and int(state.skipped) == 1
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_sharded_step_equals_unsharded():
+    params = models.init_params(ARCH, jax.random.key(0))
+    opt = optax.adamw(1e-3)
+    settings = losses.resolve_loss_settings("olmo3")
+    _, batch = make_batch(rows=8, lengths=(3, 7, 1, 6, 2, 5, 4, 8))
+    step = learner.make_train_step(ARCH, opt, settings, max_len=12, n_micro=2)
+    ref_state, ref_m = jax.jit(step)(learner.init_state(params, opt), batch)
+
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    p_shard = sharding.param_shardings(ARCH, mesh, sharding.LEARNER_RULES)
+    sharded = learner.init_state(sharding.reshard(params, p_shard), opt, mesh=mesh)
+    state_sh = jax.tree.map(lambda x: x.sharding, sharded)
+    batch_sh = {
+        k: sharding.batch_sharding(mesh, sharding.LEARNER_RULES, v.shape) for k, v in batch.items()
+    }
+    batch = {k: jax.device_put(v, batch_sh[k]) for k, v in batch.items()}
+    new_state, m = learner.jit_train_step(step, state_sh, batch_sh)(sharded, batch)
+    assert float(m["loss"]) == pytest.approx(float(ref_m["loss"]), rel=1e-5, abs=1e-7)
+    for a, b in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(new_state.params)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    emb = new_state.params["embedding"]
+    assert len(emb.sharding.device_set) == 8
+
+
+def test_schedules_by_hand():
+    cfg = TrainConfig(learning_rate=1.0, warmup_steps=4, max_steps=14, schedule="linear")
+    lr = learning_rate_schedule(cfg)
+    # warmup 0 → 1 over 4 steps, then linear 1 → 0 over the remaining 10
+    assert [float(lr(s)) for s in (0, 2, 4, 9, 14)] == pytest.approx([0, 0.5, 1.0, 0.5, 0.0])
+    cos = learning_rate_schedule(TrainConfig(learning_rate=2.0, max_steps=10, schedule="cosine"))
+    assert float(cos(5)) == pytest.approx(1.0)  # 2 · ½(1 + cos(π/2))
+    make_optimizer(TrainConfig(max_grad_norm=0.0))  # clipping off builds too
