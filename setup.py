@@ -35,9 +35,10 @@ setup(
         "matplotlib>=3.11,<3.12",
         "tqdm>=4.70,<5",
         "tensorboardX>=2.6.5,<2.7",
+        "langdetect>=1.0.9,<2",  # IFEval language checks (ships its profiles; seeded)
     ],
     extras_require={
-        "dev": ["pytest>=9.2,<10", "ruff==0.17.6", "torch==2.13.0"],
+        "dev": ["pytest>=9.2,<10", "ruff==0.17.6", "torch==2.13.0", "nltk>=3.9.1,<4"],
         # Never installed by the scripts here: they pull accelerator builds.
         "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],

@@ -18,6 +18,9 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   # torch is pinned to the CPU wheel this machine carries; any other spec pulls CUDA builds.
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
   "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
+  # The IFEval reference implementation, only for the tests that compare against it; its own
+  # dependency tree (datasets, pandas, ...) is not needed for those files.
+  "$VENV/bin/python" -m pip install -q --no-deps "lm-eval==0.4.13"
   echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

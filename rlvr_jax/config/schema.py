@@ -51,6 +51,9 @@ class DistributedConfig:
     """This process's index; None reads the environment."""
     initialize: bool = False
     """Call `jax.distributed.initialize` at start (multi-host runs)."""
+    transfer_address: str | None = None
+    """host:port this process listens on for cross-host device transfers (moving weights
+    from the learner to the actor sub-mesh when they span processes); None = off."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,10 @@ class LossConfig:
     """Truncated importance sampling cap C (None = off)."""
     tis_mode: str | None = None
     """TIS weight: `token`, `sequence`, `geometric`, or `mask` (drop outside [low, high])."""
+    tis_low: float | None = None
+    """TIS `mask` mode: drop tokens whose exp(old_logp − sampler_logp) is below this."""
+    tis_high: float | None = None
+    """TIS `mask` mode: drop tokens whose exp(old_logp − sampler_logp) is above this (IcePop: 5)."""
     kl_coef: float | None = None
     """β of the KL term against the frozen reference (0 = no reference policy)."""
     kl_estimator: str | None = None

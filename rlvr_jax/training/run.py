@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr_jax.config.schema import Config
+from rlvr_jax.training.distributed import init_distributed
 
 log = logging.getLogger("rlvr_jax")
 
@@ -78,30 +79,12 @@ def ensure_model(cfg: Config) -> Path:
     )
 
 
-def init_distributed(cfg: Config) -> None:
-    d = cfg.mesh.distributed
-    if not d.initialize:
-        return
-    import jax
-
-    kwargs = {
-        k: v
-        for k, v in (
-            ("coordinator_address", d.coordinator_address),
-            ("num_processes", d.num_processes),
-            ("process_id", d.process_id),
-        )
-        if v is not None
-    }
-    jax.distributed.initialize(**kwargs)
-
-
 def main(cfg: Config) -> int:
     """Runs `cfg.algorithm`; returns the process exit code."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    init_distributed(cfg)
+    init_distributed(cfg.mesh.distributed)
     stop = StopFlag()
     stop.install()
     if cfg.algorithm == "rl":
@@ -113,6 +96,5 @@ def main(cfg: Config) -> int:
         finally:
             trainer.close()
         return 0
-    raise NotImplementedError(
-        f"algorithm {cfg.algorithm!r} is not yet available in this version (only 'rl')"
-    )
+    log.error("algorithm %r is not yet available in this version (only 'rl')", cfg.algorithm)
+    return 2

@@ -1,0 +1,349 @@
+"""The loss lab: `rlvr-bench losses [--batch FILE.npz] [--json FILE]`.
+
+Evaluates every registered loss variant (at its default ranges) and every preset (its full
+settings: advantages, TIS, KL, aggregation) on one batch and prints, per entry: the loss, the
+gradient norm w.r.t. logp, the clip fraction, and the spread of the effective per-token weight
+|∂loss/∂logp| over unmasked tokens (coefficient of variation, max/min over non-zero entries, and
+the fraction of tokens with zero gradient).
+
+A batch is an .npz with arrays `logp`, `old_logp`, `sampler_logp`, `mask` ([B, T]) and
+`advantages` ([B] or [B, T]); optional: `ref_logp` [B, T] (presets with a KL term), `rewards`
+[B] with `group_size` (presets then compute their own advantages), `max_len` (the generation
+budget of `seq-mean-token-sum-norm`; default: the padded length T). `save_batch` writes one
+(the trainer's `train.save_batch`); without `--batch` a seeded synthetic batch is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax.losses import advantages, policy_loss, resolve_loss_settings
+from rlvr_jax.losses.presets import PRESETS
+from rlvr_jax.losses.variants import LOSSES
+
+PER_TOKEN_ARRAYS = ("logp", "old_logp", "sampler_logp", "mask")
+REQUIRED_ARRAYS = (*PER_TOKEN_ARRAYS, "advantages")
+OPTIONAL_ARRAYS = ("ref_logp", "rewards", "group_size", "max_len")
+FLOAT_ARRAYS = ("logp", "old_logp", "sampler_logp", "ref_logp", "advantages", "rewards")
+"""Stored as float32 by `save_batch` (whatever the trainer's dtype, bfloat16 included)."""
+
+
+class BatchError(ValueError):
+    """A loss-lab batch that is missing an array or holds a bad one (the message names both)."""
+
+
+def _check_batch(arrays: dict[str, Any], source: str) -> dict[str, np.ndarray]:
+    """Validates and normalises a batch; `source` names the file in errors."""
+    unknown = sorted(set(arrays) - set(REQUIRED_ARRAYS) - set(OPTIONAL_ARRAYS))
+    if unknown:
+        raise BatchError(f"{source}: unexpected array(s) {', '.join(unknown)}")
+    for name in REQUIRED_ARRAYS:
+        if name not in arrays:
+            raise BatchError(
+                f"{source}: missing array {name!r} (needs {', '.join(REQUIRED_ARRAYS)})"
+            )
+    out = {k: np.asarray(v) for k, v in arrays.items()}
+    for name, arr in out.items():
+        if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+            raise BatchError(f"{source}: array {name!r} has non-numeric dtype {arr.dtype}")
+    mask = out["mask"]
+    if mask.ndim != 2 or 0 in mask.shape:
+        raise BatchError(f"{source}: array 'mask' must be a non-empty [B, T], got {mask.shape}")
+    if not np.isin(mask, (0, 1)).all():
+        raise BatchError(f"{source}: array 'mask' must hold only 0 and 1")
+    batch, length = mask.shape
+    on = mask.astype(bool)
+    for name in (*PER_TOKEN_ARRAYS[:3], "ref_logp"):
+        if name not in out:
+            continue
+        if out[name].shape != mask.shape:
+            raise BatchError(
+                f"{source}: array {name!r} has shape {out[name].shape}, "
+                f"expected the mask's {mask.shape}"
+            )
+        if not np.isfinite(out[name][on]).all():
+            raise BatchError(f"{source}: array {name!r} has non-finite values on unmasked tokens")
+        if (out[name][on] > 1e-4).any():
+            raise BatchError(f"{source}: array {name!r} holds log-probs > 0")
+    if out["advantages"].shape not in ((batch,), (batch, length)):
+        raise BatchError(
+            f"{source}: array 'advantages' has shape {out['advantages'].shape}, "
+            f"expected [B] = ({batch},) or [B, T] = {mask.shape}"
+        )
+    if not np.isfinite(out["advantages"]).all():
+        raise BatchError(f"{source}: array 'advantages' has non-finite values")
+    if ("rewards" in out) != ("group_size" in out):
+        raise BatchError(f"{source}: arrays 'rewards' and 'group_size' come together")
+    if "rewards" in out:
+        group = int(out["group_size"])
+        if out["rewards"].shape != (batch,) or out["group_size"].shape != ():
+            raise BatchError(
+                f"{source}: array 'rewards' must be [B] = ({batch},) and 'group_size' a scalar"
+            )
+        if group < 1 or batch % group:
+            raise BatchError(f"{source}: array 'group_size' = {group} does not divide B = {batch}")
+    longest = int(mask.sum(axis=1).max())
+    if "max_len" in out and (out["max_len"].shape != () or int(out["max_len"]) < longest):
+        raise BatchError(
+            f"{source}: array 'max_len' (the generation budget) must be a scalar >= the longest "
+            f"completion ({longest} tokens)"
+        )
+    return out
+
+
+def save_batch(path: str | Path, **arrays: Any) -> Path:
+    """Writes a loss-lab batch (.npz) after validating it; returns the path written.
+
+    Args:
+      path: output file (parent directories are created).
+      **arrays: `logp`, `old_logp`, `sampler_logp`, `mask`, `advantages`, and optionally
+        `ref_logp`, `rewards`, `group_size`, `max_len` (numpy or jax arrays).
+    """
+    path = Path(path)
+    arrays = {
+        k: np.asarray(v).astype(np.float32) if k in FLOAT_ARRAYS else np.asarray(v)
+        for k, v in arrays.items()
+    }
+    batch = _check_batch(arrays, str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        np.savez(f, **batch)
+    return path
+
+
+def load_batch(path: str | Path) -> dict[str, np.ndarray]:
+    """Reads and validates a loss-lab batch; errors name the file and the array."""
+    path = Path(path)
+    if not path.is_file():
+        raise BatchError(f"{path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise BatchError(f"{path}: not a readable .npz of numeric arrays ({e})") from e
+    return _check_batch(arrays, str(path))
+
+
+def synthetic_batch(
+    *, seed: int = 0, groups: int = 8, group_size: int = 8, max_len: int = 256
+) -> dict[str, np.ndarray]:
+    """A seeded batch with realistic spread.
+
+    Lengths vary (log-uniform from 8 tokens, ~10% cut at `max_len`, one row filtered to
+    all-masked); token log-probs are mostly confident with an uncertain tail; the learner has
+    moved 1 ± ~2% (ratios) with 3% of tokens moved ~30%, the sampler differs by ~1%
+    numerically, a quarter of the rows are stale (sampler shift ~15%), and ~0.5% of tokens are
+    outliers (shift ~1–2 nats).
+    """
+    if min(groups, group_size, max_len) < 1:
+        raise ValueError(
+            f"groups, group_size and max_len must be >= 1, got {groups}, {group_size}, {max_len}"
+        )
+    rng = np.random.default_rng(seed)
+    rows = groups * group_size
+    shape = (rows, max_len)
+    lengths_B = np.exp(rng.uniform(np.log(min(8, max_len)), np.log(max_len), rows)).astype(int)
+    lengths_B[rng.random(rows) < 0.1] = max_len
+    mask_BxT = (np.arange(max_len)[None, :] < lengths_B[:, None]).astype(np.float32)
+    mask_BxT[rng.integers(rows)] = 0.0
+    uncertain_BxT = rng.random(shape) < 0.3
+    old_logp_BxT = -np.where(
+        uncertain_BxT, rng.exponential(1.5, shape), rng.exponential(0.02, shape)
+    )
+    old_logp_BxT = np.maximum(old_logp_BxT, -15.0)
+    drift_BxT = rng.normal(0.0, 0.02, shape)
+    moved_BxT = rng.random(shape) < 0.03  # tokens the learner moved a lot (clipping acts)
+    drift_BxT[moved_BxT] += rng.normal(0.0, 0.3, int(moved_BxT.sum()))
+    shift_BxT = rng.normal(0.0, 0.01, shape)
+    stale_B = rng.random(rows) < 0.25
+    shift_BxT[stale_B] += rng.normal(0.0, 0.15, (int(stale_B.sum()), max_len))
+    outlier_BxT = rng.random(shape) < 0.005
+    n_outliers = int(outlier_BxT.sum())
+    shift_BxT[outlier_BxT] += rng.choice([-1.0, 1.0], n_outliers) * rng.uniform(1, 2, n_outliers)
+    pass_rate_P = rng.uniform(0.1, 0.9, groups)
+    rewards_PxG = (rng.random((groups, group_size)) < pass_rate_P[:, None]).astype(np.float32)
+    if group_size > 1:  # as after zero-variance filtering: every group holds both outcomes
+        uniform_P = rewards_PxG.min(axis=1) == rewards_PxG.max(axis=1)
+        rewards_PxG[uniform_P, 0] = 1.0 - rewards_PxG[uniform_P, 0]
+    advantages_PxG = rewards_PxG - rewards_PxG.mean(axis=1, keepdims=True)  # `olmo`
+    ref_logp_BxT = old_logp_BxT + rng.normal(0.0, 0.05, shape)
+    return {
+        "logp": np.minimum(old_logp_BxT + drift_BxT, 0.0).astype(np.float32),
+        "old_logp": old_logp_BxT.astype(np.float32),
+        "sampler_logp": np.minimum(old_logp_BxT + shift_BxT, 0.0).astype(np.float32),
+        "ref_logp": np.minimum(ref_logp_BxT, 0.0).astype(np.float32),
+        "mask": mask_BxT,
+        "advantages": advantages_PxG.reshape(-1),
+        "rewards": rewards_PxG.reshape(-1),
+        "group_size": np.asarray(group_size),
+        "max_len": np.asarray(max_len),
+    }
+
+
+def _weight_spread(grad_BxT: np.ndarray, mask_BxT: np.ndarray) -> dict[str, float | None]:
+    """Spread of |∂loss/∂logp| over unmasked tokens."""
+    g = np.abs(grad_BxT[mask_BxT > 0]).astype(np.float64)
+    nonzero = g[g > 0]
+    mean = g.mean() if g.size else 0.0
+    return {
+        "weight_cv": float(g.std() / mean) if mean > 0 else None,
+        "weight_max_over_min": float(nonzero.max() / nonzero.min()) if nonzero.size else None,
+        "zero_grad_fraction": float(1.0 - nonzero.size / g.size) if g.size else None,
+    }
+
+
+@partial(jax.jit, static_argnames=("settings",))
+def _loss_and_grad(arrays: dict[str, jax.Array], settings: tuple[tuple[str, Any], ...]):
+    """(loss, metrics), ∂loss/∂logp; jitted once per (settings, shapes) and reused."""
+
+    def loss_fn(logp_BxT):
+        return policy_loss(**{**arrays, **dict(settings), "logp": logp_BxT})
+
+    return jax.value_and_grad(loss_fn, has_aux=True)(arrays["logp"])
+
+
+def evaluate(batch: dict[str, np.ndarray], **loss_kwargs: Any) -> dict[str, float | None]:
+    """Loss, ‖∂loss/∂logp‖, clip fraction, weight spread and a few metrics for one setting."""
+    arrays = {k: jnp.asarray(batch[k]) for k in (*REQUIRED_ARRAYS, "ref_logp") if k in batch}
+    if loss_kwargs.get("agg") == "seq-mean-token-sum-norm":
+        loss_kwargs["max_len"] = int(batch.get("max_len", batch["mask"].shape[1]))
+    (loss, metrics), grad_BxT = _loss_and_grad(arrays, tuple(sorted(loss_kwargs.items())))
+    grad_BxT = np.asarray(grad_BxT)
+    out: dict[str, float | None] = {
+        "loss": float(loss),
+        "grad_norm": float(np.sqrt(np.sum(np.square(grad_BxT, dtype=np.float64)))),
+        "clip_fraction": float(metrics["clip_fraction"]),
+    }
+    out.update(_weight_spread(grad_BxT, batch["mask"]))
+    for key in ("tis/mean", "tis/masked_fraction", "kl/sampler_learner", "ratio/max"):
+        if key in metrics:
+            out[key] = float(metrics[key])
+    return {k: (v if v is None or math.isfinite(v) else None) for k, v in out.items()}
+
+
+def _preset_kwargs(name: str, batch: dict[str, np.ndarray]) -> tuple[dict[str, Any], str]:
+    """policy_loss kwargs of a preset on this batch, and a note on what was adapted."""
+    settings = resolve_loss_settings(name)
+    kwargs = settings.policy_loss_kwargs()
+    notes = []
+    if "rewards" in batch:
+        rewards_PxG = batch["rewards"].reshape(-1, int(batch["group_size"]))
+        adv = np.asarray(advantages(settings.advantage, rewards_PxG)).reshape(-1)
+        kwargs["advantages"] = adv
+        notes.append(f"adv={settings.advantage}")
+    else:
+        notes.append("adv=batch")
+    if kwargs["kl_coef"] > 0 and "ref_logp" not in batch:
+        kwargs["kl_coef"] = 0.0
+        notes.append("KL off: no ref_logp")
+    return kwargs, ", ".join(notes)
+
+
+def run_lab(
+    batch: dict[str, np.ndarray],
+    *,
+    variants: list[str] | None = None,
+    agg: str = "token-mean",
+) -> dict[str, Any]:
+    """Every variant (default ranges, `agg`, no TIS/KL) and every preset on one batch.
+
+    Returns:
+      {"batch": {...}, "variants": {name: {...}}, "presets": {name: {...}}}.
+    """
+    mask = batch["mask"]
+    results: dict[str, Any] = {
+        "batch": {
+            "rows": int(mask.shape[0]),
+            "padded_len": int(mask.shape[1]),
+            "tokens": int(mask.sum()),
+            "variant_agg": agg,
+        },
+        "variants": {},
+        "presets": {},
+    }
+    for name in variants or LOSSES.canonical_names():
+        results["variants"][name] = evaluate(batch, variant=name, agg=agg)
+    for name in PRESETS.canonical_names():
+        kwargs, note = _preset_kwargs(name, batch)
+        adv = kwargs.pop("advantages", None)
+        entry = evaluate({**batch, "advantages": adv} if adv is not None else batch, **kwargs)
+        results["presets"][name] = {**entry, "note": note}
+    return results
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def format_table(results: dict[str, Any]) -> str:
+    """The lab's results as a fixed-width text table."""
+    cols = (
+        "loss",
+        "grad_norm",
+        "clip_fraction",
+        "weight_cv",
+        "weight_max_over_min",
+        "zero_grad_fraction",
+    )
+    heads = ("loss", "|grad|", "clip", "|g| cv", "|g| max/min", "zero-g")
+    info = results["batch"]
+    lines = [
+        f"batch: {info['rows']} rows, {info['tokens']} tokens, padded T = {info['padded_len']}; "
+        f"variants at their default ranges with {info['variant_agg']}, no TIS/KL",
+        f"{'kind':8s} {'name':28s} " + " ".join(f"{h:>11s}" for h in heads) + "  note",
+    ]
+    for kind in ("variants", "presets"):
+        for name, row in results[kind].items():
+            cells = " ".join(f"{_fmt(row[c]):>11s}" for c in cols)
+            lines.append(f"{kind[:-1]:8s} {name:28s} {cells}  {row.get('note', '')}".rstrip())
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    """`rlvr-bench losses [--batch FILE.npz] [--json FILE] ...`; returns the exit code."""
+    p = argparse.ArgumentParser(prog="rlvr-bench losses", description=__doc__.split("\n")[0])
+    p.add_argument("--batch", help=".npz batch (see `save_batch`); default: a synthetic batch")
+    p.add_argument("--json", help="also write the numbers as nested JSON to this file")
+    p.add_argument("--seed", type=int, default=0, help="synthetic batch seed")
+    p.add_argument("--groups", type=int, default=8, help="synthetic batch: prompts")
+    p.add_argument("--group-size", type=int, default=8, help="synthetic batch: completions each")
+    p.add_argument("--max-len", type=int, default=256, help="synthetic batch: generation budget")
+    p.add_argument("--agg", default="token-mean", help="aggregation for the variant rows")
+    p.add_argument(
+        "--variant",
+        action="append",
+        help="evaluate only these variants (registered names or module:function; repeatable)",
+    )
+    p.add_argument("--save-synthetic", help="write the synthetic batch to this .npz")
+    args = p.parse_args(argv)
+    if args.batch and args.save_synthetic:
+        p.error("--save-synthetic writes the synthetic batch; it cannot be used with --batch")
+    try:
+        if args.batch:
+            batch = load_batch(args.batch)
+        else:
+            batch = synthetic_batch(
+                seed=args.seed, groups=args.groups, group_size=args.group_size, max_len=args.max_len
+            )
+            if args.save_synthetic:
+                save_batch(args.save_synthetic, **batch)
+        results = run_lab(batch, variants=args.variant, agg=args.agg)
+    except ValueError as e:  # BatchError, RegistryError, bad settings
+        print(f"rlvr-bench losses: error: {e}", file=sys.stderr)
+        return 2
+    results["batch"]["source"] = args.batch or f"synthetic(seed={args.seed})"
+    print(format_table(results))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
