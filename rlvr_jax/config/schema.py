@@ -34,11 +34,11 @@ class ModelConfig:
 @dataclass(frozen=True)
 class MeshAxes:
     data: int = 1
-    """Data-parallel degree (params replicated)."""
-    fsdp: int = -1
+    """Data-parallel degree (params replicated); -1 takes the devices left over."""
+    fsdp: int = 1
     """Fully sharded data-parallel degree; -1 takes the devices left over."""
     tensor: int = 1
-    """Tensor-parallel degree (heads / mlp / vocab split)."""
+    """Tensor-parallel degree (heads / mlp / vocab split); at most one axis may be -1."""
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,10 @@ class MeshConfig:
     """Devices given to the rollout engine (the actor sub-mesh). 0 shares the learner's
     devices (one machine); > 0 splits the device list: the last `actor_devices` go to the
     actors, the rest to the learner."""
-    learner: MeshAxes = field(default_factory=MeshAxes)
-    """Axis sizes of the learner sub-mesh."""
+    learner: MeshAxes = field(default_factory=lambda: MeshAxes(data=1, fsdp=-1, tensor=1))
+    """Axis sizes of the learner sub-mesh (default: FSDP over all its devices)."""
     actor: MeshAxes = field(default_factory=lambda: MeshAxes(data=-1, fsdp=1, tensor=1))
-    """Axis sizes of the actor sub-mesh (decode slots split over `data`)."""
+    """Axis sizes of the actor sub-mesh (default: decode slots split over all its devices)."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Multi-host initialisation."""
     hardware: str | None = None

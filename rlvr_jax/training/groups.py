@@ -131,30 +131,24 @@ class BatchAssembler:
 
 
 def build_samples(
-    groups: Sequence[ScoredGroup],
-    advantage_fn,
-    *,
-    overlong_filter: bool = False,
-) -> list[Sample]:
-    """Learner samples of the kept groups: advantages from the group rewards
-    (`advantage_fn(rewards_PxG) -> advantages_PxG`), overlong completions masked out if asked."""
+    groups: Sequence[ScoredGroup], *, overlong_filter: bool = False
+) -> tuple[list[Sample], np.ndarray]:
+    """Learner samples of the kept groups (advantages filled in later, on device) and their
+    rewards [P, G]; overlong completions are masked out if asked."""
     if not groups:
-        return []
+        return [], np.zeros((0, 0), np.float32)
     sizes = {len(g.rewards_G) for g in groups}
     if len(sizes) != 1:
         raise ValueError(f"groups of different sizes {sorted(sizes)} in one batch")
-    rewards_PxG = np.stack([g.rewards_G for g in groups])
-    adv_PxG = np.asarray(advantage_fn(rewards_PxG), np.float32)
-    samples = []
-    for g, adv_G in zip(groups, adv_PxG):
-        for c, a in zip(g.completions, adv_G):
-            samples.append(
-                Sample(
-                    prompt_tokens=g.prompt_tokens,
-                    tokens=list(c.tokens),
-                    sampler_logp=list(c.logprobs),
-                    advantage=float(a),
-                    train=not (overlong_filter and c.finish_reason == "length"),
-                )
-            )
-    return samples
+    samples = [
+        Sample(
+            prompt_tokens=g.prompt_tokens,
+            tokens=list(c.tokens),
+            sampler_logp=list(c.logprobs),
+            advantage=0.0,
+            train=not (overlong_filter and c.finish_reason == "length"),
+        )
+        for g in groups
+        for c in g.completions
+    ]
+    return samples, np.stack([g.rewards_G for g in groups])

@@ -67,19 +67,24 @@ class RLTrainer:
         self._resume()
         self.stop_ids = self._stop_token_ids()
         engine = rollout.make_engine_core(
-            dataclasses.replace(self.model, params=self._actor_params()),
+            dataclasses.replace(self.model, params=self.state.params),
             max_slots=cfg.rollout.max_slots,
             max_len=self.seq_len,
             mesh=self.actor_mesh,
+            chunk=cfg.rollout.decode_chunk,
+        )
+        inflight = cfg.train.prompts_per_batch * max(
+            cfg.rollout.queue_size, cfg.filter.max_draws, 1
         )
         self.stream = rollout.RolloutStream(
             engine,
             max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            top_k=cfg.rollout.top_k,
+            sampling=rollout.SamplingParams(
+                cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k
+            ),
             stop_token_ids=self.stop_ids,
-            decode_chunk=cfg.rollout.decode_chunk,
+            max_pending_groups=inflight + 1,
+            max_ready_groups=inflight + 1,
             version=self.version,
         )
 
@@ -122,9 +127,6 @@ class RLTrainer:
             self.arch, compute_dtype=cfg.model.compute_dtype, temperature=cfg.rollout.temperature
         )
         self.ref_params = self.model.params if self.settings.needs_ref_logp else None
-        self.actor_shardings = sharding.param_shardings(
-            self.arch, self.actor_mesh, sharding.ACTOR_RULES
-        )
 
     def _stop_token_ids(self) -> tuple[int, ...]:
         ids = set(self.arch.eos_token_id or ())
@@ -136,12 +138,6 @@ class RLTrainer:
                 raise ValueError(f"rollout.stop_strings: {s!r} is not a single token ({toks})")
             ids.add(toks[0])
         return tuple(sorted(ids))
-
-    def _actor_params(self) -> Any:
-        """Learner params → actor shardings in the compute dtype (a device-side copy)."""
-        dtype = jnp.dtype(self.cfg.model.compute_dtype)
-        params = jax.tree_util.tree_map(lambda x: x.astype(dtype), self.state.params)
-        return sharding.reshard(params, self.actor_shardings)
 
     # -- resume -------------------------------------------------------------------------
     @property
@@ -225,7 +221,8 @@ class RLTrainer:
             else:
                 self._fill(min(P - len(asm.kept), cap - asm.drawn))
             done = [self.stream.get()]
-            done.extend(self.stream.get_ready())
+            while self.stream.ready:
+                done.append(self.stream.get())
             triples = []
             for g in done:
                 row, tokens = self._inflight.pop(g.request_id)
@@ -243,13 +240,9 @@ class RLTrainer:
         return asm, {k: float(np.mean(v)) for k, v in reward_metrics.items()}
 
     # -- learning -----------------------------------------------------------------------
-    def _advantage_fn(self):
-        name = self.settings.advantage
-        return lambda rewards_PxG: losses.advantages(name, jnp.asarray(rewards_PxG))
-
     def _train(self, asm: grp.BatchAssembler) -> list[dict[str, jax.Array]]:
-        samples = grp.build_samples(
-            asm.kept, self._advantage_fn(), overlong_filter=self.cfg.filter.overlong_filter
+        samples, rewards_PxG = grp.build_samples(
+            asm.kept, overlong_filter=self.cfg.filter.overlong_filter
         )
         arrays = collate(samples, rows=self.rows, seq_len=self.seq_len, pad_id=self._pad_id())
         batch = {
@@ -258,12 +251,13 @@ class RLTrainer:
             )
             for k, v in arrays.items()
         }
-        if self.old_from == "batch":
+        if self.old_from == "batch" or self.settings.reward_kl_coef > 0:
             batch["old_logp"] = self.logprob_fn(self.state.params, batch)
         if self.ref_params is not None:
             batch["ref_logp"] = self.logprob_fn(self.ref_params, batch)
+        batch["advantages"] = self._advantages(batch, jnp.asarray(rewards_PxG))
         if self.cfg.train.save_batch:
-            self._save_batch(batch)
+            self._save_batch(batch, rewards_PxG)
         out = []
         n = self._batch_rows
         for u in range(self.cfg.train.updates_per_batch):
@@ -272,20 +266,48 @@ class RLTrainer:
             out.append(metrics)
         return out
 
+    def _advantages(self, batch: dict[str, jax.Array], rewards_PxG: jax.Array) -> jax.Array:
+        """Advantages of the real rows (KL-penalised rewards when `loss.kl_mode: reward`),
+        zero on the padding rows of an under-filled batch."""
+        P, G = rewards_PxG.shape
+        if self.settings.reward_kl_coef > 0:
+            rewards_B = losses.kl_reward_penalty(
+                rewards_PxG.reshape(-1),
+                logp=batch["old_logp"][: P * G],
+                ref_logp=batch["ref_logp"][: P * G],
+                mask=batch["mask"][: P * G],
+                kl_coef=self.settings.reward_kl_coef,
+                kl_estimator=self.settings.kl_estimator,
+            )
+            rewards_PxG = rewards_B.reshape(P, G)
+        adv_B = losses.advantages(self.settings.advantage, rewards_PxG).reshape(-1)
+        adv_B = jnp.zeros((self.rows,), jnp.float32).at[: P * G].set(adv_B)
+        return jax.device_put(
+            adv_B, sharding.batch_sharding(self.learner_mesh, sharding.LEARNER_RULES, adv_B.shape)
+        )
+
     def _pad_id(self) -> int:
         pad = self.tokenizer.pad_token_id
         return int(pad if pad is not None else (self.arch.pad_token_id or 0))
 
-    def _save_batch(self, batch: dict[str, jax.Array]) -> None:
+    def _save_batch(self, batch: dict[str, jax.Array], rewards_PxG: np.ndarray) -> None:
         from rlvr_jax.bench.losses import save_batch
 
+        old = batch.get("old_logp")
+        if old is None:
+            old = self.logprob_fn(self.state.params, batch)
+        extra = {"ref_logp": np.asarray(batch["ref_logp"])} if "ref_logp" in batch else {}
         save_batch(
             self.cfg.train.save_batch,
-            logp=np.asarray(batch.get("old_logp", batch["sampler_logp"])),
-            old_logp=np.asarray(batch.get("old_logp", batch["sampler_logp"])),
+            logp=np.asarray(old),
+            old_logp=np.asarray(old),
             sampler_logp=np.asarray(batch["sampler_logp"]),
             advantages=np.asarray(batch["advantages"]),
             mask=np.asarray(batch["mask"]),
+            rewards=np.pad(rewards_PxG.reshape(-1), (0, self.rows - rewards_PxG.size)),
+            group_size=np.asarray(self.cfg.rollout.num_samples),
+            max_len=np.asarray(self.cfg.rollout.max_new_tokens),
+            **extra,
         )
         log.info("saved a training batch to %s", self.cfg.train.save_batch)
 
@@ -310,7 +332,7 @@ class RLTrainer:
                 t1 = time.perf_counter()
                 device_metrics = self._train(asm) if asm.kept else []
                 self._version = int(jax.device_get(self.state.step))
-                self.stream.update_weights(self._actor_params(), self._version)
+                self.stream.update_weights(self.state.params, self._version)
                 t_train = time.perf_counter() - t1
                 host = {**asm.metrics(), **reward_metrics}
                 host["time/rollout_s"] = t_rollout
@@ -373,7 +395,6 @@ class RLTrainer:
         if cfg.checkpoint.export_hf and not self.stop and jax.process_index() == 0:
             final = dataclasses.replace(self.model, params=self.state.params)
             models.save_pretrained(final, self.out / "final")
-            self.tokenizer.save_pretrained(str(self.out / "final"))
             log.info("exported the final policy to %s", self.out / "final")
 
     def close(self) -> None:

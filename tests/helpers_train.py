@@ -1,0 +1,65 @@
+"""A tiny RL setup built locally for trainer tests: a random policy, a trained tokenizer and
+synthetic verifiable prompts (nothing downloaded)."""
+
+from pathlib import Path
+
+import jax
+
+from rlvr_jax import models
+from rlvr_jax.data import synthetic
+from rlvr_jax.data.tokenizer import train_tokenizer
+
+
+def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
+    """A 2-layer Qwen2-shaped random policy with a 320-token BPE tokenizer at `path`."""
+    train_tokenizer(texts, vocab_size=320, path=path)
+    arch = models.ArchConfig.from_hf(
+        dict(
+            model_type="qwen2",
+            vocab_size=320,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            eos_token_id=1,
+            bos_token_id=0,
+            pad_token_id=2,
+        )
+    )
+    params = models.init_params(arch, jax.random.key(seed))
+    models.save_pretrained(models.Model(config=arch, params=params), path, tokenizer_dir=path)
+    return path
+
+
+def tiny_run(tmp_path: Path, **overrides) -> tuple[Path, list[str]]:
+    """Writes data + policy under tmp_path; returns (config path, override list)."""
+    rows = synthetic.generate("train", 64, seed=0)
+    test = synthetic.generate("test", 8, seed=0)
+    synthetic.write_jsonl(rows, tmp_path / "train.jsonl")
+    synthetic.write_jsonl(test, tmp_path / "test.jsonl")
+    texts = [r["prompt"] for r in rows] + [synthetic.reference_response(r) for r in rows]
+    build_policy(tmp_path / "policy", texts)
+    cfg = tmp_path / "rl.yaml"
+    cfg.write_text(
+        f"""# rlvr-train --config {cfg}
+model: {{path: {tmp_path / "policy"}}}
+mesh: {{actor_devices: 0, learner: {{fsdp: -1}}, actor: {{data: -1}}}}
+data:
+  sources: [{{path: {tmp_path / "train.jsonl"}}}]
+  eval_sources: [{{path: {tmp_path / "test.jsonl"}}}]
+  max_prompt_len: 96
+rollout: {{mode: sync, num_samples: 4, max_new_tokens: 8, max_slots: 16, decode_chunk: 4}}
+loss: {{preset: olmo3}}
+filter: {{max_draws: 2}}
+rewards: {{workers: 1}}
+train: {{max_steps: 3, output_dir: {tmp_path / "out"}, prompts_per_batch: 2,
+        learning_rate: 1.0e-3}}
+checkpoint: {{every_steps: 2, keep: 2}}
+eval: {{every_steps: 0, num_samples: 4, ks: [1, 4], max_prompts: 4}}
+log: {{progress_bar: false, tensorboard: true}}
+"""
+    )
+    return cfg, [f"{k}={v}" for k, v in overrides.items()]
