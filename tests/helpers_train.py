@@ -34,13 +34,22 @@ def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
     return path
 
 
-def tiny_run(tmp_path: Path, **overrides) -> tuple[Path, list[str]]:
-    """Writes data + policy under tmp_path; returns (config path, override list)."""
+def word_parity(response: str, ground_truth, **_) -> float:
+    """A test verifier: 1 when the response has an even number of words. A random policy gets
+    it right about half the time, so groups have reward variance and every step trains."""
+    return float(len(response.split()) % 2 == 0)
+
+
+def tiny_run(tmp_path: Path, *, parity: bool = True) -> Path:
+    """Writes data + policy under tmp_path; returns the config path. With `parity`, the
+    training rows are scored by `word_parity` (registered as `helpers_train:word_parity`)."""
     rows = synthetic.generate("train", 64, seed=0)
     test = synthetic.generate("test", 8, seed=0)
+    texts = [r["prompt"] for r in rows] + [synthetic.reference_response(r) for r in rows]
+    if parity:
+        rows = [{**r, "verifier": "helpers_train:word_parity", "domain": "parity"} for r in rows]
     synthetic.write_jsonl(rows, tmp_path / "train.jsonl")
     synthetic.write_jsonl(test, tmp_path / "test.jsonl")
-    texts = [r["prompt"] for r in rows] + [synthetic.reference_response(r) for r in rows]
     build_policy(tmp_path / "policy", texts)
     cfg = tmp_path / "rl.yaml"
     cfg.write_text(
@@ -62,4 +71,4 @@ eval: {{every_steps: 0, num_samples: 4, ks: [1, 4], max_prompts: 4}}
 log: {{progress_bar: false, tensorboard: true}}
 """
     )
-    return cfg, [f"{k}={v}" for k, v in overrides.items()]
+    return cfg

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import losses, models, sharding
+from rlvr_jax import dispatch, losses, models, sharding
 from rlvr_jax.config.schema import Config
 from rlvr_jax.training import checkpoint as ckpt
 from rlvr_jax.training import groups as grp
@@ -330,9 +330,11 @@ class RLTrainer:
                 if pending is not None:  # fetch the previous step's device metrics now
                     self._write_metrics(*pending)
                 t1 = time.perf_counter()
-                device_metrics = self._train(asm) if asm.kept else []
-                self._version = int(jax.device_get(self.state.step))
-                self.stream.update_weights(self.state.params, self._version)
+                with dispatch.LOCK:  # enqueue the whole update (see rlvr_jax.dispatch)
+                    device_metrics = self._train(asm) if asm.kept else []
+                self._version = int(jax.device_get(self.state.step))  # actors keep decoding
+                with dispatch.LOCK:
+                    self.stream.update_weights(self.state.params, self._version)
                 t_train = time.perf_counter() - t1
                 host = {**asm.metrics(), **reward_metrics}
                 host["time/rollout_s"] = t_rollout
