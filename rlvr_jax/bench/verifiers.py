@@ -1,0 +1,195 @@
+"""`rlvr-bench verifiers`: verifier throughput on this machine.
+
+Math: verifications/s on a realistic mix of answers (plain numbers, fractions, radicals,
+polynomials, inequalities vs intervals, multiple choice, points, degrees; about half correct,
+about 70% decided by the inline fast path and 30% needing SymPy), measured (a) calling `verify`
+one at a time, (b) the same on the SymPy cases only and (c) through `RewardService` with a
+worker pool. Numbers are drawn from a seeded generator so that SymPy's cache cannot
+answer repeated questions. Code: programs/s of the sandbox (`rlvr_jax.rewards.code.run_tests`)
+on a correct program with 3 tests, sequentially and from parallel threads; skipped with a
+message when the sandbox is not available.
+
+    rlvr-bench verifiers [--n 400] [--workers N] [--code-n 20] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+Case = tuple[str, str]  # (response, gold)
+
+
+def _numeric(rng: random.Random) -> Case:
+    a, b = rng.randint(2, 999), rng.randint(2, 999)
+    gold = str(a * b)
+    shown = f"{a * b:,}" if rng.random() < 0.3 else gold
+    answer = shown if rng.random() < 0.5 else str(a * b + rng.randint(1, 9))
+    return f"We multiply {a} by {b}.\nThe final answer is {answer}.", gold
+
+
+def _fraction(rng: random.Random) -> Case:
+    p, q = rng.randint(1, 50), rng.randint(51, 99)
+    k = rng.randint(2, 9)
+    answer = rf"\dfrac{{{p * k}}}{{{q * k}}}" if rng.random() < 0.5 else f"{p + 1}/{q}"
+    return rf"<think>reduce it</think>So the ratio is $\boxed{{{answer}}}$", rf"\frac{{{p}}}{{{q}}}"
+
+
+def _radical(rng: random.Random) -> Case:
+    n = rng.choice([2, 3, 5, 6, 7, 10, 11, 13, 14, 15])
+    k = rng.randint(2, 99)
+    answer = rf"\sqrt{{{k * k * n}}}" if rng.random() < 0.5 else rf"{k + 1}\sqrt{{{n}}}"
+    return rf"Simplifying, $\boxed{{{answer}}}$.", rf"{k}\sqrt{{{n}}}"
+
+
+def _polynomial(rng: random.Random) -> Case:
+    a, b = rng.randint(1, 99), rng.randint(1, 99)
+    gold = f"x^2+{a + b}x+{a * b}"
+    answer = f"(x+{a})(x+{b})" if rng.random() < 0.5 else f"(x+{a})(x+{b + 1})"
+    return rf"\boxed{{{answer}}}", gold
+
+
+def _interval(rng: random.Random) -> Case:
+    a = rng.randint(-999, 999)
+    answer = rf"x \geq {a}" if rng.random() < 0.5 else rf"x > {a}"
+    return rf"The solution set is \boxed{{{answer}}}", rf"[{a}, \infty)"
+
+
+def _structured(rng: random.Random) -> Case:
+    kind = rng.randrange(3)
+    if kind == 0:
+        letter = rng.choice("ABCDE")
+        answer = letter if rng.random() < 0.5 else "ABCDE"[("ABCDE".index(letter) + 1) % 5]
+        return rf"\boxed{{\text{{({answer})}}}}", letter
+    if kind == 1:
+        p, q = rng.randint(-9, 9), rng.randint(-9, 9)
+        answer = f"({p}, {q})" if rng.random() < 0.5 else f"({q}, {p + 1})"
+        return rf"The point is $\boxed{{{answer}}}$.", f"({p},{q})"
+    n = rng.randint(1, 40)
+    answer = rf"{n}^\circ" if rng.random() < 0.5 else rf"{n + 5}^\circ"
+    return rf"\boxed{{{answer}}}", str(n)
+
+
+_MIX: tuple[tuple[Callable[[random.Random], Case], float], ...] = (
+    (_numeric, 0.45), (_fraction, 0.15), (_radical, 0.12), (_polynomial, 0.10),
+    (_interval, 0.08), (_structured, 0.10),
+)  # fmt: skip
+
+
+def math_mix(n: int, seed: int = 0) -> list[Case]:
+    """n (response, gold) cases from the mix described in the module docstring."""
+    rng = random.Random(seed)
+    makers, weights = zip(*_MIX)
+    return [rng.choices(makers, weights)[0](rng) for _ in range(n)]
+
+
+def bench_math(n: int, workers: int) -> dict[str, Any]:
+    """Math verifications/s: sequential `verify` and `RewardService` with `workers`."""
+    from rlvr_jax.config.schema import RewardsConfig
+    from rlvr_jax.rewards.math import verify
+    from rlvr_jax.rewards.math.extract import extract_answer
+    from rlvr_jax.rewards.math.quick import quick_match
+    from rlvr_jax.rewards.service import RewardService
+
+    cases = math_mix(n, seed=1)
+    symbolic = [(r, g) for r, g in cases if quick_match(extract_answer(r) or "", g) is None]
+    verify(*math_mix(1, seed=99)[0])  # start the shared pool outside the timing
+    verify(r"\boxed{\sqrt{8}}", r"2\sqrt{2}")
+    start = time.perf_counter()
+    correct = sum(verify(response, gold) for response, gold in cases)
+    sequential_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for response, gold in symbolic:
+        verify(response, gold)
+    symbolic_s = time.perf_counter() - start
+
+    rows = [{"verifier": "math", "ground_truth": gold} for _, gold in math_mix(n, seed=2)]
+    responses = [response for response, _ in math_mix(n, seed=2)]
+    with RewardService(RewardsConfig(), workers=workers) as service:
+        service.score(rows[:workers], responses[:workers])  # wait for the workers to start
+        start = time.perf_counter()
+        result = service.score(rows, responses)
+        service_s = time.perf_counter() - start
+    return {
+        "verifications_per_s": {
+            "sequential_verify": n / sequential_s,
+            "sequential_verify_sympy_cases_only": len(symbolic) / max(symbolic_s, 1e-9),
+            f"service_{workers}_workers": n / service_s,
+        },
+        "n": n,
+        "inline_fraction": 1 - len(symbolic) / n,
+        "correct_fraction": correct / n,
+        "service_timeouts": result.metrics["rewards/timeouts"],
+        "service_errors": result.metrics["rewards/errors"],
+    }
+
+
+_PROGRAM = "def add(a, b):\n    return a + b\n"
+_TESTS = [
+    {"call": "add", "args": [1, 2], "expected": 3},
+    {"call": "add", "args": [-5, 5], "expected": 0},
+    "assert add(10, 20) == 30",
+]
+
+
+def bench_code(n: int, parallel: int) -> dict[str, Any]:
+    """Sandbox programs/s (a correct program, 3 tests), sequential and `parallel` threads."""
+    try:
+        from rlvr_jax.rewards.code import run_tests
+    except ImportError as e:
+        return {"skipped": f"rlvr_jax.rewards.code.run_tests is not available: {e}"}
+    try:
+        first = run_tests(_PROGRAM, _TESTS)
+    except Exception as e:  # e.g. the sandbox cannot isolate on this machine
+        return {"skipped": f"the sandbox does not run here: {type(e).__name__}: {e}"}
+    start = time.perf_counter()
+    scores = [run_tests(_PROGRAM, _TESTS) for _ in range(n)]
+    sequential_s = time.perf_counter() - start
+    with ThreadPoolExecutor(parallel) as threads:
+        start = time.perf_counter()
+        scores += list(threads.map(lambda _: run_tests(_PROGRAM, _TESTS), range(n)))
+        parallel_s = time.perf_counter() - start
+    return {
+        "programs_per_s": {"sequential": n / sequential_s, f"parallel_{parallel}": n / parallel_s},
+        "n": n,
+        "all_passed": first == 1.0 and all(s == 1.0 for s in scores),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the benchmarks, prints a table and optionally writes nested JSON."""
+    from rlvr_jax.rewards.timeout import default_workers
+
+    p = argparse.ArgumentParser(prog="rlvr-bench verifiers", description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=400, help="math verifications per measurement")
+    p.add_argument("--workers", type=int, default=default_workers(), help="service workers")
+    p.add_argument("--code-n", type=int, default=20, help="sandbox programs per measurement")
+    p.add_argument("--json", help="write the results here as JSON")
+    args = p.parse_args(argv)
+    if args.n < 1 or args.workers < 1 or args.code_n < 1:
+        p.error("--n, --workers and --code-n must be >= 1")
+    if args.json:  # fail now, not after the measurements
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    results = {
+        "math": bench_math(args.n, args.workers),
+        "code": bench_code(args.code_n, args.workers),
+    }
+    for name, section in results.items():
+        if "skipped" in section:
+            print(f"{name:5s} skipped: {section['skipped']}")
+            continue
+        rates = section.get("verifications_per_s") or section["programs_per_s"]
+        unit = "verifications/s" if "verifications_per_s" in section else "programs/s"
+        for how, rate in rates.items():
+            print(f"{name:5s} {how:36s} {rate:10.1f} {unit}")
+    if "inline_fraction" in results["math"]:
+        print(f"math  decided inline (no SymPy): {results['math']['inline_fraction']:.0%}")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
