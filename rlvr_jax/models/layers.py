@@ -1,0 +1,268 @@
+"""Decoder building blocks (Flax linen), written as einsums over named dimensions.
+
+Letters: B batch, T query time, S key time, D model, N query heads, K key/value heads,
+G = N / K query heads per key/value head, H head dim, F MLP width, V vocab.
+
+Every parameter carries logical axis names (`nn.with_logical_partitioning`); every key
+activation is constrained with `rlvr_jax.sharding.constrain` (a no-op without a mesh).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from rlvr_jax import sharding
+from rlvr_jax.models import rope
+from rlvr_jax.models.config import ArchConfig
+
+Dtype = Any
+
+_NEG_INF = float(jnp.finfo(jnp.float32).min)
+
+
+def _lead(x: jax.Array, ndim: int) -> jax.Array:
+    """`x` with leading unit dims added up to `ndim` (explicit broadcasting)."""
+    return x.reshape((1,) * (ndim - x.ndim) + x.shape)
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float, weight_in_fp32: bool) -> jax.Array:
+    """RMSNorm over the trailing `scale.ndim` axes of `x`, computed in fp32 as HF does.
+
+    `weight_in_fp32` (OLMo) multiplies by the weight before casting back to `x.dtype`;
+    otherwise (Llama/Qwen) the normalised value is cast first, then scaled.
+    """
+    axes = tuple(range(x.ndim - scale.ndim, x.ndim))
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=axes, keepdims=True) + eps)
+    if weight_in_fp32:
+        return (_lead(scale.astype(jnp.float32), x.ndim) * normed).astype(x.dtype)
+    return _lead(scale.astype(x.dtype), x.ndim) * normed.astype(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned scale of `shape` (the trailing dims it normalises over)."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    eps: float
+    weight_in_fp32: bool
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param(
+            "scale",
+            nn.with_logical_partitioning(nn.initializers.ones_init(), self.axes),
+            self.shape,
+            self.param_dtype,
+        )
+        return rms_norm(x, scale, eps=self.eps, weight_in_fp32=self.weight_in_fp32)
+
+
+class Einsum(nn.Module):
+    """A projection `einsum(equation, x, kernel)` with an optional bias on the output dims.
+
+    The kernel's trailing `out_dims` dimensions are the output features (bias shape).
+    """
+
+    equation: str
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    out_dims: int
+    use_bias: bool
+    init_std: float
+    compute_dtype: Dtype
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
+            self.shape,
+            self.param_dtype,
+        )
+        y = jnp.einsum(
+            self.equation, x.astype(self.compute_dtype), kernel.astype(self.compute_dtype)
+        )
+        if self.use_bias:
+            bias = self.param(
+                "bias",
+                nn.with_logical_partitioning(
+                    nn.initializers.zeros_init(), self.axes[-self.out_dims :]
+                ),
+                self.shape[-self.out_dims :],
+                self.param_dtype,
+            )
+            y = y + _lead(bias.astype(self.compute_dtype), y.ndim)
+        return y
+
+
+def segment_masks(
+    segment_ids_BxT: jax.Array, sliding_window: int | None
+) -> tuple[jax.Array, jax.Array | None]:
+    """(full, sliding) boolean masks [B, T, T] of a packed / padded batch.
+
+    Query t sees key s iff s <= t and both carry the same segment id; on sliding layers also
+    t - s < W (the W most recent tokens, itself included — HF's `kv_idx > q_idx - W`).
+    Every query sees at least itself, so no softmax row is empty.
+    """
+    t = segment_ids_BxT.shape[1]
+    idx = jnp.arange(t)
+    causal_1xTxT = (idx[:, None] >= idx[None, :])[None]
+    same_BxTxT = segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
+    full_BxTxT = causal_1xTxT & same_BxTxT
+    if sliding_window is None:
+        return full_BxTxT, None
+    near_1xTxT = (idx[:, None] - idx[None, :] < sliding_window)[None]
+    return full_BxTxT, full_BxTxT & near_1xTxT
+
+
+def cache_masks(
+    positions_B: jax.Array, max_len_S: int, sliding_window: int | None
+) -> tuple[jax.Array, jax.Array | None]:
+    """(full, sliding) masks [B, 1, S] of one decode step: a row at position p sees cache
+    slots s <= p (slot index == token position), and on sliding layers only s > p - W."""
+    idx_1xS = jnp.arange(max_len_S)[None, :]
+    pos_Bx1 = positions_B[:, None]
+    full_Bx1xS = (idx_1xS <= pos_Bx1)[:, None, :]
+    if sliding_window is None:
+        return full_Bx1xS, None
+    return full_Bx1xS, full_Bx1xS & (idx_1xS > pos_Bx1 - sliding_window)[:, None, :]
+
+
+def attend(
+    q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, mask_BxTxS: jax.Array
+) -> jax.Array:
+    """Grouped-query attention: query head n uses key/value head n // G; softmax in fp32."""
+    b, t, n, h = q_BxTxNxH.shape
+    k = k_BxSxKxH.shape[2]
+    q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, k, n // k, h)
+    scores_BxKxGxTxS = jnp.einsum(
+        "BTKGH,BSKH->BKGTS", q_BxTxKxGxH, k_BxSxKxH, preferred_element_type=jnp.float32
+    ) * (h**-0.5)
+    scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS, _NEG_INF)
+    probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_BxSxKxH.dtype)
+    out_BxTxKxGxH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BxKxGxTxS, v_BxSxKxH)
+    return out_BxTxKxGxH.reshape(b, t, n, h)
+
+
+class QKVProjection(nn.Module):
+    """q, k, v of a layer: projections (+ bias), q/k RMSNorm, RoPE."""
+
+    config: ArchConfig
+    compute_dtype: Dtype
+    param_dtype: Dtype
+    mesh: Mesh | None = None
+    rules: sharding.Rules | None = None
+
+    @nn.compact
+    def __call__(
+        self, x_BxTxD: jax.Array, cos_BxTxH2: jax.Array, sin_BxTxH2: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        cfg = self.config
+        d, n, k, h = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        common = dict(
+            out_dims=2,
+            use_bias=cfg.qkv_bias,
+            init_std=cfg.init_std,
+            compute_dtype=self.compute_dtype,
+            param_dtype=self.param_dtype,
+        )
+        q_BxTxNxH = Einsum(
+            "BTD,DNH->BTNH", (d, n, h), ("embed", "heads", "head_dim"), name="q_proj", **common
+        )(x_BxTxD)
+        kv_axes = ("embed", "kv_heads", "head_dim")
+        k_BxTxKxH = Einsum("BTD,DKH->BTKH", (d, k, h), kv_axes, name="k_proj", **common)(x_BxTxD)
+        v_BxTxKxH = Einsum("BTD,DKH->BTKH", (d, k, h), kv_axes, name="v_proj", **common)(x_BxTxD)
+        if cfg.qk_norm is not None:
+            norm = dict(
+                eps=cfg.norm_eps,
+                weight_in_fp32=cfg.norm_weight_in_fp32,
+                param_dtype=self.param_dtype,
+            )
+            if cfg.qk_norm == "full":  # OLMo: over the whole projection, all heads at once
+                q_shape, q_axes, k_shape, k_axes = (
+                    (n, h),
+                    ("heads", "head_dim"),
+                    (k, h),
+                    kv_axes[1:],
+                )
+            else:  # Qwen3: over each head's H features
+                q_shape, q_axes, k_shape, k_axes = (h,), ("head_dim",), (h,), ("head_dim",)
+            q_BxTxNxH = RMSNorm(q_shape, q_axes, name="q_norm", **norm)(q_BxTxNxH)
+            k_BxTxKxH = RMSNorm(k_shape, k_axes, name="k_norm", **norm)(k_BxTxKxH)
+        q_BxTxNxH = rope.apply_rope(q_BxTxNxH, cos_BxTxH2, sin_BxTxH2)
+        k_BxTxKxH = rope.apply_rope(k_BxTxKxH, cos_BxTxH2, sin_BxTxH2)
+        heads = ("batch", "activation_length", "activation_heads", "head_dim")
+        kv_heads = ("batch", "activation_length", "activation_kv_heads", "head_dim")
+        return (
+            sharding.constrain(q_BxTxNxH, heads, self.mesh, self.rules),
+            sharding.constrain(k_BxTxKxH, kv_heads, self.mesh, self.rules),
+            sharding.constrain(v_BxTxKxH, kv_heads, self.mesh, self.rules),
+        )
+
+
+class OutProjection(nn.Module):
+    """Attention output projection [N, H] -> D."""
+
+    config: ArchConfig
+    compute_dtype: Dtype
+    param_dtype: Dtype
+
+    @nn.compact
+    def __call__(self, attn_BxTxNxH: jax.Array) -> jax.Array:
+        cfg = self.config
+        return Einsum(
+            "BTNH,NHD->BTD",
+            (cfg.n_heads, cfg.head_dim, cfg.d_model),
+            ("heads", "head_dim", "embed"),
+            out_dims=1,
+            use_bias=cfg.o_bias,
+            init_std=cfg.init_std,
+            compute_dtype=self.compute_dtype,
+            param_dtype=self.param_dtype,
+            name="o_proj",
+        )(attn_BxTxNxH)
+
+
+class Mlp(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    config: ArchConfig
+    compute_dtype: Dtype
+    param_dtype: Dtype
+    mesh: Mesh | None = None
+    rules: sharding.Rules | None = None
+
+    @nn.compact
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        cfg = self.config
+        common = dict(
+            out_dims=1,
+            use_bias=cfg.mlp_bias,
+            init_std=cfg.init_std,
+            compute_dtype=self.compute_dtype,
+            param_dtype=self.param_dtype,
+        )
+        d, f = cfg.d_model, cfg.d_ff
+        gate_BxTxF = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), name="gate_proj", **common)(
+            x_BxTxD
+        )
+        up_BxTxF = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), name="up_proj", **common)(
+            x_BxTxD
+        )
+        hidden_BxTxF = sharding.constrain(
+            jax.nn.silu(gate_BxTxF) * up_BxTxF,
+            ("batch", "activation_length", "activation_mlp"),
+            self.mesh,
+            self.rules,
+        )
+        return Einsum("BTF,FD->BTD", (f, d), ("mlp", "embed"), name="down_proj", **common)(
+            hidden_BxTxF
+        )

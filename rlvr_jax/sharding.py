@@ -1,0 +1,256 @@
+"""Device meshes, the logical-axis sharding tables, and moving params between sub-meshes.
+
+Every mesh has the axes (data, fsdp, tensor). Model code names array dimensions logically;
+a rules table maps each logical name to mesh axes (STYLE habit 4: one table for the learner,
+one for the actor / rollout engine):
+
+  parameters   vocab, embed, heads, kv_heads, head_dim, mlp, layers, norm
+  activations  batch, activation_length, activation_embed, activation_heads,
+               activation_kv_heads, activation_mlp, activation_vocab
+  KV cache     cache_batch, cache_sequence, cache_kv_heads
+
+A mesh axis is applied to a dimension only if it divides it (e.g. 2 KV heads on a tensor
+axis of 4 stay replicated, as vLLM does); the rest of the mapping still applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+MeshAxesSpec = str | tuple[str, ...] | None
+
+
+def _as_tuple(axes: MeshAxesSpec) -> tuple[str, ...]:
+    if axes is None:
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+class Rules(Mapping[str, MeshAxesSpec]):
+    """An immutable, hashable logical-name → mesh-axes table (usable as a static jit arg)."""
+
+    def __init__(self, table: Mapping[str, MeshAxesSpec]):
+        for name, axes in table.items():
+            for axis in _as_tuple(axes):
+                if axis not in MESH_AXES:
+                    raise ValueError(f"rule {name!r} -> {axes!r}: unknown mesh axis {axis!r}")
+        self._items = tuple(sorted(table.items()))
+        self._table = dict(self._items)
+
+    def __getitem__(self, name: str) -> MeshAxesSpec:
+        return self._table[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table)
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __hash__(self) -> int:
+        return hash(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Rules) and self._items == other._items
+
+    def __repr__(self) -> str:
+        return f"Rules({self._table!r})"
+
+    def replace(self, **updates: MeshAxesSpec) -> Rules:
+        """A copy with some logical names remapped."""
+        return Rules({**self._table, **updates})
+
+
+_BATCH = ("data", "fsdp")
+LEARNER_RULES = Rules(
+    {
+        # params: FSDP over `embed`, tensor parallel over heads / mlp / vocab
+        "vocab": "tensor",
+        "embed": "fsdp",
+        "heads": "tensor",
+        "kv_heads": "tensor",
+        "head_dim": None,
+        "mlp": "tensor",
+        "layers": None,
+        "norm": None,
+        # activations: rows over data × fsdp
+        "batch": _BATCH,
+        "activation_length": None,
+        "activation_embed": None,
+        "activation_heads": "tensor",
+        "activation_kv_heads": "tensor",
+        "activation_mlp": "tensor",
+        "activation_vocab": "tensor",
+        "cache_batch": _BATCH,
+        "cache_sequence": None,
+        "cache_kv_heads": "tensor",
+    }
+)
+"""Learner: params sharded over fsdp (and tensor), batch over data × fsdp."""
+
+ACTOR_RULES = LEARNER_RULES.replace(embed=None)
+"""Actor / rollout engine: params replicated except the tensor-parallel split (no per-step
+all-gathers while decoding); decode slots and their KV cache over data × fsdp."""
+
+
+def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all). Missing axes are 1; one
+    axis may be -1 (takes the devices left over). `tensor` varies fastest, so tensor-parallel
+    groups are neighbouring devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    unknown = sorted(set(axes) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"mesh axes {unknown} are unknown (use {', '.join(MESH_AXES)})")
+    sizes = {name: int(axes.get(name, 1)) for name in MESH_AXES}
+    free = [name for name, size in sizes.items() if size == -1]
+    if len(free) > 1 or any(size == 0 or size < -1 for size in sizes.values()):
+        raise ValueError(f"mesh axes {sizes}: sizes must be positive, with at most one -1")
+    fixed = math.prod(size for size in sizes.values() if size != -1)
+    if free:
+        if len(devices) % fixed:
+            raise ValueError(f"mesh axes {sizes} do not divide {len(devices)} devices")
+        sizes[free[0]] = len(devices) // fixed
+    if math.prod(sizes.values()) != len(devices):
+        raise ValueError(
+            f"mesh axes {sizes} need {math.prod(sizes.values())} devices, got {len(devices)}"
+        )
+    grid = np.empty(len(devices), dtype=object)
+    grid[:] = devices
+    shape = tuple(sizes[name] for name in MESH_AXES)
+    return Mesh(grid.reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def split_devices(
+    devices: Sequence[jax.Device], actor_devices: int
+) -> tuple[list[jax.Device], list[jax.Device]]:
+    """(learner, actor) device lists: the last `actor_devices` go to the actor; 0 shares all."""
+    devices = list(devices)
+    if actor_devices == 0:
+        return devices, devices
+    if not 0 < actor_devices < len(devices):
+        raise ValueError(
+            f"actor_devices={actor_devices} must be 0 (share) or leave at least one of "
+            f"{len(devices)} devices to the learner"
+        )
+    return devices[:-actor_devices], devices[-actor_devices:]
+
+
+def build_meshes(mesh_cfg: Any, devices: Sequence[jax.Device] | None = None) -> tuple[Mesh, Mesh]:
+    """(learner_mesh, actor_mesh) from a `rlvr_jax.config.schema.MeshConfig`."""
+    learner, actor = split_devices(
+        jax.devices() if devices is None else devices, mesh_cfg.actor_devices
+    )
+    try:
+        learner_mesh = make_mesh(dataclasses.asdict(mesh_cfg.learner), learner)
+    except ValueError as e:
+        raise ValueError(f"mesh.learner: {e}") from None
+    try:
+        actor_mesh = make_mesh(dataclasses.asdict(mesh_cfg.actor), actor)
+    except ValueError as e:
+        raise ValueError(f"mesh.actor: {e}") from None
+    return learner_mesh, actor_mesh
+
+
+def logical_to_spec(
+    names: Sequence[str | None],
+    rules: Mapping[str, MeshAxesSpec],
+    mesh: Mesh | None = None,
+    shape: Sequence[int] | None = None,
+) -> PartitionSpec:
+    """PartitionSpec of one array. With `mesh`, size-1 mesh axes are left out; with `mesh`
+    and `shape`, a dimension keeps only the leading mesh axes of its rule whose sizes divide
+    it. A mesh axis is used at most once per array (later dimensions lose it). Unknown
+    logical names raise."""
+    used: set[str] = set()
+    spec: list[MeshAxesSpec] = []
+    for dim, name in enumerate(names):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in rules:
+            raise KeyError(f"logical axis {name!r} has no rule (rules: {sorted(rules)})")
+        kept: list[str] = []
+        size = 1
+        for axis in _as_tuple(rules[name]):
+            if axis in used:
+                continue
+            if mesh is not None and mesh.shape[axis] == 1:
+                continue  # a size-1 axis shards nothing; keep specs minimal
+            if mesh is not None and shape is not None:
+                if shape[dim] % (size * mesh.shape[axis]):
+                    break
+                size *= mesh.shape[axis]
+            kept.append(axis)
+        used.update(kept)
+        spec.append(None if not kept else kept[0] if len(kept) == 1 else tuple(kept))
+    return PartitionSpec(*spec)
+
+
+def _is_axes_leaf(x: Any) -> bool:
+    return isinstance(x, tuple) and all(isinstance(n, str) or n is None for n in x)
+
+
+def logical_to_sharding(
+    axes_tree: Any, mesh: Mesh, rules: Mapping[str, MeshAxesSpec], shapes_tree: Any = None
+) -> Any:
+    """NamedSharding tree of a tree of logical-axis tuples. `shapes_tree` (arrays or
+    ShapeDtypeStructs of the same structure) enables the divisibility fallback."""
+    if shapes_tree is None:
+        return jax.tree.map(
+            lambda names: NamedSharding(mesh, logical_to_spec(names, rules)),
+            axes_tree,
+            is_leaf=_is_axes_leaf,
+        )
+    return jax.tree.map(
+        lambda names, x: NamedSharding(mesh, logical_to_spec(names, rules, mesh, x.shape)),
+        axes_tree,
+        shapes_tree,
+        is_leaf=_is_axes_leaf,
+    )
+
+
+def param_shardings(config: Any, mesh: Mesh, rules: Mapping[str, MeshAxesSpec]) -> Any:
+    """NamedSharding tree of the params of `config` (an `rlvr_jax.models.ArchConfig`)."""
+    from rlvr_jax import models
+
+    return logical_to_sharding(
+        models.param_logical_axes(config), mesh, rules, models.abstract_params(config)
+    )
+
+
+def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, MeshAxesSpec], config: Any) -> Any:
+    """`params` placed on `mesh` by the rules (one `device_put` per array)."""
+    return reshard(params, param_shardings(config, mesh, rules))
+
+
+def reshard(tree: Any, target_shardings: Any, *, donate: bool = False) -> Any:
+    """`tree` moved to `target_shardings` (e.g. learner → actor sub-mesh); values unchanged.
+    `donate` frees the source buffers."""
+    return jax.device_put(tree, target_shardings, donate=donate)
+
+
+def constrain(
+    x: jax.Array,
+    names: Sequence[str | None],
+    mesh: Mesh | None,
+    rules: Mapping[str, MeshAxesSpec] | None,
+) -> jax.Array:
+    """`with_sharding_constraint` of an activation by logical names; identity without a
+    mesh or rules (single-device use)."""
+    if mesh is None or rules is None:
+        return x
+    spec = logical_to_spec(names, rules, mesh, x.shape)
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def batch_sharding(mesh: Mesh, rules: Mapping[str, MeshAxesSpec], shape: Sequence[int]) -> Any:
+    """NamedSharding of a [B, ...] input array: rows split by the `batch` rule."""
+    names = ("batch",) + (None,) * (len(shape) - 1)
+    return NamedSharding(mesh, logical_to_spec(names, rules, mesh, shape))
