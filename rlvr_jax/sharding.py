@@ -100,11 +100,9 @@ ACTOR_RULES = LEARNER_RULES.replace(embed=None)
 all-gathers while decoding); decode slots and their KV cache over data × fsdp."""
 
 
-def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over `devices` (default: all). Missing axes are 1; one
-    axis may be -1 (takes the devices left over). `tensor` varies fastest, so tensor-parallel
-    groups are neighbouring devices."""
-    devices = list(jax.devices() if devices is None else devices)
+def resolve_axis_sizes(axes: Mapping[str, int], n_devices: int) -> dict[str, int]:
+    """(data, fsdp, tensor) sizes for `n_devices`: missing axes are 1 and the (at most one)
+    -1 axis takes the devices left over. Used for real meshes and for dry-run plans."""
     unknown = sorted(set(axes) - set(MESH_AXES))
     if unknown:
         raise ValueError(f"mesh axes {unknown} are unknown (use {', '.join(MESH_AXES)})")
@@ -114,13 +112,22 @@ def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = No
         raise ValueError(f"mesh axes {sizes}: sizes must be positive, with at most one -1")
     fixed = math.prod(size for size in sizes.values() if size != -1)
     if free:
-        if len(devices) % fixed:
-            raise ValueError(f"mesh axes {sizes} do not divide {len(devices)} devices")
-        sizes[free[0]] = len(devices) // fixed
-    if math.prod(sizes.values()) != len(devices):
+        if n_devices % fixed:
+            raise ValueError(f"mesh axes {sizes} do not divide {n_devices} devices")
+        sizes[free[0]] = n_devices // fixed
+    if math.prod(sizes.values()) != n_devices:
         raise ValueError(
-            f"mesh axes {sizes} need {math.prod(sizes.values())} devices, got {len(devices)}"
+            f"mesh axes {sizes} need {math.prod(sizes.values())} devices, got {n_devices}"
         )
+    return sizes
+
+
+def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh over `devices` (default: all). Missing axes are 1; one
+    axis may be -1 (takes the devices left over). `tensor` varies fastest, so tensor-parallel
+    groups are neighbouring devices."""
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = resolve_axis_sizes(axes, len(devices))
     grid = np.empty(len(devices), dtype=object)
     grid[:] = devices
     shape = tuple(sizes[name] for name in MESH_AXES)
@@ -232,8 +239,40 @@ def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, MeshAxesSpec], con
 
 def reshard(tree: Any, target_shardings: Any, *, donate: bool = False) -> Any:
     """`tree` moved to `target_shardings` (e.g. learner → actor sub-mesh); values unchanged.
-    `donate` frees the source buffers."""
-    return jax.device_put(tree, target_shardings, donate=donate)
+    `donate` frees the source buffers. Works between sub-meshes that span processes too
+    (see `move`)."""
+    if jax.process_count() == 1:
+        return jax.device_put(tree, target_shardings, donate=donate)
+    return jax.tree_util.tree_map(move, tree, target_shardings)
+
+
+def move(x: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
+    """`x` placed in `target`, also between sub-meshes that span processes.
+
+    One process, or the same device set: a plain `device_put`. Across processes, multi-
+    controller JAX cannot `device_put` between different device sets, so the array is first
+    replicated over its own devices (an all-gather on the source mesh), then every process
+    copies the slices its target devices need from a local replica, device to device, and
+    the pieces are assembled into the global target array — no host round trip. This needs
+    every process that owns target devices to own source devices too (true when learner and
+    actor sub-meshes both span the hosts); otherwise the array goes through the host."""
+    src = x.sharding
+    if jax.process_count() == 1 or set(src.device_set) == set(target.device_set):
+        return jax.device_put(x, target)
+    src_procs = {d.process_index for d in src.device_set}
+    dst_procs = {d.process_index for d in target.device_set}
+    if dst_procs <= src_procs and isinstance(src, NamedSharding):
+        full = jax.device_put(x, NamedSharding(src.mesh, PartitionSpec()))
+        local_full = full.addressable_shards[0].data if full.addressable_shards else None
+        pieces = [
+            jax.device_put(local_full[idx], d)
+            for d, idx in target.addressable_devices_indices_map(x.shape).items()
+        ]
+        return jax.make_array_from_single_device_arrays(x.shape, target, pieces)
+    from jax.experimental import multihost_utils
+
+    host = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return jax.make_array_from_callback(host.shape, target, lambda idx: host[idx], dtype=host.dtype)
 
 
 def constrain(

@@ -22,7 +22,7 @@ from rlvr_jax import losses, models, sharding  # noqa: E402
 from rlvr_jax.config.schema import DistributedConfig  # noqa: E402
 from rlvr_jax.training import learner  # noqa: E402
 from rlvr_jax.training.batch import Sample, collate  # noqa: E402
-from rlvr_jax.training.distributed import global_tree, init_distributed, move_tree  # noqa: E402
+from rlvr_jax.training.distributed import global_tree, init_distributed  # noqa: E402
 
 if nproc > 1:
     init_distributed(
@@ -89,7 +89,7 @@ for _ in range(3):
 
 # learner → actor sub-mesh (a cross-process move when nproc > 1)
 actor_mesh = sharding.make_mesh({"data": 2, "tensor": 2}, actor_devices)
-actor_params = move_tree(
+actor_params = sharding.reshard(
     state.params, sharding.param_shardings(ARCH, actor_mesh, sharding.ACTOR_RULES)
 )
 leaf = actor_params["embedding"]

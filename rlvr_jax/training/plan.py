@@ -71,22 +71,14 @@ class Plan:
         return self.peak_per_device <= self.device_memory_gib * GiB
 
 
-def resolve_axes(axes: MeshAxes | dict[str, int], n_devices: int) -> dict[str, int]:
-    """Axis sizes with the (at most one) -1 filled so that their product is `n_devices`."""
-    sizes = dataclasses.asdict(axes) if isinstance(axes, MeshAxes) else dict(axes)
-    free = [k for k, v in sizes.items() if v == -1]
-    if len(free) > 1:
-        raise PlanError(f"mesh axes {sizes}: at most one axis may be -1")
-    if any(v == 0 or v < -1 for v in sizes.values()):
-        raise PlanError(f"mesh axes {sizes}: sizes must be positive (or one -1)")
-    fixed = math.prod(v for v in sizes.values() if v != -1)
-    if free:
-        if n_devices % fixed:
-            raise PlanError(f"mesh axes {sizes} do not divide {n_devices} devices")
-        sizes[free[0]] = n_devices // fixed
-    elif fixed != n_devices:
-        raise PlanError(f"mesh axes {sizes} use {fixed} devices, but {n_devices} are assigned")
-    return sizes
+def resolve_axes(axes: MeshAxes, n_devices: int, where: str) -> dict[str, int]:
+    """Axis sizes of a sub-mesh of `n_devices` (the -1 axis filled); PlanError names `where`."""
+    from rlvr_jax.sharding import resolve_axis_sizes
+
+    try:
+        return resolve_axis_sizes(dataclasses.asdict(axes), n_devices)
+    except ValueError as e:
+        raise PlanError(f"{where}: {e}") from None
 
 
 def split_counts(n_devices: int, actor_devices: int) -> tuple[int, int, bool]:
@@ -149,8 +141,8 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
         raise PlanError(f"model architecture: {e}") from None
     n = n_devices or cfg.mesh.plan_devices or jax.device_count()
     n_learn, n_act, shared = split_counts(n, cfg.mesh.actor_devices)
-    learner_axes = resolve_axes(cfg.mesh.learner, n_learn)
-    actor_axes = resolve_axes(cfg.mesh.actor, n_act)
+    learner_axes = resolve_axes(cfg.mesh.learner, n_learn, "mesh.learner")
+    actor_axes = resolve_axes(cfg.mesh.actor, n_act, "mesh.actor")
 
     pbytes = _DTYPE_BYTES[cfg.model.param_dtype]
     cbytes = _DTYPE_BYTES[cfg.model.compute_dtype]
