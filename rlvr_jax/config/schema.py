@@ -243,6 +243,25 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class SFTConfig:
+    sources: list[SourceConfig] = field(default_factory=list)
+    """SFT examples: prompt rows that also carry a response (default: `data.sources`)."""
+    response_field: str = "response"
+    """Row field holding the target response of an SFT example."""
+    synthetic_reference: bool = False
+    """Rows without a response use `rlvr_jax.data.synthetic.reference_response(row)` (the
+    demo's synthetic tasks have exact reference solutions)."""
+    batch_size: int = 32
+    """Examples per SFT optimizer step."""
+    learning_rate: float | None = None
+    """η_SFT of `rl_sft_parallel`'s SFT optimizer (None = `train.learning_rate`)."""
+    expert_min_score: float = 1.0
+    """Expert iteration keeps samples whose verifier score is at least this."""
+    expert_sft_steps: int = 1
+    """SFT optimizer steps per expert-iteration round."""
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     every_steps: int = 0
     """Save every N steps (0 = only at the end)."""
@@ -302,6 +321,8 @@ class Config:
     """Verifiers and reward weights."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """Optimizer and loop."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised fine-tuning data and settings (sft, expert_iteration, rl_sft_parallel)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing and export."""
     eval: EvalConfig = field(default_factory=EvalConfig)
