@@ -240,6 +240,14 @@ class TrainConfig:
     """Global-norm gradient clipping (0 = off)."""
     save_batch: str | None = None
     """Write one training batch to this .npz (for `rlvr-bench losses --batch`)."""
+    remat: bool = False
+    """Rematerialise each layer in the backward pass (activation memory ~ one layer)."""
+    attn_chunk: int = 0
+    """Attention computed this many queries at a time (0 = all): N·chunk·S scores live at
+    once instead of N·S² (long-context training)."""
+    logits_chunk: int = 0
+    """LM head + log-softmax computed this many positions at a time (0 = all): never holds the
+    B×T×V fp32 logits at once."""
 
 
 @dataclass(frozen=True)

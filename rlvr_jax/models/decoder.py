@@ -81,6 +81,7 @@ class DecoderLayer(nn.Module):
     cache_dtype: Dtype
     mesh: Mesh | None = None
     rules: sharding.Rules | None = None
+    attn_chunk: int = 0
 
     @nn.compact
     def __call__(
@@ -118,7 +119,9 @@ class DecoderLayer(nn.Module):
             if self.mode == "prefill":
                 ys = (k_BxTxKxH.astype(self.cache_dtype), v_BxTxKxH.astype(self.cache_dtype))
         mask_BxTxS = _pick(is_sliding, ctx.mask_sliding_BxTxS, ctx.mask_full_BxTxS)
-        attn_BxTxNxH = attend(q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS)
+        attn_BxTxNxH = attend(
+            q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, q_chunk=self.attn_chunk
+        )
         out_BxTxD = OutProjection(cfg, name="attn_out", **dtypes)(attn_BxTxNxH)
         if cfg.post_norm:
             out_BxTxD = attn_norm(out_BxTxD)
@@ -157,6 +160,8 @@ class Decoder(nn.Module):
     mesh: Mesh | None = None
     rules: sharding.Rules | None = None
     remat: bool = False
+    attn_chunk: int = 0
+    """Queries per attention chunk in forward/prefill (0 = all at once; see `attend`)."""
 
     @nn.compact
     def __call__(
@@ -202,6 +207,7 @@ class Decoder(nn.Module):
             self.param_dtype,
             self.cache_dtype,
             name="layers",
+            attn_chunk=self.attn_chunk if self.mode != "decode" else 0,
             **shard,
         )
         layer_idx_L = jnp.arange(cfg.n_layers, dtype=jnp.int32)

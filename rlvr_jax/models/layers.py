@@ -137,9 +137,48 @@ def cache_masks(
 
 
 def attend(
+    q_BxTxNxH: jax.Array,
+    k_BxSxKxH: jax.Array,
+    v_BxSxKxH: jax.Array,
+    mask_BxTxS: jax.Array,
+    *,
+    q_chunk: int = 0,
+) -> jax.Array:
+    """Grouped-query attention: query head n uses key/value head n // G; softmax in fp32.
+
+    `q_chunk` > 0 (dividing T) computes the queries `q_chunk` at a time, each chunk
+    rematerialised in the backward pass, so that only N·q_chunk·S scores live at once instead
+    of N·T·S (long-context training); the result is the same."""
+    t = q_BxTxNxH.shape[1]
+    if q_chunk and t > q_chunk and t % q_chunk == 0:
+        return _attend_chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, q_chunk)
+    return _attend(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS)
+
+
+def _attend_chunked(
+    q_BxTxNxH: jax.Array,
+    k_BxSxKxH: jax.Array,
+    v_BxSxKxH: jax.Array,
+    mask_BxTxS: jax.Array,
+    chunk: int,
+) -> jax.Array:
+    b, t, n, h = q_BxTxNxH.shape
+    c = t // chunk
+    q_CxBxcxNxH = q_BxTxNxH.reshape(b, c, chunk, n, h).swapaxes(0, 1)
+    mask_CxBxcxS = mask_BxTxS.reshape(b, c, chunk, -1).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(args):
+        q, mask = args
+        return _attend(q, k_BxSxKxH, v_BxSxKxH, mask)
+
+    out_CxBxcxNxH = jax.lax.map(one, (q_CxBxcxNxH, mask_CxBxcxS))
+    return out_CxBxcxNxH.swapaxes(0, 1).reshape(b, t, n, h)
+
+
+def _attend(
     q_BxTxNxH: jax.Array, k_BxSxKxH: jax.Array, v_BxSxKxH: jax.Array, mask_BxTxS: jax.Array
 ) -> jax.Array:
-    """Grouped-query attention: query head n uses key/value head n // G; softmax in fp32."""
     b, t, n, h = q_BxTxNxH.shape
     k = k_BxSxKxH.shape[2]
     q_BxTxKxGxH = q_BxTxNxH.reshape(b, t, k, n // k, h)

@@ -118,13 +118,15 @@ def apply(
     rules: Rules | None = None,
     return_hidden: bool = False,
     remat: bool = False,
+    attn_chunk: int = 0,
 ) -> jax.Array:
     """Logits fp32 [B, T, V] of a packed / padded batch (pure; jit with `config` static).
 
     Query t attends to keys s <= t with the same segment id (0 conventionally marks padding;
     a pad row position still gets finite logits). `positions_BxT` feed RoPE only.
     `return_hidden` gives the final-norm hidden states [B, T, D] instead (see `lm_head`).
-    `mesh`/`rules` add activation sharding constraints; `remat` rematerialises each layer.
+    `mesh`/`rules` add activation sharding constraints; `remat` rematerialises each layer;
+    `attn_chunk` computes attention that many queries at a time (long sequences).
     """
     module = Decoder(
         config,
@@ -134,6 +136,7 @@ def apply(
         mesh=mesh,
         rules=rules,
         remat=remat,
+        attn_chunk=attn_chunk,
     )
     out, _ = module.apply(
         {"params": params},

@@ -15,6 +15,7 @@ caller computes them once with `make_logprob_fn` before the first mini-batch; wi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -60,6 +61,15 @@ def init_state(params: Any, optimizer: optax.GradientTransformation, mesh=None) 
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class MemoryOptions:
+    """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`)."""
+
+    remat: bool = False
+    attn_chunk: int = 0
+    logits_chunk: int = 0
+
+
 def token_logprobs(
     params: Any,
     arch: models.ArchConfig,
@@ -68,30 +78,54 @@ def token_logprobs(
     compute_dtype: Any,
     temperature: float,
     return_logits: bool = False,
+    memory: MemoryOptions = MemoryOptions(),
 ):
-    """log π(target_t | inputs_≤t) in fp32, as log-softmax(logits / τ) over the full vocabulary."""
-    logits_BxTxV = models.apply(
-        params,
-        arch,
-        batch["input_ids"],
-        batch["positions"],
-        batch["segment_ids"],
-        compute_dtype=compute_dtype,
-    ).astype(jnp.float32)
+    """log π(target_t | inputs_≤t) in fp32, as log-softmax(logits / τ) over the full vocabulary.
+
+    With `memory.logits_chunk` (and no logits asked for) the LM head and log-softmax run a
+    chunk of positions at a time, each chunk rematerialised in the backward pass."""
+    common = dict(compute_dtype=compute_dtype, remat=memory.remat, attn_chunk=memory.attn_chunk)
+    inputs = (batch["input_ids"], batch["positions"], batch["segment_ids"])
+    targets_BxT = batch["target_ids"]
+    T = targets_BxT.shape[1]
+    chunk = memory.logits_chunk
+    if chunk and not return_logits and chunk < T and T % chunk == 0:
+        hidden_BxTxD = models.apply(params, arch, *inputs, return_hidden=True, **common)
+        B, _, D = hidden_BxTxD.shape
+        h_CxBxcxD = hidden_BxTxD.reshape(B, T // chunk, chunk, D).swapaxes(0, 1)
+        t_CxBxc = targets_BxT.reshape(B, T // chunk, chunk).swapaxes(0, 1)
+
+        @jax.checkpoint
+        def one(args):
+            h_BxcxD, t_Bxc = args
+            return _pick_logp(models.lm_head(params, arch, h_BxcxD), t_Bxc, temperature)
+
+        logp_CxBxc = jax.lax.map(one, (h_CxBxcxD, t_CxBxc))
+        return logp_CxBxc.swapaxes(0, 1).reshape(B, T)
+    logits_BxTxV = models.apply(params, arch, *inputs, **common).astype(jnp.float32)
+    logp_BxT = _pick_logp(logits_BxTxV, targets_BxT, temperature)
+    if return_logits:
+        return logp_BxT, logits_BxTxV / temperature if temperature != 1.0 else logits_BxTxV
+    return logp_BxT
+
+
+def _pick_logp(logits_BxTxV: jax.Array, targets_BxT: jax.Array, temperature: float) -> jax.Array:
+    logits_BxTxV = logits_BxTxV.astype(jnp.float32)
     if temperature != 1.0:
         logits_BxTxV = logits_BxTxV / temperature
     logz_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
-    picked_BxT = jnp.take_along_axis(logits_BxTxV, batch["target_ids"][..., None], axis=-1)[..., 0]
-    logp_BxT = picked_BxT - logz_BxT
-    return (logp_BxT, logits_BxTxV) if return_logits else logp_BxT
+    picked_BxT = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
+    return picked_BxT - logz_BxT
 
 
-def make_logprob_fn(arch, *, compute_dtype, temperature: float) -> Callable:
+def make_logprob_fn(
+    arch, *, compute_dtype, temperature: float, memory: MemoryOptions = MemoryOptions()
+) -> Callable:
     """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole batch."""
 
     def fn(params, batch):
         return token_logprobs(
-            params, arch, batch, compute_dtype=compute_dtype, temperature=temperature
+            params, arch, batch, compute_dtype=compute_dtype, temperature=temperature, memory=memory
         )
 
     return jax.jit(fn)
@@ -119,6 +153,7 @@ def make_train_step(
     temperature: float = 1.0,
     old_from: OldFrom = "self",
     with_entropy: bool = False,
+    memory: MemoryOptions = MemoryOptions(),
 ) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
     """Builds the (un-jitted) pure step; `jit_train_step` adds shardings and donation."""
     if settings.tis_mode == "mask" and old_from == "self":
@@ -129,14 +164,16 @@ def make_train_step(
     loss_kwargs = settings.policy_loss_kwargs()
 
     def loss_fn(params, mb, denominator):
-        logp, logits = token_logprobs(
+        out = token_logprobs(
             params,
             arch,
             mb,
             compute_dtype=compute_dtype,
             temperature=temperature,
-            return_logits=True,
+            return_logits=with_entropy,
+            memory=memory,
         )
+        logp, logits = out if with_entropy else (out, None)
         if old_from == "self":
             old_logp = jax.lax.stop_gradient(logp)
         elif old_from == "batch":
@@ -152,7 +189,7 @@ def make_train_step(
             ref_logp=mb.get("ref_logp"),
             loss_denominator=denominator,
             max_len=max_len,
-            logits=logits if with_entropy else None,
+            logits=logits,
             **loss_kwargs,
         )
 

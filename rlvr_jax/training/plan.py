@@ -5,9 +5,12 @@ the mesh axes its logical axes map to (the same rules tables the learner and eng
 
 Estimates (documented, deliberately simple):
 - learner: params + grads (param dtype) + AdamW mu/nu (param dtype, as optax keeps them) +
-  activations of one micro-batch without rematerialisation: per token and layer
-  (12·D + 3·F) values in the compute dtype plus N·S attention probabilities, plus the fp32
-  logits and log-softmax (2·V·4 bytes per token); activations split over data × fsdp.
+  activations of one micro-batch (its rows split over data × fsdp): per token and layer
+  (12·D + 3·F) values in the compute dtype (with `train.remat`, only the layer inputs D of
+  every layer plus one layer's worth); attention scores N·q·S·4 bytes per row, q = S or
+  `train.attn_chunk` (every layer's without remat or chunking, one layer's otherwise); the
+  fp32 logits and log-softmax 2·V·4 bytes per position, for all positions or
+  `train.logits_chunk` of them.
 - actor: params in the compute dtype + the per-slot KV cache
   2·L·slots·S·K·H in the compute dtype (S = max prompt + max new tokens), slots split over
   the actor's data axis and KV heads over its tensor axis.
@@ -131,6 +134,21 @@ def _sharded_bytes(shapes, axes, rules, sizes, itemsize: int) -> float:
     return total
 
 
+def _activation_bytes(cfg: Config, arch: Any, rows_dev: float, seq: int, cbytes: int) -> float:
+    """Learner activation memory per device for one micro-batch (module docstring)."""
+    t = cfg.train
+    tokens = rows_dev * seq
+    layer = (12 * arch.d_model + 3 * arch.d_ff) * cbytes * tokens
+    saved = arch.n_layers * (arch.d_model * cbytes * tokens if t.remat else layer)
+    peak_layer = layer if t.remat else 0.0
+    q = t.attn_chunk if 0 < t.attn_chunk < seq else seq
+    scores = rows_dev * arch.n_heads * q * seq * 4
+    attention = scores if (t.remat or q < seq) else arch.n_layers * scores
+    positions = t.logits_chunk if 0 < t.logits_chunk < seq else seq
+    logits = rows_dev * positions * arch.vocab_size * 4 * 2
+    return saved + peak_layer + attention + logits
+
+
 def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     """Computes the plan for `cfg` on `n_devices` (default: `mesh.plan_devices` or local)."""
     from rlvr_jax import models, sharding
@@ -153,14 +171,12 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     params_l = _sharded_bytes(shapes, axes, sharding.LEARNER_RULES, learner_axes, pbytes)
     seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
     rows = cfg.train.micro_batch_size or cfg.train.prompts_per_batch * cfg.rollout.num_samples
-    batch_split = learner_axes["data"] * learner_axes["fsdp"]
-    tokens = rows * seq / batch_split
-    per_layer = (12 * arch.d_model + 3 * arch.d_ff) * cbytes + arch.n_heads * seq * cbytes
+    rows_dev = rows / (learner_axes["data"] * learner_axes["fsdp"])
     learner_bytes = {
         "params": params_l,
         "grads": params_l,
         "optimizer": 2 * params_l,
-        "activations": tokens * (arch.n_layers * per_layer + 2 * arch.vocab_size * 4),
+        "activations": _activation_bytes(cfg, arch, rows_dev, seq, cbytes),
     }
     params_a = _sharded_bytes(shapes, axes, sharding.ACTOR_RULES, actor_axes, cbytes)
     kv_split = actor_axes["data"] * min(actor_axes["tensor"], arch.n_kv_heads)

@@ -60,6 +60,8 @@ class RLTrainer:
             cfg.data, tokenizer=self.tokenizer, known_verifiers=known_verifiers()
         )
         self.rewards = RewardService(cfg.rewards, overlong_buffer=cfg.filter.soft_overlong_buffer)
+        # a slot holds prompt + completion; the learner's shifted arrays then have exactly
+        # T = max_prompt_len + max_new_tokens positions (round numbers chunk evenly)
         self.seq_len = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
         self.rows = cfg.train.prompts_per_batch * cfg.rollout.num_samples
         self._build_learner()
@@ -92,6 +94,11 @@ class RLTrainer:
     def _build_learner(self) -> None:
         cfg = self.cfg
         self.optimizer = make_optimizer(cfg.train)
+        self.memory = learner.MemoryOptions(
+            remat=cfg.train.remat,
+            attn_chunk=cfg.train.attn_chunk,
+            logits_chunk=cfg.train.logits_chunk,
+        )
         u = cfg.train.updates_per_batch
         if self.rows % u:
             raise ValueError(
@@ -116,6 +123,7 @@ class RLTrainer:
             compute_dtype=cfg.model.compute_dtype,
             temperature=cfg.rollout.temperature,
             old_from=self.old_from,
+            memory=self.memory,
         )
         self.state = learner.init_state(self.model.params, self.optimizer, mesh=self.learner_mesh)
         self.state_shardings = jax.tree_util.tree_map(lambda x: x.sharding, self.state)
@@ -124,7 +132,10 @@ class RLTrainer:
             step, out_shardings=(self.state_shardings, None), donate_argnums=(0,)
         )
         self.logprob_fn = learner.make_logprob_fn(
-            self.arch, compute_dtype=cfg.model.compute_dtype, temperature=cfg.rollout.temperature
+            self.arch,
+            compute_dtype=cfg.model.compute_dtype,
+            temperature=cfg.rollout.temperature,
+            memory=self.memory,
         )
         self.ref_params = self.model.params if self.settings.needs_ref_logp else None
 
@@ -244,7 +255,7 @@ class RLTrainer:
         samples, rewards_PxG = grp.build_samples(
             asm.kept, overlong_filter=self.cfg.filter.overlong_filter
         )
-        arrays = collate(samples, rows=self.rows, seq_len=self.seq_len, pad_id=self._pad_id())
+        arrays = collate(samples, rows=self.rows, seq_len=self.seq_len + 1, pad_id=self._pad_id())
         batch = {
             k: jax.device_put(
                 v, sharding.batch_sharding(self.learner_mesh, sharding.LEARNER_RULES, v.shape)
