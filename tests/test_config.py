@@ -125,3 +125,14 @@ def test_configs_are_frozen():
     cfg = from_dict({"model": {"path": "/m"}})
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.seed = 1  # type: ignore[misc]
+
+
+def test_nested_section_defaults_come_from_the_schema():
+    # the actor mesh defaults to data=-1, the learner mesh to fsdp=-1; a partial section
+    # overrides only the keys it names
+    cfg = from_dict({"model": {"path": "/m"}})
+    assert (cfg.mesh.actor.data, cfg.mesh.learner.fsdp) == (-1, -1)
+    cfg = from_dict({"model": {"path": "/m"}, "mesh": {"actor": {"tensor": 2}}})
+    assert (cfg.mesh.actor.data, cfg.mesh.actor.tensor, cfg.mesh.learner.fsdp) == (-1, 2, -1)
+    cfg = load(None, ["model.path=/m", "mesh.learner.data=2"])
+    assert (cfg.mesh.learner.data, cfg.mesh.learner.fsdp) == (2, -1)

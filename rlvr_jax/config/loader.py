@@ -120,17 +120,36 @@ def _build(cls: type, raw: Any, prefix: str, source: str) -> Any:
     kwargs = {}
     for name, f in fields.items():
         key = prefix + name
-        if name in raw:
-            kwargs[name] = _convert(hints[name], raw[name], key, source)
+        tp = hints[name]
+        if dataclasses.is_dataclass(tp):
+            # a section's defaults are its default instance's values (e.g. the actor mesh's
+            # data=-1), overridden key by key by what the file sets
+            given = raw.get(name, {})
+            if not isinstance(given, dict):
+                raise ConfigError(f"{source}: {key} must be a mapping, got {given!r}")
+            kwargs[name] = _build(tp, _merge(_section_defaults(f), given), key + ".", source)
+        elif name in raw:
+            kwargs[name] = _convert(tp, raw[name], key, source)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            if dataclasses.is_dataclass(hints[name]):
-                kwargs[name] = _build(hints[name], {}, key + ".", source)
-            else:
-                raise ConfigError(f"{source}: missing required value {key!r}")
-        elif dataclasses.is_dataclass(hints[name]):
-            # nested sections are built so that their own required values are checked
-            kwargs[name] = _build(hints[name], {}, key + ".", source)
+            raise ConfigError(f"{source}: missing required value {key!r}")
     return cls(**kwargs)
+
+
+def _section_defaults(f: dataclasses.Field) -> dict[str, Any]:
+    """The default values of a nested section (empty when it has required fields)."""
+    if f.default_factory is dataclasses.MISSING:
+        return {}
+    try:
+        return to_dict(f.default_factory())
+    except TypeError:  # a section with required values has no default instance
+        return {}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def _type_name(tp: Any) -> str:

@@ -1,29 +1,56 @@
-"""Held-out evaluation: n samples per prompt, verified, summarised as pass@k per domain."""
+"""Held-out evaluation: n samples per prompt, verified, summarised as pass@k per domain.
+
+Two layers. `evaluate_policy` is the trainer's in-loop evaluation (flat metric keys). The
+command-line tools (`rlvr-eval`, `rlvr-filter`) load a policy with `load_policy`, wrap it in a
+`PolicySampler` (`build_sampler`), and count verified-correct samples per prompt with
+`sample_correct_counts`, which generates in chunks of prompts while the previous chunk is
+verified, seeding prompt i with `rollout.request_seed(seed, i)` whatever the chunking (so
+the samples are those of one `rollout.generate(..., seed=seed)` call over all prompts).
+`pass_at_k_report` and `format_pass_at_k_table` turn the counts into the nested JSON and the
+printed table of `rlvr-eval`.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from rlvr_jax.eval.passk import mean_pass_at_k
 
+log = logging.getLogger(__name__)
+
+CORRECT_THRESHOLD = 0.5
+"""A sample counts as correct when its verifier score is at least this."""
+
+DEFAULT_CHUNK_PROMPTS = 256
+"""Prompts generated per chunk by `sample_correct_counts`."""
+
+ENGINE_LEN_MULTIPLE = 64
+"""Engine positions per slot are rounded up to a multiple of this."""
+
 
 def correct_counts(
     rows: Sequence[Any], completions: Sequence[Any], texts: Sequence[str], reward_service
 ) -> tuple[np.ndarray, list[str], dict[str, float]]:
     """Per-prompt counts of verified-correct samples (verifier score ≥ 0.5 counts as correct;
-    verifiers are binary except code 'fraction' and ifeval 'fraction' modes)."""
+    verifiers are binary except code 'fraction' and ifeval 'fraction' modes).
+
+    Completions may cover any subset of `rows` (`c.prompt_index` indexes `rows`); counts and
+    domains come in increasing prompt-index order, with the reward service's metrics."""
     by_prompt: dict[int, list[int]] = defaultdict(list)
     for i, c in enumerate(completions):
         by_prompt[c.prompt_index].append(i)
     flat_rows = [rows[c.prompt_index] for c in completions]
     dict_rows = [r.to_dict() if hasattr(r, "to_dict") else dict(r) for r in flat_rows]
     result = reward_service.score(dict_rows, list(texts))
-    ok = result.verifier_scores >= 0.5
+    ok = result.verifier_scores >= CORRECT_THRESHOLD
     counts = np.array([int(ok[idx].sum()) for _, idx in sorted(by_prompt.items())])
     domains = [result.domains[idx[0]] for _, idx in sorted(by_prompt.items())]
     return counts, domains, dict(result.metrics)
@@ -42,6 +69,279 @@ def summarise(
             sel = [c for c, dd in zip(counts.tolist(), domains) if dd == d]
             out[f"{prefix}{d}/pass@{k}"] = mean_pass_at_k(sel, n, k)
     return out
+
+
+def pass_at_k_report(
+    counts_P: np.ndarray, domains: Sequence[str], n: int, ks: Sequence[int]
+) -> dict[str, dict]:
+    """`{"pass@k": {"1": ..}, "per_domain": {domain: {"1": ..}}}`: the mean unbiased pass@k
+    over all P prompts and over each domain's prompts, from `counts_P[i]` correct of `n`.
+
+    Raises:
+      ValueError: no prompts, mismatched lengths, or a k outside [1, n].
+    """
+    counts = [int(c) for c in np.asarray(counts_P).reshape(-1)]
+    if not counts:
+        raise ValueError("pass_at_k_report: no prompts")
+    if len(domains) != len(counts):
+        raise ValueError(f"pass_at_k_report: {len(counts)} counts but {len(domains)} domains")
+    bad = [k for k in ks if not 1 <= k <= n]
+    if bad:
+        raise ValueError(f"pass_at_k_report: k={bad} needs 1 <= k <= n={n}")
+    by_domain: dict[str, list[int]] = defaultdict(list)
+    for c, d in zip(counts, domains):
+        by_domain[d].append(c)
+    return {
+        "pass@k": {str(k): mean_pass_at_k(counts, n, k) for k in ks},
+        "per_domain": {
+            d: {str(k): mean_pass_at_k(by_domain[d], n, k) for k in ks} for d in sorted(by_domain)
+        },
+    }
+
+
+def format_pass_at_k_table(report: dict[str, dict], prompts_per_domain: dict[str, int]) -> str:
+    """The report of `pass_at_k_report` as a text table: one row per domain, then `all`."""
+    ks = list(report["pass@k"])
+    width = max(10, *(len(d) for d in report["per_domain"]))
+    header = f"{'domain':<{width}} {'prompts':>8}" + "".join(f" {'pass@' + k:>9}" for k in ks)
+    lines = [header, "-" * len(header)]
+    for d, values in report["per_domain"].items():
+        cells = "".join(f" {values[k]:>9.4f}" for k in ks)
+        lines.append(f"{d:<{width}} {prompts_per_domain[d]:>8d}{cells}")
+    total = sum(prompts_per_domain.values())
+    cells = "".join(f" {report['pass@k'][k]:>9.4f}" for k in ks)
+    lines.append(f"{'all':<{width}} {total:>8d}{cells}")
+    return "\n".join(lines)
+
+
+# -- sampling a policy from the command line ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicySampler:
+    """A policy ready to sample from: its engine, tokenizer and generation limits."""
+
+    engine: Any
+    """The `rollout.EngineCore` (params on the actor mesh)."""
+    tokenizer: Any
+    """The policy's HF tokenizer (decodes completions for the verifiers)."""
+    max_new_tokens: int
+    """Generation budget per completion."""
+    stop_token_ids: tuple[int, ...]
+    """Token ids that end a completion (EOS and the configured stop strings)."""
+
+
+@dataclass(frozen=True)
+class SampledCounts:
+    """What `sample_correct_counts` measured over P prompts."""
+
+    counts_P: np.ndarray
+    """int64[P]: samples per prompt whose verifier score is ≥ `CORRECT_THRESHOLD`."""
+    domains: tuple[str, ...]
+    """Domain of each prompt."""
+    num_samples: int
+    """n: samples per prompt."""
+    generated_tokens: int
+    """Tokens generated over all samples (stop tokens included)."""
+    truncated: int
+    """Samples cut off by `max_new_tokens` (finish reason "length")."""
+    verifier_timeouts: int
+    """Samples whose verifier timed out (scored 0)."""
+    verifier_errors: int
+    """Samples whose verifier failed (scored 0)."""
+    generate_s: float
+    """Wall time spent generating."""
+    verify_s: float
+    """Time the reward service spent verifying (overlaps generation)."""
+
+
+def stop_token_ids(arch: Any, tokenizer: Any, stop_strings: Sequence[str] = ()) -> tuple[int, ...]:
+    """The model's and the tokenizer's EOS ids plus each single-token stop string's id
+    (sorted; empty when there is none, and then completions run to their budget).
+
+    Raises:
+      ValueError: a stop string that is not exactly one token.
+    """
+    ids = {int(t) for t in (arch.eos_token_id or ())}
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for s in stop_strings:
+        toks = tokenizer.encode(s, add_special_tokens=False)
+        if len(toks) != 1:
+            raise ValueError(f"rollout.stop_strings: {s!r} is not a single token ({toks})")
+        ids.add(int(toks[0]))
+    return tuple(sorted(ids))
+
+
+def resolve_config(
+    path: str | None, overrides: Sequence[str], model_path: str | None = None
+) -> Any:
+    """The `Config` of a command line: `path` with its dotted `overrides`, and `model_path`
+    (when given) as `model.path`, never built (`model.create_if_missing` is cleared).
+
+    Raises:
+      ConfigError: the file or an override is invalid (naming the key and the file).
+    """
+    import json
+
+    from rlvr_jax.config import load
+
+    extra = []
+    if model_path is not None:
+        extra = [f"model.path={json.dumps(model_path)}", "model.create_if_missing=null"]
+    return load(path, [*overrides, *extra])
+
+
+def load_policy(cfg: Any) -> tuple[Any, Any]:
+    """(model, tokenizer) of `cfg.model`, params laid out for decoding on the actor sub-mesh
+    of `cfg.mesh` (`mesh.actor_devices`, `mesh.actor`; the learner's part is not built), the
+    model built first when `model.create_if_missing` says so."""
+    import dataclasses
+
+    import jax
+
+    from rlvr_jax import models, sharding
+    from rlvr_jax.data import load_tokenizer
+    from rlvr_jax.training.run import ensure_model
+
+    path = ensure_model(cfg)
+    _, devices = sharding.split_devices(jax.devices(), cfg.mesh.actor_devices)
+    try:
+        actor_mesh = sharding.make_mesh(dataclasses.asdict(cfg.mesh.actor), devices)
+    except ValueError as e:
+        raise ValueError(f"mesh.actor: {e}") from None
+    model = models.load_pretrained(
+        path,
+        dtype=cfg.model.param_dtype,
+        compute_dtype=cfg.model.compute_dtype,
+        mesh=actor_mesh,
+        rules=sharding.ACTOR_RULES,
+    )
+    return model, load_tokenizer(cfg.model.tokenizer or path)
+
+
+def build_sampler(model: Any, tokenizer: Any, cfg: Any, longest_prompt: int) -> PolicySampler:
+    """An engine sized for prompts of up to `longest_prompt` tokens plus
+    `rollout.max_new_tokens`, with `rollout.max_slots` slots and `rollout.decode_chunk` steps
+    per call.
+
+    Raises:
+      ValueError: the longest prompt plus the budget exceeds the model's
+        max_position_embeddings (the message gives both).
+    """
+    from rlvr_jax.rollout import EngineCore
+
+    new = cfg.rollout.max_new_tokens
+    limit = model.config.max_position_embeddings
+    if longest_prompt + new > limit:
+        raise ValueError(
+            f"the longest prompt ({longest_prompt} tokens) + rollout.max_new_tokens={new} "
+            f"exceeds the model's max_position_embeddings={limit}"
+        )
+    if cfg.rollout.backend != "jetstream":
+        log.warning(
+            "rollout.backend=%r is ignored: sampling with the JAX engine", cfg.rollout.backend
+        )
+    max_len = -(-(longest_prompt + new) // ENGINE_LEN_MULTIPLE) * ENGINE_LEN_MULTIPLE
+    engine = EngineCore(
+        model,
+        max_slots=cfg.rollout.max_slots,
+        max_len=max_len,
+        mesh=model.mesh,
+        chunk=cfg.rollout.decode_chunk,
+    )
+    stops = stop_token_ids(model.config, tokenizer, cfg.rollout.stop_strings)
+    return PolicySampler(engine, tokenizer, new, stops)
+
+
+def sample_correct_counts(
+    sampler: PolicySampler,
+    rows: Sequence[Any],
+    prompts: Sequence[Sequence[int]],
+    *,
+    reward_service: Any,
+    num_samples: int,
+    sampling: Any,
+    seed: int,
+    chunk_prompts: int = DEFAULT_CHUNK_PROMPTS,
+) -> SampledCounts:
+    """Samples `num_samples` completions of each prompt and counts the correct ones.
+
+    `rows[i]` (a `PromptRow` or data-row dict) verifies the completions of `prompts[i]`
+    (token ids). Prompts are generated `chunk_prompts` at a time; chunk c+1 generates while
+    chunk c is verified. Prompt i samples with `rollout.request_seed(seed, i)`. `sampling` is
+    a `rollout.SamplingParams`.
+    """
+    from rlvr_jax.rollout import GroupRequest, Scheduler, request_seed
+
+    if len(rows) != len(prompts):
+        raise ValueError(f"{len(rows)} rows but {len(prompts)} prompts")
+    if chunk_prompts < 1:
+        raise ValueError(f"chunk_prompts must be >= 1, got {chunk_prompts}")
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    P = len(prompts)
+    counts_P = np.zeros(P, np.int64)
+    domains = [""] * P
+    totals = defaultdict(float)
+    scheduler = Scheduler(sampler.engine)
+    start_time = time.perf_counter()
+
+    def collect(start: int, future: Future) -> None:
+        counts, chunk_domains, metrics = future.result()
+        counts_P[start : start + len(counts)] = counts
+        domains[start : start + len(counts)] = chunk_domains
+        for key in ("rewards/timeouts", "rewards/errors", "time/reward_s"):
+            totals[key] += metrics[key]
+        done = start + len(counts)
+        elapsed = time.perf_counter() - start_time
+        log.info("%d/%d prompts sampled and verified (%.1f s)", done, P, elapsed)
+
+    pending: tuple[int, Future] | None = None
+    with ThreadPoolExecutor(1, thread_name_prefix="rlvr-verify") as verifier:
+        for start in range(0, P, chunk_prompts):
+            t0 = time.perf_counter()
+            for i in range(start, min(P, start + chunk_prompts)):
+                scheduler.add(
+                    GroupRequest(
+                        key=i,
+                        prompt_index=i,
+                        prompt=tuple(int(t) for t in prompts[i]),
+                        num_samples=num_samples,
+                        seed=request_seed(seed, i),
+                        max_new_tokens=sampler.max_new_tokens,
+                        sampling=sampling,
+                        stop_token_ids=sampler.stop_token_ids,
+                    )
+                )
+            completions = [c for _, group in scheduler.run() for c in group]
+            completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
+            totals["generate_s"] += time.perf_counter() - t0
+            totals["tokens"] += sum(len(c.tokens) for c in completions)
+            totals["truncated"] += sum(c.finish_reason == "length" for c in completions)
+            texts = [
+                sampler.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions
+            ]
+            if pending is not None:
+                collect(*pending)
+            future = verifier.submit(correct_counts, rows, completions, texts, reward_service)
+            pending = (start, future)
+        if pending is not None:
+            collect(*pending)
+    return SampledCounts(
+        counts_P=counts_P,
+        domains=tuple(domains),
+        num_samples=num_samples,
+        generated_tokens=int(totals["tokens"]),
+        truncated=int(totals["truncated"]),
+        verifier_timeouts=int(totals["rewards/timeouts"]),
+        verifier_errors=int(totals["rewards/errors"]),
+        generate_s=totals["generate_s"],
+        verify_s=totals["time/reward_s"],
+    )
+
+
+# -- the trainer's in-loop evaluation ----------------------------------------------------
 
 
 def evaluate_policy(
@@ -67,9 +367,7 @@ def evaluate_policy(
         raise ValueError("evaluation: no held-out rows (set data.eval_sources)")
     prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
     n = cfg.eval.num_samples
-    stop = tuple(int(t) for t in (model.config.eos_token_id or ()))
-    if tokenizer.eos_token_id is not None:
-        stop = tuple(sorted({*stop, int(tokenizer.eos_token_id)}))
+    stop = stop_token_ids(model.config, tokenizer)
     t0 = time.perf_counter()
     completions = rollout.generate(
         model,

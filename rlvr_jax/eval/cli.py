@@ -1,0 +1,278 @@
+"""`rlvr-eval`: pass@k of a policy (unbiased estimator), overall and per domain.
+
+    rlvr-eval --config configs/demo.yaml --model runs/demo/final \\
+        --input data/demo/test.jsonl --json eval.json
+    rlvr-eval --config configs/demo.yaml --input data/demo/test.jsonl \\
+        --fewshot 4 --fewshot-source data/demo/train.jsonl
+    rlvr-eval --config my_run.yaml --split train --ks 1 8 --max-prompts 128
+
+Prompts: `--input FILE` (JSONL or Parquet), else the config's `data.eval_sources` (`--split
+eval`, the default) or `data.sources` (`--split train`: the training distribution, where a
+base model's pass@k predicts whether RL will help), in source then file order, the first
+`--max-prompts` of them. Each is sampled n = `--samples` times (default: the largest k) at
+`--temperature` (default `eval.temperature`), top-p 1, with the config's model, tokenizer,
+prompt template, `rollout.max_new_tokens` and verifier settings. `--fewshot N` prepends N
+solved examples from `--fewshot-source` (format and selection: `rlvr_jax.eval.fewshot`).
+
+Prints a table and, with `--json FILE`, writes `{"pass@k": {"1": ..}, "per_domain":
+{domain: {"1": ..}}, "n", "prompts", "model", "time_s", ...}`. Exit status 2 on bad
+arguments, config or input (the message names it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rlvr_jax.eval.evaluate import DEFAULT_CHUNK_PROMPTS
+
+PROG = "rlvr-eval"
+EXIT_USAGE = 2
+SPLITS = ("eval", "train")
+"""`--split eval` reads `data.eval_sources`, `--split train` reads `data.sources`."""
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """What one `rlvr-eval` run measures."""
+
+    ks: tuple[int, ...] = (1, 8, 32)
+    """k values of pass@k."""
+    num_samples: int | None = None
+    """n, samples per prompt; None = max(ks)."""
+    input: str | None = None
+    """Prompt file; None = the config's sources of `split`."""
+    split: str = "eval"
+    """Which config sources when `input` is None: `eval` or `train`."""
+    max_prompts: int | None = None
+    """Evaluate the first this many prompts; None = all."""
+    temperature: float | None = None
+    """Sampling temperature; None = `eval.temperature`."""
+    fewshot: int = 0
+    """Solved examples prepended to each prompt."""
+    fewshot_source: str | None = None
+    """File the few-shot examples come from."""
+    seed: int | None = None
+    """Sampling and few-shot selection seed; None = the config's seed."""
+    chunk_prompts: int = DEFAULT_CHUNK_PROMPTS
+    """Prompts generated per chunk."""
+
+    @property
+    def n(self) -> int:
+        """Samples per prompt."""
+        return max(self.ks) if self.num_samples is None else self.num_samples
+
+    def problem(self) -> str | None:
+        """What is wrong with the request (in command-line terms), or None."""
+        if not self.ks or min(self.ks) < 1:
+            return f"--ks must be integers >= 1, got {list(self.ks)}"
+        if self.n < max(self.ks):
+            return f"--samples {self.n} is smaller than the largest k ({max(self.ks)})"
+        if self.split not in SPLITS:
+            return f"--split must be one of {SPLITS}, got {self.split!r}"
+        if self.max_prompts is not None and self.max_prompts < 1:
+            return f"--max-prompts must be >= 1, got {self.max_prompts}"
+        if self.temperature is not None and not self.temperature >= 0.0:
+            return f"--temperature must be >= 0, got {self.temperature}"
+        if self.fewshot < 0:
+            return f"--fewshot must be >= 0, got {self.fewshot}"
+        if self.fewshot > 0 and self.fewshot_source is None:
+            return "--fewshot N needs --fewshot-source FILE (solved examples)"
+        if self.fewshot == 0 and self.fewshot_source is not None:
+            return "--fewshot-source is given but --fewshot is 0"
+        if self.seed is not None and self.seed < 0:
+            return f"--seed must be >= 0, got {self.seed}"
+        if self.chunk_prompts < 1:
+            return f"--chunk-prompts must be >= 1, got {self.chunk_prompts}"
+        for flag, path in (("--input", self.input), ("--fewshot-source", self.fewshot_source)):
+            if path is not None and not Path(path).is_file():
+                return f"{flag} file not found: {path!r}"
+        return None
+
+
+def load_rows(
+    cfg: Any, request: EvalRequest, tokenizer: Any
+) -> tuple[list, dict[str, int], list[str]]:
+    """The prompts to evaluate (`--input` or the config's split; at most `max_prompts`), the
+    rows the loader skipped (by reason), and where the sources are.
+
+    Raises:
+      DataError: no source configured for the split, or an unusable source (naming it).
+    """
+    from rlvr_jax.config.schema import SourceConfig
+    from rlvr_jax.data import DataError, load_sources, prompt_length_fn
+    from rlvr_jax.rewards import known_verifiers
+
+    if request.input is not None:
+        sources = [SourceConfig(path=request.input)]
+    else:
+        train = request.split == "train"
+        sources = list(cfg.data.sources if train else cfg.data.eval_sources)
+        if not sources:
+            key = "sources" if train else "eval_sources"
+            raise DataError(f"data.{key} is empty in the config: pass --input FILE")
+    loaded = load_sources(
+        sources,
+        known_verifiers=known_verifiers(),
+        token_length=prompt_length_fn(tokenizer, cfg.data.prompt_template),
+        max_prompt_len=cfg.data.max_prompt_len,
+    )
+    rows = [row for src in loaded for row in src.rows][: request.max_prompts]
+    skipped: dict[str, int] = {}
+    for src in loaded:
+        for kind, count in src.skipped.items():
+            skipped[kind] = skipped.get(kind, 0) + count
+    return rows, skipped, [src.location for src in loaded]
+
+
+def run_eval(cfg: Any, request: EvalRequest) -> dict[str, Any]:
+    """Evaluates `cfg.model` as `request` says; returns the JSON report.
+
+    Raises:
+      ValueError: an invalid request, config, source or few-shot file (naming it).
+    """
+    from rlvr_jax.data import format_prompt
+    from rlvr_jax.eval.evaluate import (
+        build_sampler,
+        load_policy,
+        pass_at_k_report,
+        sample_correct_counts,
+    )
+    from rlvr_jax.eval.fewshot import load_fewshot_pool, with_fewshot
+    from rlvr_jax.rewards import RewardService
+    from rlvr_jax.rollout import SamplingParams
+
+    problem = request.problem()
+    if problem is not None:
+        raise ValueError(problem)
+    t0 = time.perf_counter()
+    seed = cfg.seed if request.seed is None else request.seed
+    temperature = cfg.eval.temperature if request.temperature is None else request.temperature
+    model, tokenizer = load_policy(cfg)
+    rows, skipped, locations = load_rows(cfg, request, tokenizer)
+    fewshot = None
+    if request.fewshot:
+        pool = load_fewshot_pool(request.fewshot_source, seed=seed)
+        rows = [with_fewshot(r, pool.for_row(r, request.fewshot)) for r in rows]
+        fewshot = {"n": request.fewshot, "source": pool.source, "skipped": pool.skipped}
+    prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
+    sampler = build_sampler(model, tokenizer, cfg, max(len(p) for p in prompts))
+    with RewardService(cfg.rewards) as rewards:
+        sampled = sample_correct_counts(
+            sampler,
+            rows,
+            prompts,
+            reward_service=rewards,
+            num_samples=request.n,
+            sampling=SamplingParams(temperature=temperature, top_p=1.0),
+            seed=seed,
+            chunk_prompts=request.chunk_prompts,
+        )
+    prompts_per_domain = dict(sorted(collections.Counter(sampled.domains).items()))
+    return {
+        **pass_at_k_report(sampled.counts_P, sampled.domains, request.n, sorted(request.ks)),
+        "n": request.n,
+        "prompts": len(rows),
+        "model": str(cfg.model.path),
+        "time_s": time.perf_counter() - t0,
+        "prompts_per_domain": prompts_per_domain,
+        "mean_correct": float(sampled.counts_P.mean()) / request.n,
+        "input": locations,
+        "template": cfg.data.prompt_template,
+        "temperature": temperature,
+        "top_p": 1.0,
+        "max_new_tokens": sampler.max_new_tokens,
+        "seed": seed,
+        "fewshot": fewshot,
+        "skipped": skipped,
+        "truncated_fraction": sampled.truncated / (len(rows) * request.n),
+        "verifier": {"timeouts": sampled.verifier_timeouts, "errors": sampled.verifier_errors},
+        "generated_tokens": sampled.generated_tokens,
+        "generate_s": sampled.generate_s,
+        "verify_s": sampled.verify_s,
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `rlvr-eval`."""
+    p = argparse.ArgumentParser(prog=PROG, description="pass@k of a policy, per domain.")
+    p.add_argument("--config", help="YAML config file (model, data, rollout, rewards)")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+    p.add_argument("--model", help="policy checkpoint directory (replaces model.path)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--input", help="prompt file (.jsonl, .jsonl.gz or .parquet)")
+    where.add_argument(
+        "--split", choices=SPLITS, default="eval", help="config sources to evaluate on"
+    )
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 8, 32], help="k values of pass@k")
+    p.add_argument("--samples", type=int, help="samples per prompt (default: the largest k)")
+    p.add_argument("--max-prompts", type=int, help="evaluate the first N prompts")
+    p.add_argument("--temperature", type=float, help="default: the config's eval.temperature")
+    p.add_argument("--fewshot", type=int, default=0, help="solved examples per prompt")
+    p.add_argument("--fewshot-source", help="file of solved examples (see rlvr_jax.eval.fewshot)")
+    p.add_argument("--seed", type=int, help="sampling seed (default: the config's seed)")
+    p.add_argument(
+        "--chunk-prompts",
+        type=int,
+        default=DEFAULT_CHUNK_PROMPTS,
+        help="prompts generated per chunk (the next generates while one is verified)",
+    )
+    p.add_argument("--json", help="write the report here as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `rlvr-eval`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or an argparse error (2), already printed
+        return int(e.code or 0)
+    request = EvalRequest(
+        ks=tuple(dict.fromkeys(args.ks)),
+        num_samples=args.samples,
+        input=args.input,
+        split=args.split,
+        max_prompts=args.max_prompts,
+        temperature=args.temperature,
+        fewshot=args.fewshot,
+        fewshot_source=args.fewshot_source,
+        seed=args.seed,
+        chunk_prompts=args.chunk_prompts,
+    )
+    problem = request.problem()
+    if problem is None and args.config is None and args.model is None:
+        problem = "give --config FILE (or at least --model PATH with --input FILE)"
+    if problem is not None:
+        parser.print_usage(sys.stderr)
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    from rlvr_jax.eval.evaluate import format_pass_at_k_table, resolve_config
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        cfg = resolve_config(args.config, args.overrides, args.model)
+        report = run_eval(cfg, request)
+    except (ValueError, FileNotFoundError) as e:  # config, data and model errors name the culprit
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(format_pass_at_k_table(report, report["prompts_per_domain"]))
+    print(
+        f"n = {report['n']} samples per prompt, {report['prompts']} prompts, "
+        f"model {report['model']}, {report['time_s']:.1f} s"
+    )
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"report: {path}")
+    return 0
