@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Callable
 
@@ -61,7 +62,11 @@ def train_main(argv: list[str] | None = None) -> int:
             return _fail(str(e))
         print(format_plan(plan))
         return 0
-    return _run_library("rlvr_jax.training.run", "main", cfg, what="rlvr-train")
+    try:
+        return _run_library("rlvr_jax.training.run", "main", cfg, what="rlvr-train")
+    except (OSError, ValueError) as e:  # bad paths, data, settings: a named error, exit 2
+        logging.getLogger("rlvr_jax").debug("rlvr-train failed", exc_info=True)
+        return _fail(str(e))
 
 
 def _run_library(module: str, fn: str, *args, what: str) -> int:

@@ -50,7 +50,9 @@ def test_sync_run_then_resume_continues(tmp_path):
         assert key in rows[-1], key
     assert rows[-1]["staleness/mean"] == 0.0  # sync: trained on the current policy
     assert rows[-1]["policy_version"] == 2
-    assert (out / "final" / "config.json").is_file() and (out / "final" / "tokenizer.json").is_file()
+    assert (out / "final" / "config.json").is_file() and (
+        out / "final" / "tokenizer.json"
+    ).is_file()
     assert (out / "curves.png").is_file()
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["2"]
 
@@ -97,8 +99,9 @@ def test_async_sigkill_then_rerun_has_every_step_once(tmp_path):
     assert last["policy_version"] >= 6 and last["staleness/mean"] <= 1.0
 
 
-def test_unknown_algorithm_part_is_reported(tmp_path, capsys):
+def test_missing_model_is_a_named_error(tmp_path, capsys):
     cfg = tiny_run(tmp_path)
     meta = json.loads((tmp_path / "policy" / "config.json").read_text())
     assert meta["model_type"] == "qwen2"
-    assert cli.train_main(["--config", str(cfg), "model.path=/nonexistent/policy"]) != 0
+    assert cli.train_main(["--config", str(cfg), "model.path=/nonexistent/policy"]) == 2
+    assert "/nonexistent/policy" in capsys.readouterr().err

@@ -58,6 +58,8 @@ class DistributedConfig:
 
 @dataclass(frozen=True)
 class MeshConfig:
+    num_devices: int = 0
+    """Devices used, from the start of `jax.devices()` (0 = all)."""
     actor_devices: int = 0
     """Devices given to the rollout engine (the actor sub-mesh). 0 shares the learner's
     devices (one machine); > 0 splits the device list: the last `actor_devices` go to the

@@ -31,7 +31,7 @@ from rlvr_jax.training import learner
 from rlvr_jax.training.batch import collate
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
 from rlvr_jax.training.optimizer import make_optimizer
-from rlvr_jax.training.run import StopFlag, ensure_model
+from rlvr_jax.training.run import StopFlag, ensure_model, used_devices
 
 log = logging.getLogger("rlvr_jax.train")
 
@@ -40,15 +40,14 @@ class RLTrainer:
     """Owns the meshes, the policy, the engine stream, the reward service and the loop."""
 
     def __init__(self, cfg: Config, *, stop: StopFlag | None = None):
-        from rlvr_jax import rollout
-        from rlvr_jax.data import build_prompt_iterator, load_tokenizer
-        from rlvr_jax.rewards import RewardService, known_verifiers
+        from rlvr_jax.data import load_tokenizer
+        from rlvr_jax.rewards import RewardService
 
         self.cfg = cfg
         self.stop = stop if stop is not None else StopFlag()
         self.out = Path(cfg.train.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.learner_mesh, self.actor_mesh = sharding.build_meshes(cfg.mesh)
+        self.learner_mesh, self.actor_mesh = sharding.build_meshes(cfg.mesh, used_devices(cfg.mesh))
         path = ensure_model(cfg)
         self.model = models.load_pretrained(
             path, dtype=cfg.model.param_dtype, mesh=self.learner_mesh, rules=sharding.LEARNER_RULES
@@ -56,9 +55,7 @@ class RLTrainer:
         self.arch = self.model.config
         self.tokenizer = load_tokenizer(cfg.model.tokenizer or path)
         self.settings = losses.loss_settings_from_config(cfg.loss)
-        self.prompts = build_prompt_iterator(
-            cfg.data, tokenizer=self.tokenizer, known_verifiers=known_verifiers()
-        )
+        self._build_data()
         self.rewards = RewardService(cfg.rewards, overlong_buffer=cfg.filter.soft_overlong_buffer)
         # a slot holds prompt + completion; the learner's shifted arrays then have exactly
         # T = max_prompt_len + max_new_tokens positions (round numbers chunk evenly)
@@ -68,6 +65,23 @@ class RLTrainer:
         self._ckpt = ckpt.Checkpointer(self.out, keep=cfg.checkpoint.keep)
         self._resume()
         self.stop_ids = self._stop_token_ids()
+        self.stream = self._build_stream()
+
+    # -- set-up (the `_build_*` / `_init_learner` hooks are where the other recipes differ) --
+    def _build_data(self) -> None:
+        """Loads the prompt mixture (`self.prompts`, whose state each checkpoint stores)."""
+        from rlvr_jax.data import build_prompt_iterator
+        from rlvr_jax.rewards import known_verifiers
+
+        self.prompts = build_prompt_iterator(
+            self.cfg.data, tokenizer=self.tokenizer, known_verifiers=known_verifiers()
+        )
+
+    def _build_stream(self) -> Any:
+        """The rollout engine on the actor mesh behind a `RolloutStream` (None: no rollouts)."""
+        from rlvr_jax import rollout
+
+        cfg = self.cfg
         engine = rollout.make_engine_core(
             dataclasses.replace(self.model, params=self.state.params),
             max_slots=cfg.rollout.max_slots,
@@ -78,7 +92,7 @@ class RLTrainer:
         inflight = cfg.train.prompts_per_batch * max(
             cfg.rollout.queue_size, cfg.filter.max_draws, 1
         )
-        self.stream = rollout.RolloutStream(
+        return rollout.RolloutStream(
             engine,
             max_new_tokens=cfg.rollout.max_new_tokens,
             sampling=rollout.SamplingParams(
@@ -90,7 +104,6 @@ class RLTrainer:
             version=self.version,
         )
 
-    # -- set-up -------------------------------------------------------------------------
     def _build_learner(self) -> None:
         cfg = self.cfg
         self.optimizer = make_optimizer(cfg.train)
@@ -125,12 +138,8 @@ class RLTrainer:
             old_from=self.old_from,
             memory=self.memory,
         )
-        self.state = learner.init_state(self.model.params, self.optimizer, mesh=self.learner_mesh)
-        self.state_shardings = jax.tree_util.tree_map(lambda x: x.sharding, self.state)
         self._batch_rows = mini
-        self.train_step = jax.jit(
-            step, out_shardings=(self.state_shardings, None), donate_argnums=(0,)
-        )
+        self._init_learner(step)
         self.logprob_fn = learner.make_logprob_fn(
             self.arch,
             compute_dtype=cfg.model.compute_dtype,
@@ -138,6 +147,15 @@ class RLTrainer:
             memory=self.memory,
         )
         self.ref_params = self.model.params if self.settings.needs_ref_logp else None
+
+    def _init_learner(self, step: Any) -> None:
+        """`self.state` (for `self.optimizer`) and `self.train_step(state, batch)`: the pure
+        `step` jitted with the state donated."""
+        self.state = learner.init_state(self.model.params, self.optimizer, mesh=self.learner_mesh)
+        self.state_shardings = jax.tree_util.tree_map(lambda x: x.sharding, self.state)
+        self.train_step = jax.jit(
+            step, out_shardings=(self.state_shardings, None), donate_argnums=(0,)
+        )
 
     def _stop_token_ids(self) -> tuple[int, ...]:
         ids = set(self.arch.eos_token_id or ())
@@ -168,6 +186,7 @@ class RLTrainer:
             self.prompts.restore(meta["data"])
             self._next_request = int(meta["next_request"])
             self._skip_ids = set(meta["consumed_after"])
+            self._restore_extra(meta)
             log.info("resumed from checkpoint %d (policy version %d)", latest, self._version)
         self.metrics = MetricsWriter(
             self.out, tensorboard=self.cfg.log.tensorboard, resume_step=self.start_step
@@ -185,8 +204,16 @@ class RLTrainer:
             "data": data_state,
             "next_request": oldest,
             "consumed_after": sorted(i for i in self._consumed if i > oldest),
+            **self._extra_meta(),
         }
         self._ckpt.save(step, self.state, meta)
+
+    def _extra_meta(self) -> dict[str, Any]:
+        """More JSON for the checkpoint's side-car (a recipe's second data stream)."""
+        return {}
+
+    def _restore_extra(self, meta: dict[str, Any]) -> None:
+        """Restores what `_extra_meta` saved."""
 
     # -- rollouts -----------------------------------------------------------------------
     def _submit_one(self) -> None:
@@ -234,12 +261,7 @@ class RLTrainer:
             done = [self.stream.get()]
             while self.stream.ready:
                 done.append(self.stream.get())
-            triples = []
-            for g in done:
-                row, tokens = self._inflight.pop(g.request_id)
-                self._snapshots.pop(g.request_id, None)
-                self._consumed.add(g.request_id)
-                triples.append((row, tokens, g.completions))
+            triples = [self._take(g) for g in done]
             scored, m = grp.score_groups(
                 triples, self.rewards, self.tokenizer, max_len=cfg.rollout.max_new_tokens
             )
@@ -249,6 +271,13 @@ class RLTrainer:
                 asm.offer(g, self._version)
         self._last_groups = asm.kept
         return asm, {k: float(np.mean(v)) for k, v in reward_metrics.items()}
+
+    def _take(self, group: Any) -> tuple[Any, list[int], list[Any]]:
+        """(row, prompt tokens, completions) of a completed group, marked as consumed."""
+        row, tokens = self._inflight.pop(group.request_id)
+        self._snapshots.pop(group.request_id, None)
+        self._consumed.add(group.request_id)
+        return row, tokens, group.completions
 
     # -- learning -----------------------------------------------------------------------
     def _train(self, asm: grp.BatchAssembler) -> list[dict[str, jax.Array]]:
@@ -411,7 +440,10 @@ class RLTrainer:
             log.info("exported the final policy to %s", self.out / "final")
 
     def close(self) -> None:
-        for closer in (self.stream.stop, self.rewards.close, self._ckpt.close, self.metrics.close):
+        closers = [self.rewards.close, self._ckpt.close, self.metrics.close]
+        if self.stream is not None:
+            closers.insert(0, self.stream.stop)
+        for closer in closers:
             try:
                 closer()
             except Exception:  # keep closing the rest
