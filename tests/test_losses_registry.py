@@ -28,7 +28,7 @@ def scratch_registries(monkeypatch):
         monkeypatch.setattr(registry, "_entries", dict(registry._entries))
 
 
-# README_SNIPPET's worked example: r = 1 everywhere, lengths 2 and 1, A = [1, -0.5].
+# The README's worked example (Losses): r = 1 everywhere, lengths 2 and 1, A = [1, -0.5].
 EX_LOGP = jnp.log(jnp.array([[0.5, 0.5, 1.0], [0.25, 1.0, 1.0]]))
 EX_MASK = jnp.array([[1, 1, 0], [1, 0, 0]])
 EX_ADV = jnp.array([1.0, -0.5])
@@ -84,7 +84,7 @@ def test_lookup_errors(user_module_path, lookup, name, message):
 
 
 def test_user_variant_by_module_function_jitted(user_module_path):
-    """README_SNIPPET's worked example, with tests/user_losses.py as `my_pkg.my_losses`."""
+    """The README's worked example (Losses), with tests/user_losses.py as `my_pkg.my_losses`."""
 
     def loss_fn(lp, agg):
         return losses.policy_loss(

@@ -11,7 +11,7 @@
 
 Three registries resolve a registered name or `module:function`: `get_loss` (= `get`),
 `get_advantage`, `get_preset`; extend them with `register_loss`, `register_advantage`,
-`register_preset`. The variant contract is in README_SNIPPET.md.
+`register_preset`. The variant contract is in the Losses section of README.md.
 """
 
 from rlvr_jax.losses.advantage import advantages, get_advantage, register_advantage

@@ -142,7 +142,7 @@ def policy_loss(
 
     Args:
       variant: registered loss name, `module:function` string, or a callable (the contract is in
-        `variants.py` and README_SNIPPET.md).
+        `variants.py` and the Losses section of README.md).
       logp: [B, T] log-probs of the sampled tokens under the parameters being updated.
       old_logp: [B, T] the same under θ_old (no gradient); None only with
         `ratio_denominator="sampler"`.

@@ -1,6 +1,6 @@
 """Per-token policy losses ℓ[B,T] (to be minimised), one small function per variant.
 
-The contract (see README_SNIPPET.md): a variant is called with keyword arrays
+The contract (see the Losses section of README.md): a variant is called with keyword arrays
 
     logp        [B,T]  log π_θ of the sampled tokens (the only input with a gradient)
     old_logp    [B,T]  the ratio's denominator (recomputed θ_old log-probs, or the sampler's)
