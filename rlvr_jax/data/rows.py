@@ -4,6 +4,10 @@ Every source format (JSONL, Parquet, TFDS) maps its records to dicts following D
 data-row convention, and `row_from_record` validates such a dict into a `PromptRow`. A record
 that cannot be used raises `BadRow` (the source skips and counts it); a record naming a verifier
 that does not exist raises `UnknownVerifier` (an error: the dataset or the registry is wrong).
+
+SFT examples are prompt rows that also carry a target response: `row_from_record(...,
+response=fn)` sets `PromptRow.response` to `fn(record)` (`fn` reads the configured field, or
+writes a reference solution; it raises `BadRow` for a record without one).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class PromptRow:
     """Name of the source the row came from."""
     index: int = 0
     """Position of the row in its source (0-based; for JSONL, the line)."""
+    response: str | None = None
+    """Target response of an SFT example (None for a prompt-only row)."""
 
     def messages(self) -> list[dict[str, str]]:
         """The prompt as chat messages (a text prompt is one user message)."""
@@ -80,12 +86,14 @@ def row_from_record(
     where: str,
     default_domain: str | None = None,
     known_verifiers: Collection[str] | None = None,
+    response: Callable[[Mapping[str, Any]], str] | None = None,
 ) -> PromptRow:
     """Validates one record (a dict in the data-row convention) into a `PromptRow`.
 
     `where` names the record in messages (e.g. "data.jsonl line 18"). Verifier names
     containing ':' (`module:function`) are accepted whatever `known_verifiers` holds.
-    Raises BadRow (skip and count) or UnknownVerifier (fatal).
+    `response(record)`, when given, is the row's SFT response: it must return a non-blank
+    string (or raise BadRow itself). Raises BadRow (skip and count) or UnknownVerifier (fatal).
     """
     if not isinstance(record, Mapping):
         raise BadRow("not_an_object", f"row is {type(record).__name__}, not an object")
@@ -110,6 +118,7 @@ def row_from_record(
         kwargs = {}
     elif not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
         raise BadRow("wrong_type", f"'verifier_kwargs' must be an object, got {kwargs!r}")
+    target = None if response is None else _response(response(record))
     return PromptRow(
         prompt=prompt,
         ground_truth=ground_truth,
@@ -118,6 +127,7 @@ def row_from_record(
         verifier_kwargs=dict(kwargs),
         source=source,
         index=index,
+        response=target,
     )
 
 
@@ -146,6 +156,14 @@ def _prompt(value: Any) -> str | tuple[dict[str, str], ...]:
             raise BadRow("wrong_type", f"prompt message {i} content is {type(content).__name__}")
         messages.append({"role": role, "content": content})
     return tuple(messages)
+
+
+def _response(value: Any) -> str:
+    if not isinstance(value, str):
+        raise BadRow("wrong_type", f"the SFT response must be a string, got {type(value).__name__}")
+    if not value.strip():
+        raise BadRow("empty_response", "the SFT response is empty")
+    return value
 
 
 def _ground_truth(value: Any, verifier: str) -> Any:

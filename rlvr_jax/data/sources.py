@@ -16,7 +16,7 @@ import collections
 import gzip
 import json
 import logging
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,11 +121,14 @@ def load_source(
     known_verifiers: Collection[str] | None = None,
     token_length: Callable[[PromptRow], int] | None = None,
     max_prompt_len: int | None = None,
+    response: Callable[[Mapping[str, Any]], str] | None = None,
 ) -> PromptSource:
     """Reads and validates one source.
 
     `known_verifiers`: names rows may use (None = no check). `token_length(row)`: the row's
     prompt length in tokens once formatted; rows longer than `max_prompt_len` are skipped.
+    `response(record)`: each row's SFT response (see `row_from_record`); records it rejects
+    with BadRow are skipped and counted.
     """
     fmt = resolve_format(cfg)
     name = source_name(cfg)
@@ -144,6 +147,7 @@ def load_source(
             where=f"{label} {where}",
             default_domain=cfg.domain,
             known_verifiers=known_verifiers,
+            response=response,
         )
         if token_length is not None and max_prompt_len is not None:
             n = token_length(row)
@@ -175,6 +179,7 @@ def load_sources(
     known_verifiers: Collection[str] | None = None,
     token_length: Callable[[PromptRow], int] | None = None,
     max_prompt_len: int | None = None,
+    response: Callable[[Mapping[str, Any]], str] | None = None,
 ) -> list[PromptSource]:
     """`load_source` for each config; source names must be distinct."""
     names = collections.Counter(source_name(c) for c in cfgs)
@@ -185,6 +190,7 @@ def load_sources(
         "known_verifiers": known_verifiers,
         "token_length": token_length,
         "max_prompt_len": max_prompt_len,
+        "response": response,
     }
     return [load_source(c, **kwargs) for c in cfgs]
 

@@ -429,6 +429,7 @@ class RLTrainer:
         )
 
     def _finish(self, step: int) -> None:
+        self.steps_done = step
         self._checkpoint(step)
         self._ckpt.wait()
         cfg = self.cfg

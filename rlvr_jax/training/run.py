@@ -79,6 +79,39 @@ def ensure_model(cfg: Config) -> Path:
     )
 
 
+TRAINERS: dict[str, str] = {
+    "rl": "rlvr_jax.training.rl_loop:RLTrainer",
+    "sft": "rlvr_jax.training.recipes:SFTTrainer",
+    "expert_iteration": "rlvr_jax.training.recipes:ExpertIterationTrainer",
+    "rl_sft_parallel": "rlvr_jax.training.recipes:ParallelTrainer",
+}
+"""The trainer class of each `algorithm` (`module:Class`; imported when used)."""
+
+
+def train(cfg: Config, *, stop: StopFlag | None = None) -> None:
+    """Builds the trainer of `cfg.algorithm`, runs it to `train.max_steps` (or until `stop` is
+    set), and closes it."""
+    if cfg.algorithm not in TRAINERS:
+        raise ValueError(f"algorithm: unknown {cfg.algorithm!r}; expected one of {list(TRAINERS)}")
+    trainer_cls = resolve_function(TRAINERS[cfg.algorithm], "algorithm")
+    trainer = trainer_cls(cfg, stop=stop)
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+
+
+def used_devices(mesh_cfg) -> list:
+    """The devices a run uses: the first `mesh.num_devices` (all when 0)."""
+    import jax
+
+    devices = jax.devices()
+    n = mesh_cfg.num_devices
+    if n < 0 or n > len(devices):
+        raise ValueError(f"mesh.num_devices={n}, but {len(devices)} devices are present")
+    return devices[:n] if n else devices
+
+
 def main(cfg: Config) -> int:
     """Runs `cfg.algorithm`; returns the process exit code."""
     logging.basicConfig(
@@ -87,14 +120,5 @@ def main(cfg: Config) -> int:
     init_distributed(cfg.mesh.distributed)
     stop = StopFlag()
     stop.install()
-    if cfg.algorithm == "rl":
-        from rlvr_jax.training.rl_loop import RLTrainer
-
-        trainer = RLTrainer(cfg, stop=stop)
-        try:
-            trainer.run()
-        finally:
-            trainer.close()
-        return 0
-    log.error("algorithm %r is not yet available in this version (only 'rl')", cfg.algorithm)
-    return 2
+    train(cfg, stop=stop)
+    return 0

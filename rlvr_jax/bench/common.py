@@ -1,0 +1,323 @@
+"""Helpers every `rlvr-bench` subcommand shares: the bench model, FLOP counts, datasheet peaks,
+timing and op profiles, machine info, JSON writing, tables and plots.
+
+The bench model is the one `rlvr-bench decode` defines (`rlvr_jax.bench.decode.BenchConfig`:
+Qwen2-shaped, D = 512, 8 layers, 32K vocab, tied embeddings); `bench_arch` builds its
+`ArchConfig` with any size overridden, so that learner and decode figures describe one model.
+
+FLOPs follow the usual model-FLOPs convention (PaLM, Megatron): a forward pass costs
+2 FLOPs per matmul parameter per token (the LM head included, the embedding lookup not) plus
+attention, 2·2·L·N·H·T per token for q·k and p·v over the T keys of the row (the dense
+masked attention the learner computes); a training step costs 3x its forward.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import gzip
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlvr_jax.models import ArchConfig
+
+DATASHEET_BF16_TFLOPS: tuple[tuple[str, str, float], ...] = (
+    ("h100 pcie", "NVIDIA H100 PCIe", 756.0),
+    ("h100 nvl", "NVIDIA H100 NVL", 835.0),
+    ("h100", "NVIDIA H100 SXM", 989.0),
+    ("h200", "NVIDIA H200", 989.0),
+    ("a100", "NVIDIA A100", 312.0),
+    ("v5 lite", "TPU v5e", 197.0),
+    ("v5e", "TPU v5e", 197.0),
+    ("v5p", "TPU v5p", 459.0),
+    ("tpu v5", "TPU v5p", 459.0),
+    ("tpu v4", "TPU v4", 275.0),
+)
+"""(substring of the lower-cased `device_kind`, datasheet name, dense bf16 TFLOP/s per chip);
+the first match wins, so the more specific patterns come first."""
+
+
+def datasheet_peak(device_kind: str) -> tuple[str, float] | None:
+    """(datasheet name, dense bf16 TFLOP/s) of a JAX `device_kind`, or None when unknown
+    (CPUs have no datasheet entry: their denominator is the measured matmul peak)."""
+    kind = device_kind.lower()
+    for pattern, name, tflops in DATASHEET_BF16_TFLOPS:
+        if pattern in kind:
+            return name, tflops
+    return None
+
+
+def bench_arch(**sizes: int) -> ArchConfig:
+    """The bench model's architecture, sizes overridden by `sizes` (any of `d_model`,
+    `n_layers`, `n_heads`, `n_kv_heads`, `d_ff`, `vocab`: the fields of decode's
+    `BenchConfig`)."""
+    from rlvr_jax.bench.decode import BenchConfig, hf_config_dict
+
+    known = {"d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab"}
+    unknown = sorted(set(sizes) - known)
+    if unknown:
+        raise ValueError(f"unknown bench model size(s) {unknown}; known: {sorted(known)}")
+    for name, value in sizes.items():
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"bench model size {name} must be a positive int, got {value!r}")
+    return ArchConfig.from_hf(hf_config_dict(dataclasses.replace(BenchConfig(), **sizes)))
+
+
+def matmul_params(arch: ArchConfig) -> int:
+    """Parameters that take part in a matmul per token: every layer's projections and the LM
+    head (V·D, tied or not); norms, biases and the embedding lookup are left out."""
+    d, n, k, h, f = arch.d_model, arch.n_heads, arch.n_kv_heads, arch.head_dim, arch.d_ff
+    per_layer = d * n * h + 2 * d * k * h + n * h * d + 3 * d * f
+    return arch.n_layers * per_layer + arch.vocab_size * d
+
+
+def forward_flops(arch: ArchConfig, rows: int, seq: int) -> float:
+    """FLOPs of one forward over `rows` × `seq` tokens: 2·P_matmul per token plus attention
+    (q·k and p·v: 2·2·L·N·H per key, `seq` keys per query)."""
+    tokens = rows * seq
+    attention = 4.0 * arch.n_layers * arch.n_heads * arch.head_dim * seq
+    return tokens * (2.0 * matmul_params(arch) + attention)
+
+
+def train_flops(arch: ArchConfig, rows: int, seq: int) -> float:
+    """FLOPs of one training step (forward + backward) = 3 × `forward_flops`
+    (6·P·tokens + attention)."""
+    return 3.0 * forward_flops(arch, rows, seq)
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    """Timed calls of one function."""
+
+    wall_s: tuple[float, ...]
+    """Wall seconds of each call."""
+    cpu_s: tuple[float, ...]
+    """CPU seconds this process used during each call (all its threads)."""
+
+    @property
+    def best(self) -> float:
+        """The fastest call's wall seconds (the least disturbed by other processes)."""
+        return min(self.wall_s)
+
+    def cpu_share(self, cpus: int) -> float:
+        """CPU seconds / (wall seconds × `cpus`) of the fastest call: near 1 when the process
+        had every core to itself, lower when other processes took some (a shared machine)."""
+        i = self.wall_s.index(self.best)
+        return self.cpu_s[i] / (self.wall_s[i] * cpus)
+
+
+def time_calls(fn: Callable[[], Any], repeats: int) -> Timings:
+    """Times `repeats` calls of `fn` (which must block until its result is ready), after one
+    untimed warm-up call."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    fn()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - start_wall)
+        cpu.append(time.process_time() - start_cpu)
+    return Timings(tuple(wall), tuple(cpu))
+
+
+def compile_ahead(fn: Callable, *args: Any, donate: tuple[int, ...] = ()) -> tuple[Any, float]:
+    """(`fn` jitted and compiled ahead of time for `args`, compile seconds): no timed call
+    compiles, and the compiled object reports its buffer sizes (`compiled_memory`)."""
+    import jax
+
+    start = time.perf_counter()
+    compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+    return compiled, time.perf_counter() - start
+
+
+def compiled_memory(compiled: Any) -> dict[str, int] | None:
+    """XLA's buffer sizes of a compiled computation (temp = activations and workspace), or
+    None where the backend does not report them."""
+    stats = compiled.memory_analysis()
+    if stats is None:
+        return None
+    return {
+        "temp_bytes": int(stats.temp_size_in_bytes),
+        "argument_bytes": int(stats.argument_size_in_bytes),
+        "output_bytes": int(stats.output_size_in_bytes),
+    }
+
+
+_NOT_OPS = ("$", "ThunkExecutor", "SlinkyThreadPool", "PjitFunction", "while", "conditional")
+"""Trace events that wrap ops (Python frames, the runtime's executors, control flow)."""
+
+
+def op_profile(fn: Callable[[], Any], trace_dir: str | Path, top: int = 15) -> list[dict]:
+    """Runs `fn` once under the JAX profiler, writing a Perfetto trace into `trace_dir`, and
+    returns the `top` compiled ops by total time: `{"op", "ms", "calls", "share"}` (share of
+    the time of all op events; XLA's names, e.g. `ynn_fusion.3` or `copy_bitcast_fusion.5`,
+    are the ones in an `--xla_dump_to` HLO dump of the same program)."""
+    import jax
+
+    trace_dir = Path(trace_dir)
+    with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
+        fn()
+    traces = sorted(trace_dir.glob("**/*.trace.json.gz"), key=lambda f: f.stat().st_mtime)
+    if not traces:
+        raise RuntimeError(f"the profiler wrote no Perfetto trace under {trace_dir}")
+    with gzip.open(traces[-1], "rt") as f:
+        events = json.load(f)["traceEvents"]
+    total_us: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and not str(e.get("name", "")).startswith(_NOT_OPS):
+            total_us[e["name"]] += e.get("dur", 0)
+            calls[e["name"]] += 1
+    all_us = sum(total_us.values()) or 1
+    return [
+        {"op": name, "ms": us / 1e3, "calls": calls[name], "share": us / all_us}
+        for name, us in total_us.most_common(top)
+    ]
+
+
+def machine_info() -> dict[str, Any]:
+    """Where a benchmark ran: platform, device kind and count, host, CPUs, jax version and the
+    1/5/15-minute load averages (other processes share the cores)."""
+    from rlvr_jax.bench.roofline import machine_info as roofline_machine_info
+
+    return {**roofline_machine_info(), "loadavg": list(os.getloadavg())}
+
+
+def jsonable(value: Any) -> Any:
+    """`value` with numpy scalars/arrays as Python numbers/lists, tuples as lists, dataclasses
+    as dicts and non-finite floats as None (JSON has no NaN)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return jsonable(dataclasses.asdict(value))
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "tolist") and not isinstance(value, str):  # numpy scalars and arrays
+        return jsonable(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json(path: str | Path, result: Mapping[str, Any]) -> Path:
+    """Writes `result` as indented JSON (parent directories created); returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(jsonable(result), indent=2, allow_nan=False) + "\n")
+    return path
+
+
+def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Leaves of a nested dict under slash-joined keys: {"a": {"b": 1}} -> {"a/b": 1}."""
+    out: dict[str, Any] = {}
+    for key, value in nested.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def lookup(nested: Mapping[str, Any], path: str) -> Any:
+    """The value at a slash-joined `path` of a nested dict, or None where a key is missing."""
+    node: Any = nested
+    for key in path.split("/"):
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def format_value(value: Any) -> str:
+    """A table cell: ints as they are, floats with 4 significant digits, None as '-'."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
+        return f"{value:.3e}"
+    return f"{value:.4g}"
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table: a header line, a rule, then one line per row, columns padded;
+    text columns left-aligned, numeric ones right-aligned."""
+    if any(len(r) != len(headers) for r in rows):
+        raise ValueError(f"every row needs {len(headers)} cells (the headers: {list(headers)})")
+    cells = [[format_value(v) for v in row] for row in rows]
+    numeric = [
+        all(isinstance(row[i], int | float) or row[i] is None for row in rows) and bool(rows)
+        for i in range(len(headers))
+    ]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        return "  ".join(parts).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+    """One subplot: bars (label -> value) or lines (label -> (x values, y values))."""
+
+    title: str
+    ylabel: str
+    bars: Mapping[str, float] | None = None
+    lines: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None
+    xlabel: str = ""
+    logx: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.bars is None) == (self.lines is None):
+            raise ValueError(f"panel {self.title!r}: give exactly one of bars or lines")
+
+
+def save_plot(path: str | Path, panels: Sequence[Panel], title: str) -> Path:
+    """Draws `panels` side by side into a PNG at `path` (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not panels:
+        raise ValueError("save_plot needs at least one panel")
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise ValueError(f"plots are written as PNG: {path} should end in .png")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        if panel.bars is not None:
+            labels = list(panel.bars)
+            values = [panel.bars[k] for k in labels]
+            drawn = ax.bar(range(len(labels)), values, color="tab:blue")
+            ax.bar_label(drawn, labels=[format_value(v) for v in values], fontsize=8)
+            ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+        else:
+            for label, (xs, ys) in panel.lines.items():
+                ax.plot(list(xs), list(ys), marker="o" if len(xs) < 20 else None, label=label)
+            ax.legend(fontsize=8)
+            if panel.logx:
+                ax.set_xscale("log", base=2)
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel(panel.xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

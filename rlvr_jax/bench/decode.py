@@ -1,0 +1,353 @@
+"""`rlvr-bench decode`: tokens/s of our continuous engine, our static mode and transformers'
+`generate` on the same random Qwen2-shaped weights, plus a long-tailed workload comparing
+continuous with static batching wall time.
+
+Workload 1 (throughput): `batch` prompts of `prompt` tokens, `new` tokens each, T = 1, no
+stop token; tokens/s counts generated tokens only (prefill time included in the wall).
+Workload 2 (long tail): `long_requests` prompts of `long_prompt` tokens whose budgets (up
+to `long_new`) have mean/max ~ 0.45 (as OLMo 3's ~14K of 32K; prompts short next to the
+generations, as in RL), on `batch` slots; static batching pays 1 - mean/max of its
+slot-steps, continuous only the final drain.
+
+`roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
+token, plus attention) per second, over this machine's measured fp32 matmul throughput
+(`rlvr-bench roofline`). `profile` splits our engine's time into prefill, decode steps and
+the host's share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlvr_jax.bench.roofline import machine_info, measure_roofline
+from rlvr_jax.models import ArchConfig, Model, load_pretrained
+from rlvr_jax.rollout import (
+    EngineCore,
+    GroupRequest,
+    SamplingParams,
+    Scheduler,
+    SlotRequest,
+    generate,
+)
+from rlvr_jax.rollout.sampling import SamplerMode
+from rlvr_jax.rollout.scheduler import SchedulerStats
+from rlvr_jax.rollout.waste import continuous_steps, static_steps, waste
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """Sizes of one benchmark run."""
+
+    d_model: int = 512
+    n_layers: int = 8
+    n_heads: int = 8
+    n_kv_heads: int = 2
+    d_ff: int = 2816
+    vocab: int = 32000
+    batch: int = 32
+    prompt: int = 64
+    new: int = 128
+    long_requests: int = 192
+    long_prompt: int = 32
+    long_new: int = 256
+    mean_over_max: float = 0.45
+    chunk: int = 8
+    repeats: int = 2
+    seed: int = 0
+
+
+QUICK = BenchConfig(
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    d_ff=128,
+    vocab=512,
+    batch=4,
+    prompt=8,
+    new=8,
+    long_requests=12,
+    chunk=4,
+    repeats=1,
+)
+
+
+def hf_config_dict(cfg: BenchConfig) -> dict:
+    """The HF Qwen2 config of the bench model (tied embeddings, GQA, q/k/v biases)."""
+    return {
+        "model_type": "qwen2",
+        "vocab_size": cfg.vocab,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    }
+
+
+def build_models(cfg: BenchConfig, path: str) -> tuple[Any, Model]:
+    """(HF torch model, our Model) with the same random weights (HF init, saved, reloaded)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    hf_cfg = dict(hf_config_dict(cfg))
+    hf = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg), dtype=torch.float32
+    ).eval()
+    hf.save_pretrained(path)
+    return hf, load_pretrained(path)
+
+
+def long_tail_lengths(n: int, max_len: int, mean_over_max: float, seed: int) -> list[int]:
+    """`n` budgets in [1, max_len], the longest = max_len, mean/max ~ `mean_over_max`.
+
+    u ~ Uniform(0, 1) (u = 1 for one request), length = ceil(max_len · u^γ), with γ found by
+    bisection so that the mean hits the target: γ > 1 skews towards short, with a tail up to
+    the max (the shape of RL response lengths)."""
+    if not 0 < mean_over_max < 1 or n < 2 or max_len < 2:
+        raise ValueError(
+            f"need n >= 2, max_len >= 2, 0 < mean_over_max < 1; got {n}, {max_len}, {mean_over_max}"
+        )
+    u = np.random.default_rng(seed).uniform(size=n)
+    u[np.argmax(u)] = 1.0
+
+    def lengths(gamma: float) -> np.ndarray:
+        return np.clip(np.ceil(max_len * u**gamma), 1, max_len).astype(int)
+
+    lo, hi = 1e-3, 1e3  # mean/max falls as gamma grows
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if lengths(mid).mean() / max_len > mean_over_max else (lo, mid)
+    return lengths((lo * hi) ** 0.5).tolist()
+
+
+def flops_per_token(config: ArchConfig, context: float) -> float:
+    """Forward FLOPs of one token: 2 x (matmul params incl. the LM head) + attention
+    (q·k and p·v over `context` positions)."""
+    d, n, k, h, f = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim, config.d_ff
+    per_layer = d * (n + 2 * k) * h + n * h * d + 3 * d * f
+    matmul = config.n_layers * per_layer + config.vocab_size * d
+    attention = 2 * config.n_layers * n * h * context
+    return 2.0 * matmul + 2.0 * attention
+
+
+def _interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict, dict]:
+    """Best wall time (and its output) of each fn, timed in interleaved rounds so that a
+    load change on a shared machine hits every contender alike."""
+    best = {name: float("inf") for name in fns}
+    outputs: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            out = fn()
+            seconds = time.perf_counter() - start
+            if seconds < best[name]:
+                best[name], outputs[name] = seconds, out
+    return best, outputs
+
+
+def _hf_generate(hf: Any, prompts: np.ndarray, new: int) -> float:
+    import torch
+
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    ids = torch.as_tensor(prompts, dtype=torch.long)
+    with torch.no_grad():
+        start = time.perf_counter()
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=new,
+        )
+        seconds = time.perf_counter() - start
+    if out.shape[1] != prompts.shape[1] + new:
+        raise RuntimeError(f"HF generated {out.shape[1] - prompts.shape[1]} tokens, not {new}")
+    return seconds
+
+
+def run_long_tail(
+    core: EngineCore, prompts: list[list[int]], lengths: list[int], batching: str
+) -> SchedulerStats:
+    """Runs the long-tailed workload to the end; returns the scheduler's counters."""
+    sched = Scheduler(core, batching=batching)
+    for i, (p, n) in enumerate(zip(prompts, lengths)):
+        sched.add(GroupRequest(i, i, tuple(p), 1, seed=i, max_new_tokens=n))
+    done = sched.run()
+    if sum(len(c.tokens) for _, group in done for c in group) != sum(lengths):
+        raise RuntimeError("long-tail workload: wrong number of generated tokens")
+    return sched.stats
+
+
+def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:
+    """Seconds per prefill of one prompt and per decode step with every slot live."""
+    dp = core.params
+    prefill = {"prefill": lambda: jax.block_until_ready(core.prefill(dp, prompts[0]))}
+    prefill_s = _interleaved_best(prefill, repeats + 2)[0]["prefill"]
+    state = core.init_decode_state()
+    prefix = core.prefill(dp, prompts[0])
+    slots = list(range(core.spec.max_slots))
+
+    requests = [SlotRequest(0, i, 10**6) for i in slots]
+    state = core.insert(prefix, state, slots, requests)
+    state, out = core.generate(dp, state, mode=SamplerMode())
+    jax.block_until_ready(out)
+    holder = {"state": state}
+
+    def chunk() -> Any:
+        holder["state"], out = core.generate(dp, holder["state"], mode=SamplerMode())
+        return jax.block_until_ready(out)
+
+    chunk_s = _interleaved_best({"chunk": chunk}, repeats + 2)[0]["chunk"]
+    return {"prefill_s_per_prompt": prefill_s, "decode_ms_per_step": 1e3 * chunk_s / core.chunk}
+
+
+def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
+    """Runs both workloads and the roofline probe; returns the JSON-able results."""
+    load_before = os.getloadavg()
+    rng = np.random.default_rng(cfg.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        hf, model = build_models(cfg, tmp)
+    prompts_np = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.prompt))
+    prompts = prompts_np.tolist()
+    core = EngineCore(model, max_slots=cfg.batch, max_len=cfg.prompt + cfg.new, chunk=cfg.chunk)
+    n_tokens = cfg.batch * cfg.new
+    kw = dict(max_new_tokens=cfg.new, temperature=1.0, seed=cfg.seed)
+    throughput = {
+        b: functools.partial(generate, core, prompts, batching=b, **kw)
+        for b in ("continuous", "static")
+    }
+    if not skip_hf:
+        throughput["hf_generate"] = functools.partial(_hf_generate, hf, prompts_np, cfg.new)
+        _hf_generate(hf, prompts_np[:, : min(8, cfg.prompt)], 2)  # warm up
+    for b in ("continuous", "static"):
+        throughput[b]()  # compile + warm up
+    walls, outs = _interleaved_best(throughput, cfg.repeats)
+    for b in ("continuous", "static"):
+        if sum(len(c.tokens) for c in outs[b]) != n_tokens:
+            raise RuntimeError(f"{b}: wrong number of generated tokens")
+    tokens_per_s = {k: n_tokens / v for k, v in walls.items()}
+
+    lengths = long_tail_lengths(cfg.long_requests, cfg.long_new, cfg.mean_over_max, cfg.seed)
+    long_prompts = rng.integers(0, cfg.vocab, size=(cfg.long_requests, cfg.long_prompt)).tolist()
+    long_core = EngineCore(
+        model, max_slots=cfg.batch, max_len=cfg.long_prompt + cfg.long_new, chunk=cfg.chunk
+    )
+    run_long_tail(long_core, long_prompts[: cfg.batch], lengths[: cfg.batch], "continuous")
+    long_walls, stats = _interleaved_best(
+        {
+            b: functools.partial(run_long_tail, long_core, long_prompts, lengths, b)
+            for b in ("continuous", "static")
+        },
+        cfg.repeats,
+    )
+    profile = profile_engine(core, prompts, cfg.repeats)
+    sizes = dict(size=256, bandwidth_mib=16) if cfg == QUICK else {}
+    roof = max(measure_roofline(**sizes), measure_roofline(**sizes), key=lambda r: r["peak_gflops"])
+    config = model.config
+    work = cfg.batch * (cfg.prompt + cfg.new) * flops_per_token(config, cfg.prompt + cfg.new / 2)
+    fraction = {k: work / wall / (roof["peak_gflops"] * 1e9) for k, wall in walls.items()}
+    prefill_total = profile["prefill_s_per_prompt"] * cfg.batch
+    decode_total = profile["decode_ms_per_step"] * 1e-3 * cfg.new
+    profile.update(
+        {
+            "continuous_wall_s": walls["continuous"],
+            "prefill_share": prefill_total / walls["continuous"],
+            "decode_share": decode_total / walls["continuous"],
+            "host_and_other_share": 1 - (prefill_total + decode_total) / walls["continuous"],
+        }
+    )
+    mean_over_max = float(np.mean(lengths) / np.max(lengths))
+    return {
+        "tokens_per_s": tokens_per_s,
+        "wall_s": long_walls,
+        "roofline_fraction": fraction["continuous"],
+        "roofline_fraction_by_mode": fraction,
+        "ratios": {
+            "continuous_over_hf_tokens_per_s": (
+                None if skip_hf else tokens_per_s["continuous"] / tokens_per_s["hf_generate"]
+            ),
+            "continuous_over_static_wall_long_tail": long_walls["continuous"]
+            / long_walls["static"],
+        },
+        "long_tail": {
+            "requests": cfg.long_requests,
+            "mean_over_max": mean_over_max,
+            "predicted_waste": {
+                "static": waste(lengths, static_steps(lengths, cfg.batch), cfg.batch),
+                "continuous": waste(lengths, continuous_steps(lengths, cfg.batch), cfg.batch),
+            },
+            "waste": {k: s.waste for k, s in stats.items()},
+            "decode_steps": {k: s.decode_steps for k, s in stats.items()},
+            "decode_calls": {k: s.decode_calls for k, s in stats.items()},
+        },
+        "profile": profile,
+        "roofline": {
+            "peak_gflops_fp32": roof["peak_gflops"],
+            "matmul_gflops": roof["matmul_gflops"],
+            "memory_gbps": roof["memory_gbps"],
+        },
+        "machine": {
+            **machine_info(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
+        "config": {
+            **dataclasses.asdict(cfg),
+            "model": config.to_hf(),
+            "params": config.n_params(),
+            "sampling": dataclasses.asdict(SamplingParams()),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`rlvr-bench decode [--json FILE] [--quick] [--repeats N] [--skip-hf]`."""
+    p = argparse.ArgumentParser(prog="rlvr-bench decode", description=__doc__.split("\n")[0])
+    p.add_argument("--json", help="write the results here as JSON")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    p.add_argument("--repeats", type=int, help="timed repeats per measurement (best is kept)")
+    p.add_argument("--skip-hf", action="store_true", help="do not time transformers' generate")
+    args = p.parse_args(argv)
+    cfg = QUICK if args.quick else BenchConfig()
+    if args.repeats is not None:
+        if args.repeats < 1:
+            p.error("--repeats must be >= 1")
+        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    result = run(cfg, skip_hf=args.skip_hf)
+    for mode, tps in result["tokens_per_s"].items():
+        print(f"tokens/s {mode:12s} {tps:10.1f}")
+    for mode, s in result["wall_s"].items():
+        print(f"long-tail wall {mode:10s} {s:8.2f} s")
+    ratios = result["ratios"]
+    if ratios["continuous_over_hf_tokens_per_s"] is not None:
+        print(
+            f"continuous / hf_generate tokens/s   {ratios['continuous_over_hf_tokens_per_s']:.2f}x"
+        )
+    print(
+        f"continuous / static long-tail wall  {ratios['continuous_over_static_wall_long_tail']:.2f}"
+    )
+    print(f"roofline fraction (continuous)      {result['roofline_fraction']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

@@ -1,0 +1,497 @@
+"""`rlvr-bench learner`: train-step tokens/s of the real learner and the FLOPs fraction it
+achieves against this machine's own measured matmul peak.
+
+What is timed: `rlvr_jax.training.learner.make_train_step` (the trainer's step: forward,
+backward, the loss preset's policy loss with global token normalisation, gradient
+accumulation over `n_micro` micro-batches, the trainer's AdamW with global-norm clipping),
+compiled once ahead of time and run on a realistic RL batch (`collate` of prompts +
+completions of varied lengths, right-padded) of the bench model (`common.bench_arch`). The
+old-log-prob forward (`make_logprob_fn`, one extra forward when several optimizer steps share
+a rollout batch) is timed and reported separately.
+
+Figures: tokens/s = rows × seq / step seconds (best of `repeats` after a warm-up step);
+`achieved_flops_fraction` = train FLOPs per step (6·P·tokens + attention, `common.train_flops`)
+/ step seconds / the measured matmul peak (`roofline.measure_roofline`: the fp32 figure on a
+CPU, the best dtype on accelerators; the larger of two probes, before and after the timing, so
+that a busy moment cannot inflate the fraction). On a GPU/TPU also `mfu` against the
+datasheet bf16 peak of the device. `profile` times the pieces separately (LM head + log-softmax
+forward/backward, optimizer update) to show where the step's time goes.
+
+    rlvr-bench learner [--preset cpu|quick|gpu-1b] [--json FILE] [--plot FILE.png] [sizes...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax import losses, models
+from rlvr_jax.bench import common
+
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerBenchConfig:
+    """One learner benchmark: the model, the batch and how it is timed."""
+
+    d_model: int = 512
+    """D of the bench model."""
+    n_layers: int = 8
+    """L of the bench model."""
+    n_heads: int = 8
+    """N: query heads."""
+    n_kv_heads: int = 2
+    """K: key/value heads."""
+    d_ff: int = 2816
+    """F: SwiGLU width."""
+    vocab: int = 32000
+    """V: vocabulary."""
+    batch: int = 32
+    """Rows per optimizer step."""
+    seq: int = 256
+    """Token positions per row the learner computes (prompt + completion, padded)."""
+    n_micro: int = 1
+    """Gradient-accumulation micro-batches per step (must divide `batch`)."""
+    dtype: str = "float32"
+    """Compute dtype of the matmuls (params, LM head and log-softmax stay fp32)."""
+    loss: str = "olmo3"
+    """Loss preset (`rlvr_jax.losses.resolve_loss_settings`)."""
+    remat: bool = False
+    """Rematerialise each decoder layer in the backward pass (`train.remat`)."""
+    attn_chunk: int = 0
+    """Queries per attention chunk, 0 = all at once (`train.attn_chunk`; must divide `seq`)."""
+    logits_chunk: int = 0
+    """Positions per LM-head + log-softmax chunk, 0 = all at once (`train.logits_chunk`; must
+    divide `seq`)."""
+    repeats: int = 3
+    """Timed calls per measurement after one warm-up call (the best is reported)."""
+    seed: int = 0
+    """Seed of the params and the batch."""
+    roofline_size: int = 2048
+    """Square matmul size of the peak probe (large enough to saturate the device)."""
+    roofline_mib: int = 256
+    """Array size of the bandwidth probe in MiB."""
+    profile: bool = True
+    """Also time the LM head + log-softmax and the optimizer update on their own."""
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seq < 2:
+            raise ValueError(f"seq must be >= 2 (a prompt token and a completion), got {self.seq}")
+        if self.n_micro < 1 or self.batch % self.n_micro:
+            raise ValueError(f"n_micro={self.n_micro} must be >= 1 and divide batch={self.batch}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        for name in ("attn_chunk", "logits_chunk"):
+            chunk = getattr(self, name)
+            if chunk < 0 or (chunk and (chunk >= self.seq or self.seq % chunk)):
+                raise ValueError(
+                    f"{name}={chunk} must be 0 (off) or a divisor of seq={self.seq} below it"
+                )
+
+    def memory(self) -> Any:
+        """The learner's `MemoryOptions` of this config."""
+        from rlvr_jax.training.learner import MemoryOptions
+
+        return MemoryOptions(
+            remat=self.remat, attn_chunk=self.attn_chunk, logits_chunk=self.logits_chunk
+        )
+
+    def arch(self) -> models.ArchConfig:
+        """The bench model with this config's sizes."""
+        return common.bench_arch(
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            d_ff=self.d_ff,
+            vocab=self.vocab,
+        )
+
+
+PRESETS: dict[str, LearnerBenchConfig] = {
+    "cpu": LearnerBenchConfig(),
+    "quick": LearnerBenchConfig(
+        d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab=512, batch=4, seq=32,
+        repeats=1, roofline_size=256, roofline_mib=16,
+    ),
+    # ≈0.97B params (20 layers of D=2048, F=5632, 16 heads of 128, 4 KV heads; 32K vocab).
+    "gpu-1b": LearnerBenchConfig(
+        d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, d_ff=5632, batch=32, seq=1024,
+        n_micro=2, dtype="bfloat16", repeats=5, roofline_size=8192, roofline_mib=1024,
+    ),
+}  # fmt: skip
+"""Named configurations: `cpu` (the bench model at 32 × 256, the default), `quick` (smoke
+test) and `gpu-1b` (a ≈1B-parameter bf16 model for one H100/H200-class GPU)."""
+
+
+def synthetic_batch(
+    arch: models.ArchConfig, *, rows: int, seq: int, seed: int, with_old_logp: bool
+) -> dict[str, np.ndarray]:
+    """A realistic learner batch from `collate`: each row a prompt of 1..seq/4 tokens and a
+    completion filling a random 25..100% of the rest, right-padded; sampler log-probs near a
+    random model's −log V; advantages ~ N(0, 1). `seq` is the learner's T (rows hold seq + 1
+    tokens before the shift)."""
+    from rlvr_jax.training.batch import Sample, collate
+
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(rows):
+        n_prompt = int(rng.integers(1, max(seq // 4, 1) + 1))
+        room = seq + 1 - n_prompt
+        n_completion = int(rng.integers(max(room // 4, 1), room + 1))
+        logp = -np.log(arch.vocab_size) + 0.1 * rng.standard_normal(n_completion)
+        samples.append(
+            Sample(
+                prompt_tokens=rng.integers(0, arch.vocab_size, n_prompt).tolist(),
+                tokens=rng.integers(0, arch.vocab_size, n_completion).tolist(),
+                sampler_logp=logp.tolist(),
+                advantage=float(rng.standard_normal()),
+            )
+        )
+    batch = collate(samples, rows=rows, seq_len=seq + 1, pad_id=0)
+    if with_old_logp:
+        noise = 0.05 * rng.standard_normal(batch["mask"].shape).astype(np.float32)
+        batch["old_logp"] = batch["sampler_logp"] + noise * batch["mask"]
+    return batch
+
+
+def _profile_pieces(
+    cfg: LearnerBenchConfig, arch: models.ArchConfig, params: Any, optimizer: Any
+) -> dict[str, float]:
+    """Seconds of the LM head + log-softmax (forward and backward from hidden states, over the
+    full [B, T, V] at once whatever `logits_chunk`) and of the optimizer update alone: the two
+    pieces of the step that are not the decoder layers."""
+    rng = np.random.default_rng(cfg.seed + 1)
+    hidden_BxTxD = jnp.asarray(rng.standard_normal((cfg.batch, cfg.seq, arch.d_model)), jnp.float32)
+    targets_BxT = jnp.asarray(rng.integers(0, arch.vocab_size, (cfg.batch, cfg.seq)), jnp.int32)
+
+    def head_loss(p: Any, h_BxTxD: jax.Array) -> jax.Array:
+        logits_BxTxV = models.lm_head(p, arch, h_BxTxD)
+        logz_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+        picked_BxT = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
+        return jnp.sum(picked_BxT - logz_BxT)
+
+    head, _ = common.compile_ahead(
+        jax.value_and_grad(head_loss, argnums=(0, 1)), params, hidden_BxTxD
+    )
+    head_s = common.time_calls(
+        lambda: jax.block_until_ready(head(params, hidden_BxTxD)), cfg.repeats
+    )
+
+    grads = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 1e-3), params)
+    opt_state = optimizer.init(params)
+
+    def update(g: Any, s: Any, p: Any) -> tuple[Any, Any]:
+        import optax
+
+        updates, s = optimizer.update(g, s, p)
+        return optax.apply_updates(p, updates), s
+
+    upd, _ = common.compile_ahead(update, grads, opt_state, params)
+    upd_s = common.time_calls(
+        lambda: jax.block_until_ready(upd(grads, opt_state, params)), cfg.repeats
+    )
+    return {"lm_head_logsoftmax_fwd_bwd_s": head_s.best, "optimizer_update_s": upd_s.best}
+
+
+def _peak_gflops(roofline: dict, after_fp32: float, platform: str) -> float:
+    """The denominator: fp32 matmul GFLOP/s on a CPU (the larger of the two probes), the best
+    dtype's on an accelerator."""
+    fp32 = max(roofline["matmul_gflops"]["float32"], after_fp32)
+    if platform == "cpu":
+        return fp32
+    return max(fp32, roofline["matmul_gflops"]["bfloat16"])
+
+
+def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[str, Any]:
+    """Compiles (ahead of time) and times the train step and the old-log-prob forward, plus
+    the profile pieces; with `trace_dir` one more step runs under the profiler. Returns the
+    raw measurements: `timings` (every timed call), `compile_s`, `memory`, `loss`, `profile`,
+    `op_profile`, `old_from`."""
+    from rlvr_jax.config.schema import TrainConfig
+    from rlvr_jax.training import learner
+    from rlvr_jax.training.optimizer import make_optimizer
+
+    arch = cfg.arch()
+    settings = losses.resolve_loss_settings(cfg.loss)
+    old_from = "batch" if settings.tis_mode == "mask" else "self"
+    optimizer = make_optimizer(TrainConfig())
+    compute_dtype = jnp.dtype(cfg.dtype)
+    params = models.init_params(arch, jax.random.key(cfg.seed))
+    arrays = synthetic_batch(
+        arch, rows=cfg.batch, seq=cfg.seq, seed=cfg.seed, with_old_logp=old_from == "batch"
+    )
+    batch = {k: jnp.asarray(v) for k, v in arrays.items()}
+    step = learner.make_train_step(
+        arch, optimizer, settings, max_len=cfg.seq, n_micro=cfg.n_micro,
+        compute_dtype=compute_dtype, old_from=old_from, memory=cfg.memory(),
+    )  # fmt: skip
+    holder = {"state": learner.init_state(params, optimizer)}
+    train, train_compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))
+
+    def train_call() -> dict[str, jax.Array]:
+        holder["state"], metrics = train(holder["state"], batch)
+        return jax.block_until_ready(metrics)
+
+    train_s = common.time_calls(train_call, cfg.repeats)
+    metrics = jax.device_get(train_call())
+    if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
+        raise RuntimeError(f"the benchmarked train step is not finite: {metrics}")
+    logprob_fn = learner.make_logprob_fn(
+        arch, compute_dtype=compute_dtype, temperature=1.0, memory=cfg.memory()
+    )
+    params = holder["state"].params
+    fwd, fwd_compile_s = common.compile_ahead(logprob_fn, params, batch)
+    fwd_s = common.time_calls(lambda: jax.block_until_ready(fwd(params, batch)), cfg.repeats)
+    return {
+        "timings": {"train_step": train_s, "logprob_forward": fwd_s},
+        "compile_s": {"train_step": train_compile_s, "logprob_forward": fwd_compile_s},
+        "memory": {"train_step": common.compiled_memory(train),
+                   "logprob_forward": common.compiled_memory(fwd)},
+        "loss": {"value": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"])},
+        "profile": _profile_pieces(cfg, arch, params, optimizer) if cfg.profile else {},
+        "op_profile": common.op_profile(train_call, trace_dir) if trace_dir else None,
+        "old_from": old_from,
+    }  # fmt: skip
+
+
+def summarize(
+    cfg: LearnerBenchConfig,
+    measured: dict[str, Any],
+    *,
+    peak_gflops: float,
+    datasheet: tuple[str, float] | None,
+) -> dict[str, Any]:
+    """The figures of `measured` seconds (best of the timed calls): tokens/s, FLOPs per step,
+    achieved GFLOP/s, its fraction of `peak_gflops`, and MFU against `datasheet` = (name,
+    bf16 TFLOP/s) when given."""
+    arch = cfg.arch()
+    tokens = cfg.batch * cfg.seq
+    flops = {
+        "train_step": common.train_flops(arch, cfg.batch, cfg.seq),
+        "logprob_forward": common.forward_flops(arch, cfg.batch, cfg.seq),
+    }
+    timings: dict[str, common.Timings] = measured["timings"]
+    best = {k: t.best for k, t in timings.items()}
+    gflops = {k: flops[k] / best[k] / 1e9 for k in flops}
+    fraction = {k: v / peak_gflops for k, v in gflops.items()}
+    mfu = None
+    if datasheet is not None:
+        mfu = {"datasheet": datasheet[0], "peak_tflops_bf16": datasheet[1]}
+        mfu.update({k: v / (datasheet[1] * 1e3) for k, v in gflops.items()})
+    profile = dict(measured["profile"])
+    if profile:
+        profile["lm_head_logsoftmax_share"] = (
+            profile["lm_head_logsoftmax_fwd_bwd_s"] / best["train_step"]
+        )
+        profile["optimizer_update_share"] = profile["optimizer_update_s"] / best["train_step"]
+    return {
+        "tokens_per_s": {k: tokens / s for k, s in best.items()},
+        "achieved_flops_fraction": fraction["train_step"],
+        "logprob_forward": {
+            "tokens_per_s": tokens / best["logprob_forward"],
+            "flops_fraction": fraction["logprob_forward"],
+            "over_train_step_seconds": best["logprob_forward"] / best["train_step"],
+        },
+        "flops_fraction": fraction,
+        "achieved_gflops": gflops,
+        "mfu": mfu,
+        "seconds": {"best": best, "all": {k: list(t.wall_s) for k, t in timings.items()},
+                    "compile": measured["compile_s"]},
+        "cpu_share": {k: t.cpu_share(os.cpu_count() or 1) for k, t in timings.items()},
+        "flops": {**flops, "tokens_per_step": tokens, "params": arch.n_params(),
+                  "matmul_params": common.matmul_params(arch)},
+        "profile": profile,
+        "op_profile": measured["op_profile"],
+        "memory": measured["memory"],
+        "loss": measured["loss"],
+    }  # fmt: skip
+
+
+def run(
+    cfg: LearnerBenchConfig,
+    *,
+    device_kind: str | None = None,
+    datasheet_tflops: float | None = None,
+    trace_dir: str | None = None,
+) -> dict[str, Any]:
+    """Measures the roofline, then the learner, then the fp32 peak again; the nested
+    JSON-able result. MFU is reported on accelerators, or wherever `device_kind` (a kind
+    for the datasheet table) or `datasheet_tflops` (bf16 TFLOP/s) is given."""
+    from rlvr_jax.bench.roofline import matmul_gflops, measure_roofline
+
+    load_before = common.machine_info()["loadavg"]
+    roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)
+    measured = measure(cfg, trace_dir=trace_dir)
+    after_fp32 = matmul_gflops(cfg.roofline_size, jnp.float32)
+    machine = common.machine_info()
+    if datasheet_tflops:
+        datasheet = ("--datasheet-tflops", datasheet_tflops)
+    elif machine["platform"] != "cpu" or device_kind:
+        datasheet = common.datasheet_peak(device_kind or machine["device_kind"])
+    else:
+        datasheet = None
+    peak = _peak_gflops(roofline, after_fp32, machine["platform"])
+    on_cpu = machine["platform"] == "cpu"
+    return {
+        **summarize(cfg, measured, peak_gflops=peak, datasheet=datasheet),
+        "roofline": {
+            "peak_gflops": peak,
+            "denominator": "fp32 matmul" if on_cpu else "best-dtype matmul",
+            "matmul_gflops": roofline["matmul_gflops"],
+            "matmul_gflops_fp32_after": after_fp32,
+            "memory_gbps": roofline["memory_gbps"],
+        },
+        "machine": {**machine, "loadavg_before": load_before},
+        "config": {**dataclasses.asdict(cfg), "old_from": measured["old_from"],
+                   "model": cfg.arch().to_hf(),
+                   "loss_settings": dataclasses.asdict(losses.resolve_loss_settings(cfg.loss))},
+    }  # fmt: skip
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The human-readable table of a `run` result."""
+    cfg = result["config"]
+    head = (
+        f"rlvr-bench learner: d={cfg['d_model']} L={cfg['n_layers']} V={cfg['vocab']} "
+        f"({result['flops']['params'] / 1e6:.1f}M params), {cfg['batch']} x {cfg['seq']} tokens, "
+        f"{cfg['dtype']}, loss {cfg['loss']}, n_micro={cfg['n_micro']}, remat={cfg['remat']}, "
+        f"attn_chunk={cfg['attn_chunk']}, logits_chunk={cfg['logits_chunk']}"
+    )
+    rows = []
+    for name in ("train_step", "logprob_forward"):
+        mfu = result["mfu"][name] if result["mfu"] else None
+        tps, gflops, frac = (
+            result[k][name] for k in ("tokens_per_s", "achieved_gflops", "flops_fraction")
+        )
+        rows.append([name, tps, result["seconds"]["best"][name], gflops, frac, mfu])
+    peak = result["roofline"]["peak_gflops"]
+    rows.append([f"matmul peak ({result['roofline']['denominator']})", None, None, peak, 1.0, None])
+    table = common.format_table(
+        ["measure", "tokens/s", "seconds", "GFLOP/s", "of peak", "MFU"], rows
+    )
+    lines = [head, table]
+    prof = result["profile"]
+    if prof:
+        lines.append(
+            f"profile: LM head + log-softmax fwd/bwd {prof['lm_head_logsoftmax_fwd_bwd_s']:.3g} s "
+            f"({prof['lm_head_logsoftmax_share']:.0%} of the step), optimizer update "
+            f"{prof['optimizer_update_s']:.3g} s ({prof['optimizer_update_share']:.0%})"
+        )
+    for op in (result["op_profile"] or [])[:10]:
+        lines.append(
+            f"  op {op['op']:40s} {op['ms']:9.1f} ms {op['calls']:4d} calls {op['share']:6.1%}"
+        )
+    load, share = result["machine"]["loadavg"], result["cpu_share"]["train_step"]
+    lines.append(
+        f"load average {load[0]:.2f} (1 min) on {result['machine']['cpu_count']} CPUs; the "
+        f"fastest step used {share:.0%} of them (lower: other processes shared the cores)"
+    )
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Achieved GFLOP/s against the measured peak, and the step's time split."""
+    gflops = result["achieved_gflops"]
+    panels = [
+        common.Panel(
+            "achieved vs measured matmul peak",
+            "GFLOP/s",
+            bars={
+                "matmul peak": result["roofline"]["peak_gflops"],
+                "train step": gflops["train_step"],
+                "logprob fwd": gflops["logprob_forward"],
+            },
+        ),
+    ]
+    prof, best = result["profile"], result["seconds"]["best"]
+    if prof:
+        rest = (
+            best["train_step"] - prof["lm_head_logsoftmax_fwd_bwd_s"] - prof["optimizer_update_s"]
+        )
+        panels.append(
+            common.Panel(
+                "train step split",
+                "seconds",
+                bars={
+                    "layers fwd+bwd (rest)": rest,
+                    "LM head+log-softmax": prof["lm_head_logsoftmax_fwd_bwd_s"],
+                    "optimizer": prof["optimizer_update_s"],
+                    "logprob fwd (separate)": best["logprob_forward"],
+                },
+            )
+        )
+    common.save_plot(path, panels, "rlvr-bench learner")
+
+
+def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfig]:
+    """The command line → (arguments, config): a preset, then any explicit size over it."""
+    p = argparse.ArgumentParser(prog="rlvr-bench learner", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="named sizes")
+    p.add_argument("--quick", action="store_true", help="same as --preset quick (smoke test)")
+    p.add_argument("--json", help="write the results here as JSON")
+    p.add_argument("--plot", help="write a PNG plot here")
+    sizes = {"--d-model": "d_model", "--layers": "n_layers", "--heads": "n_heads",
+             "--kv-heads": "n_kv_heads", "--d-ff": "d_ff", "--vocab": "vocab", "--batch": "batch",
+             "--seq": "seq", "--n-micro": "n_micro", "--repeats": "repeats",
+             "--roofline-size": "roofline_size", "--roofline-mib": "roofline_mib",
+             "--attn-chunk": "attn_chunk", "--logits-chunk": "logits_chunk"}  # fmt: skip
+    for flag, field in sizes.items():
+        p.add_argument(flag, dest=field, type=int, help=f"override the preset's {field}")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="compute dtype")
+    p.add_argument("--loss", help="loss preset (default olmo3)")
+    p.add_argument("--remat", action="store_true", help="rematerialise each layer (backward)")
+    p.add_argument("--no-profile", action="store_true", help="skip the per-piece timings")
+    p.add_argument("--device-kind", help="device kind for the datasheet lookup (default: detected)")
+    p.add_argument("--datasheet-tflops", type=float, help="datasheet bf16 TFLOP/s (MFU base)")
+    p.add_argument("--trace", help="profile one more step into this directory; list its top ops")
+    args = p.parse_args(argv)
+    cfg = PRESETS["quick" if args.quick else args.preset]
+    overrides = {f: getattr(args, f) for f in sizes.values() if getattr(args, f) is not None}
+    if args.dtype:
+        overrides["dtype"] = DTYPES[args.dtype]
+    if args.loss:
+        overrides["loss"] = args.loss
+    if args.no_profile:
+        overrides["profile"] = False
+    if args.remat:
+        overrides["remat"] = True
+    try:
+        cfg = dataclasses.replace(cfg, **overrides)
+    except ValueError as e:
+        p.error(str(e))
+    if args.datasheet_tflops is not None and args.datasheet_tflops <= 0:
+        p.error(f"--datasheet-tflops must be positive, got {args.datasheet_tflops}")
+    return args, cfg
+
+
+def main(argv: list[str]) -> int:
+    """`rlvr-bench learner [options]`; see the module docstring."""
+    args, cfg = parse_config(argv)
+    try:
+        losses.resolve_loss_settings(cfg.loss)
+    except losses.LossSettingsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    kw = dict(device_kind=args.device_kind, datasheet_tflops=args.datasheet_tflops)
+    result = run(cfg, trace_dir=args.trace, **kw)
+    print(format_result(result))
+    if args.json:
+        print(f"wrote {common.write_json(args.json, result)}", file=sys.stderr)
+    if args.plot:
+        plot(result, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

@@ -1,0 +1,447 @@
+"""`rlvr-bench waste`: decode slot-steps wasted by static vs continuous batching.
+
+Waste = 1 − useful slot-steps / total slot-steps (ALGORITHMS.md, Rollout system): a slot-step
+is one decode step of one of the B slots; it is useful when it produces a token of a live
+request. Static batching runs B requests until the longest of them ends (B·max ℓ slot-steps
+per batch); continuous batching refills a finished slot at the next step, so only the final
+drain is wasted.
+
+(a) Simulation in OLMo 3's length regime. Response lengths ℓ = ⌈min(X, cap)⌉ with
+X ~ LogNormal(μ, σ): a response that would run past the generation budget is truncated at it.
+Defaults: cap 32768 (32K), σ = 0.7, μ fitted so that E[ℓ] = 14.7K, which gives OLMo 3's
+"up to 54%" static waste as B grows (1 − 14.7K/32K; ALGORITHMS.md). Every figure is an exact
+count of slot-steps for the sampled lengths, swept over B.
+
+(b) The same measured on the real engine (`rlvr_jax.rollout.Scheduler` over an `EngineCore`
+of a small random model): lengths drawn from the distribution scaled down to a small cap
+(μ shifted by ln(scale), σ kept), each request given its length as its own
+`max_new_tokens` and no stop token, so it generates exactly that many tokens; the engine's
+own counters (`SchedulerStats`) give the slot-steps. The simulation of the same lengths
+predicts the engine's figures exactly, and the wall times of the two modes are compared.
+
+    rlvr-bench waste [--json FILE] [--plot FILE.png] [--quick] [--slots B] [--requests N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import math
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlvr_jax.bench import common
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthDistribution:
+    """ℓ = ⌈min(X, cap)⌉ tokens with X ~ LogNormal(mu, sigma) (ln X ~ Normal(mu, sigma))."""
+
+    mu: float
+    sigma: float
+    cap: int
+
+    def __post_init__(self) -> None:
+        if self.sigma <= 0 or self.cap < 1 or not math.isfinite(self.mu):
+            raise ValueError(
+                f"need sigma > 0, cap >= 1 and a finite mu; got mu={self.mu}, "
+                f"sigma={self.sigma}, cap={self.cap}"
+            )
+
+    @classmethod
+    def fit(cls, *, mean: float, cap: int, sigma: float) -> LengthDistribution:
+        """The distribution with this `sigma` and `cap` whose clipped mean E[min(X, cap)] is
+        `mean` (μ by bisection; the clipped mean increases with μ)."""
+        if not 0 < mean < cap:
+            raise ValueError(f"the mean length must be in (0, cap={cap}), got {mean}")
+        lo, hi = math.log(mean) - 10 * sigma - 10, math.log(cap) + 10 * sigma + 10
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if cls(mid, sigma, cap).mean() < mean:
+                lo = mid
+            else:
+                hi = mid
+        return cls(0.5 * (lo + hi), sigma, cap)
+
+    def mean(self) -> float:
+        """E[min(X, cap)] = e^(μ+σ²/2) Φ(a − σ) + cap (1 − Φ(a)), a = (ln cap − μ)/σ
+        (before rounding up to whole tokens)."""
+        a = (math.log(self.cap) - self.mu) / self.sigma
+        body = math.exp(self.mu + self.sigma**2 / 2) * _normal_cdf(a - self.sigma)
+        return body + self.cap * (1.0 - _normal_cdf(a))
+
+    def clipped_fraction(self) -> float:
+        """P(X ≥ cap): the share of responses truncated at the budget."""
+        return 1.0 - _normal_cdf((math.log(self.cap) - self.mu) / self.sigma)
+
+    def scaled(self, cap: int) -> LengthDistribution:
+        """The same shape with the budget `cap`: X scaled by cap / self.cap (μ shifted)."""
+        return LengthDistribution(self.mu + math.log(cap / self.cap), self.sigma, cap)
+
+    def describe(self) -> dict[str, Any]:
+        """The parameters and derived figures, for the JSON and the table."""
+        return {
+            "kind": "clipped log-normal",
+            "mu": self.mu,
+            "sigma": self.sigma,
+            "cap": self.cap,
+            "mean": self.mean(),
+            "median_unclipped": math.exp(self.mu),
+            "clipped_fraction": self.clipped_fraction(),
+        }
+
+    def sample(self, n: int, seed: int) -> np.ndarray:
+        """`n` lengths in [1, cap] (int64)."""
+        if n < 1:
+            raise ValueError(f"need at least one length, got n={n}")
+        x = np.random.default_rng(seed).lognormal(self.mu, self.sigma, size=n)
+        return np.clip(np.ceil(x), 1, self.cap).astype(np.int64)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotSteps:
+    """Slot-step counts of one batching run."""
+
+    useful: int
+    """Slot-steps that produced a token (= Σ ℓ)."""
+    total: int
+    """Decode steps × slots."""
+
+    @property
+    def waste(self) -> float:
+        """1 − useful / total."""
+        return 1.0 - self.useful / self.total
+
+
+def _check(lengths: Sequence[int], slots: int) -> np.ndarray:
+    lengths_N = np.asarray(lengths, dtype=np.int64)
+    if slots < 1:
+        raise ValueError(f"need at least one slot, got {slots}")
+    if lengths_N.ndim != 1 or lengths_N.size == 0 or (lengths_N < 1).any():
+        raise ValueError("lengths must be a non-empty list of positive token counts")
+    return lengths_N
+
+
+def simulate_static(lengths: Sequence[int], slots: int) -> SlotSteps:
+    """Static batching: requests taken B at a time in order; each batch holds all B slots
+    until its longest request ends (the last, partial batch too)."""
+    lengths_N = _check(lengths, slots)
+    steps = sum(int(lengths_N[i : i + slots].max()) for i in range(0, lengths_N.size, slots))
+    return SlotSteps(int(lengths_N.sum()), steps * slots)
+
+
+def simulate_continuous(lengths: Sequence[int], slots: int) -> SlotSteps:
+    """Continuous batching: requests in order, each to the slot that frees first (refilled
+    at the next step); the run lasts until the last request ends."""
+    lengths_N = _check(lengths, slots)
+    free_at = [0] * min(slots, lengths_N.size)
+    for n in lengths_N.tolist():
+        heapq.heappush(free_at, heapq.heappop(free_at) + n)
+    return SlotSteps(int(lengths_N.sum()), max(free_at) * slots)
+
+
+def simulate(
+    dist: LengthDistribution, *, requests: int, slots: int, sweep: Sequence[int], seed: int
+) -> dict[str, Any]:
+    """Static and continuous waste of `requests` sampled lengths at `slots` slots, and the
+    same for every B in `sweep`."""
+    lengths = dist.sample(requests, seed)
+    by_slots = {
+        str(b): {
+            "static_waste": simulate_static(lengths, b).waste,
+            "continuous_waste": simulate_continuous(lengths, b).waste,
+        }
+        for b in sorted({*sweep, slots})
+    }
+    return {
+        **by_slots[str(slots)],
+        "slots": slots,
+        "requests": requests,
+        "sample_mean": float(lengths.mean()),
+        "sample_clipped_fraction": float((lengths == dist.cap).mean()),
+        "one_minus_mean_over_cap": 1.0 - float(lengths.mean()) / dist.cap,
+        "by_slots": by_slots,
+    }
+
+
+def _engine_model(sizes: dict[str, int], seed: int) -> Any:
+    import jax
+
+    from rlvr_jax import models
+
+    arch = common.bench_arch(**sizes)
+    return models.Model(config=arch, params=models.init_params(arch, jax.random.key(seed)))
+
+
+def _run_engine(core: Any, prompts: list[list[int]], lengths: Sequence[int], batching: str):
+    """Runs every request to its length; (SchedulerStats, wall seconds)."""
+    from rlvr_jax.rollout import GroupRequest, Scheduler
+
+    sched = Scheduler(core, batching=batching)
+    for i, (prompt, n) in enumerate(zip(prompts, lengths)):
+        sched.add(GroupRequest(i, i, tuple(prompt), 1, seed=i, max_new_tokens=int(n)))
+    start = time.perf_counter()
+    done = sched.run()
+    seconds = time.perf_counter() - start
+    got = {req.key: len(group[0].tokens) for req, group in done}
+    want = {i: int(n) for i, n in enumerate(lengths)}
+    if got != want:
+        bad = sorted(k for k in want if got.get(k) != want[k])[:5]
+        raise RuntimeError(f"{batching}: requests {bad} did not generate their forced lengths")
+    return sched.stats, seconds
+
+
+def measure(
+    dist: LengthDistribution,
+    *,
+    requests: int,
+    slots: int,
+    prompt_len: int,
+    chunk: int,
+    model_sizes: dict[str, int],
+    seed: int,
+) -> dict[str, Any]:
+    """Static vs continuous waste and wall time on the real engine for lengths drawn from
+    `dist` (already scaled down), next to the simulation of the same lengths."""
+    from rlvr_jax.rollout import EngineCore
+
+    lengths = dist.sample(requests, seed + 1).tolist()
+    model = _engine_model(model_sizes, seed)
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(1, model.config.vocab_size, (requests, prompt_len)).tolist()
+    core = EngineCore(model, max_slots=slots, max_len=prompt_len + dist.cap + 8, chunk=chunk)
+    warm = min(requests, 2 * slots)
+    stats, walls = {}, {}
+    for batching in ("static", "continuous"):
+        _run_engine(core, prompts[:warm], lengths[:warm], batching)  # compile + warm up
+        stats[batching], walls[batching] = _run_engine(core, prompts, lengths, batching)
+    predicted = {
+        "static": simulate_static(lengths, slots),
+        "continuous": simulate_continuous(lengths, slots),
+    }
+    tokens = sum(lengths)
+    return {
+        "static_waste": stats["static"].waste,
+        "continuous_waste": stats["continuous"].waste,
+        "predicted": {f"{k}_waste": v.waste for k, v in predicted.items()},
+        "slot_steps": {k: s.slot_steps for k, s in stats.items()},
+        "predicted_slot_steps": {k: v.total for k, v in predicted.items()},
+        "decode_calls": {k: s.decode_calls for k, s in stats.items()},
+        "wall_s": walls,
+        "tokens_per_s": {k: tokens / s for k, s in walls.items()},
+        "continuous_over_static_wall": walls["continuous"] / walls["static"],
+        "tokens": tokens,
+        "requests": requests,
+        "slots": slots,
+        "prompt_len": prompt_len,
+        "cap": dist.cap,
+        "sample_mean": tokens / requests,
+        "model": {**model_sizes, "params": model.config.n_params()},
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class WasteBenchConfig:
+    """Sizes of one `rlvr-bench waste` run."""
+
+    mean: float = 14_700.0
+    """Target mean response length of the simulated regime (tokens)."""
+    cap: int = 32_768
+    """Generation budget of the simulated regime (tokens)."""
+    sigma: float = 0.7
+    """σ of the log-normal (its spread); μ is fitted to `mean`."""
+    requests: int = 8192
+    """Simulated requests."""
+    slots: int = 64
+    """B of the headline simulated figure."""
+    sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+    """B values of the simulated sweep."""
+    measured_cap: int = 64
+    """Budget of the scaled-down engine run (the distribution is scaled to it)."""
+    measured_requests: int = 512
+    """Requests of the engine run."""
+    measured_slots: int = 16
+    """Engine slots."""
+    prompt_len: int = 8
+    """Prompt tokens per engine request."""
+    chunk: int = 8
+    """Decode steps per engine call."""
+    model_sizes: tuple[tuple[str, int], ...] = (
+        ("d_model", 256),
+        ("n_layers", 4),
+        ("n_heads", 4),
+        ("n_kv_heads", 2),
+        ("d_ff", 768),
+        ("vocab", 4096),
+    )
+    """The engine's small random bench-shaped model (large enough that decode steps, not the
+    host's per-call overhead, dominate the wall time)."""
+    seed: int = 0
+    """Seed of the lengths, prompts and params."""
+
+    def __post_init__(self) -> None:
+        counts = (
+            "requests",
+            "slots",
+            "measured_cap",
+            "measured_requests",
+            "measured_slots",
+            "prompt_len",
+            "chunk",
+        )
+        for name in counts:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sigma <= 0:
+            raise ValueError(f"sigma must be > 0, got {self.sigma}")
+        if not 0 < self.mean < self.cap:
+            raise ValueError(f"mean must be in (0, cap={self.cap}), got {self.mean}")
+        if self.measured_cap > self.cap:
+            raise ValueError(f"measured_cap={self.measured_cap} must not exceed cap={self.cap}")
+
+
+TINY_MODEL = (
+    ("d_model", 64),
+    ("n_layers", 2),
+    ("n_heads", 4),
+    ("n_kv_heads", 2),
+    ("d_ff", 128),
+    ("vocab", 512),
+)
+QUICK = WasteBenchConfig(
+    requests=512,
+    sweep=(1, 4, 16, 64),
+    measured_cap=16,
+    measured_requests=24,
+    measured_slots=4,
+    model_sizes=TINY_MODEL,
+)
+
+
+def run(cfg: WasteBenchConfig) -> dict[str, Any]:
+    """The simulation and the engine measurement; the nested JSON-able result."""
+    dist = LengthDistribution.fit(mean=cfg.mean, cap=cfg.cap, sigma=cfg.sigma)
+    small = dist.scaled(cfg.measured_cap)
+    simulated = simulate(
+        dist, requests=cfg.requests, slots=cfg.slots, sweep=cfg.sweep, seed=cfg.seed
+    )
+    measured = measure(
+        small,
+        requests=cfg.measured_requests,
+        slots=cfg.measured_slots,
+        prompt_len=cfg.prompt_len,
+        chunk=cfg.chunk,
+        model_sizes=dict(cfg.model_sizes),
+        seed=cfg.seed,
+    )
+    return {
+        "simulated": simulated,
+        "measured": measured,
+        "distribution": {"simulated": dist.describe(), "measured": small.describe()},
+        "machine": common.machine_info(),
+        "config": dataclasses.asdict(cfg),
+    }
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The human-readable summary of a `run` result."""
+    d, sim, mea = result["distribution"]["simulated"], result["simulated"], result["measured"]
+    lines = [
+        f"lengths: ceil(min(X, {d['cap']})), X ~ LogNormal(mu={d['mu']:.4f}, sigma={d['sigma']}) "
+        f"-> mean {d['mean']:.0f}, median {d['median_unclipped']:.0f}, "
+        f"{d['clipped_fraction']:.1%} truncated at the cap",
+        f"engine run: the same shape scaled to cap {mea['cap']} "
+        f"(mu={result['distribution']['measured']['mu']:.4f})",
+    ]
+    rows = [
+        [f"simulated B={sim['slots']}, {sim['requests']} requests", sim["static_waste"],
+         sim["continuous_waste"], None, None],
+        [f"engine B={mea['slots']}, {mea['requests']} requests", mea["static_waste"],
+         mea["continuous_waste"], mea["wall_s"]["static"], mea["wall_s"]["continuous"]],
+        ["  simulated on the engine's lengths", mea["predicted"]["static_waste"],
+         mea["predicted"]["continuous_waste"], None, None],
+    ]  # fmt: skip
+    heads = ["", "static waste", "continuous waste", "static s", "continuous s"]
+    lines.append(common.format_table(heads, rows))
+    sweep = sim["by_slots"]
+    lines.append(
+        "simulated static waste by B: "
+        + ", ".join(f"{b}: {v['static_waste']:.3f}" for b, v in sweep.items())
+    )
+    lines.append(
+        f"1 - mean/cap = {sim['one_minus_mean_over_cap']:.3f}; engine wall continuous/static = "
+        f"{mea['continuous_over_static_wall']:.3f}"
+    )
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Length density, waste vs slots, and measured vs predicted waste."""
+    cfg, d = result["config"], result["distribution"]["simulated"]
+    dist = LengthDistribution(d["mu"], d["sigma"], d["cap"])
+    lengths = dist.sample(cfg["requests"], cfg["seed"])
+    counts, edges = np.histogram(lengths / 1000, bins=40)
+    centers = (edges[:-1] + edges[1:]) / 2
+    sweep = result["simulated"]["by_slots"]
+    bs = [int(b) for b in sweep]
+    mea = result["measured"]
+    flat = [result["simulated"]["one_minus_mean_over_cap"]] * len(bs)
+    panels = [
+        common.Panel("simulated response lengths", "requests", xlabel="length (K tokens)",
+                     lines={"count per bin": (centers.tolist(), counts.tolist())}),
+        common.Panel("simulated waste vs slots", "waste", xlabel="slots B", logx=True,
+                     lines={"static": (bs, [v["static_waste"] for v in sweep.values()]),
+                            "continuous": (bs, [v["continuous_waste"] for v in sweep.values()]),
+                            "1 - mean/cap": (bs, flat)}),
+        common.Panel(f"engine, B={mea['slots']}", "waste",
+                     bars={"static": mea["static_waste"],
+                           "static (sim)": mea["predicted"]["static_waste"],
+                           "continuous": mea["continuous_waste"],
+                           "continuous (sim)": mea["predicted"]["continuous_waste"]}),
+    ]  # fmt: skip
+    common.save_plot(path, panels, "rlvr-bench waste: static vs continuous batching")
+
+
+def main(argv: list[str]) -> int:
+    """`rlvr-bench waste [options]`; see the module docstring."""
+    p = argparse.ArgumentParser(prog="rlvr-bench waste", description=__doc__.split("\n")[0])
+    p.add_argument("--json", help="write the results here as JSON")
+    p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    flags = {"--mean": ("mean", float, "simulated mean length (default 14700)"),
+             "--cap": ("cap", int, "simulated generation budget (default 32768)"),
+             "--sigma": ("sigma", float, "log-normal sigma (default 0.7)"),
+             "--requests": ("requests", int, "simulated requests"),
+             "--slots": ("slots", int, "simulated slots B of the headline figure"),
+             "--measured-cap": ("measured_cap", int, "engine run: scaled-down budget"),
+             "--measured-requests": ("measured_requests", int, "engine run: requests"),
+             "--measured-slots": ("measured_slots", int, "engine run: slots"),
+             "--seed": ("seed", int, "seed of lengths, prompts and params")}  # fmt: skip
+    for flag, (field, kind, doc) in flags.items():
+        p.add_argument(flag, dest=field, type=kind, help=doc)
+    args = p.parse_args(argv)
+    cfg = QUICK if args.quick else WasteBenchConfig()
+    fields = [field for field, _, _ in flags.values()]
+    try:
+        cfg = dataclasses.replace(
+            cfg, **{f: getattr(args, f) for f in fields if getattr(args, f) is not None}
+        )
+    except ValueError as e:
+        p.error(str(e))
+    result = run(cfg)
+    print(format_result(result))
+    if args.json:
+        print(f"wrote {common.write_json(args.json, result)}", file=sys.stderr)
+    if args.plot:
+        plot(result, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0

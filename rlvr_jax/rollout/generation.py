@@ -1,0 +1,124 @@
+"""`generate`: completions for a list of prompts, from a model or an engine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlvr_jax.models import Model
+from rlvr_jax.rollout.engine import EngineCore, RequestError
+from rlvr_jax.rollout.sampling import SamplingParams
+from rlvr_jax.rollout.scheduler import BATCHING, Completion, GroupRequest, Scheduler
+
+DEFAULT_SLOTS = 32
+"""Slots of the engine `generate` builds when given a `Model`."""
+
+
+def request_seed(seed: int, prompt_index: int) -> int:
+    """The per-prompt seed `generate` uses: a 32-bit mix of (seed, prompt_index)."""
+    if seed < 0:
+        raise RequestError(f"seed must be >= 0, got {seed}")
+    h = (seed * 0x9E3779B97F4A7C15 + prompt_index * 0xBF58476D1CE4E5B9 + 1) % 2**64
+    h ^= h >> 31
+    h = (h * 0x94D049BB133111EB) % 2**64
+    return (h ^ (h >> 29)) % 2**32
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def _as_core(model_or_engine: Any, *, slots: int, len_needed: int) -> EngineCore:
+    if isinstance(model_or_engine, EngineCore):
+        return model_or_engine
+    if hasattr(model_or_engine, "core") and isinstance(model_or_engine.core, EngineCore):
+        return model_or_engine.core  # the JetStream adapter
+    if isinstance(model_or_engine, Model):
+        # Rounded so that repeated calls reuse the compiled engine.
+        return EngineCore(model_or_engine, max_slots=slots, max_len=_round_up(len_needed, 64))
+    raise TypeError(
+        "generate needs an rlvr_jax.models.Model, an EngineCore, a JetStream engine from "
+        f"make_engine, or a vLLM backend; got {type(model_or_engine).__name__}"
+    )
+
+
+def _check_prompts(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    if isinstance(prompts, np.ndarray):
+        prompts = prompts.tolist()
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError("prompts must be a list of token-id lists")
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, np.ndarray):
+            p = p.tolist()
+        if isinstance(p, str) or not isinstance(p, Sequence):
+            raise TypeError(f"prompts[{i}] must be a list of token ids, got {type(p).__name__}")
+        if not all(isinstance(t, int | np.integer) for t in p):
+            raise TypeError(f"prompts[{i}] must hold integer token ids")
+        ids = tuple(int(t) for t in p)
+        if not ids:
+            raise RequestError(f"prompts[{i}] is empty")
+        out.append(ids)
+    return out
+
+
+def generate(
+    model_or_engine: Any,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    num_samples: int = 1,
+    stop_token_ids: Sequence[int] = (),
+    seed: int = 0,
+    batching: str = "continuous",
+    max_slots: int | None = None,
+) -> list[Completion]:
+    """Samples `num_samples` completions of each prompt.
+
+    `model_or_engine` is a `Model` (an engine is built with `max_slots` slots, default
+    min(32, samples rounded up to 8)), an
+    `EngineCore`, a JetStream engine from `make_engine`, or a `VllmRollout`. Generation
+    stops at any of `stop_token_ids` (pass the model's EOS ids to stop there) or after
+    `max_new_tokens`. Prompt i samples with seed `request_seed(seed, i)`; results are
+    independent of `batching` and `max_slots`. `max_slots` caps the slots used (default:
+    all of the engine's). Returns completions ordered by (prompt_index, sample_index).
+    """
+    if batching not in BATCHING:
+        raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+    ids = _check_prompts(prompts)
+    if num_samples < 1:
+        raise RequestError(f"num_samples must be >= 1, got {num_samples}")
+    if hasattr(model_or_engine, "generate_completions"):  # the vLLM backend
+        return model_or_engine.generate_completions(
+            [list(p) for p in ids],
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            num_samples=num_samples,
+            stop_token_ids=tuple(stop_token_ids),
+            seeds=[request_seed(seed, i) for i in range(len(ids))],
+        )
+    longest = max((len(p) for p in ids), default=1)
+    slots = max_slots or min(DEFAULT_SLOTS, _round_up(len(ids) * num_samples, 8))
+    core = _as_core(model_or_engine, slots=slots, len_needed=longest + max_new_tokens)
+    scheduler = Scheduler(core, batching=batching, num_slots=max_slots)
+    for i, prompt in enumerate(ids):
+        scheduler.add(
+            GroupRequest(
+                key=i,
+                prompt_index=i,
+                prompt=prompt,
+                num_samples=num_samples,
+                seed=request_seed(seed, i),
+                max_new_tokens=max_new_tokens,
+                sampling=sampling,
+                stop_token_ids=tuple(int(t) for t in stop_token_ids),
+            )
+        )
+    completions = [c for _, group in scheduler.run() for c in group]
+    return sorted(completions, key=lambda c: (c.prompt_index, c.sample_index))

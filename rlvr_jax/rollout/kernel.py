@@ -1,0 +1,239 @@
+"""The engine's forward passes: prompt prefill and one-token decode over "decode params".
+
+`prepare_params` re-lays the policy's params (`rlvr_jax.models.params` layout) once per
+weight update into `DecodeParams`:
+- one set of arrays per layer: slicing the [L, ...] stacks inside a decode step makes
+  XLA:CPU copy every weight on every step (96 MB/step on the bench model, ~3x slower);
+- q|k|v fused into one [D, (N+2K)H] matmul and gate|up into one [D, 2F] matmul;
+- weights pre-cast to the compute dtype; the LM head as a [D, V] fp32 matrix.
+
+The math is the model's own: `rms_norm`, `attend`, the masks and RoPE tables come from
+`rlvr_jax.models`, so the engine computes what `rlvr_jax.models.forward` computes (the
+tests check both against transformers). The KV cache is one [B, K, S, H] array per layer
+(keys after RoPE): attention over slot b reads one contiguous [K, S, H] block.
+
+Letters: B slots, P prompts, T prompt time, S cache positions, D model, N query heads,
+K kv heads, G = N/K, H head dim, E = (N+2K)·H fused q|k|v width, F mlp, V vocab.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from rlvr_jax.models import ArchConfig
+from rlvr_jax.models.config import SLIDING
+from rlvr_jax.models.decoder import rope_tables
+from rlvr_jax.models.layers import attend, cache_masks, rms_norm, segment_masks
+from rlvr_jax.models.rope import apply_rope
+
+_NEG_INF = float(jnp.finfo(jnp.float32).min)
+
+
+@flax.struct.dataclass
+class LayerWeights:
+    """One decoder layer's weights in decode layout (biases / q-k norms None when absent)."""
+
+    attn_norm: jax.Array  # [D]
+    mlp_norm: jax.Array  # [D]
+    qkv: jax.Array  # [D, E]
+    qkv_bias: jax.Array | None  # [E]
+    q_norm: jax.Array | None  # [N, H] (OLMo) or [H] (Qwen3)
+    k_norm: jax.Array | None  # [K, H] or [H]
+    o: jax.Array  # [N*H, D]
+    o_bias: jax.Array | None  # [D]
+    gate_up: jax.Array  # [D, 2F]
+    gate_up_bias: jax.Array | None  # [2F]
+    down: jax.Array  # [F, D]
+    down_bias: jax.Array | None  # [D]
+
+
+@flax.struct.dataclass
+class DecodeParams:
+    """The policy in decode layout (built by `prepare_params`)."""
+
+    embedding: jax.Array  # [V, D]
+    layers: tuple[LayerWeights, ...]
+    final_norm: jax.Array  # [D]
+    head: jax.Array  # [D, V] float32
+
+
+def _flat_bias(layer: dict, name: str, i: int, compute: Any) -> jax.Array | None:
+    return layer[name]["bias"][i].reshape(-1).astype(compute) if "bias" in layer[name] else None
+
+
+def prepare_params(params: Any, config: ArchConfig, compute_dtype: Any) -> DecodeParams:
+    """`params` (models layout, leaves stacked over layers) in decode layout. Jittable."""
+    compute = jnp.dtype(compute_dtype)
+    stack = params["layers"]
+    attn, out, mlp = stack["attn"], stack["attn_out"], stack["mlp"]
+    d = config.d_model
+    layers = []
+    for i in range(config.n_layers):
+        proj = [attn[n]["kernel"][i].reshape(d, -1) for n in ("q_proj", "k_proj", "v_proj")]
+        biases = [_flat_bias(attn, n, i, compute) for n in ("q_proj", "k_proj", "v_proj")]
+        gate_up = [mlp[n]["kernel"][i] for n in ("gate_proj", "up_proj")]
+        gu_biases = [_flat_bias(mlp, n, i, compute) for n in ("gate_proj", "up_proj")]
+        layers.append(
+            LayerWeights(
+                attn_norm=stack["attn_norm"]["scale"][i],
+                mlp_norm=stack["mlp_norm"]["scale"][i],
+                qkv=jnp.concatenate(proj, axis=1).astype(compute),
+                qkv_bias=None if biases[0] is None else jnp.concatenate(biases),
+                q_norm=attn["q_norm"]["scale"][i] if "q_norm" in attn else None,
+                k_norm=attn["k_norm"]["scale"][i] if "k_norm" in attn else None,
+                o=out["o_proj"]["kernel"][i].reshape(-1, d).astype(compute),
+                o_bias=_flat_bias(out, "o_proj", i, compute),
+                gate_up=jnp.concatenate(gate_up, axis=1).astype(compute),
+                gate_up_bias=None if gu_biases[0] is None else jnp.concatenate(gu_biases),
+                down=mlp["down_proj"]["kernel"][i].astype(compute),
+                down_bias=_flat_bias(mlp, "down_proj", i, compute),
+            )
+        )
+    head = params["embedding"].T if config.tie_embeddings else params["lm_head"]
+    return DecodeParams(
+        embedding=params["embedding"],
+        layers=tuple(layers),
+        final_norm=params["final_norm"]["scale"],
+        head=head.astype(jnp.float32),
+    )
+
+
+def _norm(config: ArchConfig, x: jax.Array, scale: jax.Array) -> jax.Array:
+    return rms_norm(x, scale, eps=config.norm_eps, weight_in_fp32=config.norm_weight_in_fp32)
+
+
+def _project(x: jax.Array, kernel: jax.Array, bias: jax.Array | None) -> jax.Array:
+    """`x @ kernel (+ bias)` over the last axis, in the kernel's (compute) dtype."""
+    y = jnp.einsum("...i,io->...o", x.astype(kernel.dtype), kernel)
+    return y if bias is None else y + bias.reshape((1,) * (y.ndim - 1) + bias.shape)
+
+
+def _qkv(
+    w: LayerWeights, config: ArchConfig, x_BxTxD: jax.Array, cos: jax.Array, sin: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Rotated q [B,T,N,H], k [B,T,K,H] and v [B,T,K,H] of one layer."""
+    b, t, _ = x_BxTxD.shape
+    n, k, h = config.n_heads, config.n_kv_heads, config.head_dim
+    h_BxTxD = x_BxTxD if config.post_norm else _norm(config, x_BxTxD, w.attn_norm)
+    qkv_BxTxE = _project(h_BxTxD, w.qkv, w.qkv_bias)
+    q_BxTxNxH = qkv_BxTxE[..., : n * h].reshape(b, t, n, h)
+    k_BxTxKxH = qkv_BxTxE[..., n * h : (n + k) * h].reshape(b, t, k, h)
+    v_BxTxKxH = qkv_BxTxE[..., (n + k) * h :].reshape(b, t, k, h)
+    if w.q_norm is not None:
+        q_BxTxNxH = _norm(config, q_BxTxNxH, w.q_norm)
+        k_BxTxKxH = _norm(config, k_BxTxKxH, w.k_norm)
+    return apply_rope(q_BxTxNxH, cos, sin), apply_rope(k_BxTxKxH, cos, sin), v_BxTxKxH
+
+
+def _finish_layer(
+    w: LayerWeights, config: ArchConfig, x_BxTxD: jax.Array, attn_BxTxNH: jax.Array
+) -> jax.Array:
+    """Output projection, residual, MLP, residual (pre- or post-norm)."""
+    out_BxTxD = _project(attn_BxTxNH, w.o, w.o_bias)
+    if config.post_norm:
+        out_BxTxD = _norm(config, out_BxTxD, w.attn_norm)
+    x_BxTxD = x_BxTxD + out_BxTxD
+    h_BxTxD = x_BxTxD if config.post_norm else _norm(config, x_BxTxD, w.mlp_norm)
+    gate_up_BxTx2F = _project(h_BxTxD, w.gate_up, w.gate_up_bias)
+    f = config.d_ff
+    hidden_BxTxF = jax.nn.silu(gate_up_BxTx2F[..., :f]) * gate_up_BxTx2F[..., f:]
+    out_BxTxD = _project(hidden_BxTxF, w.down, w.down_bias)
+    if config.post_norm:
+        out_BxTxD = _norm(config, out_BxTxD, w.mlp_norm)
+    return x_BxTxD + out_BxTxD
+
+
+def _embed(dp: DecodeParams, tokens: jax.Array, compute: Any) -> jax.Array:
+    return jnp.take(dp.embedding, tokens, axis=0).astype(compute)
+
+
+def _rope_for_layers(config: ArchConfig, positions_BxT: jax.Array) -> list[tuple]:
+    """(cos, sin) per layer, [B, T, H/2] each (sliding layers may use their own RoPE)."""
+    cos_f, sin_f, cos_s, sin_s = rope_tables(config, positions_BxT)
+    sliding = (cos_f, sin_f) if cos_s is None else (cos_s, sin_s)
+    return [sliding if t == SLIDING else (cos_f, sin_f) for t in config.layer_types]
+
+
+def prefill_kv(
+    dp: DecodeParams, config: ArchConfig, tokens_PxT: jax.Array, lengths_P: jax.Array
+) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    """K and V of right-padded prompts, per layer [P, K, T, H] (rotated keys).
+
+    Row p's real tokens are `tokens_PxT[p, :lengths_P[p]]`; entries past the length are
+    finite padding that decode never reads before overwriting. No LM head is computed.
+    """
+    compute = dp.layers[0].qkv.dtype
+    p, t = tokens_PxT.shape
+    positions_PxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (p, t))
+    segments_PxT = (positions_PxT < lengths_P[:, None]).astype(jnp.int32)
+    window = config.sliding_window if config.has_sliding else None
+    mask_full_PxTxT, mask_sliding_PxTxT = segment_masks(segments_PxT, window)
+    x_PxTxD = _embed(dp, tokens_PxT, compute)
+    ks, vs = [], []
+    for w, (cos, sin), kind in zip(
+        dp.layers, _rope_for_layers(config, positions_PxT), config.layer_types
+    ):
+        q_PxTxNxH, k_PxTxKxH, v_PxTxKxH = _qkv(w, config, x_PxTxD, cos, sin)
+        mask_PxTxT = mask_sliding_PxTxT if kind == SLIDING else mask_full_PxTxT
+        attn_PxTxNxH = attend(q_PxTxNxH, k_PxTxKxH, v_PxTxKxH, mask_PxTxT)
+        x_PxTxD = _finish_layer(w, config, x_PxTxD, attn_PxTxNxH.reshape(p, t, -1))
+        ks.append(jnp.einsum("PTKH->PKTH", k_PxTxKxH))
+        vs.append(jnp.einsum("PTKH->PKTH", v_PxTxKxH))
+    return tuple(ks), tuple(vs)
+
+
+def _attend_cache(
+    q_BxNxH: jax.Array, k_BxKxSxH: jax.Array, v_BxKxSxH: jax.Array, mask_BxS: jax.Array
+) -> jax.Array:
+    """One query per row against its cache row (GQA; fp32 softmax as `models.attend`)."""
+    b, n, h = q_BxNxH.shape
+    k = k_BxKxSxH.shape[1]
+    q_BxKxGxH = q_BxNxH.reshape(b, k, n // k, h).astype(k_BxKxSxH.dtype)
+    scores_BxKxGxS = jnp.einsum(
+        "BKGH,BKSH->BKGS", q_BxKxGxH, k_BxKxSxH, preferred_element_type=jnp.float32
+    ) * (h**-0.5)
+    scores_BxKxGxS = jnp.where(mask_BxS[:, None, None, :], scores_BxKxGxS, _NEG_INF)
+    probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(v_BxKxSxH.dtype)
+    out_BxKxGxH = jnp.einsum("BKGS,BKSH->BKGH", probs_BxKxGxS, v_BxKxSxH)
+    return out_BxKxGxH.reshape(b, n * h)
+
+
+def decode_logits(
+    dp: DecodeParams,
+    config: ArchConfig,
+    tokens_B: jax.Array,
+    positions_B: jax.Array,
+    k_cache: tuple[jax.Array, ...],
+    v_cache: tuple[jax.Array, ...],
+) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    """One token per row: writes its K/V at `positions_B` of its row, attends to positions
+    <= `positions_B` (the last W on sliding layers). Returns (logits fp32 [B, V], k, v)."""
+    compute = dp.layers[0].qkv.dtype
+    b = tokens_B.shape[0]
+    s = k_cache[0].shape[2]
+    rows_B = jnp.arange(b)
+    window = config.sliding_window if config.has_sliding else None
+    mask_full_Bx1xS, mask_sliding_Bx1xS = cache_masks(positions_B, s, window)
+    x_Bx1xD = _embed(dp, tokens_B[:, None], compute)
+    new_k, new_v = [], []
+    layers = zip(dp.layers, _rope_for_layers(config, positions_B[:, None]), config.layer_types)
+    for (w, (cos, sin), kind), k_BxKxSxH, v_BxKxSxH in zip(layers, k_cache, v_cache):
+        q_Bx1xNxH, k_Bx1xKxH, v_Bx1xKxH = _qkv(w, config, x_Bx1xD, cos, sin)
+        k_BxKxSxH = k_BxKxSxH.at[rows_B, :, positions_B].set(
+            k_Bx1xKxH[:, 0].astype(k_BxKxSxH.dtype)
+        )
+        v_BxKxSxH = v_BxKxSxH.at[rows_B, :, positions_B].set(
+            v_Bx1xKxH[:, 0].astype(v_BxKxSxH.dtype)
+        )
+        mask_Bx1xS = mask_sliding_Bx1xS if kind == SLIDING else mask_full_Bx1xS
+        attn_BxNH = _attend_cache(q_Bx1xNxH[:, 0], k_BxKxSxH, v_BxKxSxH, mask_Bx1xS[:, 0])
+        x_Bx1xD = _finish_layer(w, config, x_Bx1xD, attn_BxNH[:, None, :])
+        new_k.append(k_BxKxSxH)
+        new_v.append(v_BxKxSxH)
+    h_BxD = _norm(config, x_Bx1xD, dp.final_norm)[:, 0]
+    logits_BxV = jnp.einsum("BD,DV->BV", h_BxD.astype(jnp.float32), dp.head)
+    return logits_BxV, tuple(new_k), tuple(new_v)

@@ -1,0 +1,259 @@
+"""The engine's host half: admit requests into free slots, run decode chunks, collect
+tokens, release finished slots.
+
+Continuous batching refills a finished slot at the next decode step: while requests are
+waiting, a decode chunk stops as soon as one slot finishes, and the next one starts after
+the refill. Static batching (the baseline) admits a new batch only when every slot is
+free, so a batch lasts as long as its longest member. Both drive the same jitted engine
+calls and the same per-request randomness, so greedy tokens are identical either way.
+
+Groups: the G samples of one prompt share one prefill (the prefix is inserted into G
+slots, or into as many as are free, the rest later from the same prefix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Hashable
+from typing import Any, Literal
+
+import jax
+import numpy as np
+
+from rlvr_jax import dispatch
+from rlvr_jax.rollout.core import Prefix
+from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest
+from rlvr_jax.rollout.kernel import DecodeParams
+from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
+
+Batching = Literal["continuous", "static"]
+BATCHING = ("continuous", "static")
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One sampled completion (DESIGN.md's convention)."""
+
+    prompt_index: int
+    sample_index: int
+    tokens: list[int]
+    """Token ids as sampled; the stop token included when one ended it."""
+    logprobs: list[float]
+    """log softmax(logits / temperature)[token], full vocabulary, fp32 (temperature 1 when
+    greedy)."""
+    finish_reason: str
+    """"stop" (a stop token was sampled) or "length" (max_new_tokens reached)."""
+    policy_versions: list[int]
+    """The params version that produced each token."""
+
+    @property
+    def policy_version(self) -> int:
+        """The completion's version: the oldest among its tokens (ALGORITHMS.md)."""
+        return min(self.policy_versions)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupRequest:
+    """One prompt and the G samples wanted from it."""
+
+    key: Hashable
+    """Returned with the result (the stream's request id)."""
+    prompt_index: int
+    prompt: tuple[int, ...]
+    num_samples: int
+    seed: int
+    max_new_tokens: int
+    sampling: SamplingParams = DEFAULT_SAMPLING
+    stop_token_ids: tuple[int, ...] = ()
+    meta: Any = None
+
+    def slot_request(self, sample_index: int) -> SlotRequest:
+        """What the slot running sample `sample_index` generates for."""
+        return SlotRequest(
+            self.seed, sample_index, self.max_new_tokens, self.sampling, self.stop_token_ids
+        )
+
+
+@dataclasses.dataclass
+class _Group:
+    request: GroupRequest
+    next_sample: int = 0
+    prefix: Prefix | None = None
+    done: dict[int, Completion] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Slot:
+    group: _Group
+    sample_index: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class SchedulerStats:
+    """Counters of one scheduler (waste = 1 - tokens / slot_steps)."""
+
+    decode_calls: int = 0
+    decode_steps: int = 0
+    slot_steps: int = 0
+    """decode steps × slots the scheduler uses."""
+    tokens: int = 0
+    prefills: int = 0
+
+    @property
+    def waste(self) -> float:
+        """Fraction of slot-steps that produced no token (ALGORITHMS.md's batching waste)."""
+        return 1.0 - self.tokens / self.slot_steps if self.slot_steps else 0.0
+
+
+class Scheduler:
+    """Drives an `EngineCore` over a queue of `GroupRequest`s on the caller's thread.
+
+    Args:
+      core: the engine. num_slots: slots to use (default all of the engine's).
+      batching: "continuous" or "static". params / version: decode params to start with
+        (default the core's) and their policy version.
+    """
+
+    def __init__(
+        self,
+        core: EngineCore,
+        *,
+        batching: Batching = "continuous",
+        num_slots: int | None = None,
+        params: DecodeParams | None = None,
+        version: int = 0,
+    ):
+        if batching not in BATCHING:
+            raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
+        total = core.spec.max_slots
+        num_slots = total if num_slots is None else num_slots
+        if not 1 <= num_slots <= total:
+            raise ValueError(
+                f"num_slots must be in [1, {total}] (the engine's slots), got {num_slots}"
+            )
+        self.core = core
+        self.batching = batching
+        self.num_slots = num_slots
+        self.params = core.params if params is None else params
+        self.version = version
+        self.stats = SchedulerStats()
+        self._state = core.init_decode_state()
+        self._waiting: deque[_Group] = deque()
+        self._slots: dict[int, _Slot] = {}
+
+    # ---- queue ----------------------------------------------------------------------------
+
+    def add(self, request: GroupRequest) -> None:
+        """Queues a request (validated against the engine's limits now, not at admission)."""
+        if request.num_samples < 1:
+            raise RequestError(f"num_samples must be >= 1, got {request.num_samples}")
+        self.core.check_request(request.prompt, request.max_new_tokens)
+        self.core.settings([0], [request.slot_request(0)])  # seed / stop-id checks
+        self._waiting.append(_Group(request))
+
+    @property
+    def waiting(self) -> int:
+        """Groups not fully admitted yet."""
+        return len(self._waiting)
+
+    @property
+    def live(self) -> int:
+        """Slots generating now."""
+        return len(self._slots)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing generating."""
+        return not self._waiting and not self._slots
+
+    def set_params(self, params: DecodeParams, version: int) -> None:
+        """Decode with `params` (decode layout, actor devices) from the next chunk on."""
+        self.params, self.version = params, version
+
+    # ---- driving --------------------------------------------------------------------------
+
+    def _free_slots(self) -> list[int]:
+        return [s for s in range(self.num_slots) if s not in self._slots]
+
+    def _admit(self) -> None:
+        if self.batching == "static" and self._slots:
+            return
+        free = self._free_slots()
+        while free and self._waiting:
+            group = self._waiting[0]
+            req = group.request
+            if group.prefix is None:
+                group.prefix = self.core.prefill(self.params, req.prompt)
+                self.stats.prefills += 1
+            n = min(len(free), req.num_samples - group.next_sample)
+            slots, free = free[:n], free[n:]
+            samples = range(group.next_sample, group.next_sample + n)
+            self._state = self.core.insert(
+                group.prefix, self._state, slots, [req.slot_request(i) for i in samples]
+            )
+            for slot, i in zip(slots, samples):
+                self._slots[slot] = _Slot(group, i)
+            group.next_sample += n
+            if group.next_sample == req.num_samples:
+                group.prefix = None
+                self._waiting.popleft()
+
+    def step(self, *, admit: bool = True) -> list[tuple[GroupRequest, list[Completion]]]:
+        """One boundary: admit waiting requests (unless `admit` is False), run one decode
+        chunk, collect its tokens. Returns the groups that completed, samples in order."""
+        if admit:
+            with dispatch.LOCK:  # see rlvr_jax.dispatch: one global enqueue order
+                self._admit()
+        if not self._slots:
+            return []
+        mode = SamplerMode.for_params([s.group.request.sampling for s in self._slots.values()])
+        refill_soon = self.batching == "continuous" and admit and bool(self._waiting)
+        version = self.version
+        with dispatch.LOCK:
+            self._state, out = self.core.generate(
+                self.params, self._state, mode=mode, exit_after=1 if refill_soon else None
+            )
+        out = jax.device_get(out)  # waits outside the lock: other threads may enqueue
+        steps = int(out.steps)
+        self.stats.decode_calls += 1
+        self.stats.decode_steps += steps
+        self.stats.slot_steps += steps * self.num_slots
+        return self._collect(out, steps, version)
+
+    def _collect(self, out: Any, steps: int, version: int) -> list:
+        finished = []
+        for slot_id, slot in list(self._slots.items()):
+            valid = np.asarray(out.valid_BxC[slot_id, :steps])
+            new = out.tokens_BxC[slot_id, :steps][valid].tolist()
+            slot.tokens.extend(new)
+            slot.logprobs.extend(out.logprobs_BxC[slot_id, :steps][valid].tolist())
+            slot.versions.extend([version] * len(new))
+            self.stats.tokens += len(new)
+            if out.active_B[slot_id]:
+                continue
+            del self._slots[slot_id]
+            req = slot.group.request
+            stopped = bool(slot.tokens) and slot.tokens[-1] in req.stop_token_ids
+            slot.group.done[slot.sample_index] = Completion(
+                prompt_index=req.prompt_index,
+                sample_index=slot.sample_index,
+                tokens=slot.tokens,
+                logprobs=slot.logprobs,
+                finish_reason="stop" if stopped else "length",
+                policy_versions=slot.versions,
+            )
+            if len(slot.group.done) == req.num_samples:
+                done = slot.group.done
+                finished.append((req, [done[i] for i in range(req.num_samples)]))
+        return finished
+
+    def run(self) -> list[tuple[GroupRequest, list[Completion]]]:
+        """Steps until idle; returns every completed group in completion order."""
+        results = []
+        while not self.idle:
+            results.extend(self.step())
+        return results

@@ -1,0 +1,153 @@
+"""SFT examples: prompt rows that also carry a target response, laid out as SFT batches.
+
+Rows come from `sft.sources` (default: `data.sources`) in DESIGN.md's data-row form. A row's
+response is its `sft.response_field`; with `sft.synthetic_reference`, a row without that field
+gets the synthetic task's reference solution (`rlvr_jax.data.synthetic.reference_response`,
+which needs the synthetic rows' `expression` / `topic` fields). A response is trained on as the
+policy writes it after the prompt — the template's separator, the text, then EOS
+(`rlvr_jax.demo.corpus.encode_response`) — and must fit the generation budget
+`rollout.max_new_tokens`, as the prompt must fit `data.max_prompt_len`: rows that do not fit,
+or have no response, are skipped and counted when the sources load (the first few are logged
+with their file and line).
+
+Examples are drawn by the seeded, resumable mixture the RL prompts use (`PromptIterator`), so
+an SFT run resumes exactly from the iterator state stored in its checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rlvr_jax.config.schema import Config, SFTConfig
+from rlvr_jax.data import synthetic
+from rlvr_jax.data.formatting import format_prompt, prompt_length_fn
+from rlvr_jax.data.mixture import PromptIterator
+from rlvr_jax.data.rows import BadRow, DataError, PromptRow
+from rlvr_jax.data.sources import load_sources
+from rlvr_jax.demo import corpus
+from rlvr_jax.training.sft import collate_sft
+
+
+def encode_response(text: str, tokenizer: Any, template: str) -> list[int]:
+    """Token ids of a response as it follows a `template` prompt: separator, text, EOS."""
+    if tokenizer.eos_token_id is None:
+        raise ValueError("SFT needs a tokenizer with an EOS token (responses end with it)")
+    return corpus.encode_response(text, tokenizer, template)
+
+
+def response_reader(
+    cfg: SFTConfig,
+    *,
+    length: Callable[[str], int] | None = None,
+    max_tokens: int | None = None,
+) -> Callable[[Mapping[str, Any]], str]:
+    """`record -> response text` for `rows.row_from_record(..., response=...)`.
+
+    The text is `record[cfg.response_field]`, else (with `cfg.synthetic_reference`) the
+    synthetic reference solution. Raises BadRow — the row is skipped and counted — when there
+    is none, or when `length(text)` (its token count) exceeds `max_tokens`.
+    """
+    field = cfg.response_field
+
+    def read(record: Mapping[str, Any]) -> str:
+        text = record.get(field)
+        if text is None and cfg.synthetic_reference:
+            try:
+                text = synthetic.reference_response(record)
+            except (ValueError, KeyError) as e:
+                raise BadRow(
+                    "no_reference", f"no field {field!r} and no synthetic reference: {e}"
+                ) from None
+        if text is None:
+            raise BadRow(
+                "missing_response",
+                f"missing field {field!r} (sft.response_field; or set sft.synthetic_reference "
+                "for the synthetic tasks)",
+            )
+        if isinstance(text, str) and length is not None and max_tokens is not None:
+            n = length(text)
+            if n > max_tokens:
+                raise BadRow(
+                    "too_long", f"the response is {n} tokens > rollout.max_new_tokens {max_tokens}"
+                )
+        return text
+
+    return read
+
+
+def build_sft_iterator(cfg: Config, tokenizer: Any, *, seed: int) -> PromptIterator:
+    """The SFT examples of `cfg` (rows with a response, each fitting the prompt and response
+    budgets) in a seeded, resumable mixture.
+
+    Raises DataError when neither `sft.sources` nor `data.sources` names a source, or when a
+    source has no usable example (the message counts the skipped rows by reason).
+    """
+    from rlvr_jax.rewards import known_verifiers
+
+    sources = cfg.sft.sources or cfg.data.sources
+    if not sources:
+        raise DataError("sft.sources and data.sources are both empty: configure SFT examples")
+    template = cfg.data.prompt_template
+    read = response_reader(
+        cfg.sft,
+        length=lambda text: len(encode_response(text, tokenizer, template)),
+        max_tokens=cfg.rollout.max_new_tokens,
+    )
+    loaded = load_sources(
+        sources,
+        known_verifiers=known_verifiers(),
+        token_length=prompt_length_fn(tokenizer, template),
+        max_prompt_len=cfg.data.max_prompt_len,
+        response=read,
+    )
+    return PromptIterator(loaded, seed=seed)
+
+
+def encode_example(row: PromptRow, tokenizer: Any, template: str) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids) of an SFT row."""
+    if row.response is None:
+        raise ValueError(
+            f"row {row.index} of source {row.source!r} has no response: it is not an SFT example"
+        )
+    prompt_ids = format_prompt(row, tokenizer, template)
+    return prompt_ids, encode_response(row.response, tokenizer, template)
+
+
+@dataclass(frozen=True)
+class SFTBatcher:
+    """Draws `rows` examples per batch and lays them out one per row (`collate_sft`)."""
+
+    examples: PromptIterator
+    """SFT rows (`build_sft_iterator`); its state is what a checkpoint stores."""
+    tokenizer: Any
+    """The policy's tokenizer."""
+    template: str
+    """`data.prompt_template`."""
+    rows: int
+    """Examples per batch (`sft.batch_size`)."""
+    seq_len: int
+    """Tokens per row before the shift (the arrays have `seq_len − 1` positions)."""
+    pad_id: int
+    """Token id of padding."""
+
+    def __post_init__(self) -> None:
+        if self.rows < 1:
+            raise ValueError(f"sft.batch_size must be >= 1, got {self.rows}")
+
+    def next_arrays(self) -> dict[str, np.ndarray]:
+        """The next batch: `input_ids`, `target_ids`, `positions`, `segment_ids`, `mask`."""
+        pairs = [
+            encode_example(row, self.tokenizer, self.template)
+            for row in self.examples.next_batch(self.rows)
+        ]
+        return collate_sft(
+            [p for p, _ in pairs],
+            [r for _, r in pairs],
+            rows=self.rows,
+            seq_len=self.seq_len,
+            pad_id=self.pad_id,
+        )

@@ -1,0 +1,114 @@
+"""`rlvr-bench waste`: slot-step counts by hand, the clipped log-normal, the OLMo 3 regime,
+and the engine's measured waste against the simulation of the same lengths."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from rlvr_jax.bench import waste
+from rlvr_jax.bench.waste import LengthDistribution, simulate_continuous, simulate_static
+
+
+def test_two_requests_two_slots_by_hand():
+    # one batch of [1, 3] holds both slots for 3 steps: 6 slot-steps, 4 useful
+    assert simulate_static([1, 3], 2) == waste.SlotSteps(useful=4, total=6)
+    assert simulate_static([1, 3], 2).waste == pytest.approx(1 - 4 / 6)
+    # continuous: nothing waits, so the short slot idles through the same drain
+    assert simulate_continuous([1, 3], 2).waste == pytest.approx(1 - 4 / 6)
+
+
+def test_refill_removes_the_waste_of_waiting_for_the_longest():
+    # static: batches [1, 3] (2 slots x 3 steps) and [2] (2 x 2): 10 slot-steps, 6 useful
+    assert simulate_static([1, 3, 2], 2) == waste.SlotSteps(6, 10)
+    # continuous: slot a runs 1 then 2 (ends at step 3), slot b runs 3: 2 x 3, no waste
+    assert simulate_continuous([1, 3, 2], 2) == waste.SlotSteps(6, 6)
+    # static [4, 1], [1, 1], [1]: 2x4 + 2x1 + 2x1 = 12 for 8 useful; continuous: a=4, b=1+1+1+1
+    assert simulate_static([4, 1, 1, 1, 1], 2).waste == pytest.approx(1 - 8 / 12)
+    assert simulate_continuous([4, 1, 1, 1, 1], 2).waste == 0.0
+    # more slots than requests: all B slots count; 4 x 5 = 20 slot-steps for 7 tokens
+    assert simulate_static([2, 5], 4).total == 20 and simulate_continuous([2, 5], 4).total == 20
+    # one slot never waits for anyone
+    assert simulate_static([5, 1, 7], 1).waste == 0.0 == simulate_continuous([5, 1, 7], 1).waste
+
+
+def test_continuous_never_wastes_more_than_static():
+    lengths = np.random.default_rng(3).integers(1, 100, 300)
+    for b in (1, 3, 8, 32):
+        assert simulate_continuous(lengths, b).total <= simulate_static(lengths, b).total
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="at least one slot"):
+        simulate_static([1], 0)
+    with pytest.raises(ValueError, match="positive token counts"):
+        simulate_continuous([3, 0], 2)
+    with pytest.raises(ValueError, match="non-empty"):
+        simulate_static([], 2)
+    with pytest.raises(ValueError, match=r"mean length must be in \(0, cap=100\)"):
+        LengthDistribution.fit(mean=150, cap=100, sigma=0.5)
+    with pytest.raises(ValueError, match="sigma > 0"):
+        LengthDistribution(1.0, 0.0, 10)
+
+
+def test_fitted_distribution_has_the_asked_mean_and_its_samples_agree():
+    dist = LengthDistribution.fit(mean=14_700, cap=32_768, sigma=0.7)
+    assert dist.mean() == pytest.approx(14_700, rel=1e-9)
+    x = dist.sample(400_000, seed=1)
+    assert x.min() >= 1 and x.max() == 32_768
+    # Monte Carlo of the closed form (+0.5: lengths are rounded up to whole tokens)
+    assert x.mean() == pytest.approx(14_700 + 0.5, rel=5e-3)
+    assert (x == 32_768).mean() == pytest.approx(dist.clipped_fraction(), abs=3e-3)
+    # without a cap the mean is the log-normal's own e^(mu + sigma^2/2)
+    free = LengthDistribution(2.0, 0.5, 10**12)
+    assert free.mean() == pytest.approx(math.exp(2.0 + 0.125), rel=1e-9)
+
+
+def test_scaling_keeps_the_shape():
+    dist = LengthDistribution.fit(mean=14_700, cap=32_768, sigma=0.7)
+    small = dist.scaled(64)
+    # E[min(cX, c cap)] = c E[min(X, cap)] with c = 64 / 32768
+    assert small.mean() == pytest.approx(14_700 * 64 / 32_768, rel=1e-9)
+    assert small.clipped_fraction() == pytest.approx(dist.clipped_fraction(), rel=1e-9)
+    assert small.sigma == dist.sigma and small.cap == 64
+
+
+def test_olmo3_regime_reproduces_the_reported_static_waste():
+    dist = LengthDistribution.fit(mean=14_700, cap=32_768, sigma=0.7)
+    sim = waste.simulate(dist, requests=4096, slots=64, sweep=(1, 8, 256), seed=0)
+    assert 0.45 <= sim["static_waste"] <= 0.62  # OLMo 3 reports up to 54%
+    # at B = 64 almost every batch holds a truncated response: waste -> 1 - mean/cap
+    assert sim["static_waste"] == pytest.approx(sim["one_minus_mean_over_cap"], abs=0.01)
+    assert sim["continuous_waste"] < 0.05
+    assert sim["by_slots"]["1"]["static_waste"] == 0.0
+    assert sim["by_slots"]["8"]["static_waste"] < sim["by_slots"]["64"]["static_waste"]
+
+
+@pytest.mark.slow  # ~8 s: compiles and runs the real engine twice
+def test_main_quick_measures_the_engine_as_the_simulation_predicts(tmp_path, capsys):
+    out, png = tmp_path / "w.json", tmp_path / "w.png"
+    assert waste.main(["--quick", "--json", str(out), "--plot", str(png)]) == 0
+    table = capsys.readouterr().out
+    assert "LogNormal(mu=" in table and "static waste" in table
+    result = json.loads(out.read_text())
+    m = result["measured"]
+    # the engine's own counters equal the exact slot-step count of the same lengths
+    assert m["slot_steps"] == m["predicted_slot_steps"]
+    assert m["static_waste"] == pytest.approx(m["predicted"]["static_waste"], abs=1e-12)
+    assert m["continuous_waste"] == pytest.approx(m["predicted"]["continuous_waste"], abs=1e-12)
+    assert m["continuous_waste"] < m["static_waste"]
+    assert m["tokens"] == pytest.approx(m["sample_mean"] * m["requests"])
+    assert result["distribution"]["simulated"]["mean"] == pytest.approx(14_700)
+    assert result["distribution"]["measured"]["cap"] == waste.QUICK.measured_cap
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_main_rejects_bad_sizes(capsys):
+    with pytest.raises(SystemExit) as e:
+        waste.main(["--quick", "--measured-slots", "0"])
+    assert e.value.code == 2
+    assert "measured_slots must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        waste.main(["--quick", "--mean", "40000"])
+    assert "mean must be in (0, cap=32768)" in capsys.readouterr().err

@@ -1,0 +1,95 @@
+"""`rlvr-bench decode` / `rlvr-bench roofline`: the real entry points, run tiny."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rlvr_jax.bench import decode, roofline
+from rlvr_jax.cli import bench_main
+from rlvr_jax.models import ArchConfig
+from rlvr_jax.rollout.waste import continuous_steps, static_steps
+
+
+def test_long_tail_lengths_hit_the_target_shape():
+    lengths = decode.long_tail_lengths(192, 256, 0.45, seed=0)
+    assert len(lengths) == 192 and max(lengths) == 256 and min(lengths) >= 1
+    assert np.mean(lengths) / 256 == pytest.approx(0.45, abs=0.005)
+    assert np.median(lengths) < np.mean(lengths)  # skewed short, with a long tail
+    with pytest.raises(ValueError, match="mean_over_max"):
+        decode.long_tail_lengths(10, 16, 1.5, seed=0)
+
+
+def test_flops_per_token_hand_derived():
+    cfg = ArchConfig(
+        arch="qwen2",
+        vocab_size=100,
+        d_model=8,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=4,
+        d_ff=16,
+    )
+    # per layer: q|k|v 8*(2+2)*4 = 128, o 2*4*8 = 64, mlp 3*8*16 = 384 -> 576; x2 layers
+    # = 1152; LM head 100*8 = 800 -> 1952 matmul params -> 3904 FLOPs. Attention over 10
+    # positions: 2 (qk and pv) * 2 layers * 2 heads * 4 * 10 = 320 MACs -> 640 FLOPs.
+    assert decode.flops_per_token(cfg, 10) == 3904 + 640
+
+
+def test_roofline_quick(tmp_path):
+    out = tmp_path / "roof.json"
+    assert roofline.main(["--quick", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["matmul_gflops"]) == {"float32", "bfloat16"}
+    assert result["peak_gflops"] == result["matmul_gflops"]["float32"] > 0  # CPU denominator
+    assert result["memory_gbps"] > 0 and result["machine"]["platform"] == "cpu"
+
+
+@pytest.mark.slow
+def test_decode_bench_quick_through_the_cli(tmp_path):
+    out = tmp_path / "decode.json"
+    assert bench_main(["decode", "--quick", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert set(r["tokens_per_s"]) == {"continuous", "static", "hf_generate"}
+    assert set(r["wall_s"]) == {"continuous", "static"}
+    assert all(v > 0 for v in (*r["tokens_per_s"].values(), *r["wall_s"].values()))
+    assert r["roofline_fraction"] > 0 and {"platform", "cpu_count"} <= set(r["machine"])
+    cfg = r["config"]
+    assert cfg["batch"] == decode.QUICK.batch and cfg["model"]["model_type"] == "qwen2"
+    # The engine took exactly the predicted decode steps on the long-tailed workload.
+    lengths = decode.long_tail_lengths(
+        cfg["long_requests"], cfg["long_new"], cfg["mean_over_max"], cfg["seed"]
+    )
+    steps = r["long_tail"]["decode_steps"]
+    assert steps["continuous"] == continuous_steps(lengths, cfg["batch"])
+    assert steps["static"] == static_steps(lengths, cfg["batch"])
+
+
+def test_rollout_modules_import_light():
+    # Importing the engine, its servers and backends pulls no TensorFlow, JetStream, torch
+    # or vLLM: those load only when a JetStream engine / server / vLLM run is built.
+    import subprocess
+    import sys
+
+    modules = [
+        "rlvr_jax.rollout",
+        "rlvr_jax.rollout.serve",
+        "rlvr_jax.rollout.openai_http",
+        "rlvr_jax.rollout.jetstream_engine",
+        "rlvr_jax.rollout.vllm_backend",
+        "rlvr_jax.bench.decode",
+        "rlvr_jax.bench.roofline",
+    ]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "heavy = ('tensorflow', 'jetstream', 'torch', 'vllm', 'transformers')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == ""
