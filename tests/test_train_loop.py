@@ -43,9 +43,10 @@ def steps_of(out: Path) -> list[int]:
 def test_sync_run_then_resume_continues(tmp_path):
     cfg = tiny_run(tmp_path)
     out = tmp_path / "out"
-    assert cli.train_main(["--config", str(cfg), "train.max_steps=2"]) == 0
+    assert cli.train_main(["--config", str(cfg), "train.max_steps=2", "eval.every_steps=2"]) == 0
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
+    assert 0.0 <= rows[1]["eval/pass@1"] <= rows[1]["eval/pass@4"] <= 1.0  # held-out eval
     for key in DESIGN_KEYS:
         assert key in rows[-1], key
     assert rows[-1]["staleness/mean"] == 0.0  # sync: trained on the current policy
