@@ -68,7 +68,8 @@ def test_decode_bench_quick_through_the_cli(tmp_path):
     assert steps["static"] == static_steps(lengths, cfg["batch"])
 
 
-def test_rollout_modules_import_light():
+@pytest.mark.slow
+def test_rollout_imports_and_core_generation_stay_light():
     # Importing the engine, its servers and backends pulls no TensorFlow, JetStream, torch
     # or vLLM: those load only when a JetStream engine / server / vLLM run is built.
     import subprocess
@@ -83,9 +84,17 @@ def test_rollout_modules_import_light():
         "rlvr_jax.bench.decode",
         "rlvr_jax.bench.roofline",
     ]
+    # ...and the plain-JAX core generates without them (GPU images without TensorFlow).
     code = (
-        "import importlib, sys\n"
+        "import importlib, sys, jax\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
+        "from rlvr_jax import models\n"
+        "from rlvr_jax.rollout import generate\n"
+        "cfg = models.ArchConfig(arch='llama', vocab_size=64, d_model=16, n_layers=1,\n"
+        "                        n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)\n"
+        "model = models.Model(cfg, models.init_params(cfg, jax.random.key(0)))\n"
+        "(c,) = generate(model, [[1, 2, 3]], max_new_tokens=3)\n"
+        "assert len(c.tokens) == 3\n"
         "heavy = ('tensorflow', 'jetstream', 'torch', 'vllm', 'transformers')\n"
         "print(','.join(m for m in heavy if m in sys.modules))\n"
     )

@@ -116,6 +116,21 @@ def test_continuous_equals_static_and_any_slot_count(qwen):
             assert len(c.tokens) == 12
 
 
+def test_top_k_and_top_p_reach_the_jitted_sampler(qwen):
+    # top_k = 2 leaves two candidates; top_p = 1e-6 then keeps only the most likely one, so
+    # sampling at T = 1 must reproduce greedy decoding, with the unfiltered T = 1 log-probs.
+    core = EngineCore(qwen, max_slots=4, max_len=64)
+    prompts = _prompts([3, 6], seed=8)
+    greedy = generate(core, prompts, max_new_tokens=6, temperature=0.0)
+    got = generate(
+        core, prompts, max_new_tokens=6, temperature=1.0, top_k=2, top_p=1e-6, num_samples=2, seed=3
+    )
+    for c in got:
+        assert c.tokens == greedy[c.prompt_index].tokens
+        np.testing.assert_allclose(c.logprobs, greedy[c.prompt_index].logprobs, atol=1e-5)
+        assert max(c.logprobs) < 0  # not the log-prob of the filtered distribution (0)
+
+
 def test_group_prefix_is_prefilled_once_and_batching_waste(qwen):
     core = EngineCore(qwen, max_slots=4, max_len=64)
     prompts = _prompts([5, 6], seed=5)

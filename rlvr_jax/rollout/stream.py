@@ -271,16 +271,20 @@ class RolloutStream:
         self._cond.notify_all()  # submitters waiting for room
         return len(self._ready) < self.max_ready_groups
 
-    def _deliver_locked(self, finished: list) -> list[CompletedGroup]:
-        unclaimed = []
-        for request, completions in finished:
-            group = CompletedGroup(request.key, request.meta, completions, list(request.prompt))
-            self._in_flight.discard(request.key)
-            future = self._futures.pop(request.key, None)
-            if future is not None:
-                future.set_result(group)
-            else:
-                unclaimed.append(group)
+    def _deliver(self, finished: list) -> list[CompletedGroup]:
+        """Routes completed groups: futures are resolved (outside the lock, since their
+        callbacks may call back into the stream); the rest are returned."""
+        unclaimed, resolved = [], []
+        with self._cond:
+            for request, completions in finished:
+                group = CompletedGroup(request.key, request.meta, completions, list(request.prompt))
+                self._in_flight.discard(request.key)
+                if request.key in self._futures:
+                    resolved.append((self._futures.pop(request.key), group))
+                else:
+                    unclaimed.append(group)
+        for future, group in resolved:
+            future.set_result(group)
         return unclaimed
 
     def step(self) -> list[CompletedGroup]:
@@ -291,9 +295,7 @@ class RolloutStream:
         with self._cond:
             self._raise_if_failed()
             self._boundary_locked()
-        finished = self.scheduler.step()
-        with self._cond:
-            return self._deliver_locked(finished)
+        return self._deliver(self.scheduler.step())
 
     @property
     def idle(self) -> bool:
@@ -315,17 +317,17 @@ class RolloutStream:
                     if self._stopping:
                         return
                     admit = self._boundary_locked()
-                finished = self.scheduler.step(admit=admit)
+                unclaimed = self._deliver(self.scheduler.step(admit=admit))
                 with self._cond:
-                    self._ready.extend(self._deliver_locked(finished))
+                    self._ready.extend(unclaimed)
                     self._cond.notify_all()
         except BaseException as e:  # surfaced to every caller, never swallowed
             with self._cond:
                 self._error = e
-                for future in self._futures.values():
-                    future.set_exception(RolloutError(f"rollout driver failed: {e!r}"))
-                self._futures.clear()
+                futures, self._futures = list(self._futures.values()), {}
                 self._cond.notify_all()
+            for future in futures:
+                future.set_exception(RolloutError(f"rollout driver failed: {e!r}"))
 
     def start(self) -> RolloutStream:
         """Starts the background driver thread; returns self."""
@@ -344,9 +346,9 @@ class RolloutStream:
         if self._thread is not None:
             self._thread.join(timeout)
         with self._cond:
-            for future in self._futures.values():
-                future.set_exception(RolloutError("the stream was stopped"))
-            self._futures.clear()
+            futures, self._futures = list(self._futures.values()), {}
+        for future in futures:
+            future.set_exception(RolloutError("the stream was stopped"))
 
     def __enter__(self) -> RolloutStream:
         return self
