@@ -15,7 +15,9 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["rlvr_jax", "rlvr_jax.*"]),
-    package_data={"rlvr_jax": ["py.typed", "**/*.json", "**/*.jsonl", "**/*.md"]},
+    package_data={
+        "rlvr_jax": ["py.typed", "**/*.json", "**/*.jsonl", "**/*.md", "**/*.safetensors"]
+    },
     # Ranges are the ones tested here (2026-11, Python 3.11, CPU); the upper bounds keep
     # a fresh install on APIs we have run against.
     install_requires=[

@@ -111,7 +111,7 @@ def write_recipe_md(out: Path, report: dict, evaluation: dict | None, command: s
         lines += [
             "",
             f"## Held-out pass@k ({evaluation['n']} samples per prompt, temperature 1, top-p 1, "
-            f"{evaluation['prompts']} prompts of `{evaluation['data']}`)",
+            f"{int(evaluation['prompts'])} prompts of `{evaluation['data']}`)",
             "",
             f"| domain | pass@1 | pass@{n} |",
             "|---|---|---|",

@@ -50,8 +50,9 @@ def test_roofline_quick(tmp_path):
 
 @pytest.mark.slow
 def test_decode_bench_quick_through_the_cli(tmp_path):
-    out = tmp_path / "decode.json"
-    assert bench_main(["decode", "--quick", "--json", str(out)]) == 0
+    out, png = tmp_path / "decode.json", tmp_path / "decode.png"
+    assert bench_main(["decode", "--quick", "--json", str(out), "--plot", str(png)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
     r = json.loads(out.read_text())
     assert set(r["tokens_per_s"]) == {"continuous", "static", "hf_generate"}
     assert set(r["wall_s"]) == {"continuous", "static"}

@@ -61,6 +61,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "decode": Subcommand(
         "rlvr_jax.bench.decode",
         headlines=("tokens_per_s", "roofline_fraction", "ratios", "long_tail/waste"),
+        plots=True,
     ),
     "learner": Subcommand(
         "rlvr_jax.bench.learner",
@@ -85,7 +86,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "e2e": Subcommand(
         "rlvr_jax.bench.e2e",
-        headlines=("tokens_per_s", "ratios", "wall_s"),
+        headlines=(
+            "steps_per_s",
+            "async_over_sync",
+            "overlap_fraction",
+            "projected_speedup_disjoint",
+        ),
+        plots=True,
     ),
 }
 """Every `rlvr-bench` subcommand `all` knows, in the order it runs them."""

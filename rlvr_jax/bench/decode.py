@@ -100,7 +100,13 @@ def hf_config_dict(cfg: BenchConfig) -> dict:
 
 
 def build_models(cfg: BenchConfig, path: str) -> tuple[Any, Model]:
-    """(HF torch model, our Model) with the same random weights (HF init, saved, reloaded)."""
+    """(HF torch model, our Model) with the same random weights (HF init, saved, reloaded).
+
+    Unless the environment says otherwise, torch's OpenMP threads are told to sleep rather
+    than spin while waiting (`OMP_WAIT_POLICY=PASSIVE`, read when torch first loads): on a
+    shared machine, spinning makes `generate` up to 10x slower (measured here: 130 s instead
+    of 14 s at load 6), which would flatter our engine. The policy used is reported."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -307,6 +313,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
         },
         "machine": {
             **machine_info(),
+            "torch_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
         },
@@ -319,10 +326,28 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
     }
 
 
+def plot(result: dict, path: str) -> Any:
+    """Tokens/s by mode, the long-tail wall times, and where the continuous engine's time goes."""
+    from rlvr_jax.bench import common
+
+    prof = result["profile"]
+    panels = [
+        common.Panel("throughput (batch workload)", "tokens/s", bars=result["tokens_per_s"]),
+        common.Panel("long-tailed workload", "wall seconds", bars=result["wall_s"]),
+        common.Panel(
+            "continuous engine: share of wall",
+            "fraction",
+            bars={k: prof[f"{k}_share"] for k in ("prefill", "decode", "host_and_other")},
+        ),
+    ]
+    return common.save_plot(path, panels, "rlvr-bench decode")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench decode [--json FILE] [--quick] [--repeats N] [--skip-hf]`."""
+    """`rlvr-bench decode [--json FILE] [--plot FILE.png] [--quick] [--repeats N] [--skip-hf]`."""
     p = argparse.ArgumentParser(prog="rlvr-bench decode", description=__doc__.split("\n")[0])
     p.add_argument("--json", help="write the results here as JSON")
+    p.add_argument("--plot", help="write a PNG plot here")
     p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     p.add_argument("--repeats", type=int, help="timed repeats per measurement (best is kept)")
     p.add_argument("--skip-hf", action="store_true", help="do not time transformers' generate")
@@ -350,4 +375,6 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        print(f"wrote {plot(result, args.plot)}", file=sys.stderr)
     return 0

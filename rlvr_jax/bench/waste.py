@@ -47,8 +47,11 @@ class LengthDistribution:
     """ℓ = ⌈min(X, cap)⌉ tokens with X ~ LogNormal(mu, sigma) (ln X ~ Normal(mu, sigma))."""
 
     mu: float
+    """μ: mean of ln X (e^μ is the median before clipping)."""
     sigma: float
+    """σ: standard deviation of ln X (the spread)."""
     cap: int
+    """The generation budget: longer responses are truncated to it."""
 
     def __post_init__(self) -> None:
         if self.sigma <= 0 or self.cap < 1 or not math.isfinite(self.mu):
@@ -182,7 +185,9 @@ def _engine_model(sizes: dict[str, int], seed: int) -> Any:
     return models.Model(config=arch, params=models.init_params(arch, jax.random.key(seed)))
 
 
-def _run_engine(core: Any, prompts: list[list[int]], lengths: Sequence[int], batching: str):
+def _run_engine(
+    core: Any, prompts: list[list[int]], lengths: Sequence[int], batching: str
+) -> tuple[Any, float]:
     """Runs every request to its length; (SchedulerStats, wall seconds)."""
     from rlvr_jax.rollout import GroupRequest, Scheduler
 

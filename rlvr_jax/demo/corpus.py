@@ -248,6 +248,11 @@ def packed_batches(
     `loss_on_prompt` every token but an example's first is trained on (pretraining)."""
     buffer: list[tuple[list[int], list[int]]] = []
     for prompt, response in examples:
+        if len(prompt) + len(response) > seq_len:
+            raise ValueError(
+                f"a corpus document has {len(prompt) + len(response)} tokens > seq_len "
+                f"{seq_len} (raise the row length, or the vocabulary for shorter encodings)"
+            )
         if loss_on_prompt:
             prompt, response = prompt[:1], [*prompt[1:], *response]
         buffer.append((prompt, response))

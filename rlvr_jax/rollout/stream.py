@@ -28,6 +28,7 @@ from rlvr_jax.rollout.engine import EngineCore, RequestError
 from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.scheduler import Batching, Completion, GroupRequest, Scheduler
+from rlvr_jax.timeline import Timeline
 
 
 class RolloutError(RuntimeError):
@@ -65,6 +66,8 @@ class RolloutStream:
       max_ready_groups: completed groups waiting for `get` before admission pauses.
       num_slots: slots used (default all). batching: "continuous" (default) or "static".
       version: policy version of the engine's current params.
+      timeline: when given, each decode chunk the driver thread runs is recorded in it as a
+        "rollout" span (`rlvr_jax.timeline`; `rlvr-bench e2e` measures overlap with it).
     """
 
     def __init__(
@@ -79,6 +82,7 @@ class RolloutStream:
         num_slots: int | None = None,
         batching: Batching = "continuous",
         version: int = 0,
+        timeline: Timeline | None = None,
     ):
         if max_pending_groups < 1 or max_ready_groups < 1:
             raise ValueError("max_pending_groups and max_ready_groups must be >= 1")
@@ -99,6 +103,7 @@ class RolloutStream:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._next_index = 0
+        self.timeline = timeline
 
     # ---- producer side --------------------------------------------------------------------
 
@@ -317,7 +322,11 @@ class RolloutStream:
                     if self._stopping:
                         return
                     admit = self._boundary_locked()
-                unclaimed = self._deliver(self.scheduler.step(admit=admit))
+                if self.timeline is None:
+                    unclaimed = self._deliver(self.scheduler.step(admit=admit))
+                else:
+                    with self.timeline.span("rollout"):
+                        unclaimed = self._deliver(self.scheduler.step(admit=admit))
                 with self._cond:
                     self._ready.extend(unclaimed)
                     self._cond.notify_all()

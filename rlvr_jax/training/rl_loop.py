@@ -13,6 +13,7 @@ unseen prompts; metrics.jsonl is truncated to the checkpoint's step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -25,6 +26,7 @@ import numpy as np
 
 from rlvr_jax import dispatch, losses, models, sharding
 from rlvr_jax.config.schema import Config
+from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
 from rlvr_jax.training import groups as grp
 from rlvr_jax.training import learner
@@ -39,11 +41,17 @@ log = logging.getLogger("rlvr_jax.train")
 class RLTrainer:
     """Owns the meshes, the policy, the engine stream, the reward service and the loop."""
 
-    def __init__(self, cfg: Config, *, stop: StopFlag | None = None):
+    def __init__(
+        self, cfg: Config, *, stop: StopFlag | None = None, timeline: Timeline | None = None
+    ):
+        """`timeline`: when given, records each optimizer update (with the weight push) as a
+        "train" span, the rollout driver's decode chunks as "rollout" spans, and the end of
+        every step as a "step" mark (`rlvr-bench e2e`)."""
         from rlvr_jax.data import load_tokenizer
         from rlvr_jax.rewards import RewardService
 
         self.cfg = cfg
+        self.timeline = timeline
         self.stop = stop if stop is not None else StopFlag()
         self.out = Path(cfg.train.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -102,6 +110,7 @@ class RLTrainer:
             max_pending_groups=inflight + 1,
             max_ready_groups=inflight + 1,
             version=self.version,
+            timeline=self.timeline,
         )
 
     def _build_learner(self) -> None:
@@ -255,7 +264,7 @@ class RLTrainer:
         async_mode = cfg.rollout.mode == "async"
         while not asm.full and asm.drawn < cap and not self.stop:
             if async_mode:
-                self._fill(P * max(cfg.rollout.queue_size, 1))
+                self._fill(self._async_target())
             else:
                 self._fill(min(P - len(asm.kept), cap - asm.drawn))
             done = [self.stream.get()]
@@ -271,6 +280,10 @@ class RLTrainer:
                 asm.offer(g, self._version)
         self._last_groups = asm.kept
         return asm, {k: float(np.mean(v)) for k, v in reward_metrics.items()}
+
+    def _async_target(self) -> int:
+        """Requests kept in flight in async mode: `rollout.queue_size` batches."""
+        return self.cfg.train.prompts_per_batch * max(self.cfg.rollout.queue_size, 1)
 
     def _take(self, group: Any) -> tuple[Any, list[int], list[Any]]:
         """(row, prompt tokens, completions) of a completed group, marked as consumed."""
@@ -369,21 +382,25 @@ class RLTrainer:
                 staleness = _staleness(asm.kept, self._version)
                 if pending is not None:  # fetch the previous step's device metrics now
                     self._write_metrics(*pending)
+                if cfg.rollout.mode == "async" and not self.stop:
+                    # top the queue up now, so that the actors generate the next batch while
+                    # the learner trains on this one (not after the metrics and scoring)
+                    self._fill(self._async_target())
                 t1 = time.perf_counter()
-                with dispatch.LOCK:  # enqueue the whole update (see rlvr_jax.dispatch)
-                    device_metrics = self._train(asm) if asm.kept else []
-                self._version = int(jax.device_get(self.state.step))  # actors keep decoding
-                with dispatch.LOCK:
-                    self.stream.update_weights(self.state.params, self._version)
+                with self._span("train"):
+                    device_metrics = self._update(asm)
                 t_train = time.perf_counter() - t1
                 host = {**asm.metrics(), **reward_metrics}
                 host["time/rollout_s"] = t_rollout
                 host["time/train_s"] = t_train
                 tokens = sum(len(c.tokens) for g in asm.kept for c in g.completions)
+                host["throughput/tokens"] = tokens
                 host["throughput/tokens_per_s"] = tokens / max(t_rollout + t_train, 1e-9)
                 host["staleness/mean"] = staleness
                 pending = (step, host, device_metrics)
                 self._maybe_eval_and_checkpoint(step, pending)
+                if self.timeline is not None:
+                    self.timeline.mark("step")
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(reward=f"{host.get('reward/mean', float('nan')):.3f}")
@@ -393,6 +410,19 @@ class RLTrainer:
             if bar is not None:
                 bar.close()
         self._finish(step)
+
+    def _update(self, asm: grp.BatchAssembler) -> list[dict[str, jax.Array]]:
+        """The optimizer update(s) on a collected batch, then the weight push to the actors
+        (which keep decoding meanwhile); the device metrics, not yet fetched."""
+        with dispatch.LOCK:  # enqueue the whole update (see rlvr_jax.dispatch)
+            device_metrics = self._train(asm) if asm.kept else []
+        self._version = int(jax.device_get(self.state.step))
+        with dispatch.LOCK:
+            self.stream.update_weights(self.state.params, self._version)
+        return device_metrics
+
+    def _span(self, name: str) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if self.timeline is None else self.timeline.span(name)
 
     def _maybe_eval_and_checkpoint(self, step: int, pending) -> None:
         cfg = self.cfg

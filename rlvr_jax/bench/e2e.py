@@ -1,0 +1,317 @@
+"""`rlvr-bench e2e`: the demo RL setup run in sync and in async mode for the same number of
+optimizer steps with the same batch shape.
+
+    rlvr-bench e2e [--config configs/demo.yaml] [--steps 6] [--warmup 2] [--set key=value ...]
+                   [--quick] [--json FILE] [--plot FILE.png]
+
+Both runs start from the same policy and data; the first `--warmup` steps of each (compiles)
+are left out of every figure. Reported:
+
+- `steps_per_s.{sync,async}` over the measured steps, and their ratio `async_over_sync`;
+- `time_s.{rollout,train}`: the sync run's split (`time/rollout_s`: waiting for and scoring
+  rollouts, `time/train_s`: the update and the weight push), summed over the measured steps;
+- `overlap_fraction`: in the async run, the share of the shorter stage's busy time (rollout:
+  decode chunks of the driver thread; train: the updates) during which the other was busy too
+  (`rlvr_jax.timeline`);
+- `projected_speedup_disjoint` = (rollout + train) / max(rollout, train) from the sync split:
+  what async buys when the actors and the learner have devices of their own. On one CPU both
+  stages share the same cores, so async can only win back the idle gaps.
+
+A TRL GRPOTrainer peer row needs `trl` (not a dependency); without it the row says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rlvr_jax import timeline as tl
+from rlvr_jax.bench import common
+
+DEFAULT_CONFIG = "configs/demo.yaml"
+
+# What each run of the benchmark changes in the config (after the user's --set overrides):
+# no evaluation, checkpoints, exports, plots or progress bar inside the timed loop.
+_QUIET = (
+    "checkpoint.every_steps=0",
+    "checkpoint.resume=false",
+    "checkpoint.export_hf=false",
+    "eval.every_steps=0",
+    "log.progress_bar=false",
+    "log.plots=false",
+    "log.tensorboard=false",
+    "train.save_batch=null",
+)
+
+# --quick: a random 2-layer d=32 policy built in the output directory, 2 prompts × 4 samples.
+_QUICK = (
+    "model.create_if_missing=rlvr_jax.bench.e2e:build_tiny_policy",
+    "model.hf_config=null",
+    "train.prompts_per_batch=2",
+    "rollout.num_samples=4",
+    "rollout.max_new_tokens=8",
+    "rollout.max_slots=8",
+    "rewards.workers=1",
+)
+
+
+def build_tiny_policy(path: str | Path, cfg: Any) -> Path:
+    """A random 2-layer d=32 Qwen2-shaped policy with a 320-token BPE tokenizer trained on the
+    config's training prompts (`model.create_if_missing` of `--quick`)."""
+    import jax
+
+    from rlvr_jax import models
+    from rlvr_jax.data.tokenizer import train_tokenizer
+
+    path = Path(path)
+    texts = []
+    for source in cfg.data.sources:
+        with open(source.path, encoding="utf-8") as f:
+            texts += [json.loads(line)["prompt"] for _, line in zip(range(400), f)]
+    train_tokenizer(texts, vocab_size=320, path=path)
+    from rlvr_jax.data import load_tokenizer
+
+    tok = load_tokenizer(path)
+    arch = models.ArchConfig.from_hf(
+        dict(
+            model_type="qwen2",
+            vocab_size=320,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    )
+    params = models.init_params(arch, jax.random.key(cfg.seed))
+    models.save_pretrained(models.Model(config=arch, params=params), path, tokenizer_dir=path)
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class ModeRun:
+    """What one mode's run measured (the warm-up steps left out)."""
+
+    mode: str
+    steps: int
+    wall_s: float
+    setup_s: float
+    busy_s: dict[str, float]
+    overlap_s: float
+    overlap_fraction: float
+    split_s: dict[str, float]
+    reward_mean: float
+    tokens: int
+    staleness_mean: float
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.wall_s
+
+
+def run_mode(
+    config_path: str | Path, overrides: list[str], mode: str, *, steps: int, warmup: int, out: Path
+) -> ModeRun:
+    """Trains `warmup + steps` steps in `mode` ("sync" or "async"); the measured figures."""
+    from rlvr_jax import config as config_lib
+    from rlvr_jax.training.metrics import read_jsonl
+    from rlvr_jax.training.rl_loop import RLTrainer
+
+    cfg = config_lib.load(
+        config_path,
+        [
+            *overrides,
+            *_QUIET,
+            f"rollout.mode={mode}",
+            f"train.max_steps={warmup + steps}",
+            f"train.output_dir={out / mode}",
+        ],
+    )
+    if cfg.algorithm != "rl":
+        raise ValueError(f"rlvr-bench e2e runs algorithm: rl; the config has {cfg.algorithm!r}")
+    timeline = tl.Timeline()
+    t0 = time.perf_counter()
+    trainer = RLTrainer(cfg, timeline=timeline)
+    try:
+        start = timeline.mark("start")
+        trainer.run()
+    finally:
+        trainer.close()
+    ends = timeline.marks("step")
+    if len(ends) != warmup + steps:
+        raise RuntimeError(f"the {mode} run stopped after {len(ends)} of {warmup + steps} steps")
+    window = (ends[warmup - 1] if warmup else start, ends[-1])
+    rollout, train = timeline.spans("rollout", window), timeline.spans("train", window)
+    rows = [r for r in read_jsonl(out / mode / "metrics.jsonl") if r["step"] > warmup]
+
+    def total(key: str) -> float:
+        return float(sum(r.get(key, 0.0) for r in rows))
+
+    def mean(key: str) -> float:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        return float(sum(values) / len(values)) if values else float("nan")
+
+    return ModeRun(
+        mode=mode,
+        steps=steps,
+        wall_s=window[1] - window[0],
+        setup_s=start - t0,
+        busy_s={"rollout": tl.busy(rollout), "train": tl.busy(train)},
+        overlap_s=tl.overlap(rollout, train),
+        overlap_fraction=tl.overlap_fraction(rollout, train),
+        split_s={"rollout": total("time/rollout_s"), "train": total("time/train_s")},
+        reward_mean=mean("reward/mean"),
+        tokens=int(total("throughput/tokens")),
+        staleness_mean=mean("staleness/mean"),
+    )
+
+
+def trl_peer() -> dict[str, Any]:
+    """The TRL row's status: TRL is an optional peer, never installed by this project."""
+    if importlib.util.find_spec("trl") is None:
+        return {"status": "skipped", "reason": "trl is not installed (pip install trl to add it)"}
+    return {
+        "status": "skipped",
+        "reason": "trl is installed, but its GRPOTrainer peer row is not implemented yet",
+    }
+
+
+def summarize(sync: ModeRun, async_: ModeRun) -> dict[str, Any]:
+    """The headline figures from the two runs."""
+    r, t = sync.split_s["rollout"], sync.split_s["train"]
+    return {
+        "steps_per_s": {"sync": sync.steps_per_s, "async": async_.steps_per_s},
+        "async_over_sync": async_.steps_per_s / sync.steps_per_s,
+        "time_s": {"rollout": r, "train": t},
+        "overlap_fraction": async_.overlap_fraction,
+        "projected_speedup_disjoint": (r + t) / max(r, t) if max(r, t) > 0 else None,
+        "modes": {
+            m.mode: {**dataclasses.asdict(m), "steps_per_s": m.steps_per_s} for m in (sync, async_)
+        },
+    }
+
+
+def run(
+    config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, quick: bool
+) -> dict[str, Any]:
+    """Both modes, sync first; the JSON-able result."""
+    load_before = common.machine_info()["loadavg"]
+    with tempfile.TemporaryDirectory(prefix="rlvr-bench-e2e-") as tmp:
+        out = Path(tmp)
+        extra = [*_QUICK, f"model.path={out / 'policy'}"] if quick else []
+        runs = [
+            run_mode(config_path, [*extra, *overrides], mode, steps=steps, warmup=warmup, out=out)
+            for mode in ("sync", "async")
+        ]
+    return {
+        **summarize(*runs),
+        "peers": {"trl": trl_peer()},
+        "machine": {**common.machine_info(), "loadavg_before": load_before},
+        "config": {
+            "config": str(config_path),
+            "overrides": [*overrides, *(_QUICK if quick else ())],
+            "steps": steps,
+            "warmup": warmup,
+            "quick": quick,
+        },
+    }
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The human-readable table."""
+    rows = []
+    for mode in ("sync", "async"):
+        m = result["modes"][mode]
+        rows.append(
+            [
+                mode,
+                m["steps_per_s"],
+                m["split_s"]["rollout"],
+                m["split_s"]["train"],
+                m["busy_s"]["rollout"],
+                m["busy_s"]["train"],
+                m["overlap_fraction"],
+                m["reward_mean"],
+            ]
+        )
+    table = common.format_table(
+        [
+            "mode",
+            "steps/s",
+            "rollout s",
+            "train s",
+            "decode busy s",
+            "train busy s",
+            "overlap",
+            "reward",
+        ],
+        rows,
+    )
+    lines = [
+        table,
+        f"async / sync steps/s:           {result['async_over_sync']:.3f}",
+        f"overlap fraction (async):       {result['overlap_fraction']:.3f}",
+        f"projected speedup, own devices: {result['projected_speedup_disjoint']:.3f}",
+        f"TRL peer: {result['peers']['trl']['status']} ({result['peers']['trl']['reason']})",
+    ]
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: str | Path) -> Path:
+    """Steps/s per mode and the sync rollout/train split."""
+    panels = [
+        common.Panel("optimizer steps per second", "steps/s", bars=result["steps_per_s"]),
+        common.Panel("sync split (measured steps)", "seconds", bars=result["time_s"]),
+        common.Panel(
+            "async busy time",
+            "seconds",
+            bars={
+                **result["modes"]["async"]["busy_s"],
+                "both": result["modes"]["async"]["overlap_s"],
+            },
+        ),
+    ]
+    return common.save_plot(path, panels, "rlvr-bench e2e")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`rlvr-bench e2e [options]`."""
+    p = argparse.ArgumentParser(prog="rlvr-bench e2e", description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="an algorithm: rl config (YAML)")
+    p.add_argument("--steps", type=int, help="measured steps per mode (default 6; quick 2)")
+    p.add_argument("--warmup", type=int, help="steps left out first (default 2; quick 1)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="config override, as rlvr-train's (repeatable)",
+    )
+    p.add_argument("--quick", action="store_true", help="a tiny random policy (smoke test)")
+    p.add_argument("--json", help="write the results here as JSON")
+    p.add_argument("--plot", help="write a PNG plot here")
+    args = p.parse_args(argv)
+    steps = args.steps if args.steps is not None else (2 if args.quick else 6)
+    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+    if steps < 1 or warmup < 0:
+        p.error("--steps must be >= 1 and --warmup >= 0")
+    if not Path(args.config).is_file():
+        p.error(f"--config {args.config}: no such file (run from the repository root)")
+    result = run(args.config, args.set, steps=steps, warmup=warmup, quick=args.quick)
+    print(format_result(result))
+    if args.json:
+        print(f"wrote {common.write_json(args.json, result)}", file=sys.stderr)
+    if args.plot:
+        print(f"wrote {plot(result, args.plot)}", file=sys.stderr)
+    return 0
