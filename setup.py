@@ -45,6 +45,8 @@ setup(
         "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "vllm": ["vllm>=0.11"],
+        # The TRL GRPOTrainer peer row of `rlvr-bench e2e`; its tests skip without it.
+        "trl": ["trl>=1.16"],
     },
     entry_points={
         "console_scripts": [

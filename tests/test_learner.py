@@ -10,7 +10,7 @@ import pytest
 from rlvr_jax import losses, models, sharding
 from rlvr_jax.config.schema import TrainConfig
 from rlvr_jax.training import learner
-from rlvr_jax.training.batch import Sample, collate
+from rlvr_jax.training.batch import Sample, bucket_length, collate
 from rlvr_jax.training.optimizer import learning_rate_schedule, make_optimizer
 
 ARCH = models.ArchConfig.from_hf(
@@ -59,6 +59,46 @@ def test_collate_layout_by_hand():
     assert b["advantages"].tolist() == [0.5, 0.0]
     with pytest.raises(ValueError, match="sample 0 has 2 prompt \\+ 3 completion tokens > 4"):
         collate([s], rows=1, seq_len=4, pad_id=0)
+
+
+def test_bucket_length_by_hand():
+    # smallest 32·2^k >= longest, capped at the full length
+    assert [bucket_length(n, full=160, min_len=32) for n in (1, 32, 33, 64, 65, 129, 160)] == [
+        32,
+        32,
+        64,
+        64,
+        128,
+        160,
+        160,
+    ]
+    assert bucket_length(50, full=160, min_len=0) == 160  # off: always the full length
+    # a multiple of the chunk sizes: 64 -> 96 and 128 -> 144 with multiple 48
+    assert bucket_length(40, full=160, min_len=32, multiple=48) == 96
+    assert bucket_length(100, full=160, min_len=32, multiple=48) == 144
+    assert bucket_length(100, full=130, min_len=32, multiple=48) == 130  # capped
+    with pytest.raises(ValueError, match="a row of 161 tokens exceeds the full length 160"):
+        bucket_length(161, full=160, min_len=32)
+
+
+@pytest.mark.parametrize("preset", ["olmo3", "drgrpo"])
+def test_bucketed_padding_gives_the_full_length_update(preset):
+    # the same samples collated to the bucket length and to the full length: same update
+    params = models.init_params(ARCH, jax.random.key(2))
+    opt = optax.sgd(0.5)
+    settings = losses.resolve_loss_settings(preset)
+    samples, full = make_batch(seq_len=33)
+    longest = max(len(s.prompt_tokens) + len(s.tokens) for s in samples)
+    T = bucket_length(longest, full=32, min_len=8)
+    assert T == 16 < 32
+    short = {
+        k: jnp.asarray(v) for k, v in collate(samples, rows=4, seq_len=T + 1, pad_id=0).items()
+    }
+    step = jax.jit(learner.make_train_step(ARCH, opt, settings, max_len=24))
+    (a, ma), (b, mb) = (step(learner.init_state(params, opt), x) for x in (full, short))
+    assert float(ma["loss"]) == pytest.approx(float(mb["loss"]), rel=1e-5, abs=1e-7)
+    for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+        np.testing.assert_allclose(x, y, atol=1e-6)
 
 
 def test_token_logprobs_match_the_full_forward():

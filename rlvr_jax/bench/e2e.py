@@ -177,14 +177,29 @@ def run_mode(
     )
 
 
-def trl_peer() -> dict[str, Any]:
-    """The TRL row's status: TRL is an optional peer, never installed by this project."""
+def trl_peer(
+    config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path
+) -> dict[str, Any]:
+    """The TRL row: TRL's GRPOTrainer on the same setup (`rlvr_jax.bench.trl_peer`) when `trl`
+    is installed (it is never a dependency); a failure of the peer never fails the bench."""
     if importlib.util.find_spec("trl") is None:
         return {"status": "skipped", "reason": "trl is not installed (pip install trl to add it)"}
-    return {
-        "status": "skipped",
-        "reason": "trl is installed, but its GRPOTrainer peer row is not implemented yet",
-    }
+    try:
+        from rlvr_jax import config as config_lib
+        from rlvr_jax.bench.trl_peer import run_trl
+
+        cfg = config_lib.load(
+            config_path,
+            [
+                *overrides,
+                *_QUIET,
+                f"train.max_steps={warmup + steps}",
+                f"train.output_dir={out / 'trl'}",
+            ],
+        )
+        return run_trl(cfg, steps=steps, warmup=warmup, out=out)
+    except Exception as e:  # reported in the row: the peer never fails the bench
+        return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
 
 
 def summarize(sync: ModeRun, async_: ModeRun) -> dict[str, Any]:
@@ -214,9 +229,12 @@ def run(
             run_mode(config_path, [*extra, *overrides], mode, steps=steps, warmup=warmup, out=out)
             for mode in ("sync", "async")
         ]
+        trl = trl_peer(config_path, [*extra, *overrides], steps=steps, warmup=warmup, out=out)
+    if trl["status"] == "ok":
+        trl["ours_async_over_trl"] = runs[1].steps_per_s / trl["steps_per_s"]
     return {
         **summarize(*runs),
-        "peers": {"trl": trl_peer()},
+        "peers": {"trl": trl},
         "machine": {**common.machine_info(), "loadavg_before": load_before},
         "config": {
             "config": str(config_path),
@@ -245,6 +263,9 @@ def format_result(result: dict[str, Any]) -> str:
                 m["reward_mean"],
             ]
         )
+    trl = result["peers"]["trl"]
+    if trl["status"] == "ok":
+        rows.append(["trl", trl["steps_per_s"], *[None] * 5, trl["reward_mean"]])
     table = common.format_table(
         [
             "mode",
@@ -263,7 +284,9 @@ def format_result(result: dict[str, Any]) -> str:
         f"async / sync steps/s:           {result['async_over_sync']:.3f}",
         f"overlap fraction (async):       {result['overlap_fraction']:.3f}",
         f"projected speedup, own devices: {result['projected_speedup_disjoint']:.3f}",
-        f"TRL peer: {result['peers']['trl']['status']} ({result['peers']['trl']['reason']})",
+        f"TRL peer: {trl['status']} ({trl['reason']})"
+        if trl["status"] != "ok"
+        else f"async / TRL {trl['trl_version']} steps/s: {trl['ours_async_over_trl']:.3f}",
     ]
     return "\n".join(lines)
 

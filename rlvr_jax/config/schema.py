@@ -250,6 +250,11 @@ class TrainConfig:
     logits_chunk: int = 0
     """LM head + log-softmax computed this many positions at a time (0 = all): never holds the
     B×T×V fp32 logits at once."""
+    bucket_min_len: int = 32
+    """Learner rows are padded to the batch's longest prompt + completion rounded up to
+    bucket_min_len·2^k (a multiple of the chunk sizes; at most max_prompt_len +
+    max_new_tokens): short batches cost less, with at most log2(full / bucket_min_len) + 2
+    compiles. 0 = always the full length (one compile)."""
 
 
 @dataclass(frozen=True)

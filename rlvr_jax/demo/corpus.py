@@ -1,10 +1,11 @@
 """The demo's task family and the pretraining corpus of its tiny base model.
 
 The demo tasks are the project's synthetic family (`rlvr_jax.data.synthetic`) cut to what a
-few-million-parameter model can learn on a CPU in minutes, with prompts of at most ~64 tokens
-and answers of at most ~48: arithmetic over single-digit operands with one or two operators
-(verifier `math`), and one IFEval constraint per writing task (verifier `ifeval`), drawn from the
-constraints a response can fail (a comma ban, for instance, is met by almost any short text).
+few-million-parameter model can learn on a CPU in minutes, with prompts of at most ~70 tokens
+and correct answers of at most ~60 (the demo generates up to 64): arithmetic over single-digit
+operands with one or two operators (verifier `math`), and one IFEval constraint per writing
+task (verifier `ifeval`), drawn from the constraints a response can fail (a comma ban, for
+instance, is met by almost any short text).
 
 The corpus answers each training problem in one of several *styles*, so that the base model
 puts real but not dominant probability on a correct answer (the regime where RL helps, §3.4 of

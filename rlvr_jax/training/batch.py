@@ -1,11 +1,12 @@
-"""Rollout groups → fixed-shape learner arrays (one compile for the whole run).
+"""Rollout groups → learner arrays of a few fixed shapes (one compile per length bucket).
 
-A row is prompt + completion, right-padded to S = max_prompt_len + max_new_tokens. The learner
-predicts token t+1 from positions ≤ t, so the arrays live on the shifted grid of T = S − 1:
-`input_ids[t] = row[t]`, `target_ids[t] = row[t+1]`; `mask[t] = 1` where `target_ids[t]` is a
-completion token (the stop token included: it is trained on); `sampler_logp[t]` is the engine's
-log-prob of `target_ids[t]`. Rows beyond the real ones (an under-filled batch) are all-masked and
-contribute nothing to the loss or its denominator.
+A row is prompt + completion, right-padded to S (at most max_prompt_len + max_new_tokens + 1;
+the trainer picks S per batch with `bucket_length`). The learner predicts token t+1 from
+positions ≤ t, so the arrays live on the shifted grid of T = S − 1: `input_ids[t] = row[t]`,
+`target_ids[t] = row[t+1]`; `mask[t] = 1` where `target_ids[t]` is a completion token (the stop
+token included: it is trained on); `sampler_logp[t]` is the engine's log-prob of
+`target_ids[t]`. Rows beyond the real ones (an under-filled batch) are all-masked and contribute
+nothing to the loss or its denominator.
 """
 
 from __future__ import annotations
@@ -26,6 +27,22 @@ class Sample:
     advantage: float
     train: bool = True
     """False masks the completion out of the loss (overlong filtering)."""
+
+
+def bucket_length(longest: int, *, full: int, min_len: int, multiple: int = 1) -> int:
+    """Learner positions T for a batch whose longest prompt + completion has `longest` tokens:
+    the smallest min_len·2^k ≥ `longest`, rounded up to `multiple`, capped at `full` (the
+    fixed length, also used when `min_len` is 0). A handful of shapes, so a handful of
+    compiles, instead of always paying for the longest possible row."""
+    if longest > full:
+        raise ValueError(f"bucket_length: a row of {longest} tokens exceeds the full length {full}")
+    if min_len <= 0:
+        return full
+    bucket = min_len
+    while bucket < longest:
+        bucket *= 2
+    bucket = -(-bucket // multiple) * multiple
+    return min(bucket, full)
 
 
 def collate(

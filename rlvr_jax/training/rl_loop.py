@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
 from rlvr_jax.training import groups as grp
 from rlvr_jax.training import learner
-from rlvr_jax.training.batch import collate
+from rlvr_jax.training.batch import bucket_length, collate
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
 from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.run import StopFlag, ensure_model, used_devices
@@ -297,7 +298,13 @@ class RLTrainer:
         samples, rewards_PxG = grp.build_samples(
             asm.kept, overlong_filter=self.cfg.filter.overlong_filter
         )
-        arrays = collate(samples, rows=self.rows, seq_len=self.seq_len + 1, pad_id=self._pad_id())
+        T = bucket_length(
+            max((len(s.prompt_tokens) + len(s.tokens) for s in samples), default=1),
+            full=self.seq_len,
+            min_len=self.cfg.train.bucket_min_len,
+            multiple=math.lcm(self.cfg.train.attn_chunk or 1, self.cfg.train.logits_chunk or 1),
+        )
+        arrays = collate(samples, rows=self.rows, seq_len=T + 1, pad_id=self._pad_id())
         batch = {
             k: jax.device_put(
                 v, sharding.batch_sharding(self.learner_mesh, sharding.LEARNER_RULES, v.shape)
