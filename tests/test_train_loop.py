@@ -85,7 +85,8 @@ def test_async_sigkill_then_rerun_has_every_step_once(tmp_path):
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
-        if len(steps_of(out)) >= 3:  # past the checkpoint at step 2, mid-run
+        # past the checkpoint at step 2 (written asynchronously: wait for it), mid-run
+        if len(steps_of(out)) >= 3 and (out / "checkpoints" / "2").is_dir():
             break
         time.sleep(0.2)
     assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
@@ -106,3 +107,30 @@ def test_missing_model_is_a_named_error(tmp_path, capsys):
     assert meta["model_type"] == "qwen2"
     assert cli.train_main(["--config", str(cfg), "model.path=/nonexistent/policy"]) == 2
     assert "/nonexistent/policy" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_train_step_is_compiled_before_the_dispatch_lock_is_taken(tmp_path, caplog):
+    # a compile under rlvr_jax.dispatch.LOCK would stall the rollout thread: the step for a
+    # batch's length bucket is compiled ahead, so the update itself compiles no `step`
+    import jax
+
+    from rlvr_jax import config
+    from rlvr_jax.training.rl_loop import RLTrainer
+
+    cfg = config.load(tiny_run(tmp_path), ["train.max_steps=1", "log.progress_bar=false"])
+    trainer = RLTrainer(cfg)
+    try:
+        trainer.stream.start()
+        asm, _ = trainer._collect(1)
+        trainer._compile_ahead(asm.kept)
+        T = trainer._batch_length(asm.kept)
+        assert [b[0] for b in trainer._compiled_buckets] == [T]
+        with jax.log_compiles(), caplog.at_level("WARNING"):
+            jax.block_until_ready(trainer._update(asm))
+            jax.jit(lambda x: x * 3.25)(1.0)  # a compile that is logged: the capture works
+        compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+        assert any("jit(<lambda>)" in m for m in compiled), compiled
+        assert not [m for m in compiled if "jit(step)" in m], compiled
+    finally:
+        trainer.close()

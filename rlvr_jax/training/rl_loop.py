@@ -149,6 +149,7 @@ class RLTrainer:
             memory=self.memory,
         )
         self._batch_rows = mini
+        self._compiled_buckets: set[tuple[int, tuple[str, ...]]] = set()
         self._init_learner(step)
         self.logprob_fn = learner.make_logprob_fn(
             self.arch,
@@ -298,12 +299,7 @@ class RLTrainer:
         samples, rewards_PxG = grp.build_samples(
             asm.kept, overlong_filter=self.cfg.filter.overlong_filter
         )
-        T = bucket_length(
-            max((len(s.prompt_tokens) + len(s.tokens) for s in samples), default=1),
-            full=self.seq_len,
-            min_len=self.cfg.train.bucket_min_len,
-            multiple=math.lcm(self.cfg.train.attn_chunk or 1, self.cfg.train.logits_chunk or 1),
-        )
+        T = self._batch_length(asm.kept)
         arrays = collate(samples, rows=self.rows, seq_len=T + 1, pad_id=self._pad_id())
         batch = {
             k: jax.device_put(
@@ -325,6 +321,50 @@ class RLTrainer:
             self.state, metrics = self.train_step(self.state, mini)
             out.append(metrics)
         return out
+
+    def _batch_length(self, groups: list[grp.ScoredGroup]) -> int:
+        """Learner positions T of a batch of `groups`: its longest prompt + completion rounded
+        up to a length bucket (`train.bucket_min_len`)."""
+        longest = max(
+            (len(g.prompt_tokens) + len(c.tokens) for g in groups for c in g.completions),
+            default=1,
+        )
+        return bucket_length(
+            longest,
+            full=self.seq_len,
+            min_len=self.cfg.train.bucket_min_len,
+            multiple=math.lcm(self.cfg.train.attn_chunk or 1, self.cfg.train.logits_chunk or 1),
+        )
+
+    def _compile_ahead(self, groups: list[grp.ScoredGroup]) -> None:
+        """Compiles the train step for this batch's length bucket before `dispatch.LOCK` is
+        taken: a compile under the lock would stall the rollout thread for all its duration.
+        JAX caches the executable, so the call under the lock finds it; a no-op once a bucket
+        is compiled, and harmless if the call's signature differs (it then compiles there)."""
+        lower = getattr(self.train_step, "lower", None)
+        if lower is None or not groups:
+            return
+        T, n = self._batch_length(groups), self._batch_rows
+        mesh, rules = self.learner_mesh, sharding.LEARNER_RULES
+
+        def spec(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
+            return jax.ShapeDtypeStruct(
+                shape, dtype, sharding=sharding.batch_sharding(mesh, rules, shape)
+            )
+
+        ints = ("input_ids", "target_ids", "positions", "segment_ids")
+        floats = ("mask", "sampler_logp")
+        if self.old_from == "batch" or self.settings.reward_kl_coef > 0:
+            floats += ("old_logp",)
+        if self.ref_params is not None:
+            floats += ("ref_logp",)
+        mini = {k: spec((n, T), jnp.int32) for k in ints}
+        mini.update({k: spec((n, T), jnp.float32) for k in floats})
+        mini["advantages"] = spec((n,), jnp.float32)
+        if (T, tuple(sorted(mini))) in self._compiled_buckets:
+            return
+        lower(self.state, mini).compile()
+        self._compiled_buckets.add((T, tuple(sorted(mini))))
 
     def _advantages(self, batch: dict[str, jax.Array], rewards_PxG: jax.Array) -> jax.Array:
         """Advantages of the real rows (KL-penalised rewards when `loss.kl_mode: reward`),
@@ -421,6 +461,7 @@ class RLTrainer:
     def _update(self, asm: grp.BatchAssembler) -> list[dict[str, jax.Array]]:
         """The optimizer update(s) on a collected batch, then the weight push to the actors
         (which keep decoding meanwhile); the device metrics, not yet fetched."""
+        self._compile_ahead(asm.kept)  # outside the lock: the actors keep decoding
         with dispatch.LOCK:  # enqueue the whole update (see rlvr_jax.dispatch)
             device_metrics = self._train(asm) if asm.kept else []
         self._version = int(jax.device_get(self.state.step))

@@ -192,6 +192,9 @@ class ExpertIterationTrainer(_SFTLearning):
         self._last_groups = asm.kept
         return asm, metrics
 
+    def _compile_ahead(self, groups: list[grp.ScoredGroup]) -> None:
+        """The SFT step takes another batch than the RL step: it compiles on its first call."""
+
     def _train(self, asm: grp.BatchAssembler) -> list[dict[str, jax.Array]]:
         prompts, responses = expert_examples(asm.kept, min_score=self.cfg.sft.expert_min_score)
         if not prompts:
