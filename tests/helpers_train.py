@@ -3,35 +3,13 @@ synthetic verifiable prompts (nothing downloaded)."""
 
 from pathlib import Path
 
-import jax
-
-from rlvr_jax import models
+from rlvr_jax.bench.common import tiny_policy
 from rlvr_jax.data import synthetic
-from rlvr_jax.data.tokenizer import train_tokenizer
 
 
 def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
     """A 2-layer Qwen2-shaped random policy with a 320-token BPE tokenizer at `path`."""
-    train_tokenizer(texts, vocab_size=320, path=path)
-    arch = models.ArchConfig.from_hf(
-        dict(
-            model_type="qwen2",
-            vocab_size=320,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            tie_word_embeddings=True,
-            eos_token_id=1,
-            bos_token_id=0,
-            pad_token_id=2,
-        )
-    )
-    params = models.init_params(arch, jax.random.key(seed))
-    models.save_pretrained(models.Model(config=arch, params=params), path, tokenizer_dir=path)
-    return path
+    return tiny_policy(path, texts, seed=seed)
 
 
 def word_parity(response: str, ground_truth, **_) -> float:

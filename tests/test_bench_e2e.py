@@ -68,3 +68,11 @@ def test_bad_config_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         e2e.main(["--config", str(tmp_path / "missing.yaml")])
     assert "missing.yaml: no such file" in capsys.readouterr().err
+
+
+def test_bad_override_is_named_before_any_run(capsys):
+    config = str(ROOT / "configs" / "demo.yaml")
+    with pytest.raises(SystemExit):
+        e2e.main(["--config", config, "--set", "train.max_stepz=3"])
+    err = capsys.readouterr().err
+    assert "train.max_stepz" in err and "train.max_steps" in err

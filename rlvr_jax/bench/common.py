@@ -181,6 +181,37 @@ def op_profile(fn: Callable[[], Any], trace_dir: str | Path, top: int = 15) -> l
     ]
 
 
+def tiny_policy(path: str | Path, texts: Sequence[str], *, seed: int = 0) -> Path:
+    """A random 2-layer d=32 Qwen2-shaped policy with a 320-token byte-level BPE tokenizer
+    trained on `texts`, saved in HF format at `path` (bos/eos/pad ids 0/1/2): the smallest
+    model a benchmark smoke run or a trainer test can use, built without any download."""
+    import jax
+
+    from rlvr_jax import models
+    from rlvr_jax.data.tokenizer import train_tokenizer
+
+    train_tokenizer(texts, vocab_size=320, path=path)
+    arch = models.ArchConfig.from_hf(
+        dict(
+            model_type="qwen2",
+            vocab_size=320,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            tie_word_embeddings=True,
+            eos_token_id=1,
+            bos_token_id=0,
+            pad_token_id=2,
+        )
+    )
+    params = models.init_params(arch, jax.random.key(seed))
+    models.save_pretrained(models.Model(config=arch, params=params), path, tokenizer_dir=path)
+    return Path(path)
+
+
 def machine_info() -> dict[str, Any]:
     """Where a benchmark ran: platform, device kind and count, host, CPUs, jax version and the
     1/5/15-minute load averages (other processes share the cores)."""

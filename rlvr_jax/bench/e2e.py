@@ -63,40 +63,24 @@ _QUICK = (
 
 
 def build_tiny_policy(path: str | Path, cfg: Any) -> Path:
-    """A random 2-layer d=32 Qwen2-shaped policy with a 320-token BPE tokenizer trained on the
-    config's training prompts (`model.create_if_missing` of `--quick`)."""
-    import jax
-
-    from rlvr_jax import models
-    from rlvr_jax.data.tokenizer import train_tokenizer
-
-    path = Path(path)
+    """`common.tiny_policy` with its tokenizer trained on the config's first 400 training
+    prompts of each source (`model.create_if_missing` of `--quick`)."""
     texts = []
     for source in cfg.data.sources:
         with open(source.path, encoding="utf-8") as f:
             texts += [json.loads(line)["prompt"] for _, line in zip(range(400), f)]
-    train_tokenizer(texts, vocab_size=320, path=path)
-    from rlvr_jax.data import load_tokenizer
+    return common.tiny_policy(path, texts, seed=cfg.seed)
 
-    tok = load_tokenizer(path)
-    arch = models.ArchConfig.from_hf(
-        dict(
-            model_type="qwen2",
-            vocab_size=320,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            tie_word_embeddings=True,
-            eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id,
-        )
+
+def load_config(config_path: str | Path, overrides: list[str], *, steps: int, out: Path) -> Any:
+    """The config one run of the benchmark trains with: the user's file and `--set` overrides,
+    then `_QUIET`, `steps` optimizer steps and its own output directory `out`."""
+    from rlvr_jax import config as config_lib
+
+    return config_lib.load(
+        config_path,
+        [*overrides, *_QUIET, f"train.max_steps={steps}", f"train.output_dir={out}"],
     )
-    params = models.init_params(arch, jax.random.key(cfg.seed))
-    models.save_pretrained(models.Model(config=arch, params=params), path, tokenizer_dir=path)
-    return path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,19 +108,11 @@ def run_mode(
     config_path: str | Path, overrides: list[str], mode: str, *, steps: int, warmup: int, out: Path
 ) -> ModeRun:
     """Trains `warmup + steps` steps in `mode` ("sync" or "async"); the measured figures."""
-    from rlvr_jax import config as config_lib
     from rlvr_jax.training.metrics import read_jsonl
     from rlvr_jax.training.rl_loop import RLTrainer
 
-    cfg = config_lib.load(
-        config_path,
-        [
-            *overrides,
-            *_QUIET,
-            f"rollout.mode={mode}",
-            f"train.max_steps={warmup + steps}",
-            f"train.output_dir={out / mode}",
-        ],
+    cfg = load_config(
+        config_path, [*overrides, f"rollout.mode={mode}"], steps=warmup + steps, out=out / mode
     )
     if cfg.algorithm != "rl":
         raise ValueError(f"rlvr-bench e2e runs algorithm: rl; the config has {cfg.algorithm!r}")
@@ -185,18 +161,9 @@ def trl_peer(
     if importlib.util.find_spec("trl") is None:
         return {"status": "skipped", "reason": "trl is not installed (pip install trl to add it)"}
     try:
-        from rlvr_jax import config as config_lib
         from rlvr_jax.bench.trl_peer import run_trl
 
-        cfg = config_lib.load(
-            config_path,
-            [
-                *overrides,
-                *_QUIET,
-                f"train.max_steps={warmup + steps}",
-                f"train.output_dir={out / 'trl'}",
-            ],
-        )
+        cfg = load_config(config_path, overrides, steps=warmup + steps, out=out / "trl")
         return run_trl(cfg, steps=steps, warmup=warmup, out=out)
     except Exception as e:  # reported in the row: the peer never fails the bench
         return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
@@ -331,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--steps must be >= 1 and --warmup >= 0")
     if not Path(args.config).is_file():
         p.error(f"--config {args.config}: no such file (run from the repository root)")
+    try:  # a bad --set or config fails here, before either run spends any time
+        load_config(args.config, args.set, steps=warmup + steps, out=Path("unused"))
+    except ValueError as e:
+        p.error(str(e))
     result = run(args.config, args.set, steps=steps, warmup=warmup, quick=args.quick)
     print(format_result(result))
     if args.json:

@@ -149,7 +149,7 @@ class RLTrainer:
             memory=self.memory,
         )
         self._batch_rows = mini
-        self._compiled_buckets: set[tuple[int, tuple[str, ...]]] = set()
+        self._compiled_buckets: set[int] = set()  # length buckets compiled ahead
         self._init_learner(step)
         self.logprob_fn = learner.make_logprob_fn(
             self.arch,
@@ -344,27 +344,25 @@ class RLTrainer:
         lower = getattr(self.train_step, "lower", None)
         if lower is None or not groups:
             return
-        T, n = self._batch_length(groups), self._batch_rows
-        mesh, rules = self.learner_mesh, sharding.LEARNER_RULES
-
-        def spec(shape: tuple[int, ...], dtype: Any) -> jax.ShapeDtypeStruct:
-            return jax.ShapeDtypeStruct(
-                shape, dtype, sharding=sharding.batch_sharding(mesh, rules, shape)
-            )
-
-        ints = ("input_ids", "target_ids", "positions", "segment_ids")
-        floats = ("mask", "sampler_logp")
-        if self.old_from == "batch" or self.settings.reward_kl_coef > 0:
-            floats += ("old_logp",)
-        if self.ref_params is not None:
-            floats += ("ref_logp",)
-        mini = {k: spec((n, T), jnp.int32) for k in ints}
-        mini.update({k: spec((n, T), jnp.float32) for k in floats})
-        mini["advantages"] = spec((n,), jnp.float32)
-        if (T, tuple(sorted(mini))) in self._compiled_buckets:
+        T = self._batch_length(groups)
+        if T in self._compiled_buckets:
             return
+        # the mini-batch `_train` will pass: collate's arrays (an empty batch has their shapes
+        # and dtypes) plus the log-probs it adds
+        empty = collate([], rows=self._batch_rows, seq_len=T + 1, pad_id=0)
+        if self.old_from == "batch" or self.settings.reward_kl_coef > 0:
+            empty["old_logp"] = empty["sampler_logp"]
+        if self.ref_params is not None:
+            empty["ref_logp"] = empty["sampler_logp"]
+        mesh, rules = self.learner_mesh, sharding.LEARNER_RULES
+        mini = {
+            k: jax.ShapeDtypeStruct(
+                v.shape, v.dtype, sharding=sharding.batch_sharding(mesh, rules, v.shape)
+            )
+            for k, v in empty.items()
+        }
         lower(self.state, mini).compile()
-        self._compiled_buckets.add((T, tuple(sorted(mini))))
+        self._compiled_buckets.add(T)
 
     def _advantages(self, batch: dict[str, jax.Array], rewards_PxG: jax.Array) -> jax.Array:
         """Advantages of the real rows (KL-penalised rewards when `loss.kl_mode: reward`),
