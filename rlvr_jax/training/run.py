@@ -79,22 +79,14 @@ def ensure_model(cfg: Config) -> Path:
     )
 
 
-TRAINERS: dict[str, str] = {
-    "rl": "rlvr_jax.training.rl_loop:RLTrainer",
-    "sft": "rlvr_jax.training.recipes:SFTTrainer",
-    "expert_iteration": "rlvr_jax.training.recipes:ExpertIterationTrainer",
-    "rl_sft_parallel": "rlvr_jax.training.recipes:ParallelTrainer",
-}
-"""The trainer class of each `algorithm` (`module:Class`; imported when used)."""
-
-
 def train(cfg: Config, *, stop: StopFlag | None = None) -> None:
     """Builds the trainer of `cfg.algorithm`, runs it to `train.max_steps` (or until `stop` is
     set), and closes it."""
-    if cfg.algorithm not in TRAINERS:
-        raise ValueError(f"algorithm: unknown {cfg.algorithm!r}; expected one of {list(TRAINERS)}")
-    trainer_cls = resolve_function(TRAINERS[cfg.algorithm], "algorithm")
-    trainer = trainer_cls(cfg, stop=stop)
+    from rlvr_jax.training.algorithms import get_algorithm
+    from rlvr_jax.training.loop import Trainer
+
+    get_algorithm(cfg.algorithm)  # an unknown algorithm is an error before anything is built
+    trainer = Trainer(cfg, stop=stop)
     try:
         trainer.run()
     finally:
