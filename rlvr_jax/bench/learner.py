@@ -144,8 +144,8 @@ def synthetic_batch(
 ) -> Any:
     """A realistic learner batch (`RLBatch`, numpy) from `collate`: each row a prompt of
     1..seq/4 tokens and a completion filling a random 25..100% of the rest, right-padded;
-    sampler log-probs near a random model's −log V; advantages ~ N(0, 1). `seq` is the learner's T (rows hold seq + 1
-    tokens before the shift)."""
+    sampler log-probs near a random model's −log V; advantages ~ N(0, 1). `seq` is the
+    learner's T (rows hold seq + 1 tokens before the shift)."""
     from rlvr_jax.training.batch import Sample, collate
 
     rng = np.random.default_rng(seed)

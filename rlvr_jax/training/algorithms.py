@@ -30,6 +30,7 @@ from rlvr_jax import losses, sharding
 from rlvr_jax.config.schema import Config
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import bucket_length, take_rows
+from rlvr_jax.training.distributed import global_array
 from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.recipes.parallel import make_parallel_step
 from rlvr_jax.training.sft import make_sft_step
@@ -78,11 +79,17 @@ class Context:
         )
 
     def put(self, tree: Any) -> Any:
-        """A batch pytree on the learner mesh, rows split by the `batch` rule."""
+        """A batch pytree on the learner mesh, rows split by the `batch` rule. Host arrays are
+        the whole batch on every process (each fills its own shards); device arrays move."""
         mesh, rules = self.learner_mesh, sharding.LEARNER_RULES
-        return jax.tree.map(
-            lambda x: jax.device_put(x, sharding.batch_sharding(mesh, rules, x.shape)), tree
-        )
+
+        def one(x: Any) -> Any:
+            target = sharding.batch_sharding(mesh, rules, x.shape)
+            if isinstance(x, jax.Array):
+                return jax.device_put(x, target)
+            return global_array(x, target)
+
+        return jax.tree.map(one, tree)
 
     def abstract(self, tree: Any) -> Any:
         """`put(tree)`'s shapes, dtypes and shardings, without the data."""

@@ -103,7 +103,10 @@ class Trainer:
         if source_state is not None:
             self.source.restore(source_state)
         self.metrics = MetricsWriter(
-            self.out, tensorboard=cfg.log.tensorboard, resume_step=self.start_step
+            self.out,
+            tensorboard=cfg.log.tensorboard,
+            resume_step=self.start_step,
+            enabled=jax.process_index() == 0,  # one process writes the run's files
         )
         self._pusher: threading.Thread | None = None
         self._last_reward = math.nan
@@ -207,10 +210,9 @@ class Trainer:
         row["policy_version"] = p.version
         if "tis/mean" not in row and "tis_weight/mean" in row:
             row["tis/mean"] = row["tis_weight/mean"]
-        if jax.process_index() == 0:
-            self.metrics.write(p.step, row)
-            for i, text in enumerate(p.texts[: self.cfg.log.sample_completions]):
-                self.metrics.text(p.step, f"samples/{i}", text)
+        self.metrics.write(p.step, row)
+        for i, text in enumerate(p.texts[: self.cfg.log.sample_completions]):
+            self.metrics.text(p.step, f"samples/{i}", text)
 
     def _maybe_eval_and_checkpoint(self, step: int, pending: _Pending) -> None:
         cfg = self.cfg
@@ -246,14 +248,18 @@ class Trainer:
             self._checkpoint(step)
         self.checkpointer.wait()
         cfg = self.cfg
-        if jax.process_index() != 0:
-            return
-        if cfg.log.plots:
+        if cfg.log.plots and self.metrics.enabled:
             plot_curves(read_jsonl(self.metrics.path), self.out / "curves.png")
         if cfg.checkpoint.export_hf and not self.stop:
-            final = dataclasses.replace(self.ctx.model, params=self.state.params)
-            models.save_pretrained(final, self.out / "final")
-            log.info("exported the final policy to %s", self.out / "final")
+            params = self.state.params
+            if jax.process_count() > 1:  # every process takes part in the gather
+                from jax.experimental import multihost_utils
+
+                params = multihost_utils.process_allgather(params, tiled=True)
+            if jax.process_index() == 0:
+                final = dataclasses.replace(self.ctx.model, params=params)
+                models.save_pretrained(final, self.out / "final")
+                log.info("exported the final policy to %s", self.out / "final")
 
     def close(self) -> None:
         self._wait_push()

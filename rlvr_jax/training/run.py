@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rlvr_jax.config.schema import Config
+from rlvr_jax.config.schema import Config, MeshConfig
 from rlvr_jax.training.distributed import init_distributed
 
 log = logging.getLogger("rlvr_jax")
@@ -93,7 +93,7 @@ def train(cfg: Config, *, stop: StopFlag | None = None) -> None:
         trainer.close()
 
 
-def used_devices(mesh_cfg) -> list:
+def used_devices(mesh_cfg: MeshConfig) -> list:
     """The devices a run uses: the first `mesh.num_devices` (all when 0)."""
     import jax
 
