@@ -119,13 +119,14 @@ def dataclasses_replace(c, prompt_index, version):
 
 
 @pytest.mark.parametrize("threaded", [True, False])
-def test_vllm_stream_groups_requests_with_their_meta_and_weights(tmp_path, threaded):
-    from rlvr_jax.rollout.vllm_backend import VllmStream
+def test_vllm_scheduler_behind_the_stream_groups_requests_with_meta_and_weights(tmp_path, threaded):
+    from rlvr_jax.rollout import RolloutStream
+    from rlvr_jax.rollout.vllm_backend import VllmScheduler
 
     H.build_hf_checkpoint("qwen2", tmp_path, seed=5)
     model = models.load_pretrained(tmp_path)
     engine = EngineAsVllm(model)
-    stream = VllmStream(engine, max_new_tokens=4, version=3)
+    stream = RolloutStream(None, scheduler=VllmScheduler(engine, version=3), max_new_tokens=4)
     if threaded:
         stream.start()
     for rid, prompt in enumerate([[5, 6, 7], [9, 10], [11]]):
@@ -142,6 +143,8 @@ def test_vllm_stream_groups_requests_with_their_meta_and_weights(tmp_path, threa
     stream.submit(9, [5, 6], num_samples=1, seed=0, meta=None)
     (g,) = stream.step() if not threaded else [stream.get(timeout=120)]
     assert engine.loaded == [4] and g.completions[0].policy_versions[0] == 4
+    with pytest.raises(ValueError, match="num_samples must be >= 1"):
+        stream.submit(10, [5], num_samples=0, seed=0)
     stream.stop()
 
 
@@ -182,9 +185,10 @@ def test_trainer_runs_on_the_vllm_backend_source(tmp_path, monkeypatch):
     )
     trainer = Trainer(cfg)
     try:
-        assert isinstance(trainer.source.rollouts.stream, vllm_backend.VllmStream)
+        stream = trainer.source.rollouts.stream
+        assert isinstance(stream.scheduler, vllm_backend.VllmScheduler)
         trainer.run()
     finally:
         trainer.close()
-    # step 2 generated with the weights of update 1 (those of update 2 wait for a next call)
-    assert len(built) == 1 and built[0].calls == [2, 2] and built[0].loaded == [1]
+    # each update's weights were loaded into the one engine (step 2 generated with update 1's)
+    assert len(built) == 1 and built[0].calls == [2, 2] and built[0].loaded == [1, 2]

@@ -13,10 +13,7 @@ top-p = 1, top-k off, which RLVR uses).
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import deque
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -24,9 +21,8 @@ import numpy as np
 
 from rlvr_jax.models import ArchConfig, Model
 from rlvr_jax.models.hf_io import get_path, tensor_maps
-from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
+from rlvr_jax.rollout.sampling import SamplingParams
 from rlvr_jax.rollout.scheduler import Completion
-from rlvr_jax.rollout.stream import CompletedGroup, RolloutError
 
 
 def hf_weights(params: Any, config: ArchConfig) -> Iterator[tuple[str, jax.Array]]:
@@ -140,162 +136,72 @@ class VllmRollout:
         return completions
 
 
-class VllmStream:
-    """`VllmRollout` behind `RolloutStream`'s trainer interface (`submit(..., meta=)`, `get`,
-    `ready`, `step`, `update_weights`, `start`, `stop`), so the trainer's rollout source runs on
-    either backend (`rollout.backend: vllm`).
 
-    vLLM batches continuously inside each `generate` call; the driver (a thread after `start()`,
-    or `step()` on the caller's thread) hands it every request waiting at that moment, so a
-    weight update reaches vLLM between two such calls (not mid-call, as our engine's in-flight
-    updates do), and every token of a call records the version it ran with.
+class VllmScheduler:
+    """`VllmRollout` behind `Scheduler`'s interface, so that a `RolloutStream` drives it
+    (`RolloutStream(None, scheduler=VllmScheduler(engine), ...)`) and the trainer's rollout
+    source runs on either backend (`rollout.backend: vllm`).
+
+    vLLM batches continuously inside each `generate` call; a step hands it every request waiting
+    at that moment, so a weight update reaches vLLM between two such calls (not mid-call, as our
+    engine's in-flight updates do), and every token of a call records the version it ran with.
     """
 
-    def __init__(
-        self,
-        engine: Any,
-        *,
-        max_new_tokens: int,
-        sampling: SamplingParams = DEFAULT_SAMPLING,
-        stop_token_ids: Sequence[int] = (),
-        max_pending_groups: int = 64,
-        max_ready_groups: int = 64,
-        version: int = 0,
-    ) -> None:
+    def __init__(self, engine: Any, *, version: int = 0) -> None:
         self.engine = engine
         self.engine.version = version
-        self.max_new_tokens, self.sampling = max_new_tokens, sampling
-        self.stop_token_ids = tuple(int(t) for t in stop_token_ids)
-        self.max_pending, self.max_ready = max_pending_groups, max_ready_groups
-        self._cond = threading.Condition()
-        self._pending: deque[tuple[Hashable, list[int], int, int, Any]] = deque()
-        self._ready: deque[CompletedGroup] = deque()
-        self._weights: tuple[Any, int] | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = False
-        self._error: BaseException | None = None
+        self._waiting: list[Any] = []
 
-    def submit(
-        self,
-        request_id: Hashable,
-        prompt_tokens: Sequence[int],
-        num_samples: int,
-        seed: int,
-        meta: Any = None,
-        *,
-        timeout: float | None = None,
-    ) -> None:
-        """Queues a prompt for `num_samples` samples; blocks while `max_pending_groups` wait."""
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while len(self._pending) >= self.max_pending:
-                self._raise_if_failed()
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"submit: {self.max_pending} groups still pending")
-                self._cond.wait(left)
-            prompt = [int(t) for t in prompt_tokens]
-            self._pending.append((request_id, prompt, num_samples, seed, meta))
-            self._cond.notify_all()
+    def check(self, request: Any) -> None:
+        if request.num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {request.num_samples}")
+        if not request.prompt or request.max_new_tokens < 1:
+            raise ValueError("a request needs a non-empty prompt and max_new_tokens >= 1")
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """New params, loaded into vLLM before its next `generate` call."""
-        with self._cond:
-            self._weights = (params, version)
-            self._cond.notify_all()
+    def prepare(self, params: Any) -> Any:
+        return params  # vLLM takes the HF-named tensors when they are loaded (`set_params`)
 
-    def step(self) -> list[CompletedGroup]:
-        """Synchronous drive: every waiting request through one `generate` call."""
-        if self._thread is not None:
-            raise RuntimeError("this stream is driven by its thread (start() was called)")
-        with self._cond:
-            batch, weights = self._take_locked()
-        return self._generate(batch, weights)
+    def add(self, request: Any, *, checked: bool = False) -> None:
+        if not checked:
+            self.check(request)
+        self._waiting.append(request)
 
-    def _take_locked(self) -> tuple[list, tuple[Any, int] | None]:
-        batch, weights = list(self._pending), self._weights
-        self._pending.clear()
-        self._weights = None
-        self._cond.notify_all()
-        return batch, weights
-
-    def _generate(self, batch: list, weights: tuple[Any, int] | None) -> list[CompletedGroup]:
-        if weights is not None:
-            self.engine.update_weights(*weights)
-        if not batch:
-            return []
-        sizes = {n for _, _, n, _, _ in batch}
-        groups: list[CompletedGroup] = []
-        for size in sorted(sizes):  # one vLLM call per group size (n is per call here)
-            part = [b for b in batch if b[2] == size]
-            completions = self.engine.generate_completions(
-                [p for _, p, _, _, _ in part],
-                max_new_tokens=self.max_new_tokens,
-                sampling=self.sampling,
-                num_samples=size,
-                stop_token_ids=self.stop_token_ids,
-                seeds=[seed for _, _, _, seed, _ in part],
-            )
-            for i, (rid, prompt, _, _, meta) in enumerate(part):
-                mine = [c for c in completions if c.prompt_index == i]
-                groups.append(CompletedGroup(rid, meta, mine, prompt))
-        return groups
-
-    def _run(self) -> None:
-        try:
-            while True:
-                with self._cond:
-                    while not self._stopping and not (
-                        self._pending and len(self._ready) < self.max_ready
-                    ):
-                        self._cond.wait()
-                    if self._stopping:
-                        return
-                    batch, weights = self._take_locked()
-                done = self._generate(batch, weights)
-                with self._cond:
-                    self._ready.extend(done)
-                    self._cond.notify_all()
-        except BaseException as e:  # surfaced to every caller, never swallowed
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise RolloutError(f"vLLM driver failed: {self._error!r}") from self._error
-
-    def get(self, timeout: float | None = None) -> CompletedGroup:
-        """The next completed group; `TimeoutError` after `timeout` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while not self._ready:
-                self._raise_if_failed()
-                if self._stopping:
-                    raise RolloutError("the stream was stopped")
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"get: no completed group within {timeout} s")
-                self._cond.wait(left)
-            group = self._ready.popleft()
-            self._cond.notify_all()
-            return group
+    def set_params(self, params: Any, version: int) -> None:
+        self.engine.update_weights(params, version)
 
     @property
-    def ready(self) -> int:
-        with self._cond:
-            return len(self._ready)
+    def waiting(self) -> int:
+        return len(self._waiting)
 
-    def start(self) -> VllmStream:
-        self._thread = threading.Thread(target=self._run, name="vllm-driver", daemon=True)
-        self._thread.start()
-        return self
+    live = 0
+    """Nothing generates between steps: a step runs its requests to completion."""
 
-    def stop(self, timeout: float | None = None) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+    @property
+    def idle(self) -> bool:
+        return not self._waiting
+
+    def step(self, *, admit: bool = True) -> list[tuple[Any, list[Completion]]]:
+        """Every waiting request through vLLM (one call per distinct sampling setting)."""
+        if not admit:
+            return []
+        batch, self._waiting = self._waiting, []
+        finished = []
+        settings = {(r.num_samples, r.max_new_tokens, r.sampling, r.stop_token_ids) for r in batch}
+        for n, max_new, sampling, stop_ids in sorted(settings, key=repr):
+            part = [
+                r
+                for r in batch
+                if (r.num_samples, r.max_new_tokens, r.sampling, r.stop_token_ids)
+                == (n, max_new, sampling, stop_ids)
+            ]
+            completions = self.engine.generate_completions(
+                [r.prompt for r in part],
+                max_new_tokens=max_new,
+                sampling=sampling,
+                num_samples=n,
+                stop_token_ids=stop_ids,
+                seeds=[r.seed for r in part],
+            )
+            for i, request in enumerate(part):
+                finished.append((request, [c for c in completions if c.prompt_index == i]))
+        return finished

@@ -46,12 +46,13 @@ def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -
         version=version,
     )
     if cfg.backend == "vllm":
-        from rlvr_jax.rollout.vllm_backend import VllmRollout, VllmStream
+        from rlvr_jax.rollout.vllm_backend import VllmRollout, VllmScheduler
 
         engine = VllmRollout(dataclasses.replace(ctx.model, params=params))
         if version:  # resumed: the engine loaded the checkpoint on disk, not these params
             engine.update_weights(params, version)
-        return VllmStream(engine, **common)
+        scheduler = VllmScheduler(engine, version=version)
+        return rollout.RolloutStream(None, scheduler=scheduler, timeline=ctx.timeline, **common)
     engine = rollout.make_engine_core(
         dataclasses.replace(ctx.model, params=params),
         max_slots=cfg.max_slots,
