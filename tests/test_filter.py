@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlvr_jax.data import difficulty
-from rlvr_jax.data.filter_cli import main
+from rlvr_jax.eval import difficulty
+from rlvr_jax.eval.filter_cli import main
 from rlvr_jax.data.rows import DataError
 
 

@@ -136,7 +136,6 @@ class VllmRollout:
         return completions
 
 
-
 class VllmScheduler:
     """`VllmRollout` behind `Scheduler`'s interface, so that a `RolloutStream` drives it
     (`RolloutStream(None, scheduler=VllmScheduler(engine), ...)`) and the trainer's rollout

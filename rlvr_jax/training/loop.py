@@ -30,11 +30,12 @@ import numpy as np
 
 from rlvr_jax import dispatch, losses, models, sharding
 from rlvr_jax.config.schema import Config
+from rlvr_jax.models.bootstrap import ensure_model
 from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
 from rlvr_jax.training.algorithms import Context, get_algorithm
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
-from rlvr_jax.training.run import StopFlag, ensure_model, used_devices
+from rlvr_jax.training.run import StopFlag, used_devices
 
 log = logging.getLogger("rlvr_jax.train")
 
