@@ -15,7 +15,6 @@ from rlvr_jax.models.hf_config import ARCHS, FULL, QK_NORMS, SLIDING
 __all__ = ["ARCHS", "FULL", "QK_NORMS", "SLIDING", "ArchConfig"]
 
 
-
 @dataclasses.dataclass(frozen=True)
 class ArchConfig:
     """A decoder architecture. Frozen and hashable: pass it to `jax.jit` as a static argument."""
