@@ -44,7 +44,15 @@ def test_registered_names_and_aliases():
     )
     assert losses.get is losses.get_loss
     assert losses.get("pg") is losses.get("reinforce")
-    assert set(PRESETS.canonical_names()) == {"olmo3", "grpo", "dapo", "drgrpo", "cispo", "gspo"}
+    assert set(PRESETS.canonical_names()) == {
+        "olmo3",
+        "grpo",
+        "dapo",
+        "drgrpo",
+        "cispo",
+        "gspo",
+        "ppo",
+    }
     assert set(ADVANTAGES.names()) == {
         "grpo",
         "drgrpo",

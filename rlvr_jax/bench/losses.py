@@ -137,7 +137,9 @@ def _preset_kwargs(name: str, batch: dict[str, np.ndarray]) -> tuple[dict[str, A
     settings = resolve_loss_settings(name)
     kwargs = settings.policy_loss_kwargs()
     notes = []
-    if "rewards" in batch:
+    if settings.uses_critic:  # GAE needs a critic's values: the batch's advantages stand in
+        notes.append("adv=batch (gae needs a critic)")
+    elif "rewards" in batch:
         rewards_PxG = batch["rewards"].reshape(-1, int(batch["group_size"]))
         adv = np.asarray(advantages(settings.advantage, rewards_PxG)).reshape(-1)
         kwargs["advantages"] = adv

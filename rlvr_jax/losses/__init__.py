@@ -9,6 +9,9 @@
                                        mask=mask_BxT, sampler_logp=...,
                                        loss_denominator=denom, **settings.policy_loss_kwargs())
 
+PPO with a learned critic: `gae(rewards_BxT, values_BxT, mask_BxT, gamma=..., lam=...)` gives
+per-token advantages and value targets, `value_loss` the critic's clipped regression loss.
+
 Three registries resolve a registered name or `module:function`: `get_loss` (= `get`),
 `get_advantage`, `get_preset`; extend them with `register_loss`, `register_advantage`,
 `register_preset`. The variant contract is in the Losses section of README.md.
@@ -16,6 +19,7 @@ Three registries resolve a registered name or `module:function`: `get_loss` (= `
 
 from rlvr_jax.losses.advantage import advantages, get_advantage, register_advantage
 from rlvr_jax.losses.aggregation import AGGREGATIONS, aggregate, loss_denominator
+from rlvr_jax.losses.gae import explained_variance, gae, value_loss, whiten
 from rlvr_jax.losses.kl import KL_ESTIMATORS, get_kl_estimator, kl_reward_penalty
 from rlvr_jax.losses.objective import policy_loss
 from rlvr_jax.losses.presets import (
@@ -42,6 +46,8 @@ __all__ = [
     "RegistryError",
     "advantages",
     "aggregate",
+    "explained_variance",
+    "gae",
     "get",
     "get_advantage",
     "get_kl_estimator",
@@ -56,4 +62,6 @@ __all__ = [
     "register_preset",
     "resolve_loss_settings",
     "tis_kept_mask",
+    "value_loss",
+    "whiten",
 ]

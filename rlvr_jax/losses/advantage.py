@@ -13,6 +13,9 @@ registered by name (ALGORITHMS.md, "Advantages"):
 
 A user estimator is any function `fn(rewards_PxG, **kwargs) -> advantages_PxG`, registered with
 `@register_advantage("name")` or selected as `"module:function"`.
+
+`loss.advantage: gae` is not one of these: GAE gives one advantage per token from a learned
+critic's values, on the learner (`rlvr_jax.losses.gae`, `rlvr_jax.training.critic`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.losses.registry import Registry, display_name
+from rlvr_jax.losses.gae import GAE
+from rlvr_jax.losses.registry import Registry, RegistryError, display_name
 
 ADVANTAGES = Registry("advantage estimator")
 register_advantage = ADVANTAGES.register
@@ -34,6 +38,11 @@ GRPO_EPS = 1e-6
 
 def get_advantage(ref: str | Callable[..., Any]) -> Callable[..., Any]:
     """The advantage estimator for a registered name, a `module:function` string or a callable."""
+    if ref == GAE:
+        raise RegistryError(
+            "advantage 'gae' is token-level: the learner computes it from the critic's values "
+            "(rlvr_jax.losses.gae); it is not an estimator over group rewards"
+        )
     return ADVANTAGES.get(ref)
 
 

@@ -17,6 +17,7 @@ it, they fall back to the new variant's own defaults unless given explicitly.
 | `drgrpo` | ppo_clip | drgrpo | 0.2 / 0.2 | seq-mean-token-sum-norm | off | 0 |
 | `cispo` | cispo | grpo | ∞ / 0.28 (variant defaults) | token-mean | off | 0 |
 | `gspo` | gspo | grpo | 3e-4 / 4e-4 | seq-mean-token-mean | off | 0 |
+| `ppo` | ppo_clip | gae (learned critic) | 0.2 / 0.2 | token-mean | off | 0 |
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from rlvr_jax.losses import aggregation
 if TYPE_CHECKING:
     from rlvr_jax.config.schema import LossConfig
 from rlvr_jax.losses.advantage import get_advantage
+from rlvr_jax.losses.gae import GAE
 from rlvr_jax.losses.kl import get_kl_estimator
 from rlvr_jax.losses.objective import RATIO_DENOMINATORS, check_variant_params, policy_loss
 from rlvr_jax.losses.registry import Registry, display_name
@@ -64,7 +66,8 @@ class LossSettings:
     variant: str | Callable[..., Any] = "ppo_clip"
     """Policy loss: registered name, `module:function`, or a callable."""
     advantage: str | Callable[..., Any] = "grpo"
-    """Advantage estimator: registered name, `module:function`, or a callable."""
+    """Advantage estimator: registered name, `module:function`, a callable, or `gae` (per
+    token, from a learned critic)."""
     eps_low: float | None = None
     """Lower clip range; None = the variant's default."""
     eps_high: float | None = None
@@ -93,7 +96,7 @@ class LossSettings:
     def __post_init__(self):
         object.__setattr__(self, "variant_kwargs", dict(self.variant_kwargs))
         self._check("variant", lambda: get_loss(self.variant))
-        self._check("advantage", lambda: get_advantage(self.advantage))
+        self._check("advantage", lambda: self.uses_critic or get_advantage(self.advantage))
         self._check("agg", lambda: aggregation.get_aggregation(self.agg))
         self._check("kl_estimator", lambda: get_kl_estimator(self.kl_estimator))
         self._check("tis_*", lambda: self.tis)
@@ -141,6 +144,12 @@ class LossSettings:
     def reward_kl_coef(self) -> float:
         """β for `kl_reward_penalty` (0 unless kl_mode is `reward`)."""
         return self.kl_coef if self.kl_mode == "reward" else 0.0
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether advantages come from a learned critic (`advantage: gae`, PPO) rather than
+        from the group's rewards."""
+        return self.advantage == GAE
 
     @property
     def needs_ref_logp(self) -> bool:
@@ -322,5 +331,18 @@ def gspo() -> dict[str, Any]:
         "eps_low": 3e-4,
         "eps_high": 4e-4,
         "agg": "seq-mean-token-mean",
+        "kl_coef": 0.0,
+    }
+
+
+@register_preset("ppo")
+def ppo() -> dict[str, Any]:
+    """PPO with a learned critic: GAE advantages per token (`critic.*`), 0.2 clip, token-mean."""
+    return {
+        "variant": "ppo_clip",
+        "advantage": GAE,
+        "eps_low": 0.2,
+        "eps_high": 0.2,
+        "agg": "token-mean",
         "kl_coef": 0.0,
     }
