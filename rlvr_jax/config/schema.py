@@ -147,11 +147,12 @@ class RolloutConfig:
 class LossConfig:
     preset: str | None = None
     """Named bundle of the settings below (`olmo3`, `grpo`, `dapo`, `drgrpo`, `cispo`,
-    `gspo`); explicit keys override it."""
+    `gspo`, `ppo`); explicit keys override it."""
     variant: str | None = None
     """Policy loss: registered name or `module:function`."""
     advantage: str | None = None
-    """Advantage estimator: registered name or `module:function`."""
+    """Advantage estimator: registered name or `module:function`; `gae` = PPO with a learned
+    critic (per-token GAE advantages, see `critic`)."""
     eps_low: float | None = None
     """Lower clip range; None = the variant's default."""
     eps_high: float | None = None
@@ -177,6 +178,31 @@ class LossConfig:
     """Ratio denominator: recomputed `old` log-probs, or the `sampler`'s (saves a forward)."""
     variant_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the variant (e.g. `dual_clip: 3.0`)."""
+
+
+@dataclass(frozen=True)
+class CriticConfig:
+    kind: Literal["separate", "shared"] = "separate"
+    """The value model of `loss.advantage: gae`: `separate` (its own trunk, from `path`, with a
+    scalar head) or `shared` (a scalar head on the policy's trunk; the value loss then also
+    trains the trunk, weighted by `value_coef`)."""
+    path: str | None = None
+    """A local HF checkpoint for the separate critic's trunk (same tokenizer as the policy;
+    may be smaller); None = the policy's starting checkpoint."""
+    learning_rate: float | None = None
+    """Peak learning rate of the critic's AdamW (same schedule, warmup and clipping as the
+    policy's); None = `train.learning_rate`."""
+    value_coef: float = 0.5
+    """c_V: the loss minimised is policy loss + c_V · value loss."""
+    value_clip: float | None = 0.2
+    """ε_V of the clipped value loss (values kept within ±ε_V of the rollout-time values);
+    None or 0 = unclipped."""
+    gamma: float = 1.0
+    """GAE discount γ."""
+    lam: float = 0.95
+    """GAE λ (1 = Monte-Carlo returns minus V, 0 = one-step TD)."""
+    whiten_advantages: bool = True
+    """Normalise the GAE advantages to mean 0, std 1 over the batch's completion tokens."""
 
 
 @dataclass(frozen=True)
@@ -333,6 +359,8 @@ class Config:
     """The rollout engine."""
     loss: LossConfig = field(default_factory=LossConfig)
     """Policy loss, advantages, KL, TIS."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The learned value model of PPO (`loss.advantage: gae`)."""
     filter: FilterConfig = field(default_factory=FilterConfig)
     """Group filtering and active sampling."""
     rewards: RewardsConfig = field(default_factory=RewardsConfig)

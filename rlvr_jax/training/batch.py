@@ -60,6 +60,16 @@ class RLBatch(TokenBatch):
     mode, reward-KL); None: the step uses stop_gradient(logp)."""
     ref_logp_BxT: Any = None
     """log π_ref(target) under the frozen reference policy (KL on); None otherwise."""
+    rewards_BxT: Any = None
+    """PPO (`loss.advantage: gae`): each completion's reward at its last token, 0 elsewhere;
+    None otherwise."""
+    values_BxT: Any = None
+    """PPO: the critic's V(s_t) at rollout time (computed by the learner before the first
+    update; the value clipping's anchor); None otherwise."""
+    advantages_BxT: Any = None
+    """PPO: per-token GAE advantages (used instead of `advantages_B`); None otherwise."""
+    returns_BxT: Any = None
+    """PPO: the critic's regression targets (GAE advantages + values); None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,8 @@ class Sample:
     advantage: float
     train: bool = True
     """False masks the completion out of the loss (overlong filtering)."""
+    reward: float = 0.0
+    """The completion's reward (placed at its last token in `RLBatch.rewards_BxT`)."""
 
 
 def take_rows(batch: Any, start: int, stop: int) -> Any:
@@ -193,12 +205,20 @@ def collate(
         pad_id=pad_id,
     )
     slogp_BxT = np.zeros((rows, seq_len - 1), np.float32)
+    rewards_BxT = np.zeros((rows, seq_len - 1), np.float32)
     adv_B = np.zeros((rows,), np.float32)
     for (row, start), s in zip(placements, samples):
         first = start + len(s.prompt_tokens) - 1
         slogp_BxT[row, first : first + len(s.tokens)] = s.sampler_logp
+        if s.tokens:
+            rewards_BxT[row, first + len(s.tokens) - 1] = s.reward
         adv_B[row] = s.advantage
-    return RLBatch(**vars_of(tokens), sampler_logp_BxT=slogp_BxT, advantages_B=adv_B)
+    return RLBatch(
+        **vars_of(tokens),
+        sampler_logp_BxT=slogp_BxT,
+        advantages_B=adv_B,
+        rewards_BxT=rewards_BxT,
+    )
 
 
 def collate_sft(

@@ -150,12 +150,14 @@ def build_batch(
     """The learner batch of the kept `groups` (numpy): each completion with its group's
     advantage (`settings.advantage` over the rewards [P, G]), overlong completions masked out
     when asked. With `loss.kl_mode: reward` the advantages need the learner's log-probs and
-    are computed by `advantages_with_kl_penalty` on the device instead; here they are 0."""
+    are computed on the device instead; here they are 0. With `loss.advantage: gae` (PPO) the
+    batch carries each completion's reward at its last token (`rewards_BxT`) and the learner
+    computes per-token advantages with its critic; `advantages_B` is 0."""
     sizes = {len(g.rewards_G) for g in groups}
     if len(sizes) > 1:
         raise ValueError(f"groups of different sizes {sorted(sizes)} in one batch")
     adv_N = np.zeros(0, np.float32)
-    if groups and settings.reward_kl_coef == 0:
+    if groups and settings.reward_kl_coef == 0 and not settings.uses_critic:
         rewards_PxG = np.stack([g.rewards_G for g in groups])
         adv_N = np.asarray(losses.advantages(settings.advantage, rewards_PxG)).reshape(-1)
     samples = [
@@ -165,11 +167,14 @@ def build_batch(
             sampler_logp=list(c.logprobs),
             advantage=float(adv_N[i * len(g.completions) + j]) if adv_N.size else 0.0,
             train=not (overlong_filter and c.finish_reason == "length"),
+            reward=float(g.rewards_G[j]),
         )
         for i, g in enumerate(groups)
         for j, c in enumerate(g.completions)
     ]
-    return collate(samples, rows=rows, seq_len=seq_len, pad_id=pad_id)
+    batch = collate(samples, rows=rows, seq_len=seq_len, pad_id=pad_id)
+    # only PPO's GAE reads per-token rewards (on the learner, with the critic's values)
+    return batch if settings.uses_critic else batch.replace(rewards_BxT=None)
 
 
 def rewards_N(groups: Sequence[ScoredGroup]) -> np.ndarray:

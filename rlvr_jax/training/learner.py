@@ -38,8 +38,11 @@ from rlvr_jax.training.update import (
 __all__ = [
     "MemoryOptions",
     "TrainState",
+    "batch_policy_loss",
+    "hidden_states",
     "init_state",
     "jit_train_step",
+    "logprobs_of_hidden",
     "make_logprob_fn",
     "make_train_step",
     "token_logprobs",
@@ -70,29 +73,72 @@ def token_logprobs(
 
     With `memory.logits_chunk` (and no logits asked for) the LM head and log-softmax run a
     chunk of positions at a time, each chunk rematerialised in the backward pass."""
+    if not return_logits and _chunked(memory.logits_chunk, batch.target_ids_BxT.shape[1]):
+        h_BxTxD = hidden_states(params, arch, batch, compute_dtype=compute_dtype, memory=memory)
+        return logprobs_of_hidden(
+            params, arch, h_BxTxD, batch.target_ids_BxT, temperature=temperature, memory=memory
+        )
     common = dict(compute_dtype=compute_dtype, remat=memory.remat, attn_chunk=memory.attn_chunk)
     inputs = (batch.input_ids_BxT, batch.positions_BxT, batch.segment_ids_BxT)
-    targets_BxT = batch.target_ids_BxT
-    T = targets_BxT.shape[1]
-    chunk = memory.logits_chunk
-    if chunk and not return_logits and chunk < T and T % chunk == 0:
-        hidden_BxTxD = models.apply(params, arch, *inputs, return_hidden=True, **common)
-        B, _, D = hidden_BxTxD.shape
-        h_CxBxcxD = hidden_BxTxD.reshape(B, T // chunk, chunk, D).swapaxes(0, 1)
-        t_CxBxc = targets_BxT.reshape(B, T // chunk, chunk).swapaxes(0, 1)
-
-        @jax.checkpoint
-        def one(args):
-            h_BxcxD, t_Bxc = args
-            return _pick_logp(models.lm_head(params, arch, h_BxcxD), t_Bxc, temperature)
-
-        logp_CxBxc = jax.lax.map(one, (h_CxBxcxD, t_CxBxc))
-        return logp_CxBxc.swapaxes(0, 1).reshape(B, T)
     logits_BxTxV = models.apply(params, arch, *inputs, **common).astype(jnp.float32)
-    logp_BxT = _pick_logp(logits_BxTxV, targets_BxT, temperature)
+    logp_BxT = _pick_logp(logits_BxTxV, batch.target_ids_BxT, temperature)
     if return_logits:
         return logp_BxT, logits_BxTxV / temperature if temperature != 1.0 else logits_BxTxV
     return logp_BxT
+
+
+def _chunked(chunk: int, length: int) -> bool:
+    return bool(chunk) and chunk < length and length % chunk == 0
+
+
+def hidden_states(
+    params: Any,
+    arch: models.ArchConfig,
+    batch: TokenBatch,
+    *,
+    compute_dtype: Any,
+    memory: MemoryOptions = MemoryOptions(),
+) -> jax.Array:
+    """The trunk's final-norm hidden states [B, T, D] of a batch (no LM head)."""
+    return models.apply(
+        params,
+        arch,
+        batch.input_ids_BxT,
+        batch.positions_BxT,
+        batch.segment_ids_BxT,
+        compute_dtype=compute_dtype,
+        remat=memory.remat,
+        attn_chunk=memory.attn_chunk,
+        return_hidden=True,
+    )
+
+
+def logprobs_of_hidden(
+    params: Any,
+    arch: models.ArchConfig,
+    hidden_BxTxD: jax.Array,
+    targets_BxT: jax.Array,
+    *,
+    temperature: float,
+    memory: MemoryOptions = MemoryOptions(),
+) -> jax.Array:
+    """log π(target_t) [B, T] from the trunk's hidden states: the LM head and log-softmax,
+    `memory.logits_chunk` positions at a time (each chunk rematerialised in the backward pass)
+    when set."""
+    B, T, D = hidden_BxTxD.shape
+    chunk = memory.logits_chunk
+    if not _chunked(chunk, T):
+        return _pick_logp(models.lm_head(params, arch, hidden_BxTxD), targets_BxT, temperature)
+    h_CxBxcxD = hidden_BxTxD.reshape(B, T // chunk, chunk, D).swapaxes(0, 1)
+    t_CxBxc = targets_BxT.reshape(B, T // chunk, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(args):
+        h_BxcxD, t_Bxc = args
+        return _pick_logp(models.lm_head(params, arch, h_BxcxD), t_Bxc, temperature)
+
+    logp_CxBxc = jax.lax.map(one, (h_CxBxcxD, t_CxBxc))
+    return logp_CxBxc.swapaxes(0, 1).reshape(B, T)
 
 
 def _pick_logp(logits_BxTxV: jax.Array, targets_BxT: jax.Array, temperature: float) -> jax.Array:
@@ -129,20 +175,9 @@ def rl_objective(
 ) -> Callable[[RLBatch], Callable]:
     """`for_batch(batch) -> loss_fn(params, micro_batch)`: the policy loss of micro-batches of
     `batch`, each divided by the denominator of the whole `batch` (computed once here)."""
-    loss_kwargs = settings.policy_loss_kwargs()
 
     def for_batch(batch: RLBatch):
-        if settings.tis_mode == "mask" and batch.old_logp_BxT is None:
-            raise ValueError(
-                "TIS mask mode counts kept tokens over the whole batch: the batch needs "
-                "precomputed old log-probs (old_logp_BxT, from make_logprob_fn)"
-            )
-        denominator = settings.loss_denominator(
-            batch.mask_BxT,
-            max_len=max_len,
-            old_logp=batch.old_logp_BxT,
-            sampler_logp=batch.sampler_logp_BxT,
-        )
+        policy = batch_policy_loss(settings, batch, max_len=max_len)
 
         def loss_fn(params, mb: RLBatch):
             out = token_logprobs(
@@ -155,23 +190,47 @@ def rl_objective(
                 memory=memory,
             )
             logp, logits = out if with_entropy else (out, None)
-            old = jax.lax.stop_gradient(logp) if mb.old_logp_BxT is None else mb.old_logp_BxT
-            return losses.policy_loss(
-                logp=logp,
-                old_logp=old,
-                advantages=mb.advantages_B,
-                mask=mb.mask_BxT,
-                sampler_logp=mb.sampler_logp_BxT,
-                ref_logp=mb.ref_logp_BxT,
-                loss_denominator=denominator,
-                max_len=max_len,
-                logits=logits,
-                **loss_kwargs,
-            )
+            return policy(logp, mb, logits=logits)
 
         return loss_fn
 
     return for_batch
+
+
+def batch_policy_loss(settings: losses.LossSettings, batch: RLBatch, *, max_len: int) -> Callable:
+    """`fn(logp_BxT, micro_batch, logits=None) -> (loss, metrics)`: the policy loss of a
+    micro-batch of `batch`, divided by the denominator of the whole `batch` (computed once
+    here). Advantages: the batch's per-token ones when it has them (PPO), else per row."""
+    if settings.tis_mode == "mask" and batch.old_logp_BxT is None:
+        raise ValueError(
+            "TIS mask mode counts kept tokens over the whole batch: the batch needs "
+            "precomputed old log-probs (old_logp_BxT, from make_logprob_fn)"
+        )
+    loss_kwargs = settings.policy_loss_kwargs()
+    denominator = settings.loss_denominator(
+        batch.mask_BxT,
+        max_len=max_len,
+        old_logp=batch.old_logp_BxT,
+        sampler_logp=batch.sampler_logp_BxT,
+    )
+
+    def fn(logp: jax.Array, mb: RLBatch, logits: jax.Array | None = None):
+        old = jax.lax.stop_gradient(logp) if mb.old_logp_BxT is None else mb.old_logp_BxT
+        advantages = mb.advantages_B if mb.advantages_BxT is None else mb.advantages_BxT
+        return losses.policy_loss(
+            logp=logp,
+            old_logp=old,
+            advantages=advantages,
+            mask=mb.mask_BxT,
+            sampler_logp=mb.sampler_logp_BxT,
+            ref_logp=mb.ref_logp_BxT,
+            loss_denominator=denominator,
+            max_len=max_len,
+            logits=logits,
+            **loss_kwargs,
+        )
+
+    return fn
 
 
 def make_train_step(

@@ -27,6 +27,9 @@ class TrainState:
     opt_state: Any
     skipped: jax.Array
     """Steps skipped because the loss or the gradient was not finite."""
+    critic: Any = None
+    """PPO's value model and its optimizer state (`training.critic.CriticState`); None
+    without a critic."""
 
 
 def init_state(params: Any, optimizer: optax.GradientTransformation, mesh=None) -> TrainState:
@@ -92,21 +95,29 @@ def apply_update(
     loss's finiteness) is not finite: then params and optimizer state are kept and the step is
     counted in `skipped`. Returns (new state, ok)."""
     ok = jnp.isfinite(optax.global_norm(grads)) & finite
-    updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-
-    def keep(new: Any, old: Any) -> Any:
-        return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-
+    params, opt_state = optimizer_step(state.params, state.opt_state, grads, optimizer, ok)
     return (
-        TrainState(
+        state.replace(
             step=state.step + ok.astype(jnp.int32),
-            params=keep(new_params, state.params),
-            opt_state=keep(new_opt, state.opt_state),
+            params=params,
+            opt_state=opt_state,
             skipped=state.skipped + (~ok).astype(jnp.int32),
         ),
         ok,
     )
+
+
+def optimizer_step(
+    params: Any, opt_state: Any, grads: Any, optimizer: optax.GradientTransformation, ok: Any
+) -> tuple[Any, Any]:
+    """(params, optimizer state) after one update by `grads` where `ok`, else unchanged."""
+    updates, new_opt = optimizer.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+
+    def keep(new: Any, old: Any) -> Any:
+        return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+    return keep(new_params, params), keep(new_opt, opt_state)
 
 
 def combine_metrics(metrics_M: dict[str, jax.Array], *, summed: tuple[str, ...] = ()) -> dict:
