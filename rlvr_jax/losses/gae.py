@@ -85,8 +85,8 @@ def gae(
       mask_BxT: 1 on the completion tokens (the actions); values after the last unmasked token
         of an episode count as 0 (terminal).
       gamma, lam: the discount γ and the GAE λ, in [0, 1].
-      segment_ids_BxT: optional segment ids of packed rows (0 = padding): episodes are the
-        segments, and masked positions inside one are skipped. Without them, every maximal
+      segment_ids_BxT: optional segment ids of packed rows (0 = padding, never an action):
+        episodes are the segments, and masked positions inside one are skipped. Without them, every maximal
         run of unmasked positions is an episode.
 
     Returns:
@@ -105,6 +105,8 @@ def gae(
     for name, x in (("gamma", gamma), ("lam", lam)):
         if isinstance(x, int | float) and not 0.0 <= x <= 1.0:
             raise ValueError(f"gae: {name} must be in [0, 1], got {x}")
+    if segment_ids_BxT is not None:  # segment 0 is padding: never an action
+        m_BxT = m_BxT * (jnp.asarray(segment_ids_BxT) != 0)
     on = m_BxT > 0
     v_BxT = jnp.where(on, jnp.asarray(values_BxT, jnp.float32), 0.0)
     r_BxT = jnp.where(on, r_BxT, 0.0)

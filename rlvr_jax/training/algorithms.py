@@ -10,6 +10,7 @@ A learner update turns a source's `Batch` into optimizer steps on the learner me
 | algorithm | source | update |
 |---|---|---|
 | `rl` | `RolloutSource` | `RLUpdate`: old/ref log-probs when needed, `updates_per_batch` RL steps |
+| `rl`, `loss.advantage: gae` | `RolloutSource` | `RLUpdate` + critic: values and GAE, PPO steps |
 | `sft` | `SFTSource` | `SFTUpdate`: one SFT step |
 | `expert_iteration` | `ExpertIterationSource` | `SFTUpdate`: `sft.expert_sft_steps` SFT steps |
 | `rl_sft_parallel` | `PairingSource` | `RLUpdate` with the parallel-averaging step |
@@ -30,6 +31,7 @@ from rlvr_jax import losses, sharding
 from rlvr_jax.config.schema import Config
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import bucket_length, take_rows
+from rlvr_jax.training.critic import CriticBuilder, make_ppo_step, make_prepare_fn
 from rlvr_jax.training.distributed import global_array
 from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.recipes.parallel import make_parallel_step
@@ -136,9 +138,12 @@ class Update:
         self._compiled: set[Any] = set()
 
     def init_state(self, params: Any) -> Any:
-        state = init_state(params, self.optimizer, mesh=self.ctx.learner_mesh)
+        state = self._initial_state(params)
         self.step = jit_train_step(self._pure, jax.tree.map(lambda x: x.sharding, state))
         return state
+
+    def _initial_state(self, params: Any) -> Any:
+        return init_state(params, self.optimizer, mesh=self.ctx.learner_mesh)
 
     def _compile_once(self, key: Any, fn: Any, *args: Any) -> None:
         """`fn.lower(*args).compile()` once per `key` (JAX then finds the executable when the
@@ -205,7 +210,25 @@ class RLUpdate(Update):
             memory=ctx.memory,
         )
         optimizer = make_optimizer(cfg.train)
-        if parallel:
+        self.critic: CriticBuilder | None = None
+        if settings.uses_critic:
+            if parallel:
+                raise ValueError(
+                    "loss.advantage: gae (PPO with a critic) works with algorithm: rl, "
+                    "not rl_sft_parallel"
+                )
+            self.critic = CriticBuilder(cfg, ctx.model, ctx.learner_mesh)
+            step = make_ppo_step(
+                ctx.model.config,
+                self.critic.critic,
+                optimizer,
+                self.critic.optimizer,
+                settings,
+                n_micro=n_micro,
+                **common,
+            )
+            self.prepare = make_prepare_fn(self.critic.critic, settings)
+        elif parallel:
             sft_opt = make_optimizer(cfg.train, learning_rate=cfg.sft.learning_rate)
             n_micro_sft = micro_batches(cfg.sft.batch_size, cfg.train.micro_batch_size, "SFT batch")
             step = make_parallel_step(
@@ -236,6 +259,10 @@ class RLUpdate(Update):
         )
         self.ref_params = ctx.model.params if settings.needs_ref_logp else None
 
+    def _initial_state(self, params: Any) -> Any:
+        state = super()._initial_state(params)
+        return state if self.critic is None else state.replace(critic=self.critic.init())
+
     def _parts(self, arrays: Any) -> tuple[Any, Any]:
         """(RL batch, SFT rows or None) of a batch's arrays."""
         if isinstance(arrays, ParallelBatch):
@@ -250,10 +277,19 @@ class RLUpdate(Update):
         if self.needs_old or self.ref_params is not None:
             self._compile_once(("logprob", _shapes(full)), self.logprob, state.params, full)
         mini = self.ctx.abstract(take_rows(rl, 0, self.mini))
+        per_token = full.sampler_logp_BxT
+        learner_logp = {}
         if self.needs_old:
-            mini = mini.replace(old_logp_BxT=mini.sampler_logp_BxT)
+            learner_logp["old_logp_BxT"] = per_token
         if self.ref_params is not None:
-            mini = mini.replace(ref_logp_BxT=mini.sampler_logp_BxT)
+            learner_logp["ref_logp_BxT"] = per_token
+        mini = mini.replace(**{k: mini.sampler_logp_BxT for k in learner_logp})
+        if self.critic is not None:
+            full = full.replace(**learner_logp)
+            args = (state.params, state.critic.params, full)
+            self._compile_once(("prepare", _shapes(full)), self.prepare, *args)
+            ppo = ("values_BxT", "advantages_BxT", "returns_BxT")
+            mini = mini.replace(**{k: mini.sampler_logp_BxT for k in ppo})
         args = (state, mini)
         if sft is not None:
             n = sft.mask_BxT.shape[0] // self.updates
@@ -269,7 +305,11 @@ class RLUpdate(Update):
             full = full.replace(old_logp_BxT=self.logprob(state.params, full))
         if self.ref_params is not None:
             full = full.replace(ref_logp_BxT=self.logprob(self.ref_params, full))
-        if self.ctx.settings.reward_kl_coef > 0:
+        before: dict[str, Any] = {}
+        if self.critic is not None:  # GAE from the critic's values of the rollout tokens
+            full, before = self.prepare(state.params, state.critic.params, full)
+            full = self.ctx.put(full)
+        elif self.ctx.settings.reward_kl_coef > 0:
             full = full.replace(advantages_B=self._kl_advantages(full, batch))
         if self.ctx.cfg.train.save_batch:
             self._save(state, full, batch)
@@ -282,7 +322,7 @@ class RLUpdate(Update):
             else:
                 sft_u = self.ctx.put(take_rows(sft, u * n_sft, (u + 1) * n_sft))
                 state, metrics = self.step(state, mini, sft_u)
-            out.append(metrics)
+            out.append({**metrics, **before})
         return state, out, self.updates
 
     def _save(self, state: Any, full: Any, batch: Batch) -> None:
@@ -299,7 +339,7 @@ class RLUpdate(Update):
             logp=old,
             old_logp=old,
             sampler_logp=full.sampler_logp_BxT,
-            advantages=full.advantages_B,
+            advantages=full.advantages_B if full.advantages_BxT is None else full.advantages_BxT,
             mask=full.mask_BxT,
             rewards=np.pad(batch.rewards_B, (0, rows - len(batch.rewards_B))),
             group_size=np.asarray(batch.group_size),
