@@ -296,6 +296,7 @@ def reference_ppo_loss(policy, cparams, batch, *, kind, eps, coef, clip):
     return jnp.sum(m * pg) / n + coef * jnp.sum(m * vl) / n
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["separate", "shared"])
 def test_ppo_step_gradient_matches_the_reference(kind):
     policy = models.init_params(ARCH, jax.random.key(0))

@@ -43,7 +43,12 @@ def get_advantage(ref: str | Callable[..., Any]) -> Callable[..., Any]:
             "advantage 'gae' is token-level: the learner computes it from the critic's values "
             "(rlvr_jax.losses.gae); it is not an estimator over group rewards"
         )
-    return ADVANTAGES.get(ref)
+    try:
+        return ADVANTAGES.get(ref)
+    except RegistryError as e:
+        if isinstance(ref, str) and ":" not in ref:  # an unknown name: gae is one too
+            raise RegistryError(f"{e}; or 'gae' (per token, with a learned critic)") from None
+        raise
 
 
 def _unbiased_std(x: jax.Array, axis: int) -> jax.Array:

@@ -86,8 +86,8 @@ def gae(
         of an episode count as 0 (terminal).
       gamma, lam: the discount γ and the GAE λ, in [0, 1].
       segment_ids_BxT: optional segment ids of packed rows (0 = padding, never an action):
-        episodes are the segments, and masked positions inside one are skipped. Without them, every maximal
-        run of unmasked positions is an episode.
+        episodes are the segments, and masked positions inside one are skipped. Without
+        them, every maximal run of unmasked positions is an episode.
 
     Returns:
       (advantages_BxT, returns_BxT), float32, 0 at masked positions; no gradient.

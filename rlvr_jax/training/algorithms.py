@@ -31,7 +31,12 @@ from rlvr_jax import losses, sharding
 from rlvr_jax.config.schema import Config
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import bucket_length, take_rows
-from rlvr_jax.training.critic import CriticBuilder, make_ppo_step, make_prepare_fn
+from rlvr_jax.training.critic import (
+    CriticBuilder,
+    make_ppo_step,
+    make_prepare_fn,
+    warn_if_unused,
+)
 from rlvr_jax.training.distributed import global_array
 from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.recipes.parallel import make_parallel_step
@@ -211,6 +216,7 @@ class RLUpdate(Update):
         )
         optimizer = make_optimizer(cfg.train)
         self.critic: CriticBuilder | None = None
+        warn_if_unused(cfg, settings)
         if settings.uses_critic:
             if parallel:
                 raise ValueError(

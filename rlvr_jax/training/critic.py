@@ -23,6 +23,7 @@ the critic over the rollout tokens and turns the rewards at the completions' las
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,8 @@ from rlvr_jax.training.update import (
     init_state,
     optimizer_step,
 )
+
+log = logging.getLogger("rlvr_jax.train")
 
 NO_MEMORY_OPTIONS = learner.MemoryOptions()
 
@@ -105,6 +108,15 @@ class Critic:
                 memory=self.memory,
             )
         return head_values(params["head"], hidden_BxTxD)
+
+
+def warn_if_unused(cfg: Config, settings: losses.LossSettings) -> None:
+    """Logs a warning when `critic.*` is set but no critic is trained (no `gae`)."""
+    if not settings.uses_critic and cfg.critic != CriticConfig():
+        log.warning(
+            "critic.* is set but loss.advantage is %r, not 'gae': no critic is trained",
+            settings.advantage,
+        )
 
 
 def check_config(cfg: Config) -> None:
@@ -298,4 +310,5 @@ __all__ = [
     "make_ppo_step",
     "make_prepare_fn",
     "value_head",
+    "warn_if_unused",
 ]

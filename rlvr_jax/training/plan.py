@@ -11,6 +11,8 @@ Estimates (documented, deliberately simple):
   `train.attn_chunk` (every layer's without remat or chunking, one layer's otherwise); the
   fp32 logits and log-softmax 2·V·4 bytes per position, for all positions or
   `train.logits_chunk` of them.
+- PPO's separate critic (`loss.advantage: gae`): its trunk's params, grads and AdamW moments,
+  and its activations (as the policy's, without the logits).
 - actor: params in the compute dtype + the per-slot KV cache
   2·L·slots·S·K·H in the compute dtype (S = max prompt + max new tokens), slots split over
   the actor's data axis and KV heads over its tensor axis.
@@ -112,6 +114,23 @@ def arch_hf_config(cfg: Config) -> dict[str, Any]:
     )
 
 
+def _critic_arch(cfg: Config, policy: Any) -> Any:
+    """The separate critic's architecture when the run trains one (`loss.advantage: gae`,
+    `critic.kind: separate`): `critic.path`'s config.json, else the policy's; else None."""
+    from rlvr_jax import models
+    from rlvr_jax.losses import loss_settings_from_config
+
+    try:
+        uses_critic = loss_settings_from_config(cfg.loss).uses_critic
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+    if not uses_critic or cfg.critic.kind != "separate":
+        return None
+    if cfg.critic.path and (Path(cfg.critic.path) / "config.json").is_file():
+        return models.read_config(cfg.critic.path)
+    return policy
+
+
 def _shard_factor(logical: tuple, rules: dict, sizes: dict[str, int]) -> int:
     used: set[str] = set()
     for name in logical:
@@ -134,8 +153,11 @@ def _sharded_bytes(shapes, axes, rules, sizes, itemsize: int) -> float:
     return total
 
 
-def _activation_bytes(cfg: Config, arch: Any, rows_dev: float, seq: int, cbytes: int) -> float:
-    """Learner activation memory per device for one micro-batch (module docstring)."""
+def _activation_bytes(
+    cfg: Config, arch: Any, rows_dev: float, seq: int, cbytes: int, *, logits: bool = True
+) -> float:
+    """Learner activation memory per device for one micro-batch (module docstring); without
+    the LM head's logits when `logits` is False (a critic's trunk)."""
     t = cfg.train
     tokens = rows_dev * seq
     layer = (12 * arch.d_model + 3 * arch.d_ff) * cbytes * tokens
@@ -145,8 +167,8 @@ def _activation_bytes(cfg: Config, arch: Any, rows_dev: float, seq: int, cbytes:
     scores = rows_dev * arch.n_heads * q * seq * 4
     attention = scores if (t.remat or q < seq) else arch.n_layers * scores
     positions = t.logits_chunk if 0 < t.logits_chunk < seq else seq
-    logits = rows_dev * positions * arch.vocab_size * 4 * 2
-    return saved + peak_layer + attention + logits
+    head = rows_dev * positions * arch.vocab_size * 4 * 2 if logits else 0.0
+    return saved + peak_layer + attention + head
 
 
 def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
@@ -178,6 +200,14 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
         "optimizer": 2 * params_l,
         "activations": _activation_bytes(cfg, arch, rows_dev, seq, cbytes),
     }
+    critic = _critic_arch(cfg, arch)
+    if critic is not None:  # PPO's separate critic: its own trunk, grads, AdamW, activations
+        c_shapes = models.abstract_params(critic, np.float32)
+        c_axes = models.param_logical_axes(critic)
+        c_params = _sharded_bytes(c_shapes, c_axes, sharding.LEARNER_RULES, learner_axes, pbytes)
+        learner_bytes["critic"] = 4 * c_params + _activation_bytes(
+            cfg, critic, rows_dev, seq, cbytes, logits=False
+        )
     params_a = _sharded_bytes(shapes, axes, sharding.ACTOR_RULES, actor_axes, cbytes)
     kv_split = actor_axes["data"] * min(actor_axes["tensor"], arch.n_kv_heads)
     kv = 2 * arch.n_layers * cfg.rollout.max_slots * seq * arch.n_kv_heads * arch.head_dim
