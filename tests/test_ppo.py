@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_learner import ARCH  # the tiny Qwen2 architecture of the learner tests
 
 from rlvr_jax import losses, models
 from rlvr_jax.config.schema import CriticConfig
@@ -16,20 +17,6 @@ from rlvr_jax.training import critic as critic_lib
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import Sample, collate
 from rlvr_jax.training.update import init_state
-
-ARCH = models.ArchConfig.from_hf(
-    dict(
-        model_type="qwen2",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-)
 
 
 # -- GAE ------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """`rlvr-train ... loss.advantage=gae` end to end on the tiny setup: PPO with a separate critic
 in sync mode resumes exactly (the critic and its optimizer are in the checkpoint), a shared
-critic in async mode, compile-ahead of the prepare and PPO step, and named config errors."""
+critic in async mode, and named config errors (compile-ahead: tests/test_train_loop.py)."""
 
 import math
 import os
@@ -72,35 +72,6 @@ def test_ppo_async_with_a_shared_critic(tmp_path):
         assert math.isfinite(rows[-1][key]), key
     assert rows[-1]["staleness/mean"] <= 1.0
     assert (tmp_path / "out" / "final" / "config.json").is_file()
-
-
-@pytest.mark.slow
-def test_prepare_and_ppo_step_are_compiled_before_the_dispatch_lock(tmp_path, caplog):
-    import jax
-
-    from rlvr_jax import config
-    from rlvr_jax.training.loop import Trainer
-
-    cfg = config.load(
-        tiny_run(tmp_path),
-        ["train.max_steps=1", "log.progress_bar=false", "loss.advantage=gae"],
-    )
-    trainer = Trainer(cfg)
-    try:
-        trainer.source.start()
-        batch = trainer.source.next(trainer.version)
-        trainer.update.compile(trainer.state, batch)
-        with jax.log_compiles(), caplog.at_level("WARNING"):
-            state, metrics, n = trainer.update.update(trainer.state, batch)
-            jax.block_until_ready((state, metrics))
-            jax.jit(lambda x: x * 3.25)(1.0)  # a compile that is logged: the capture works
-        trainer.state = state
-        assert n == 1 and "value/explained_variance" in metrics[0]
-        compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
-        assert any("jit(<lambda>)" in m for m in compiled), compiled
-        assert not [m for m in compiled if "jit(step)" in m or "jit(prepare)" in m], compiled
-    finally:
-        trainer.close()
 
 
 @pytest.mark.parametrize(

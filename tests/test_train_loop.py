@@ -110,15 +110,18 @@ def test_missing_model_is_a_named_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_train_step_is_compiled_before_the_dispatch_lock_is_taken(tmp_path, caplog):
+@pytest.mark.parametrize("extra", [[], ["loss.advantage=gae"]], ids=["grpo", "ppo"])
+def test_train_step_is_compiled_before_the_dispatch_lock_is_taken(tmp_path, caplog, extra):
     # a compile under rlvr_jax.dispatch.LOCK would stall the rollout thread: the step for a
-    # batch's length bucket is compiled ahead, so the update itself compiles no `step`
+    # batch's length bucket (and PPO's values + GAE) is compiled ahead, so the update itself
+    # compiles no `step` (nor `prepare`)
     import jax
 
     from rlvr_jax import config
     from rlvr_jax.training.loop import Trainer
 
-    cfg = config.load(tiny_run(tmp_path), ["train.max_steps=1", "log.progress_bar=false"])
+    overrides = ["train.max_steps=1", "log.progress_bar=false", *extra]
+    cfg = config.load(tiny_run(tmp_path), overrides)
     trainer = Trainer(cfg)
     try:
         trainer.source.start()
@@ -132,6 +135,8 @@ def test_train_step_is_compiled_before_the_dispatch_lock_is_taken(tmp_path, capl
         assert n == 1
         compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
         assert any("jit(<lambda>)" in m for m in compiled), compiled
-        assert not [m for m in compiled if "jit(step)" in m], compiled
+        assert not [m for m in compiled if "jit(step)" in m or "jit(prepare)" in m], compiled
+        if extra:  # PPO: the critic's metrics come with the step's
+            assert "value/explained_variance" in metrics[0]
     finally:
         trainer.close()
