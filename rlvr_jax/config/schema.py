@@ -280,6 +280,30 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class DPOConfig:
+    sources: list[SourceConfig] = field(default_factory=list)
+    """Preference pairs: rows with `prompt`, `chosen`, `rejected` (strings or chat messages;
+    `rlvr-prefs` writes them). Responses longer than `rollout.max_new_tokens` are skipped."""
+    batch_size: int = 32
+    """Pairs per optimizer step (two sequences each: `train.micro_batch_size` counts
+    sequences and must be even)."""
+    beta: float = 0.1
+    """β: the inverse temperature of the implicit reward β·log(π/π_ref) (OLMo 3 Think's
+    length-normalised DPO used 5)."""
+    variant: str = "dpo"
+    """Preference loss: `dpo`, `ipo`, `dpo_norm` (length-normalised), `simpo`
+    (reference-free), or `module:function`."""
+    variant_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the variant (`label_smoothing` for dpo, `gamma` for simpo)."""
+    reference: Literal["cache", "on_the_fly"] = "cache"
+    """Reference log-probs of the frozen starting policy: computed once before training and
+    cached on disk (no reference forward per step), or computed for every batch."""
+    reference_cache_dir: str | None = None
+    """Directory of the reference cache (one file per model, keyed by the tokens);
+    None = `<train.output_dir>/reference_cache`."""
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     every_steps: int = 0
     """Save every N steps (0 = only at the end)."""
@@ -321,7 +345,7 @@ class LogConfig:
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy (and its tokenizer)."""
-    algorithm: Literal["rl", "sft", "expert_iteration", "rl_sft_parallel"] = "rl"
+    algorithm: Literal["rl", "sft", "expert_iteration", "rl_sft_parallel", "dpo"] = "rl"
     """Training algorithm."""
     seed: int = 0
     """Global seed (params init when built, sampling, data order)."""
@@ -341,6 +365,8 @@ class Config:
     """Optimizer and loop."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """Supervised fine-tuning data and settings (sft, expert_iteration, rl_sft_parallel)."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """Preference pairs and the preference loss (`algorithm: dpo`)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing and export."""
     eval: EvalConfig = field(default_factory=EvalConfig)

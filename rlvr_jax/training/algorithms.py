@@ -13,6 +13,7 @@ A learner update turns a source's `Batch` into optimizer steps on the learner me
 | `sft` | `SFTSource` | `SFTUpdate`: one SFT step |
 | `expert_iteration` | `ExpertIterationSource` | `SFTUpdate`: `sft.expert_sft_steps` SFT steps |
 | `rl_sft_parallel` | `PairingSource` | `RLUpdate` with the parallel-averaging step |
+| `dpo` | `PreferenceSource` | `DPOUpdate`: one DPO step (`recipes/dpo_run.py`) |
 """
 
 from __future__ import annotations
@@ -379,11 +380,24 @@ def _lazy(name: str) -> Callable:
     return build
 
 
+def _dpo_source(ctx: Context, params: Any, version: int) -> Any:
+    from rlvr_jax.training.recipes.dpo_run import dpo_source
+
+    return dpo_source(ctx, params, version)
+
+
+def _dpo_update(ctx: Context) -> Update:
+    from rlvr_jax.training.recipes.dpo_run import DPOUpdate
+
+    return DPOUpdate(ctx)
+
+
 ALGORITHMS: dict[str, Algorithm] = {
     "rl": Algorithm(_lazy("rl_source"), _rl_update),
     "sft": Algorithm(_lazy("sft_source"), _sft_update),
     "expert_iteration": Algorithm(_lazy("expert_source"), _expert_update),
     "rl_sft_parallel": Algorithm(_lazy("parallel_source"), _parallel_update),
+    "dpo": Algorithm(_dpo_source, _dpo_update),
 }
 """The source and the learner update of each `algorithm`."""
 

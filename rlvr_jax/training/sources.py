@@ -12,6 +12,7 @@ generates (`push_weights`), and is closed at the end. `algorithm` picks the sour
 | `sft` | `SFTSource` | `TokenBatch` |
 | `expert_iteration` | `ExpertIterationSource` (`rollouts.py`) | `TokenBatch` |
 | `rl_sft_parallel` | `PairingSource(RolloutSource, SFTSource)` | `ParallelBatch` |
+| `dpo` | `PreferenceSource` (`recipes/dpo_run.py`) | `PreferenceBatch` |
 """
 
 from __future__ import annotations
