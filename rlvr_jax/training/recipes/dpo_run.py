@@ -109,7 +109,8 @@ class PreferenceSource(StaticWeights):
 
 def check_dpo_settings(ctx: Context) -> int:
     """Validates `dpo.*` (naming the key) and returns the micro-batches per step."""
-    cfg, d = ctx.cfg, ctx.cfg.dpo
+    cfg = ctx.cfg
+    d = cfg.dpo
     if d.batch_size < 1:
         raise ValueError(f"dpo.batch_size must be >= 1, got {d.batch_size}")
     mb = cfg.train.micro_batch_size
@@ -141,7 +142,8 @@ class DPOUpdate(Update):
     when `dpo.reference: on_the_fly`."""
 
     def __init__(self, ctx: Context) -> None:
-        cfg, d = ctx.cfg, ctx.cfg.dpo
+        cfg = ctx.cfg
+        d = cfg.dpo
         n_micro = check_dpo_settings(ctx)
         optimizer = make_optimizer(cfg.train)
         step = make_dpo_step(
@@ -231,7 +233,8 @@ def dpo_source(ctx: Context, params: Any, version: int) -> PreferenceSource:
     """`algorithm: dpo`'s source (the learner's params and version are not needed: the pairs
     are fixed data and the reference is the starting policy)."""
     del params, version
-    cfg, d = ctx.cfg, ctx.cfg.dpo
+    cfg = ctx.cfg
+    d = cfg.dpo
     sources = load_preference_sources(
         d.sources,
         ctx.tokenizer,
