@@ -55,6 +55,7 @@ setup(
             "rlvr-bench=rlvr_jax.cli:bench_main",
             "rlvr-filter=rlvr_jax.cli:filter_main",
             "rlvr-serve=rlvr_jax.cli:serve_main",
+            "rlvr-prefs=rlvr_jax.cli:prefs_main",
         ]
     },
 )

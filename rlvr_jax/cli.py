@@ -129,6 +129,7 @@ def _simple(module: str, what: str) -> Callable[[list[str] | None], int]:
 eval_main = _simple("rlvr_jax.eval.cli", "rlvr-eval")
 filter_main = _simple("rlvr_jax.eval.filter_cli", "rlvr-filter")
 serve_main = _simple("rlvr_jax.rollout.serve", "rlvr-serve")
+prefs_main = _simple("rlvr_jax.eval.prefs_cli", "rlvr-prefs")
 
 
 if __name__ == "__main__":  # pragma: no cover
