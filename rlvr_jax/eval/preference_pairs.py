@@ -71,7 +71,9 @@ class PairsReport:
     pairs: int
     """Pairs written."""
     skipped: dict[str, int] = field(default_factory=dict)
-    """Prompts without a pair, by reason; and input rows the loader skipped (`input/...`)."""
+    """Prompts without a pair, by reason (`no_verified_chosen`, `no_rejected`)."""
+    input_skipped: dict[str, int] = field(default_factory=dict)
+    """Input rows the loader skipped, by reason (bad rows, prompts over the length limit)."""
     per_domain: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per domain: prompts, pairs, each model's pass@1 (mean verified fraction)."""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -86,6 +88,7 @@ class PairsReport:
             "prompts": self.prompts,
             "pairs": self.pairs,
             "skipped": dict(sorted(self.skipped.items())),
+            "input_skipped": dict(sorted(self.input_skipped.items())),
             "per_domain": self.per_domain,
             **self.extra,
         }
@@ -290,7 +293,6 @@ def build_pairs(
             "strong_pass@1": float((s.scores[sel] >= CORRECT_THRESHOLD).mean()),
             "weak_pass@1": float((w.scores[sel] >= CORRECT_THRESHOLD).mean()),
         }
-    skipped = dict(reasons) | {f"input/{k}": v for k, v in source.skipped.items()}
     return PairsReport(
         input=str(input_path),
         output=str(output_path),
@@ -298,7 +300,8 @@ def build_pairs(
         weak=str(weak),
         prompts=len(rows),
         pairs=len(lines),
-        skipped=skipped,
+        skipped=dict(reasons),
+        input_skipped=dict(source.skipped),
         per_domain=per_domain,
         extra={
             "samples": num_samples,

@@ -135,6 +135,7 @@ class ReferenceCache:
         log.info("reference log-probs: computing %d sequences (%s)", len(todo), self.path)
         t0 = time.perf_counter()
         keys = list(todo)
+        every = max(len(keys) // 10, 1)  # about ten progress lines
         for start in range(0, len(keys), rows):
             chunk = keys[start : start + rows]
             prompts = [todo[k][0] for k in chunk]
@@ -145,10 +146,9 @@ class ReferenceCache:
             logp_BxT = np.asarray(logprob(batch), np.float64)
             sums = np.where(batch.mask_BxT > 0, logp_BxT, 0.0).sum(axis=1)
             self.values.update(zip(chunk, sums[: len(chunk)].tolist()))
-            log.info(
-                "reference log-probs: %d/%d (%.1f s)",
-                min(start + rows, len(keys)),
-                len(keys),
-                time.perf_counter() - t0,
-            )
+            done = min(start + rows, len(keys))
+            if done == len(keys) or done // every != (done - len(chunk)) // every:
+                log.info(
+                    "reference log-probs: %d/%d (%.1f s)", done, len(keys), time.perf_counter() - t0
+                )
         return len(keys)
