@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlvr_jax.data.formatting import encode_response, prompt_encoder
-from rlvr_jax.data.rows import ROLES, BadRow, DataError, _prompt
+from rlvr_jax.data.rows import BadRow, DataError, _prompt, chat_messages
 
 _MISSING = object()
 
@@ -83,33 +83,13 @@ def preference_from_record(record: Any, *, source: str, index: int) -> Preferenc
     )
 
 
-def _messages(key: str, value: Any) -> list[dict[str, str]]:
-    """`value` as validated chat messages (BadRow naming `key` otherwise)."""
-    if not isinstance(value, list | tuple):
-        raise BadRow(
-            "wrong_type",
-            f"{key!r} must be a string or a list of messages, got {type(value).__name__}",
-        )
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, Mapping):
-            raise BadRow("wrong_type", f"{key} message {i} is {type(m).__name__}, not an object")
-        role, content = m.get("role"), m.get("content")
-        if role not in ROLES:
-            raise BadRow("wrong_type", f"{key} message {i} has role {role!r}; expected {ROLES}")
-        if not isinstance(content, str):
-            raise BadRow("wrong_type", f"{key} message {i} content is {type(content).__name__}")
-        out.append({"role": role, "content": content})
-    return out
-
-
 def _implicit_prompt(chosen: Any, rejected: Any) -> tuple[dict[str, str], ...]:
     """The messages `chosen` and `rejected` share before their last one (no `prompt` field)."""
     if isinstance(chosen, str) or isinstance(rejected, str):
         raise BadRow(
             "missing_field", "missing field 'prompt' (needed when the responses are strings)"
         )
-    c, r = _messages("chosen", chosen), _messages("rejected", rejected)
+    c, r = chat_messages("chosen", chosen), chat_messages("rejected", rejected)
     if len(c) < 2 or c[:-1] != r[:-1]:
         raise BadRow(
             "missing_field",
@@ -124,7 +104,7 @@ def _response(key: str, value: Any, prompt: str | tuple[dict[str, str], ...]) ->
     if isinstance(value, str):
         text = value
     else:
-        messages = _messages(key, value)
+        messages = chat_messages(key, value)
         prompt_messages = (
             [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
         )
