@@ -283,7 +283,8 @@ class SFTConfig:
 class DPOConfig:
     sources: list[SourceConfig] = field(default_factory=list)
     """Preference pairs: rows with `prompt`, `chosen`, `rejected` (strings or chat messages;
-    `rlvr-prefs` writes them). Responses longer than `rollout.max_new_tokens` are skipped."""
+    `rlvr-prefs` writes them). Pairs with a prompt over `data.max_prompt_len` or a response over
+    `dpo.max_response_len` tokens are skipped and counted."""
     batch_size: int = 32
     """Pairs per optimizer step (two sequences each: `train.micro_batch_size` counts
     sequences and must be even)."""
@@ -298,6 +299,9 @@ class DPOConfig:
     reference: Literal["cache", "on_the_fly"] = "cache"
     """Reference log-probs of the frozen starting policy: computed once before training and
     cached on disk (no reference forward per step), or computed for every batch."""
+    max_response_len: int | None = None
+    """Longest response in tokens (separator and EOS included); None = `rollout.max_new_tokens`
+    (the generation budget: re-tokenized sampled text can come out a little longer)."""
     reference_cache_dir: str | None = None
     """Directory of the reference cache (one file per model, keyed by the tokens);
     None = `<train.output_dir>/reference_cache`."""

@@ -16,8 +16,8 @@ prompt is formatted with the run's template (`data.prompt_template`), a response
 the policy writes it after the prompt (`formatting.encode_response`: separator, text, EOS).
 Rows that cannot be used are skipped and counted by reason, as prompt rows are: `missing_field`,
 `wrong_type`, `empty_prompt`, `empty_response`, `identical_pair` (chosen = rejected: a zero
-gradient), `too_long` (a prompt over `data.max_prompt_len` or a response over
-`rollout.max_new_tokens` tokens).
+gradient), `too_long` (a prompt over `data.max_prompt_len` or a response over `dpo.max_response_len`
+tokens, by default `rollout.max_new_tokens`).
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def preference_parser(
             if len(ids[key]) > max_response_len:
                 raise BadRow(
                     "too_long",
-                    f"the {key} response is {len(ids[key])} tokens > rollout.max_new_tokens "
+                    f"the {key} response is {len(ids[key])} tokens > dpo.max_response_len "
                     f"{max_response_len}",
                 )
         return PreferenceRow(

@@ -107,12 +107,31 @@ class PreferenceSource(StaticWeights):
         pass
 
 
+def response_budget(ctx: Context) -> int:
+    """`dpo.max_response_len`, or `rollout.max_new_tokens` when unset."""
+    budget = ctx.cfg.dpo.max_response_len
+    return ctx.cfg.rollout.max_new_tokens if budget is None else budget
+
+
+def full_length(ctx: Context) -> int:
+    """The longest sequence a DPO row holds: prompt + response budgets."""
+    return ctx.cfg.data.max_prompt_len + response_budget(ctx)
+
+
 def check_dpo_settings(ctx: Context) -> int:
     """Validates `dpo.*` (naming the key) and returns the micro-batches per step."""
     cfg = ctx.cfg
     d = cfg.dpo
     if d.batch_size < 1:
         raise ValueError(f"dpo.batch_size must be >= 1, got {d.batch_size}")
+    if d.max_response_len is not None and d.max_response_len < 2:
+        raise ValueError(f"dpo.max_response_len must be >= 2, got {d.max_response_len}")
+    limit = ctx.model.config.max_position_embeddings
+    if full_length(ctx) > limit:
+        raise ValueError(
+            f"data.max_prompt_len + dpo.max_response_len (or rollout.max_new_tokens) = "
+            f"{full_length(ctx)} exceeds the model's max_position_embeddings={limit}"
+        )
     mb = cfg.train.micro_batch_size
     if mb % 2:
         raise ValueError(
@@ -219,7 +238,7 @@ def reference_cache(ctx: Context, sources: list[Any], *, rows: int) -> Reference
         sequences(),
         lambda batch: _host(fn(params, ctx.put(batch))),
         rows=rows,
-        full_len=ctx.seq_len,
+        full_len=full_length(ctx),
         min_len=t.bucket_min_len,
         multiple=math.lcm(t.attn_chunk or 1, t.logits_chunk or 1),
         pad_id=ctx.pad_id,
@@ -240,7 +259,7 @@ def dpo_source(ctx: Context, params: Any, version: int) -> PreferenceSource:
         ctx.tokenizer,
         cfg.data.prompt_template,
         max_prompt_len=cfg.data.max_prompt_len,
-        max_response_len=cfg.rollout.max_new_tokens,
+        max_response_len=response_budget(ctx),
     )
     cache = None
     if d.reference == "cache" and needs_reference(d.variant):
@@ -250,7 +269,7 @@ def dpo_source(ctx: Context, params: Any, version: int) -> PreferenceSource:
         PromptIterator(sources, seed=cfg.data.seed),
         pairs_per_batch=d.batch_size,
         groups=micro_batches(2 * d.batch_size, t.micro_batch_size, "DPO batch"),
-        full_len=ctx.seq_len,
+        full_len=full_length(ctx),
         min_len=t.bucket_min_len,
         multiple=math.lcm(t.attn_chunk or 1, t.logits_chunk or 1),
         pad_id=ctx.pad_id,
