@@ -310,3 +310,30 @@ def test_model_fingerprint_follows_the_files_and_dtypes(tmp_path):
 
 def test_preference_loss_is_exported():
     assert losses.preference_loss is not None and "preference_loss" in losses.__all__
+
+
+@pytest.mark.slow
+def test_rows_sharded_over_eight_devices_give_the_one_device_step(data):
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    prompts, chosen, rejected, ref_w, ref_l = data
+    batch = collate_pairs(
+        prompts,
+        chosen,
+        rejected,
+        rows=8,
+        seq_len=12,
+        pad_id=0,
+        ref_chosen=ref_w,
+        ref_rejected=ref_l,
+    )
+    step = dpo_step(n_micro=2)
+    expected_params, expected = run(step, batch)
+    mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+    rows = NamedSharding(mesh, PartitionSpec("data"))
+    sharded = jax.tree.map(lambda x: jax.device_put(jnp.asarray(x), rows), batch)
+    params = jax.device_put(PARAMS, NamedSharding(mesh, PartitionSpec()))
+    state, metrics = step(init_state(params, SGD), sharded)
+    for key in ("loss", "dpo/reward_margin", "dpo/pairs", "grad_norm"):
+        np.testing.assert_allclose(float(metrics[key]), expected[key], rtol=1e-5, err_msg=key)
+    tree_close(state.params, expected_params, rtol=1e-4, atol=1e-6)
