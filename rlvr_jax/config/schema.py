@@ -253,6 +253,11 @@ class TrainConfig:
     logits_chunk: int = 0
     """LM head + log-softmax computed this many positions at a time (0 = all): never holds the
     B×T×V fp32 logits at once."""
+    max_tokens_per_micro_batch: int = 0
+    """Pack sequences (prompt + completion) several to a row and size micro-batches by tokens:
+    rows of the batch's length bucket, as many per micro-batch as this many tokens allow, the
+    number of micro-batches following the batch's tokens (a few compiled shapes). 0 = one
+    sequence per row, `micro_batch_size` rows per micro-batch."""
     bucket_min_len: int = 32
     """Learner rows are padded to the batch's longest prompt + completion rounded up to
     bucket_min_len·2^k (a multiple of the chunk sizes; at most max_prompt_len +
