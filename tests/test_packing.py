@@ -2,6 +2,8 @@
 budget), and packed == unpacked for the loss, its gradient and every metric, for every
 aggregation, TIS and KL mode, with micro-batch accumulation."""
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,13 +55,13 @@ def test_pack_tokens_keeps_sequences_whole_and_within_the_budget():
         for spans in used.values():  # within the row, never overlapping
             spans.sort()
             assert spans[-1][1] <= row_len
-            assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+            assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
 
 
 def test_a_sequence_over_the_budget_is_an_error_naming_it_and_the_key():
     with pytest.raises(ValueError, match=r"sequence 1 has 40 tokens.*max_tokens_per_micro_batch"):
         pack_tokens([10, 40], row_len=64, max_tokens=32)
-    with pytest.raises(ValueError, match="raise train.max_tokens_per_micro_batch"):
+    with pytest.raises(ValueError, match=r"raise train\.max_tokens_per_micro_batch"):
         pack_tokens([10], row_len=64, max_tokens=32)
 
 
@@ -67,7 +69,7 @@ def samples(seed: int = 0, groups: int = 3, group_size: int = 4) -> list[Sample]
     """Completions of several groups with varied lengths; the longest fills a row alone."""
     rng = np.random.default_rng(seed)
     out = []
-    for g in range(groups):
+    for _ in range(groups):
         prompt = rng.integers(3, 60, int(rng.integers(2, 9))).tolist()
         for _ in range(group_size):
             n = int(rng.integers(1, 12))
