@@ -35,6 +35,7 @@ from rlvr_jax.rewards.judge_client import (
 )
 
 __all__ = [
+    "COUNTERS",
     "SCORE_MAX",
     "JudgeClient",
     "JudgeItem",
@@ -48,6 +49,9 @@ __all__ = [
     "score_batch",
     "score_rows",
 ]
+
+COUNTERS = ("parse_failures", "request_errors")
+"""Batch counters of `score_rows`: replies without a score, requests that failed for good."""
 
 SYSTEM_PROMPT = (
     "You are a meticulous, impartial grader of AI assistant responses. Judge only the final "

@@ -32,7 +32,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.client import HTTPException
 from typing import Any, TypeVar
@@ -183,7 +183,7 @@ class ChatJudge:
         self._api_key = os.environ.get(api_key_env) or None
         self._executor = ThreadPoolExecutor(max_concurrency, thread_name_prefix="rlvr-judge")
         self._lock = threading.Lock()
-        self._served_model: str | None = None
+        self._model_lookup: Future[str] | None = None
         self._counts = {"parse_failures": 0, "timeouts": 0, "errors": 0, "retries": 0}
 
     def __repr__(self) -> str:
@@ -310,16 +310,31 @@ class ChatJudge:
         raise AssertionError("unreachable")
 
     async def _model_name(self) -> str:
-        """The configured model, else the served one (looked up once)."""
+        """The configured model, else the served one: looked up once per client (concurrent
+        first requests wait for one lookup; a failed lookup is tried again by the next)."""
         if self.model is not None:
             return self.model
         with self._lock:
-            served = self._served_model
-        if served is None:
-            served, _ = await self._with_retries(lambda _: self._get_model(), None)
-            with self._lock:
-                self._served_model = served
-        return served
+            lookup = self._model_lookup
+            owner = lookup is None
+            if owner:
+                lookup = self._model_lookup = Future()
+        if owner:
+            try:
+                model, _ = await self._with_retries(lambda _: self._get_model(), None)
+            except BaseException as error:
+                failure = _AttemptError(
+                    f"looking up the served model failed ({error}); configure the model name",
+                    retryable=False,
+                    timed_out=getattr(error, "timed_out", False),
+                )
+                failure.attempts = getattr(error, "attempts", 1)
+                with self._lock:
+                    self._model_lookup = None
+                lookup.set_exception(failure)
+                raise failure from None
+            lookup.set_result(model)
+        return await asyncio.wrap_future(lookup)
 
     async def _complete(self, messages: Messages) -> tuple[str, int]:
         """(The judge's reply, attempts), retrying retryable failures; raises _AttemptError."""
