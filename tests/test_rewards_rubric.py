@@ -335,3 +335,49 @@ def test_example_rows_load_and_score(server):
     # The stub scores every criterion 7/10: row 0 (2·.7 + .7 − .7) / 3, rows 1-2 the mean .7.
     np.testing.assert_allclose(result.rewards, [1.4 / 3, 0.7, 0.7], rtol=1e-6)
     assert {r["max_tokens"] for r in server.requests} == {512, 256}  # row 2's verifier_kwargs
+
+
+# ---- against our own server ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_rubric_judged_by_rlvr_serve(tmp_path):
+    """The default judge is `rlvr-serve`: a tiny random model served on loopback. It cannot
+    grade, so what this checks is the wire: the served model is looked up, every criterion
+    request is answered, and replies without a score fail the sample with a counted reason."""
+    import helpers_models as H
+
+    from rlvr_jax.data.tokenizer import train_tokenizer
+    from rlvr_jax.rollout.serve import build_parser, serve
+
+    model_dir = tmp_path / "judge"
+    H.build_hf_checkpoint("qwen2", model_dir, seed=3, vocab_size=320, max_position_embeddings=2048)
+    corpus = ["the response names paris as the capital", "score ten out of ten", "hello"] * 20
+    train_tokenizer(corpus, vocab_size=320, path=model_dir, min_frequency=1)
+    ready = tmp_path / "ports.json"
+    flags = ["--no-grpc", "--http-port", "0", "--max-slots", "2", "--max-len", "2048"]
+    args = build_parser().parse_args(
+        ["--model", str(model_dir), *flags, "--ready-file", str(ready)]
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(args, stop), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            assert thread.is_alive() and time.monotonic() < deadline, "rlvr-serve did not start"
+            time.sleep(0.1)
+        port = json.loads(ready.read_text())["http_port"]
+        scorer = RubricScorer(
+            f"http://127.0.0.1:{port}/v1", max_tokens=8, max_retries=0, timeout_s=300
+        )
+        outcome, counts = one(scorer, "Paris.", ["Names Paris as the capital", "Is concise"])
+    finally:
+        stop.set()
+        thread.join(60)
+    assert scorer.client._model_lookup.result() == "judge"  # rlvr-serve's id: the directory
+    assert counts["judge_calls"] == 2 and counts["request_errors"] == 0
+    assert counts["failures"] == counts["parse_failures"]
+    assert (outcome.status == "ok") == (counts["failures"] == 0)
+    if outcome.status != "ok":
+        assert "no SCORE line" in outcome.error and outcome.score == 0.0
