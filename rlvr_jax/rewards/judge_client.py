@@ -322,7 +322,7 @@ class ChatJudge:
         if owner:
             try:
                 model, _ = await self._with_retries(lambda _: self._get_model(), None)
-            except BaseException as error:
+            except BaseException as error:  # waiters must not hang, whatever stopped the lookup
                 failure = _AttemptError(
                     f"looking up the served model failed ({error}); configure the model name",
                     retryable=False,
@@ -332,7 +332,9 @@ class ChatJudge:
                 with self._lock:
                     self._model_lookup = None
                 lookup.set_exception(failure)
-                raise failure from None
+                if isinstance(error, _AttemptError):
+                    raise failure from None
+                raise
             lookup.set_result(model)
         return await asyncio.wrap_future(lookup)
 
