@@ -213,6 +213,17 @@ class RewardsConfig:
     """Judge model name sent to the endpoint."""
     judge_api_key_env: str = "RLVR_JUDGE_API_KEY"
     """Environment variable holding the judge's API key (never logged)."""
+    rubric_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible endpoint scoring `rubric` criteria (default: `rlvr-serve` here); its
+    API key comes from `judge_api_key_env`."""
+    rubric_model: str | None = None
+    """Model name sent to the rubric judge (None = the first model its `/models` lists)."""
+    rubric_timeout_s: float = 30.0
+    """Bound on each rubric judge request attempt (connecting and each wait for the server)."""
+    rubric_max_concurrency: int = 16
+    """Rubric judge requests in flight at once."""
+    rubric_cache_size: int = 100_000
+    """Criterion scores cached by (prompt, response, criterion); 0 = no cache."""
 
 
 @dataclass(frozen=True)
