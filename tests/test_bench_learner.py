@@ -60,9 +60,12 @@ def test_the_bench_model_is_decodes():
 def test_synthetic_batch_is_a_collated_rl_batch():
     arch = common.bench_arch(**TINY)
     b = bench.synthetic_batch(arch, rows=6, seq=40, seed=2, with_old_logp=True)
-    assert b.input_ids_BxT.shape == b.mask_BxT.shape == b.old_logp_BxT.shape == (6, 40)
-    np.testing.assert_array_equal(b.input_ids_BxT[:, 1:], b.target_ids_BxT[:, :-1])
-    for mask, seg in zip(b.mask_BxT, b.segment_ids_BxT):
+    t = b.tokens  # one completion per row: the packed rows are the completion slots
+    on = b.mask_BxT > 0
+    assert (b.gather_BxT[on] == np.arange(6 * 40).reshape(6, 40)[on]).all()
+    assert t.input_ids_BxT.shape == b.mask_BxT.shape == b.old_logp_BxT.shape == (6, 40)
+    np.testing.assert_array_equal(t.input_ids_BxT[:, 1:], t.target_ids_BxT[:, :-1])
+    for mask, seg in zip(b.mask_BxT, t.segment_ids_BxT):
         on = np.flatnonzero(mask)
         assert on.size >= 1 and np.all(np.diff(on) == 1)  # one contiguous completion
         assert seg[: on[-1] + 1].all()  # the prompt and the completion are one segment
