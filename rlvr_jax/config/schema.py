@@ -312,6 +312,9 @@ class LogConfig:
     """Completions logged as text per step."""
     plots: bool = True
     """PNG plots of the main curves at the end."""
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    """Level of the libraries' own logs (absl, orbax, JAX, JetStream, TensorFlow): "warning"
+    keeps their INFO lines off; rlvr_jax's one-line messages always show. `--verbose` = "info"."""
 
 
 @dataclass(frozen=True)
