@@ -60,7 +60,8 @@ class JetStreamFrontEnd:
         orchestrator = jetstream_compat.orchestrator()
 
         async def bind() -> None:
-            self._server = grpc.aio.server(self._executor)
+            # no SO_REUSEPORT (grpc's default): a port in use is an error, not shared
+            self._server = grpc.aio.server(self._executor, options=[("grpc.so_reuseport", 0)])
             jetstream_pb2_grpc.add_OrchestratorServicer_to_server(
                 orchestrator.LLMOrchestrator(driver=self.driver), self._server
             )

@@ -126,7 +126,7 @@ class OpenAIServer:
         return self
 
     async def _bind(self) -> None:
-        app = web.Application(client_max_size=16 * 2**20)
+        app = web.Application(client_max_size=16 * 2**20, middlewares=[_json_errors])
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.router.add_get("/v1/models", self._models)
@@ -295,9 +295,8 @@ class OpenAIServer:
         self._streams.add(queue)
         try:
             if request.kind == "chat":  # each chat choice opens with the assistant role
-                await sse.send(
-                    [chunk_choice("chat", i, None, None, None) for i in range(len(texts))]
-                )
+                for i in range(len(texts)):  # one choice per chunk, as OpenAI sends them
+                    await sse.send([chunk_choice("chat", i, None, None, None)])
             used, left = 0, len(futures)
             while left:
                 event = await queue.get()
@@ -399,6 +398,22 @@ class _SSE:
     async def done(self) -> None:
         await self.response.write(b"data: [DONE]\n\n")
         await self.response.write_eof()
+
+
+@web.middleware
+async def _json_errors(request: Any, handler: Any) -> Any:
+    """Unknown routes and methods answer in the API's JSON error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        message = (
+            f"no route {request.method} {request.path}" if e.status in (404, 405) else e.reason
+        )
+        return _error(
+            e.status, message, "not_found" if e.status == 404 else "invalid_request_error"
+        )
 
 
 def _merge(a: Delta, b: Delta) -> Delta:

@@ -1,0 +1,77 @@
+"""Streaming answers of the OpenAI endpoint (in process, official `openai` client): tokens
+reach the client as decode chunks finish, and a stopping server ends open streams."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import helpers_models as H
+import openai
+import pytest
+
+from rlvr_jax import models
+from rlvr_jax.data.tokenizer import load_tokenizer, train_tokenizer
+from rlvr_jax.rollout import EngineCore, RolloutStream
+from rlvr_jax.rollout.openai_http import OpenAIServer
+
+CORPUS = ["the quick brown fox jumps over the lazy dog", "a plus b equals c", "hello world"] * 20
+CHUNK_S = 0.25  # each decode chunk is slowed to this
+
+
+@pytest.fixture
+def slow_server(tmp_path):
+    H.build_hf_checkpoint("qwen2", tmp_path, seed=4, vocab_size=320)
+    train_tokenizer(CORPUS, vocab_size=320, path=tmp_path, min_frequency=1)
+    core = EngineCore(models.load_pretrained(tmp_path), max_slots=2, max_len=64, chunk=4)
+    generate = core.generate
+
+    def slow_generate(*args, **kwargs):
+        time.sleep(CHUNK_S)
+        return generate(*args, **kwargs)
+
+    core.generate = slow_generate
+    stream = RolloutStream(core, max_new_tokens=16).start()
+    server = OpenAIServer(
+        stream, load_tokenizer(tmp_path), model_name="tiny", stop_token_ids=()
+    ).start()
+    yield server
+    server.stop()
+    stream.stop()
+
+
+def _client(server):
+    return openai.OpenAI(api_key="-", base_url=f"{server.url}/v1", max_retries=0)
+
+
+def test_tokens_arrive_while_the_completion_is_generated(slow_server):
+    start = time.monotonic()
+    stream = _client(slow_server).completions.create(
+        model="tiny", prompt=[5, 6, 7], max_tokens=24, temperature=1.0, seed=1, stream=True
+    )
+    arrivals = [(time.monotonic() - start, c.choices[0].text) for c in stream if c.choices]
+    texted = [t for t, text in arrivals if text]
+    total = arrivals[-1][0]
+    # 24 tokens in chunks of 4, each >= 0.25 s: the first text is out >= 2 chunks before the end
+    assert total >= 6 * CHUNK_S
+    assert texted and texted[0] <= total - 2 * CHUNK_S, arrivals
+    assert len(texted) >= 3
+
+
+def test_stopping_the_server_ends_open_streams(slow_server):
+    stream = _client(slow_server).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=40,
+        stream=True,
+    )
+    first = next(iter(stream))
+    assert first.choices[0].delta.role == "assistant"
+    stopper = threading.Thread(target=slow_server.stop)
+    t0 = time.monotonic()
+    stopper.start()
+    with pytest.raises(openai.APIError, match="shutting down"):
+        for _ in stream:
+            pass
+    stopper.join(10)
+    assert not stopper.is_alive() and time.monotonic() - t0 < 6
