@@ -150,9 +150,10 @@ class LossConfig:
     advantage: str | None = None
     """Advantage estimator: registered name or `module:function`."""
     eps_low: float | None = None
-    """Lower clip range; None = the variant's default."""
+    """Lower clip range; None = the variant's default; ignored by a variant without one."""
     eps_high: float | None = None
-    """Upper clip range (clip-higher); None = the variant's default."""
+    """Upper clip range (clip-higher); None = the variant's default; ignored by a variant
+    without one (reinforce)."""
     agg: str | None = None
     """Aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
     seq-mean-token-sum-norm."""
