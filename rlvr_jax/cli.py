@@ -130,7 +130,10 @@ def bench_main(argv: list[str] | None = None) -> int:
         return _fail(f"unknown benchmark {name!r}; choose from {', '.join(_BENCH)}")
     module, _ = _BENCH[name]
     _setup_logging(verbose=verbose)
+    from rlvr_jax.bench import progress
     from rlvr_jax.shutdown import Interrupted, SignalStop
+
+    progress.begin(f"rlvr-bench {name}")
 
     signals = SignalStop(f"rlvr-bench {name}", raise_in_main=True).install()
     try:
