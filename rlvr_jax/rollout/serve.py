@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,8 +167,13 @@ def _start_http(
     return stream, http
 
 
-def serve(args: argparse.Namespace, stop_event: threading.Event) -> int:
-    """Serves until `stop_event` is set (0) or an engine thread fails (1)."""
+def serve(
+    args: argparse.Namespace,
+    stop_event: threading.Event,
+    on_ready: Callable[[], None] | None = None,
+) -> int:
+    """Serves until `stop_event` is set (0) or an engine thread fails (1); `on_ready` is
+    called once both front ends serve."""
     from rlvr_jax.rollout import jetstream_compat
     from rlvr_jax.rollout.stream import RolloutError
 
@@ -186,6 +192,8 @@ def serve(args: argparse.Namespace, stop_event: threading.Event) -> int:
     try:
         print(f"{PROG}: loading {args.model}", file=sys.stderr, flush=True)
         start(args, servers, stop_event)
+        if on_ready is not None:
+            on_ready()
         if not stop_event.is_set():
             ready_s = time.monotonic() - t0
             if args.ready_file:
@@ -230,13 +238,22 @@ def describe(servers: Servers) -> str:
 def main(argv: list[str] | None = None) -> int:
     """`rlvr-serve` entry point: SIGINT/SIGTERM stop it cleanly within 10 s."""
     from rlvr_jax.logs import setup_logging
-    from rlvr_jax.shutdown import SignalStop
+    from rlvr_jax.shutdown import Interrupted, SignalStop
 
     args = build_parser().parse_args(argv)
     setup_logging(verbose=args.verbose)
-    signals = SignalStop(PROG, grace_s=8.0).install()
+    # a signal during start-up interrupts it (what was started is stopped on the way out);
+    # once serving, it only sets the event the serving loop waits on
+    signals = SignalStop(PROG, grace_s=8.0, raise_in_main=True).install()
+
+    def serving() -> None:
+        signals.raise_in_main = False
+
     try:
-        rc = serve(args, signals.event)
+        rc = serve(args, signals.event, on_ready=serving)
+    except Interrupted as e:
+        print(f"{PROG}: stopped by {e} while starting", file=sys.stderr)
+        rc = 0
     except (OSError, ValueError) as e:  # unreadable checkpoint / tokenizer, port in use
         print(f"{PROG}: error: {e}", file=sys.stderr)
         rc = 2
