@@ -12,6 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+SERVE_VOCAB = 320
+SERVE_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a plus b equals c",
+    "hello world",
+] * 20
 FAULTS = Path(__file__).with_name("serve_faults")
 """PYTHONPATH entry whose sitecustomize injects engine faults (see its docstring)."""
 
@@ -34,9 +40,12 @@ def user_env(**extra: str) -> dict[str, str]:
 
 
 class Proc:
-    """One console-script process; stdout/stderr go to files in `workdir`."""
+    """One console-script process; stdout/stderr go to files in `workdir` (also its working
+    directory unless `cwd` is given)."""
 
-    def __init__(self, name: str, args: list[str], workdir: Path, **env: str):
+    def __init__(
+        self, name: str, args: list[str], workdir: Path, *, cwd: Path | None = None, **env: str
+    ):
         self.name = name
         self.workdir = workdir
         self.out_path = workdir / f"{name}.stdout"
@@ -44,7 +53,11 @@ class Proc:
         self.started = time.monotonic()
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
             self.popen = subprocess.Popen(
-                [script(name), *args], stdout=out, stderr=err, env=user_env(**env), cwd=workdir
+                [script(name), *args],
+                stdout=out,
+                stderr=err,
+                env=user_env(**env),
+                cwd=workdir if cwd is None else cwd,
             )
 
     @property
@@ -91,3 +104,15 @@ class Proc:
             assert time.monotonic() < deadline, f"no {path.name} after {timeout} s"
             time.sleep(0.05)
         return json.loads(path.read_text())
+
+
+def build_serve_model(path: Path) -> Path:
+    """A tiny random Qwen2 checkpoint with a trained 320-token BPE tokenizer (EOS id 1, a
+    ChatML chat template) at `path`: what the rlvr-serve tests serve."""
+    import helpers_models as H
+
+    from rlvr_jax.data.tokenizer import train_tokenizer
+
+    H.build_hf_checkpoint("qwen2", path, seed=4, vocab_size=SERVE_VOCAB)
+    train_tokenizer(SERVE_CORPUS, vocab_size=SERVE_VOCAB, path=path, min_frequency=1)
+    return path

@@ -17,6 +17,7 @@ from helpers_train import tiny_run
 pytestmark = pytest.mark.slow
 
 TESTS = str(Path(__file__).parent)  # helpers_train:word_parity, the runs' verifier
+ROOT = Path(__file__).parent.parent
 STOP_S = 10.0
 LIBRARY_INFO = re.compile(r"^(I\d{4} |.* INFO (absl|orbax|jax)\b)", re.M)
 
@@ -103,7 +104,8 @@ def test_rlvr_eval_and_rlvr_filter(tmp_path):
 
 def test_rlvr_bench_all_quick(tmp_path):
     result = tmp_path / "all.json"
-    proc = C.Proc("rlvr-bench", ["all", "--quick", "--json", str(result)], tmp_path)
+    args = ["all", "--quick", "--json", str(result)]
+    proc = C.Proc("rlvr-bench", args, tmp_path, cwd=ROOT)  # e2e reads configs/demo.yaml
     assert proc.wait(1800) == 0, proc.stderr()[-5000:]
     status = json.loads(result.read_text())["status"]
     assert {n for n, s in status.items() if s["status"] == "ok"} == set(status), status

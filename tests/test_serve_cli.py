@@ -14,7 +14,6 @@ from pathlib import Path
 
 import grpc
 import helpers_cli as C
-import helpers_models as H
 import openai
 import psutil
 import pytest
@@ -22,24 +21,20 @@ from jetstream.core.proto import jetstream_pb2 as pb
 from jetstream.core.proto import jetstream_pb2_grpc as pb_grpc
 
 from rlvr_jax import models
-from rlvr_jax.data.tokenizer import apply_chat_template, load_tokenizer, train_tokenizer
+from rlvr_jax.data.tokenizer import apply_chat_template, load_tokenizer
 from rlvr_jax.rollout import generate
 
 pytestmark = pytest.mark.slow
 
-VOCAB = 320
+VOCAB = C.SERVE_VOCAB
 EOS = 1  # the trained tokenizer's <|im_end|>
-CORPUS = ["the quick brown fox jumps over the lazy dog", "a plus b equals c", "hello world"] * 20
 READY_S = 60.0
 STOP_S = 10.0
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("serve_cli_model")
-    H.build_hf_checkpoint("qwen2", path, seed=4, vocab_size=VOCAB)
-    train_tokenizer(CORPUS, vocab_size=VOCAB, path=path, min_frequency=1)
-    return path
+    return C.build_serve_model(tmp_path_factory.mktemp("serve_model"))
 
 
 class Server:

@@ -9,24 +9,20 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import helpers_models as H
+import helpers_cli as C
 import pytest
 
 from rlvr_jax import models
-from rlvr_jax.data.tokenizer import load_tokenizer, train_tokenizer
+from rlvr_jax.data.tokenizer import load_tokenizer
 from rlvr_jax.rollout import generate
 from rlvr_jax.rollout.serve import build_parser, serve
 
-VOCAB = 320
-CORPUS = ["the quick brown fox jumps over the lazy dog", "a plus b equals c", "hello world"] * 20
+VOCAB = C.SERVE_VOCAB
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen2_serve")
-    H.build_hf_checkpoint("qwen2", path, seed=4, vocab_size=VOCAB)
-    train_tokenizer(CORPUS, vocab_size=VOCAB, path=path, min_frequency=1)
-    return path
+    return C.build_serve_model(tmp_path_factory.mktemp("serve_model"))
 
 
 def _wait_ready(ready_file: Path, proc_alive=lambda: True, seconds=180.0) -> dict:

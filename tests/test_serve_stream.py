@@ -6,23 +6,21 @@ from __future__ import annotations
 import threading
 import time
 
-import helpers_models as H
+import helpers_cli as C
 import openai
 import pytest
 
 from rlvr_jax import models
-from rlvr_jax.data.tokenizer import load_tokenizer, train_tokenizer
+from rlvr_jax.data.tokenizer import load_tokenizer
 from rlvr_jax.rollout import EngineCore, RolloutStream
 from rlvr_jax.rollout.openai_http import OpenAIServer
 
-CORPUS = ["the quick brown fox jumps over the lazy dog", "a plus b equals c", "hello world"] * 20
 CHUNK_S = 0.25  # each decode chunk is slowed to this
 
 
 @pytest.fixture
 def slow_server(tmp_path):
-    H.build_hf_checkpoint("qwen2", tmp_path, seed=4, vocab_size=320)
-    train_tokenizer(CORPUS, vocab_size=320, path=tmp_path, min_frequency=1)
+    C.build_serve_model(tmp_path)
     core = EngineCore(models.load_pretrained(tmp_path), max_slots=2, max_len=64, chunk=4)
     generate = core.generate
 
