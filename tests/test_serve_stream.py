@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 
 import helpers_cli as C
 import openai
@@ -19,7 +20,7 @@ CHUNK_S = 0.25  # each decode chunk is slowed to this
 
 
 @pytest.fixture
-def slow_server(tmp_path):
+def slow_server(tmp_path, request):
     C.build_serve_model(tmp_path)
     core = EngineCore(models.load_pretrained(tmp_path), max_slots=2, max_len=64, chunk=4)
     generate = core.generate
@@ -30,9 +31,11 @@ def slow_server(tmp_path):
 
     core.generate = slow_generate
     stream = RolloutStream(core, max_new_tokens=16).start()
+    timeout = getattr(request, "param", 600.0)
     server = OpenAIServer(
-        stream, load_tokenizer(tmp_path), model_name="tiny", stop_token_ids=()
-    ).start()
+        stream, load_tokenizer(tmp_path), model_name="tiny", stop_token_ids=(),
+        request_timeout=timeout,
+    ).start()  # fmt: skip
     yield server
     server.stop()
     stream.stop()
@@ -73,3 +76,17 @@ def test_stopping_the_server_ends_open_streams(slow_server):
             pass
     stopper.join(10)
     assert not stopper.is_alive() and time.monotonic() - t0 < 6
+
+
+@pytest.mark.parametrize("slow_server", [0.5], indirect=True)  # request_timeout 0.5 s
+def test_a_timed_out_request_leaves_the_engine_serving(slow_server):
+    client = _client(slow_server)
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(model="tiny", prompt=[5, 6], max_tokens=24)
+    assert e.value.status_code == 504
+    time.sleep(6 * CHUNK_S)  # its samples finish in the engine, their future resolved
+    slow_server.stream.check()  # the driver thread did not fail
+    with urllib.request.urlopen(f"{slow_server.url}/health", timeout=10) as r:
+        assert r.status == 200
+    chunks = list(client.completions.create(model="tiny", prompt=[5, 6], max_tokens=4, stream=True))
+    assert chunks[-1].choices[0].finish_reason == "length"  # (streams have no timeout)

@@ -253,7 +253,7 @@ class OpenAIServer:
         return futures
 
     async def _answer(self, request: ParsedRequest, futures: list) -> dict:
-        waits = [asyncio.wrap_future(f) for f in futures]
+        waits = [_awaitable(f) for f in futures]
         groups = await asyncio.wait_for(asyncio.gather(*waits), self.request_timeout)
         choices, used = [], 0
         for group in groups:
@@ -414,6 +414,30 @@ async def _json_errors(request: Any, handler: Any) -> Any:
         return _error(
             e.status, message, "not_found" if e.status == 404 else "invalid_request_error"
         )
+
+
+def _awaitable(future: concurrent.futures.Future) -> asyncio.Future:
+    """An asyncio future with `future`'s outcome. Unlike `asyncio.wrap_future`, cancelling it
+    (a timed-out or stopped request) does not cancel `future`: the stream resolves it later,
+    and resolving a cancelled future would raise on the engine's driver thread."""
+    loop = asyncio.get_running_loop()
+    out = loop.create_future()
+
+    def copy(done: concurrent.futures.Future) -> None:
+        if out.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(done.result())
+
+    def on_done(done: concurrent.futures.Future) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server stopped
+            loop.call_soon_threadsafe(copy, done)
+
+    future.add_done_callback(on_done)
+    return out
 
 
 def _merge(a: Delta, b: Delta) -> Delta:
