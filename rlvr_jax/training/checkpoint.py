@@ -57,6 +57,14 @@ class Checkpointer:
         )
         return out["state"], dict(out["meta"])
 
+    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, state, meta) of the newest checkpoint; None when there is none."""
+        latest = self.latest_step()
+        if latest is None:
+            return None
+        state, meta = self.restore(latest, abstract_state)
+        return latest, state, meta
+
     def wait(self) -> None:
         self._mngr.wait_until_finished()
 
