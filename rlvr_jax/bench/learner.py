@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import losses, models
-from rlvr_jax.bench import common
+from rlvr_jax.bench import common, progress
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
@@ -337,7 +337,9 @@ def run(
 
     load_before = common.machine_info()["loadavg"]
     roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)
+    progress.line("train step and log-prob forward")
     measured = measure(cfg, trace_dir=trace_dir)
+    progress.line("fp32 matmul peak again")
     after_fp32 = matmul_gflops(cfg.roofline_size, jnp.float32)
     machine = common.machine_info()
     if datasheet_tflops:

@@ -153,9 +153,10 @@ class LossConfig:
     advantage: str | None = None
     """Advantage estimator: registered name or `module:function`."""
     eps_low: float | None = None
-    """Lower clip range; None = the variant's default."""
+    """Lower clip range; None = the variant's default; ignored by a variant without one."""
     eps_high: float | None = None
-    """Upper clip range (clip-higher); None = the variant's default."""
+    """Upper clip range (clip-higher); None = the variant's default; ignored by a variant
+    without one (reinforce)."""
     agg: str | None = None
     """Aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
     seq-mean-token-sum-norm."""
@@ -331,6 +332,9 @@ class LogConfig:
     """Completions logged as text per step."""
     plots: bool = True
     """PNG plots of the main curves at the end."""
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    """Level of the libraries' own logs (absl, orbax, JAX, JetStream, TensorFlow): "warning"
+    keeps their INFO lines off; rlvr_jax's one-line messages always show. `--verbose` = "info"."""
 
 
 @dataclass(frozen=True)
