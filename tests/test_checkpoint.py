@@ -1,0 +1,284 @@
+"""Checkpoints that lose nothing, on real orbax files: a damaged newest checkpoint is named (with
+its damaged files), moved aside and the previous one restored; with none intact, a
+`CheckpointError` names them all; a save that fails for lack of room (a real EFBIG from
+RLIMIT_FSIZE, in a subprocess) is reported with its step and OS error, leaves the earlier
+checkpoints restorable, and does not block the next save."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlvr_jax.training.checkpoint import CheckpointError, Checkpointer, abstract_like
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGGER = "rlvr_jax.training.checkpoint"
+
+
+def make_state(k: float) -> dict:
+    """A small train-state-like pytree whose every value depends on `k` (the step)."""
+    w = jax.random.normal(jax.random.key(0), (128, 64)) + k
+    return {"params": {"w": w, "b": jnp.full((64,), k)}, "step": jnp.int32(k)}
+
+
+def save_steps(out: Path, steps=(1, 2, 3), **kw) -> Path:
+    ckpt = Checkpointer(out, **{"keep": 3, **kw})
+    for s in steps:
+        ckpt.save(s, make_state(s), {"step": s, "data": {"epoch": 0, "offset": 10 * s}})
+    ckpt.close()
+    return out / "checkpoints"
+
+
+def data_files(step_dir: Path) -> list[Path]:
+    return sorted((step_dir / "state" / "ocdbt.process_0" / "d").iterdir())
+
+
+def flip(path: Path, at: float = 0.5, n: int = 16) -> None:
+    """Overwrites n bytes in the middle of a file with their complement (same size)."""
+    data = bytearray(path.read_bytes())
+    i = min(int(len(data) * at), max(len(data) - n, 0))
+    data[i : i + n] = bytes(b ^ 0xFF for b in data[i : i + n])
+    path.write_bytes(bytes(data))
+
+
+def assert_state(state, k: float) -> None:
+    want = make_state(k)
+    for got, exp in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(exp))
+
+
+def messages(caplog, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == level]
+
+
+def test_save_restore_keep_and_manifest(tmp_path):
+    root = save_steps(tmp_path, steps=(1, 2, 3, 4), keep=2)
+    assert sorted(os.listdir(root)) == ["3", "4"]  # keep-last-2, nothing half-deleted left
+    manifest = json.loads((root / "4" / "rlvr_manifest.process_0.json").read_text())
+    assert manifest["checksum"] == "crc32"
+    d = data_files(root / "4")[0].relative_to(root / "4").as_posix()
+    assert manifest["files"][d][0] == (root / "4" / d).stat().st_size
+    assert "meta/metadata" in manifest["files"]
+    ckpt = Checkpointer(tmp_path)
+    step, state, meta = ckpt.restore_latest(abstract_like(make_state(0)))
+    ckpt.close()
+    assert (step, meta["data"]["offset"]) == (4, 40)
+    assert_state(state, 4)
+
+
+def test_no_checkpoint_is_none(tmp_path):
+    ckpt = Checkpointer(tmp_path)
+    assert ckpt.restore_latest(abstract_like(make_state(0))) is None
+    assert ckpt.latest_step() is None
+    ckpt.close()
+
+
+def test_damaged_newest_falls_back_and_is_kept(tmp_path, caplog):
+    root = save_steps(tmp_path)
+    damaged = data_files(root / "3")[:3]
+    assert len(damaged) == 3
+    for f in damaged:
+        flip(f)
+    bytes_before = {f.name: f.read_bytes() for f in damaged}
+    ckpt = Checkpointer(tmp_path)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        step, state, meta = ckpt.restore_latest(abstract_like(make_state(0)))
+    assert (step, meta["step"]) == (2, 2)
+    assert_state(state, 2)
+    [err] = messages(caplog, logging.ERROR)
+    assert err.startswith("checkpoint 3 is damaged (moved to 3.damaged)")
+    assert all(f"state/ocdbt.process_0/d/{f.name} (checksum differs)" in err for f in damaged)
+    assert "\n" not in err
+    warnings = messages(caplog, logging.WARNING)
+    assert "falling back to checkpoint 2; steps 3.. will be recomputed" in warnings
+    # moved aside, byte for byte, never deleted; orbax no longer lists it
+    assert not (root / "3").exists()
+    kept = root / "3.damaged" / "state" / "ocdbt.process_0" / "d"
+    assert {f.name: (kept / f.name).read_bytes() for f in damaged} == bytes_before
+    assert ckpt.latest_step() == 2
+    # step 3 is recomputed and saved again; keep-last-2 neither counts nor removes the
+    # damaged copy
+    ckpt.save(3, make_state(3), {"step": 3})
+    ckpt.close()
+    assert sorted(os.listdir(root)) == ["2", "3", "3.damaged"]
+
+
+def test_none_intact_raises_naming_each(tmp_path):
+    root = save_steps(tmp_path, steps=(1, 2))
+    names = {s: data_files(root / str(s))[-1].name for s in (1, 2)}
+    for s in (1, 2):
+        flip(root / str(s) / "state" / "ocdbt.process_0" / "d" / names[s])
+    ckpt = Checkpointer(tmp_path)
+    with pytest.raises(CheckpointError) as info:
+        ckpt.restore_latest(abstract_like(make_state(0)))
+    msg = str(info.value)
+    assert isinstance(info.value, ValueError)  # rlvr-train maps it to exit 2
+    assert msg.startswith(f"no intact checkpoint in {root}: checkpoint 2 (moved to 2.damaged)")
+    assert "checkpoint 1 (moved to 1.damaged)" in msg
+    assert all(f"d/{n} (checksum differs)" in msg for n in names.values())
+    assert "checkpoint.resume: false" in msg
+    assert sorted(os.listdir(root)) == ["1.damaged", "2.damaged"]
+    # a second attempt does not silently start afresh
+    with pytest.raises(CheckpointError, match="moved aside by an earlier run: 1.damaged, 2.damaged"):
+        ckpt.restore_latest(abstract_like(make_state(0)))
+    ckpt.close()
+
+
+def test_truncated_file(tmp_path, caplog):
+    root = save_steps(tmp_path, steps=(1, 2))
+    big = max(data_files(root / "2"), key=lambda p: p.stat().st_size)
+    size = big.stat().st_size
+    with open(big, "r+b") as f:
+        f.truncate(size // 3)
+    ckpt = Checkpointer(tmp_path, verify="size")  # sizes alone catch a cut-short file
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        step, state, _ = ckpt.restore_latest(abstract_like(make_state(0)))
+    ckpt.close()
+    assert step == 1
+    assert_state(state, 1)
+    [err] = messages(caplog, logging.ERROR)
+    assert f"d/{big.name} (cut short: {size // 3} bytes, {size} written)" in err
+
+
+def test_missing_manifest_restores_unchecked(tmp_path, caplog):
+    root = save_steps(tmp_path, steps=(1, 2))
+    (root / "2" / "rlvr_manifest.process_0.json").unlink()  # killed before it was written
+    ckpt = Checkpointer(tmp_path)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        step, state, _ = ckpt.restore_latest(abstract_like(make_state(0)))
+    ckpt.close()
+    assert step == 2
+    assert_state(state, 2)
+    assert any("checkpoint 2 has no manifest" in m for m in messages(caplog, logging.WARNING))
+
+
+def test_missing_manifest_and_damaged_data_orbax_error_in_one_line(tmp_path, caplog, capfd):
+    """Without a manifest the damage shows only as orbax's error (the issue's ZSTD error):
+    summarised in one line naming the array and the directory, then the fallback."""
+    root = save_steps(tmp_path, steps=(1, 2))
+    (root / "2" / "rlvr_manifest.process_0.json").unlink()
+    big = max(data_files(root / "2"), key=lambda p: p.stat().st_size)
+    flip(big, at=0.0, n=12)  # the zstd frame header
+    ckpt = Checkpointer(tmp_path)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        step, state, _ = ckpt.restore_latest(abstract_like(make_state(0)))
+    ckpt.close()
+    assert step == 1
+    assert_state(state, 1)
+    [err] = messages(caplog, logging.ERROR)
+    assert err.startswith("checkpoint 2 is damaged (moved to 2.damaged): orbax cannot restore it:")
+    assert "ZSTD" in err and f"{root}/2/state/" in err and "\n" not in err
+    assert "Exception ignored" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("manifest", [True, False])
+def test_json_sidecar_corrupted(tmp_path, caplog, manifest):
+    root = save_steps(tmp_path, steps=(1, 2))
+    if not manifest:
+        (root / "2" / "rlvr_manifest.process_0.json").unlink()
+    side_car = root / "2" / "meta" / "metadata"
+    text = side_car.read_text()
+    cut = text.rindex("}")
+    side_car.write_text(text[:cut] + "]" + text[cut + 1 :])  # same size, no longer JSON
+    ckpt = Checkpointer(tmp_path)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        step, _, meta = ckpt.restore_latest(abstract_like(make_state(0)))
+    ckpt.close()
+    assert (step, meta["step"]) == (1, 1)
+    [err] = messages(caplog, logging.ERROR)
+    want = "meta/metadata (checksum differs)" if manifest else "JSON side-car meta/metadata"
+    assert want in err
+
+
+def test_other_train_state_is_an_error_not_damage(tmp_path):
+    root = save_steps(tmp_path, steps=(1, 2))
+    other = {"params": {"w": jnp.zeros((256, 64)), "b": jnp.zeros((64,))}, "step": jnp.int32(0)}
+    ckpt = Checkpointer(tmp_path)
+    with pytest.raises(CheckpointError, match=r"params\.w is \(128, 64\) in the checkpoint, "):
+        ckpt.restore_latest(abstract_like(other))
+    ckpt.close()
+    assert sorted(os.listdir(root)) == ["1", "2"]  # nothing moved
+
+
+def test_leftovers_of_an_interrupted_save_are_removed(tmp_path, caplog):
+    root = save_steps(tmp_path, steps=(1,))
+    (root / "2.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+    (root / "0.deleting").mkdir()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        ckpt = Checkpointer(tmp_path)
+    assert sorted(os.listdir(root)) == ["1"]
+    assert any("2.orbax-checkpoint-tmp" in m for m in messages(caplog, logging.WARNING))
+    ckpt.save(2, make_state(2), {"step": 2})
+    ckpt.close()
+    assert sorted(os.listdir(root)) == ["1", "2"]
+
+
+FULL_DISK = textwrap.dedent(
+    """
+    import json, resource, sys
+    import jax, jax.numpy as jnp
+    from rlvr_jax.training.checkpoint import CheckpointError, Checkpointer, abstract_like
+
+    out, mode = sys.argv[1], sys.argv[2]
+    def state(k):
+        return {"w": jax.random.normal(jax.random.key(0), (256, 256)) + k, "b": jnp.full((8,), k)}
+    report = {}
+    ckpt = Checkpointer(out, keep=1, async_save=mode == "async")
+    ckpt.save(1, state(1), {"step": 1})
+    ckpt.wait()
+    # files over 64 KiB can no longer be written (EFBIG: Python ignores SIGXFSZ); the
+    # 256 KiB array of the next checkpoint is
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
+    try:
+        ckpt.save(2, state(2), {"step": 2})
+        report["raised_by"] = "save 3"
+        ckpt.save(3, state(3), {"step": 3})  # the async failure of 2 surfaces here
+        report["raised_by"] = None
+    except CheckpointError as e:
+        report["error"] = str(e)
+        if mode == "sync":
+            report["raised_by"] = "save 2"
+    report["after_failure"] = sorted(p.name for p in ckpt.dir.iterdir())
+    step, restored, meta = ckpt.restore_latest(abstract_like(state(0)))
+    report["restored"] = [step, meta["step"], float(abs(restored["w"] - state(1)["w"]).max())]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    ckpt.save(2, state(2), {"step": 2})  # with room again, the same step saves
+    ckpt.close()
+    report["final"] = sorted(p.name for p in ckpt.dir.iterdir())
+    print("REPORT " + json.dumps(report))
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_save_that_fails_for_lack_of_room(tmp_path, mode):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(tmp_path), mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))
+    report = json.loads(line[len("REPORT ") :])
+    assert report["raised_by"] == ("save 3" if mode == "async" else "save 2")
+    err = report["error"]
+    assert err.startswith(f"checkpoint 2 could not be written to {tmp_path}/checkpoints: ")
+    assert "File too large" in err and "[EFBIG]" in err and "\n" not in err
+    assert err.endswith("(the earlier checkpoints are untouched: 1)")
+    # keep=1, yet the failed save cost nothing; its partial directory is gone
+    assert report["after_failure"] == ["1"]
+    assert report["restored"] == [1, 1, 0.0]
+    assert report["final"] == ["2"]  # the next save worked, then keep-last-1 applied
+    assert "Traceback" not in proc.stderr  # orbax's tracebacks go to the debug log
