@@ -7,6 +7,7 @@ checkpoints restorable, and does not block the next save."""
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr_jax.training.checkpoint import CheckpointError, Checkpointer, abstract_like
+from rlvr_jax.training.checkpoint import Checkpointer, CheckpointError, abstract_like
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGGER = "rlvr_jax.training.checkpoint"
@@ -127,7 +128,9 @@ def test_none_intact_raises_naming_each(tmp_path):
     assert "checkpoint.resume: false" in msg
     assert sorted(os.listdir(root)) == ["1.damaged", "2.damaged"]
     # a second attempt does not silently start afresh
-    with pytest.raises(CheckpointError, match="moved aside by an earlier run: 1.damaged, 2.damaged"):
+    with pytest.raises(
+        CheckpointError, match=r"moved aside by an earlier run: 1\.damaged, 2\.damaged"
+    ):
         ckpt.restore_latest(abstract_like(make_state(0)))
     ckpt.close()
 
@@ -227,43 +230,61 @@ FULL_DISK = textwrap.dedent(
     import jax, jax.numpy as jnp
     from rlvr_jax.training.checkpoint import CheckpointError, Checkpointer, abstract_like
 
-    out, mode = sys.argv[1], sys.argv[2]
     def state(k):
         return {"w": jax.random.normal(jax.random.key(0), (256, 256)) + k, "b": jnp.full((8,), k)}
-    report = {}
-    ckpt = Checkpointer(out, keep=1, async_save=mode == "async")
-    ckpt.save(1, state(1), {"step": 1})
-    ckpt.wait()
-    # files over 64 KiB can no longer be written (EFBIG: Python ignores SIGXFSZ); the
-    # 256 KiB array of the next checkpoint is
-    resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, resource.RLIM_INFINITY))
-    try:
-        ckpt.save(2, state(2), {"step": 2})
-        report["raised_by"] = "save 3"
-        ckpt.save(3, state(3), {"step": 3})  # the async failure of 2 surfaces here
-        report["raised_by"] = None
-    except CheckpointError as e:
-        report["error"] = str(e)
-        if mode == "sync":
-            report["raised_by"] = "save 2"
-    report["after_failure"] = sorted(p.name for p in ckpt.dir.iterdir())
-    step, restored, meta = ckpt.restore_latest(abstract_like(state(0)))
-    report["restored"] = [step, meta["step"], float(abs(restored["w"] - state(1)["w"]).max())]
-    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
-    ckpt.save(2, state(2), {"step": 2})  # with room again, the same step saves
-    ckpt.close()
-    report["final"] = sorted(p.name for p in ckpt.dir.iterdir())
-    print("REPORT " + json.dumps(report))
+
+    def room(limited):
+        # over 64 KiB a file can no longer grow (EFBIG: Python ignores SIGXFSZ); the
+        # checkpoint's 256 KiB array cannot be written, its metadata can
+        limit = 64 << 10 if limited else resource.RLIM_INFINITY
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+
+    def scenario(out, mode):
+        report = {}
+        ckpt = Checkpointer(out, keep=1, async_save=mode == "async")
+        ckpt.save(1, state(1), {"step": 1})
+        ckpt.wait()
+        room(False if mode == "none" else True)
+        try:
+            ckpt.save(2, state(2), {"step": 2})
+            report["raised_by"] = "save 3"
+            ckpt.save(3, state(3), {"step": 3})  # an asynchronous failure of 2 surfaces here
+            report["raised_by"] = None
+        except CheckpointError as e:
+            report["error"] = str(e)
+            if mode == "sync":
+                report["raised_by"] = "save 2"
+        report["after_failure"] = sorted(p.name for p in ckpt.dir.iterdir())
+        step, restored, meta = ckpt.restore_latest(abstract_like(state(0)))
+        report["restored"] = [step, meta["step"], float(abs(restored["w"] - state(1)["w"]).max())]
+        room(False)
+        ckpt.save(2, state(2), {"step": 2})  # with room again, the same step saves
+        ckpt.wait()
+        room(True)
+        try:
+            report["late_raised_by"] = "save 3"
+            ckpt.save(3, state(3), {"step": 3})
+            report["late_raised_by"] = "close"
+            ckpt.close()  # an asynchronous failure of 3 surfaces here at the latest
+        except CheckpointError as e:
+            report["late_error"] = str(e)
+        ckpt.close()
+        room(False)
+        report["final"] = sorted(p.name for p in ckpt.dir.iterdir())
+        return report
+
+    reports = {mode: scenario(f"{sys.argv[1]}/{mode}", mode) for mode in ("async", "sync")}
+    print("REPORT " + json.dumps(reports))
     """
 )
 
 
-@pytest.mark.parametrize("mode", ["async", "sync"])
-def test_save_that_fails_for_lack_of_room(tmp_path, mode):
+def test_save_that_fails_for_lack_of_room(tmp_path):
+    """One subprocess (the file-size limit is per process), both save modes."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)
     proc = subprocess.run(
-        [sys.executable, "-c", FULL_DISK, str(tmp_path), mode],
+        [sys.executable, "-c", FULL_DISK, str(tmp_path)],
         env=env,
         capture_output=True,
         text=True,
@@ -271,14 +292,92 @@ def test_save_that_fails_for_lack_of_room(tmp_path, mode):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = next(x for x in proc.stdout.splitlines() if x.startswith("REPORT "))
-    report = json.loads(line[len("REPORT ") :])
-    assert report["raised_by"] == ("save 3" if mode == "async" else "save 2")
-    err = report["error"]
-    assert err.startswith(f"checkpoint 2 could not be written to {tmp_path}/checkpoints: ")
-    assert "File too large" in err and "[EFBIG]" in err and "\n" not in err
-    assert err.endswith("(the earlier checkpoints are untouched: 1)")
-    # keep=1, yet the failed save cost nothing; its partial directory is gone
-    assert report["after_failure"] == ["1"]
-    assert report["restored"] == [1, 1, 0.0]
-    assert report["final"] == ["2"]  # the next save worked, then keep-last-1 applied
+    for mode, report in json.loads(line[len("REPORT ") :]).items():
+        out = tmp_path / mode / "checkpoints"
+        assert report["raised_by"] == ("save 3" if mode == "async" else "save 2")
+        err = report["error"]
+        assert err.startswith(f"checkpoint 2 could not be written to {out}: ")
+        assert "File too large" in err and "[EFBIG]" in err and "\n" not in err
+        assert err.endswith("(the earlier checkpoints are untouched: 1)")
+        # keep=1, yet the failed save cost nothing; its partial directory is gone
+        assert report["after_failure"] == ["1"]
+        assert report["restored"] == [1, 1, 0.0]
+        # the retry of step 2 worked (then keep-last-1 applied); 3 failed again
+        assert report["late_raised_by"] == ("close" if mode == "async" else "save 3")
+        assert report["late_error"].startswith(f"checkpoint 3 could not be written to {out}")
+        assert report["late_error"].endswith("(the earlier checkpoints are untouched: 2)")
+        assert report["final"] == ["2"]
     assert "Traceback" not in proc.stderr  # orbax's tracebacks go to the debug log
+
+
+WORKER = Path(__file__).with_name("checkpoint_worker.py")
+
+
+def run_two_processes(out: Path, phase: str) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = str(ROOT)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(pid), "2", str(port), str(out), phase],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for pid in range(2)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for p, o in zip(procs, outs):
+        assert p.returncode == 0, o
+    return [
+        json.loads(next(x for x in o.splitlines() if x.startswith("RESULT "))[7:]) for o in outs
+    ]
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_the_checkpoint_to_restore(tmp_path):
+    """Each process writes and verifies only its own files; a file of process 1 damaged in
+    the newest checkpoint makes both processes fall back to the previous one."""
+    run_two_processes(tmp_path, "save")
+    root = tmp_path / "checkpoints"
+    for step in (1, 2):
+        for pid in (0, 1):
+            manifest = json.loads(
+                (root / str(step) / f"rlvr_manifest.process_{pid}.json").read_text()
+            )
+            owners = {f.split("/")[1] for f in manifest["files"] if f.startswith("state/ocdbt.")}
+            assert owners == {f"ocdbt.process_{pid}"}
+    victim = sorted((root / "2" / "state" / "ocdbt.process_1" / "d").iterdir())[-1]
+    flip(victim)
+    results = run_two_processes(tmp_path, "restore")
+    for r in results:
+        assert (r["step"], r["meta_step"], r["values_match"]) == (1, 1, True), r
+    [err] = results[0]["errors"]  # process 0 names the file that process 1 found damaged
+    assert err.startswith("checkpoint 2 is damaged (moved to 2.damaged): process 1: ")
+    assert f"state/ocdbt.process_1/d/{victim.name} (checksum differs)" in err
+    assert sorted(os.listdir(root)) == ["1", "2.damaged"]
+
+
+def test_late_tensorstore_callback_is_quiet_and_nothing_else(monkeypatch):
+    """After a failed save TensorStore may call back into orbax's closed event loop; Python
+    reports it as unraisable. That one goes to the debug log; any other is passed on."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from rlvr_jax.training import checkpoint_errors
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    checkpoint_errors.quiet_orbax_tracebacks()
+    loop = asyncio.new_event_loop()
+    loop.close()
+    for fn in (lambda: loop.call_soon_threadsafe(print), lambda: 1 / 0):
+        try:
+            fn()
+        except Exception as e:
+            args = dict(exc_type=type(e), exc_value=e, exc_traceback=e.__traceback__)
+            sys.unraisablehook(SimpleNamespace(**args, err_msg=None, object=None))
+    assert [type(u.exc_value) for u in seen] == [ZeroDivisionError]

@@ -149,7 +149,33 @@ def _called_from_orbax() -> bool:
     return False
 
 
+def _late_tensorstore_callback(tp, value, tb) -> bool:
+    """After a failed save, a TensorStore write can complete after orbax closed the event loop
+    its callback calls into; Python reports that as an unraisable 'Event loop is closed'."""
+    if tp is not RuntimeError or str(value) != "Event loop is closed":
+        return False
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name == "call_soon_threadsafe":
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def quiet_orbax_tracebacks() -> None:
+    """Sends orbax's tracebacks of a failed save to the debug log (their one-line messages
+    stay), and likewise TensorStore's late-callback traceback; everything else is untouched."""
     absl = logging.getLogger("absl")
     if not any(isinstance(f, _OrbaxTracebacks) for f in absl.filters):
         absl.addFilter(_OrbaxTracebacks())
+    if getattr(sys.unraisablehook, "_rlvr_checkpoint", False):
+        return
+    previous = sys.unraisablehook
+
+    def unraisablehook(u):
+        if _late_tensorstore_callback(u.exc_type, u.exc_value, u.exc_traceback):
+            log.debug("a TensorStore callback after orbax closed its event loop: %r", u.exc_value)
+        else:
+            previous(u)
+
+    unraisablehook._rlvr_checkpoint = True
+    sys.unraisablehook = unraisablehook
