@@ -19,21 +19,13 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from helpers_multihost import init_local  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from rlvr_jax.config.schema import DistributedConfig  # noqa: E402
 from rlvr_jax.training.checkpoint import Checkpointer, CheckpointError  # noqa: E402
-from rlvr_jax.training.distributed import global_tree, init_distributed  # noqa: E402
+from rlvr_jax.training.distributed import global_tree  # noqa: E402
 
-init_distributed(
-    DistributedConfig(
-        initialize=True,
-        coordinator_address=f"127.0.0.1:{port}",
-        num_processes=nproc,
-        process_id=pid,
-        transfer_address=f"127.0.0.1:{port + 1 + pid}",
-    )
-)
+init_local(pid, nproc, port)
 mesh = jax.make_mesh((8,), ("x",))
 sharded, replicated = NamedSharding(mesh, PartitionSpec("x")), NamedSharding(mesh, PartitionSpec())
 shardings = {"w": sharded, "b": replicated}

@@ -60,6 +60,15 @@ def messages(caplog, level: int) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == level]
 
 
+def resume(out: Path, caplog, **kw):
+    """`restore_latest` of a fresh Checkpointer on `out`, with this module's logs captured."""
+    ckpt = Checkpointer(out, **kw)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        result = ckpt.restore_latest(abstract_like(make_state(0)))
+    ckpt.close()
+    return result
+
+
 def test_save_restore_keep_and_manifest(tmp_path):
     root = save_steps(tmp_path, steps=(1, 2, 3, 4), keep=2)
     assert sorted(os.listdir(root)) == ["3", "4"]  # keep-last-2, nothing half-deleted left
@@ -141,10 +150,7 @@ def test_truncated_file(tmp_path, caplog):
     size = big.stat().st_size
     with open(big, "r+b") as f:
         f.truncate(size // 3)
-    ckpt = Checkpointer(tmp_path, verify="size")  # sizes alone catch a cut-short file
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        step, state, _ = ckpt.restore_latest(abstract_like(make_state(0)))
-    ckpt.close()
+    step, state, _ = resume(tmp_path, caplog, verify="size")  # sizes catch a cut-short file
     assert step == 1
     assert_state(state, 1)
     [err] = messages(caplog, logging.ERROR)
@@ -154,10 +160,7 @@ def test_truncated_file(tmp_path, caplog):
 def test_missing_manifest_restores_unchecked(tmp_path, caplog):
     root = save_steps(tmp_path, steps=(1, 2))
     (root / "2" / "rlvr_manifest.process_0.json").unlink()  # killed before it was written
-    ckpt = Checkpointer(tmp_path)
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        step, state, _ = ckpt.restore_latest(abstract_like(make_state(0)))
-    ckpt.close()
+    step, state, _ = resume(tmp_path, caplog)
     assert step == 2
     assert_state(state, 2)
     assert any("checkpoint 2 has no manifest" in m for m in messages(caplog, logging.WARNING))
@@ -170,10 +173,7 @@ def test_missing_manifest_and_damaged_data_orbax_error_in_one_line(tmp_path, cap
     (root / "2" / "rlvr_manifest.process_0.json").unlink()
     big = max(data_files(root / "2"), key=lambda p: p.stat().st_size)
     flip(big, at=0.0, n=12)  # the zstd frame header
-    ckpt = Checkpointer(tmp_path)
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        step, state, _ = ckpt.restore_latest(abstract_like(make_state(0)))
-    ckpt.close()
+    step, state, _ = resume(tmp_path, caplog)
     assert step == 1
     assert_state(state, 1)
     [err] = messages(caplog, logging.ERROR)
@@ -191,10 +191,7 @@ def test_json_sidecar_corrupted(tmp_path, caplog, manifest):
     text = side_car.read_text()
     cut = text.rindex("}")
     side_car.write_text(text[:cut] + "]" + text[cut + 1 :])  # same size, no longer JSON
-    ckpt = Checkpointer(tmp_path)
-    with caplog.at_level(logging.INFO, logger=LOGGER):
-        step, _, meta = ckpt.restore_latest(abstract_like(make_state(0)))
-    ckpt.close()
+    step, _, meta = resume(tmp_path, caplog)
     assert (step, meta["step"]) == (1, 1)
     [err] = messages(caplog, logging.ERROR)
     want = "meta/metadata (checksum differs)" if manifest else "JSON side-car meta/metadata"
