@@ -62,6 +62,12 @@ def train_main(argv: list[str] | None = None) -> int:
             return _fail(str(e))
         print(format_plan(plan))
         return 0
+    from rlvr_jax.config import check_runtime
+
+    try:
+        check_runtime(cfg, source=args.config or "<defaults>")
+    except ConfigError as e:
+        return _fail(str(e))
     try:
         return _run_library("rlvr_jax.training.run", "main", cfg, what="rlvr-train")
     except (OSError, ValueError) as e:  # bad paths, data, settings: a named error, exit 2
@@ -121,7 +127,7 @@ def _simple(module: str, what: str) -> Callable[[list[str] | None], int]:
 
 
 eval_main = _simple("rlvr_jax.eval.cli", "rlvr-eval")
-filter_main = _simple("rlvr_jax.data.filter_cli", "rlvr-filter")
+filter_main = _simple("rlvr_jax.eval.filter_cli", "rlvr-filter")
 serve_main = _simple("rlvr_jax.rollout.serve", "rlvr-serve")
 
 

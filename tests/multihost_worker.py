@@ -60,9 +60,9 @@ learner_devices = [devs[i] for i in (0, 1, 4, 5)]
 actor_devices = [devs[i] for i in (2, 3, 6, 7)]
 mesh = sharding.make_mesh({"data": 2, "fsdp": 2}, learner_devices)
 params = global_tree(host_params, sharding.param_shardings(ARCH, mesh, sharding.LEARNER_RULES))
-batch_sh = {
-    k: sharding.batch_sharding(mesh, sharding.LEARNER_RULES, v.shape) for k, v in host_batch.items()
-}
+batch_sh = jax.tree.map(
+    lambda v: sharding.batch_sharding(mesh, sharding.LEARNER_RULES, v.shape), host_batch
+)
 batch = global_tree(host_batch, batch_sh)
 opt = optax.adamw(1e-2)
 state = learner.init_state(params, opt, mesh=mesh)

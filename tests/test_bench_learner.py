@@ -60,16 +60,16 @@ def test_the_bench_model_is_decodes():
 def test_synthetic_batch_is_a_collated_rl_batch():
     arch = common.bench_arch(**TINY)
     b = bench.synthetic_batch(arch, rows=6, seq=40, seed=2, with_old_logp=True)
-    assert b["input_ids"].shape == b["mask"].shape == b["old_logp"].shape == (6, 40)
-    np.testing.assert_array_equal(b["input_ids"][:, 1:], b["target_ids"][:, :-1])
-    for mask, seg in zip(b["mask"], b["segment_ids"]):
+    assert b.input_ids_BxT.shape == b.mask_BxT.shape == b.old_logp_BxT.shape == (6, 40)
+    np.testing.assert_array_equal(b.input_ids_BxT[:, 1:], b.target_ids_BxT[:, :-1])
+    for mask, seg in zip(b.mask_BxT, b.segment_ids_BxT):
         on = np.flatnonzero(mask)
         assert on.size >= 1 and np.all(np.diff(on) == 1)  # one contiguous completion
         assert seg[: on[-1] + 1].all()  # the prompt and the completion are one segment
-    on = b["mask"] > 0
-    assert np.abs(b["sampler_logp"][on] + np.log(512)).max() < 1.0
-    assert (b["old_logp"][~on] == b["sampler_logp"][~on]).all()
-    lengths = b["mask"].sum(1)
+    on = b.mask_BxT > 0
+    assert np.abs(b.sampler_logp_BxT[on] + np.log(512)).max() < 1.0
+    assert (b.old_logp_BxT[~on] == b.sampler_logp_BxT[~on]).all()
+    lengths = b.mask_BxT.sum(1)
     assert len(set(lengths.tolist())) > 1  # varied completion lengths
 
 

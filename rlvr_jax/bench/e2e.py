@@ -108,8 +108,8 @@ def run_mode(
     config_path: str | Path, overrides: list[str], mode: str, *, steps: int, warmup: int, out: Path
 ) -> ModeRun:
     """Trains `warmup + steps` steps in `mode` ("sync" or "async"); the measured figures."""
+    from rlvr_jax.training.loop import Trainer
     from rlvr_jax.training.metrics import read_jsonl
-    from rlvr_jax.training.rl_loop import RLTrainer
 
     cfg = load_config(
         config_path, [*overrides, f"rollout.mode={mode}"], steps=warmup + steps, out=out / mode
@@ -118,7 +118,7 @@ def run_mode(
         raise ValueError(f"rlvr-bench e2e runs algorithm: rl; the config has {cfg.algorithm!r}")
     timeline = tl.Timeline()
     t0 = time.perf_counter()
-    trainer = RLTrainer(cfg, timeline=timeline)
+    trainer = Trainer(cfg, timeline=timeline)
     try:
         start = timeline.mark("start")
         trainer.run()

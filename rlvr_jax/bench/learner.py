@@ -141,11 +141,11 @@ PRESETS: dict[str, LearnerBenchConfig] = {
 
 def synthetic_batch(
     arch: models.ArchConfig, *, rows: int, seq: int, seed: int, with_old_logp: bool
-) -> dict[str, np.ndarray]:
-    """A realistic learner batch from `collate`: each row a prompt of 1..seq/4 tokens and a
-    completion filling a random 25..100% of the rest, right-padded; sampler log-probs near a
-    random model's −log V; advantages ~ N(0, 1). `seq` is the learner's T (rows hold seq + 1
-    tokens before the shift)."""
+) -> Any:
+    """A realistic learner batch (`RLBatch`, numpy) from `collate`: each row a prompt of
+    1..seq/4 tokens and a completion filling a random 25..100% of the rest, right-padded;
+    sampler log-probs near a random model's −log V; advantages ~ N(0, 1). `seq` is the
+    learner's T (rows hold seq + 1 tokens before the shift)."""
     from rlvr_jax.training.batch import Sample, collate
 
     rng = np.random.default_rng(seed)
@@ -165,8 +165,8 @@ def synthetic_batch(
         )
     batch = collate(samples, rows=rows, seq_len=seq + 1, pad_id=0)
     if with_old_logp:
-        noise = 0.05 * rng.standard_normal(batch["mask"].shape).astype(np.float32)
-        batch["old_logp"] = batch["sampler_logp"] + noise * batch["mask"]
+        noise = 0.05 * rng.standard_normal(batch.mask_BxT.shape).astype(np.float32)
+        batch = batch.replace(old_logp_BxT=batch.sampler_logp_BxT + noise * batch.mask_BxT)
     return batch
 
 
@@ -236,10 +236,10 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     arrays = synthetic_batch(
         arch, rows=cfg.batch, seq=cfg.seq, seed=cfg.seed, with_old_logp=old_from == "batch"
     )
-    batch = {k: jnp.asarray(v) for k, v in arrays.items()}
+    batch = jax.tree.map(jnp.asarray, arrays)
     step = learner.make_train_step(
         arch, optimizer, settings, max_len=cfg.seq, n_micro=cfg.n_micro,
-        compute_dtype=compute_dtype, old_from=old_from, memory=cfg.memory(),
+        compute_dtype=compute_dtype, memory=cfg.memory(),
     )  # fmt: skip
     holder = {"state": learner.init_state(params, optimizer)}
     train, train_compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))

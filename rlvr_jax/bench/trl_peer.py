@@ -168,7 +168,7 @@ def run_trl(cfg: Config, *, steps: int, warmup: int, out: Path) -> dict[str, Any
     import trl
 
     from rlvr_jax.data import load_tokenizer
-    from rlvr_jax.training.run import ensure_model
+    from rlvr_jax.models.bootstrap import ensure_model
 
     path = ensure_model(cfg)
     tokenizer = load_tokenizer(path)

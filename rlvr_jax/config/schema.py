@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 REQUIRED: Any = dataclasses.MISSING  # marks a field the YAML must set
+DRY_RUN_ONLY = {"dry_run_only": True}
+"""Field metadata of keys only `rlvr-train --dry-run`'s memory plan reads (the target machine's
+description); every other key is read by the run itself (tests/test_config_keys_read.py)."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +73,11 @@ class MeshConfig:
     """Axis sizes of the actor sub-mesh (default: decode slots split over all its devices)."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Multi-host initialisation."""
-    hardware: str | None = None
+    hardware: str | None = field(default=None, metadata=DRY_RUN_ONLY)
     """Name of the target hardware (e.g. "TPU v5p-128", "8xH100-80GB"), for the dry-run plan."""
-    plan_devices: int = 0
+    plan_devices: int = field(default=0, metadata=DRY_RUN_ONLY)
     """Devices the dry-run plan assumes (0 = the devices this process sees)."""
-    device_memory_gib: float = 0.0
+    device_memory_gib: float = field(default=0.0, metadata=DRY_RUN_ONLY)
     """Memory per device the dry-run plan checks against (0 = unknown / not checked)."""
 
 

@@ -59,6 +59,9 @@ class PromptRow:
     """Position of the row in its source (0-based; for JSONL, the line)."""
     response: str | None = None
     """Target response of an SFT example (None for a prompt-only row)."""
+    prompt_ids: Any = field(default=None, compare=False, repr=False)
+    """The prompt's token ids under the run's template (an int32 array), set once when the
+    source is loaded with an encoder (`load_source(..., encode=...)`); None otherwise."""
 
     def messages(self) -> list[dict[str, str]]:
         """The prompt as chat messages (a text prompt is one user message)."""

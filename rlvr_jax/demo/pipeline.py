@@ -34,9 +34,10 @@ def _evaluate(model_path: Path, cfg: Any, rewards: Any) -> dict[str, float]:
 
 def run_demo(cfg: Any) -> dict[str, Any]:
     """Runs the demo for `cfg`; returns the report (also written next to the metrics)."""
+    from rlvr_jax.models.bootstrap import ensure_model
     from rlvr_jax.rewards import RewardService
-    from rlvr_jax.training.rl_loop import RLTrainer
-    from rlvr_jax.training.run import StopFlag, ensure_model
+    from rlvr_jax.training.loop import Trainer
+    from rlvr_jax.training.run import StopFlag
 
     out = Path(cfg.train.output_dir)
     base = ensure_model(cfg)  # the shipped / cached base model, or pretrained now
@@ -47,7 +48,7 @@ def run_demo(cfg: Any) -> dict[str, Any]:
     log.info("base model: %s", _fmt(before))
     stop = StopFlag()
     stop.install()
-    trainer = RLTrainer(cfg, stop=stop)
+    trainer = Trainer(cfg, stop=stop)
     try:
         trainer.run()
         steps = int(trainer.steps_done)

@@ -202,7 +202,7 @@ def load_policy(cfg: Any) -> tuple[Any, Any]:
 
     from rlvr_jax import models, sharding
     from rlvr_jax.data import load_tokenizer
-    from rlvr_jax.training.run import ensure_model
+    from rlvr_jax.models.bootstrap import ensure_model
 
     path = ensure_model(cfg)
     _, devices = sharding.split_devices(jax.devices(), cfg.mesh.actor_devices)

@@ -25,11 +25,14 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from rlvr_jax.losses import aggregation
+
+if TYPE_CHECKING:
+    from rlvr_jax.config.schema import LossConfig
 from rlvr_jax.losses.advantage import get_advantage
 from rlvr_jax.losses.kl import get_kl_estimator
 from rlvr_jax.losses.objective import RATIO_DENOMINATORS, check_variant_params, policy_loss
@@ -242,7 +245,7 @@ def resolve_loss_settings(
     return LossSettings(**{**values, **explicit, "variant_kwargs": kwargs})
 
 
-def loss_settings_from_config(loss_config: Any) -> LossSettings:
+def loss_settings_from_config(loss_config: LossConfig) -> LossSettings:
     """LossSettings from a `rlvr_jax.config.schema.LossConfig` (its `preset` plus every key)."""
     values = {f.name: getattr(loss_config, f.name) for f in dataclasses.fields(loss_config)}
     return resolve_loss_settings(values.pop("preset"), **values)

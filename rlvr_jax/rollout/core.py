@@ -342,4 +342,6 @@ def generate(
 
     state, out, _ = jax.lax.while_loop(cond, body, (state, out, jnp.zeros((), jnp.int32)))
     out = out.replace(active_B=state.active_B, generated_B=state.generated_B)
-    return _constrain(state, _state_shardings(spec)), out
+    # the host reads the chunk's output: replicated, so that every process of a multi-process
+    # run can (it is B x C tokens)
+    return _constrain(state, _state_shardings(spec)), _constrain(out, _replicated(spec))

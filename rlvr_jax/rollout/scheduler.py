@@ -147,12 +147,22 @@ class Scheduler:
 
     # ---- queue ----------------------------------------------------------------------------
 
-    def add(self, request: GroupRequest) -> None:
-        """Queues a request (validated against the engine's limits now, not at admission)."""
+    def check(self, request: GroupRequest) -> None:
+        """Raises `RequestError` unless the engine can run `request` (prompt fits a slot,
+        seed and stop ids valid): called when a request is queued, never at admission."""
         if request.num_samples < 1:
             raise RequestError(f"num_samples must be >= 1, got {request.num_samples}")
         self.core.check_request(request.prompt, request.max_new_tokens)
         self.core.settings([0], [request.slot_request(0)])  # seed / stop-id checks
+
+    def prepare(self, params: Any) -> DecodeParams:
+        """Policy params (models layout, any mesh) in this engine's decode layout."""
+        return self.core.prepare(params)
+
+    def add(self, request: GroupRequest, *, checked: bool = False) -> None:
+        """Queues a request, validated now (`check`) unless its submitter already did."""
+        if not checked:
+            self.check(request)
         self._waiting.append(_Group(request))
 
     @property
