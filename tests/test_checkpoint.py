@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from rlvr_jax.training.checkpoint import Checkpointer, CheckpointError, abstract_like
+from rlvr_jax.training.metrics import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGGER = "rlvr_jax.training.checkpoint"
@@ -378,3 +379,56 @@ def test_late_tensorstore_callback_is_quiet_and_nothing_else(monkeypatch):
             args = dict(exc_type=type(e), exc_value=e, exc_traceback=e.__traceback__)
             sys.unraisablehook(SimpleNamespace(**args, err_msg=None, object=None))
     assert [type(u.exc_value) for u in seen] == [ZeroDivisionError]
+
+
+@pytest.mark.slow
+def test_rlvr_train_resumes_past_a_damaged_checkpoint_and_exits_2_with_none_intact(tmp_path):
+    """The issue's reproduction, as a user runs it: the same `rlvr-train` command after three
+    data files of the newest checkpoint were overwritten in part."""
+    from helpers_train import tiny_run
+
+    cmd = [
+        str(Path(sys.executable).with_name("rlvr-train")),
+        "--config",
+        str(tiny_run(tmp_path)),
+        "train.max_steps=3",
+        "checkpoint.every_steps=1",
+        "checkpoint.keep=3",
+        "checkpoint.export_hf=false",
+        "log.plots=false",
+        "log.progress_bar=false",
+    ]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}
+    env.pop("XLA_FLAGS", None)
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+
+    first = run()
+    assert first.returncode == 0, first.stderr[-3000:]
+    root = tmp_path / "out" / "checkpoints"
+    assert sorted(os.listdir(root)) == ["1", "2", "3"]
+    damaged = data_files(root / "3")[:3]
+    for f in damaged:
+        flip(f)
+
+    again = run()
+    assert again.returncode == 0, again.stderr[-3000:]
+    err = again.stderr
+    assert "Traceback" not in err
+    assert "checkpoint 3 is damaged (moved to 3.damaged): " in err
+    assert all(f"state/ocdbt.process_0/d/{f.name} (checksum differs)" in err for f in damaged)
+    assert "falling back to checkpoint 2; steps 3.. will be recomputed" in err
+    assert "resumed from checkpoint 2" in err
+    assert [r["step"] for r in read_jsonl(tmp_path / "out" / "metrics.jsonl")] == [1, 2, 3]
+    assert sorted(os.listdir(root)) == ["1", "2", "3", "3.damaged"]
+
+    for step in (1, 2, 3):
+        flip(data_files(root / str(step))[-1])
+    last = run()
+    assert last.returncode == 2, last.stderr[-3000:]
+    assert "Traceback" not in last.stderr
+    assert f"no intact checkpoint in {root}: checkpoint 3 (moved to 3.damaged.2)" in last.stderr
+    assert "checkpoint 1 (moved to 1.damaged)" in last.stderr
+    assert "moved aside by an earlier run: 3.damaged" in last.stderr
+    assert sorted(os.listdir(root)) == ["1.damaged", "2.damaged", "3.damaged", "3.damaged.2"]
