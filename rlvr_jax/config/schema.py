@@ -306,6 +306,10 @@ class CheckpointConfig:
     """Resume from the latest complete checkpoint in `train.output_dir`."""
     export_hf: bool = True
     """Export the final policy as an HF checkpoint."""
+    verify: Literal["checksum", "size", "off"] = "checksum"
+    """File check of each checkpoint: a manifest of every file's size and CRC-32 is written
+    after the save (in the background) and checked before a resume, naming a damaged file;
+    `size`: sizes only (catches cut-short files, reads nothing); `off`: no manifest."""
 
 
 @dataclass(frozen=True)
