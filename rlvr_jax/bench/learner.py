@@ -34,6 +34,7 @@ import numpy as np
 
 from rlvr_jax import losses, models
 from rlvr_jax.bench import common
+from rlvr_jax.models.attention import IMPLS
 
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
@@ -71,6 +72,8 @@ class LearnerBenchConfig:
     logits_chunk: int = 0
     """Positions per LM-head + log-softmax chunk, 0 = all at once (`train.logits_chunk`; must
     divide `seq`)."""
+    attention_impl: str = "auto"
+    """Attention kernel (`model.attention_impl`: auto | xla | blockwise | cudnn | splash)."""
     repeats: int = 3
     """Timed calls per measurement after one warm-up call (the best is reported)."""
     seed: int = 0
@@ -106,7 +109,10 @@ class LearnerBenchConfig:
         from rlvr_jax.training.learner import MemoryOptions
 
         return MemoryOptions(
-            remat=self.remat, attn_chunk=self.attn_chunk, logits_chunk=self.logits_chunk
+            remat=self.remat,
+            attn_chunk=self.attn_chunk,
+            logits_chunk=self.logits_chunk,
+            attention_impl=self.attention_impl,
         )
 
     def arch(self) -> models.ArchConfig:
@@ -371,7 +377,8 @@ def format_result(result: dict[str, Any]) -> str:
         f"rlvr-bench learner: d={cfg['d_model']} L={cfg['n_layers']} V={cfg['vocab']} "
         f"({result['flops']['params'] / 1e6:.1f}M params), {cfg['batch']} x {cfg['seq']} tokens, "
         f"{cfg['dtype']}, loss {cfg['loss']}, n_micro={cfg['n_micro']}, remat={cfg['remat']}, "
-        f"attn_chunk={cfg['attn_chunk']}, logits_chunk={cfg['logits_chunk']}"
+        f"attn_chunk={cfg['attn_chunk']}, logits_chunk={cfg['logits_chunk']}, "
+        f"attention {cfg['attention_impl']}"
     )
     rows = []
     for name in ("train_step", "logprob_forward"):
@@ -455,6 +462,7 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfi
         p.add_argument(flag, dest=field, type=int, help=f"override the preset's {field}")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="compute dtype")
     p.add_argument("--loss", help="loss preset (default olmo3)")
+    p.add_argument("--attention", choices=IMPLS, help="attention kernel (default auto)")
     p.add_argument("--remat", action="store_true", help="rematerialise each layer (backward)")
     p.add_argument("--no-profile", action="store_true", help="skip the per-piece timings")
     p.add_argument("--device-kind", help="device kind for the datasheet lookup (default: detected)")
@@ -467,6 +475,8 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfi
         overrides["dtype"] = DTYPES[args.dtype]
     if args.loss:
         overrides["loss"] = args.loss
+    if args.attention:
+        overrides["attention_impl"] = args.attention
     if args.no_profile:
         overrides["profile"] = False
     if args.remat:

@@ -121,6 +121,7 @@ class RLTrainer:
             remat=cfg.train.remat,
             attn_chunk=cfg.train.attn_chunk,
             logits_chunk=cfg.train.logits_chunk,
+            attention_impl=cfg.model.attention_impl,
         )
         u = cfg.train.updates_per_batch
         if self.rows % u:
