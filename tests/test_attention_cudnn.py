@@ -73,9 +73,10 @@ def _packed_standin(calls):
         calls.append(dict(m=q_seqlen.shape[1], window=sliding_window_length))
         t = q.shape[1]
         idx_T = jnp.arange(t)
+        idx_1x1xT = idx_T[None, None]
         m = q_seqlen.shape[1]
-        inside_BxMxT = (q_offsets[:, :m, None] <= idx_T) & (
-            idx_T < q_offsets[:, :m, None] + q_seqlen[:, :, None]
+        inside_BxMxT = (q_offsets[:, :m, None] <= idx_1x1xT) & (
+            idx_1x1xT < q_offsets[:, :m, None] + q_seqlen[:, :, None]
         )
         inside_BxMxT &= (q_seqlen >= 0)[:, :, None]
         member_BxT = jnp.where(inside_BxMxT.any(1), jnp.argmax(inside_BxMxT, axis=1), -1)
