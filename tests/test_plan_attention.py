@@ -50,5 +50,5 @@ def test_blockwise_is_linear_in_t():
 
 
 def test_explicit_kernel_that_cannot_run_is_a_named_error():
-    with pytest.raises(plan.PlanError, match="model.attention_impl=cudnn needs an NVIDIA GPU"):
+    with pytest.raises(plan.PlanError, match=r"model\.attention_impl=cudnn needs an NVIDIA GPU"):
         _plan("model.attention_impl=cudnn")
