@@ -18,6 +18,7 @@ datasheet bf16 peak of the device. `profile` times the pieces separately (LM hea
 forward/backward, optimizer update) to show where the step's time goes.
 
     rlvr-bench learner [--preset cpu|quick|gpu-1b] [--json FILE] [--plot FILE.png] [sizes...]
+    rlvr-bench learner --workload attention-memory [--json FILE] [--plot FILE.png]
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from rlvr_jax import losses, models
 from rlvr_jax.bench import common
 from rlvr_jax.models.attention import IMPLS
 
+WORKLOADS = ("step", "attention-memory")
+"""`--workload`: the timed train step, or the attention kernels' memory."""
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
 
@@ -446,6 +449,18 @@ def plot(result: dict[str, Any], path: str) -> None:
     common.save_plot(path, panels, "rlvr-bench learner")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if len(values) < 3 or list(values) != sorted(set(values)) or values[0] < 2:
+        raise argparse.ArgumentTypeError(f"need at least 3 increasing lengths >= 2, got {text!r}")
+    return values
+
+
 def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfig]:
     """The command line → (arguments, config): a preset, then any explicit size over it."""
     p = argparse.ArgumentParser(prog="rlvr-bench learner", description=__doc__.split("\n")[0])
@@ -468,6 +483,18 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfi
     p.add_argument("--device-kind", help="device kind for the datasheet lookup (default: detected)")
     p.add_argument("--datasheet-tflops", type=float, help="datasheet bf16 TFLOP/s (MFU base)")
     p.add_argument("--trace", help="profile one more step into this directory; list its top ops")
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="step",
+        help="step: time the train step (default); attention-memory: peak memory of one "
+        "micro-batch per attention kernel, T up to 8K (rlvr_jax.bench.attention_memory)",
+    )
+    p.add_argument(
+        "--seqs",
+        type=_int_list,
+        help="attention-memory: comma-separated row lengths (default 1024,2048,4096,8192)",
+    )
     args = p.parse_args(argv)
     cfg = PRESETS["quick" if args.quick else args.preset]
     overrides = {f: getattr(args, f) for f in sizes.values() if getattr(args, f) is not None}
@@ -498,12 +525,20 @@ def main(argv: list[str]) -> int:
     except losses.LossSettingsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    kw = dict(device_kind=args.device_kind, datasheet_tflops=args.datasheet_tflops)
-    result = run(cfg, trace_dir=args.trace, **kw)
-    print(format_result(result))
+    if args.workload == "attention-memory":
+        from rlvr_jax.bench import attention_memory as workload
+
+        result = workload.run(cfg, seqs=args.seqs or workload.SEQS)
+        print(workload.format_result(result["attention_memory"]))
+        draw = workload.plot
+    else:
+        kw = dict(device_kind=args.device_kind, datasheet_tflops=args.datasheet_tflops)
+        result = run(cfg, trace_dir=args.trace, **kw)
+        print(format_result(result))
+        draw = plot
     if args.json:
         print(f"wrote {common.write_json(args.json, result)}", file=sys.stderr)
     if args.plot:
-        plot(result, args.plot)
+        draw(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0

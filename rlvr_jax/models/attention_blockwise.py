@@ -67,8 +67,22 @@ def blockwise_attention(
             jnp.pad(x, pad) for x in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
         )
         seg = jnp.pad(seg, ((0, 0), (0, padded - t)), constant_values=_PAD_SEGMENT)
+    if padded == size:  # one tile: plain autodiff holds the same O(T · block) scores
+        return _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg, window_)
     out = _flash(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg, window_, size)
     return out[:, :t]
+
+
+def _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg_BxT, window):
+    """T <= block: one tile, its mask computed in place, differentiated by autodiff."""
+    b, t, n, h = q_BxTxNxH.shape
+    kv = k_BxTxKxH.shape[2]
+    zero = jnp.zeros((), jnp.int32)
+    mask = _tile_mask(zero, zero, t, seg_BxT, seg_BxT, window)
+    s = _scores(q_BxTxNxH.reshape(b, t, kv, n // kv, h), k_BxTxKxH, h**-0.5)
+    p = jax.nn.softmax(jnp.where(mask, s, _NEG), axis=-1).astype(v_BxTxKxH.dtype)
+    out = jnp.einsum("BKGqk,BkKH->BqKGH", p, v_BxTxKxH)
+    return out.reshape(b, t, n, h).astype(q_BxTxNxH.dtype)
 
 
 def _blocks(x: jax.Array, size: int) -> jax.Array:

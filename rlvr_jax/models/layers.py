@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 from rlvr_jax import sharding
 from rlvr_jax.models import rope
 from rlvr_jax.models.config import ArchConfig
+from rlvr_jax.models.swiglu import swiglu_hidden
 
 Dtype = Any
 
@@ -270,8 +271,38 @@ class OutProjection(nn.Module):
         )(attn_BxTxNxH)
 
 
+class Projection(nn.Module):
+    """The params of one projection (kernel of `shape`, optional bias on its last dim), for
+    callers that do the math themselves; same names and init as `Einsum`."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    use_bias: bool
+    init_std: float
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array | None]:
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
+            self.shape,
+            self.param_dtype,
+        )
+        if not self.use_bias:
+            return kernel, None
+        bias = self.param(
+            "bias",
+            nn.with_logical_partitioning(nn.initializers.zeros_init(), self.axes[-1:]),
+            self.shape[-1:],
+            self.param_dtype,
+        )
+        return kernel, bias
+
+
 class Mlp(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up as one stacked matmul with a custom
+    backward (`rlvr_jax.models.swiglu`)."""
 
     config: ArchConfig
     compute_dtype: Dtype
@@ -282,26 +313,32 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         cfg = self.config
-        common = dict(
-            out_dims=1,
+        d, f, cdt = cfg.d_model, cfg.d_ff, self.compute_dtype
+        proj = dict(
+            shape=(d, f),
+            axes=("embed", "mlp"),
             use_bias=cfg.mlp_bias,
             init_std=cfg.init_std,
-            compute_dtype=self.compute_dtype,
             param_dtype=self.param_dtype,
         )
-        d, f = cfg.d_model, cfg.d_ff
-        gate_BxTxF = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), name="gate_proj", **common)(
-            x_BxTxD
-        )
-        up_BxTxF = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), name="up_proj", **common)(
-            x_BxTxD
-        )
+        w_gate, b_gate = Projection(name="gate_proj", **proj)()
+        w_up, b_up = Projection(name="up_proj", **proj)()
+        w_CxDxF = jnp.stack([w_gate, w_up]).astype(cdt)
+        b_CxF = None if b_gate is None else jnp.stack([b_gate, b_up]).astype(cdt)
         hidden_BxTxF = sharding.constrain(
-            jax.nn.silu(gate_BxTxF) * up_BxTxF,
+            swiglu_hidden(x_BxTxD.astype(cdt), w_CxDxF, b_CxF),
             ("batch", "activation_length", "activation_mlp"),
             self.mesh,
             self.rules,
         )
-        return Einsum("BTF,FD->BTD", (f, d), ("mlp", "embed"), name="down_proj", **common)(
-            hidden_BxTxF
-        )
+        return Einsum(
+            "BTF,FD->BTD",
+            (f, d),
+            ("mlp", "embed"),
+            out_dims=1,
+            use_bias=cfg.mlp_bias,
+            init_std=cfg.init_std,
+            compute_dtype=cdt,
+            param_dtype=self.param_dtype,
+            name="down_proj",
+        )(hidden_BxTxF)
