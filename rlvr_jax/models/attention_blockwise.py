@@ -60,13 +60,9 @@ def blockwise_attention(
     size = t if t <= block else block
     padded = -(-t // size) * size
     window_ = jnp.asarray(padded if window is None else window, jnp.int32)
-    seg = segment_ids_BxT.astype(jnp.int32)
-    if padded != t:
-        pad = ((0, 0), (0, padded - t), (0, 0), (0, 0))
-        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (
-            jnp.pad(x, pad) for x in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
-        )
-        seg = jnp.pad(seg, ((0, 0), (0, padded - t)), constant_values=_PAD_SEGMENT)
+    q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg = pad_time(
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, segment_ids_BxT, padded
+    )
     if padded == size:  # one tile: plain autodiff holds the same O(T · block) scores
         return _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg, window_)
     out = _flash(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg, window_, size)
@@ -83,6 +79,19 @@ def _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg_BxT, window):
     p = jax.nn.softmax(jnp.where(mask, s, _NEG), axis=-1).astype(v_BxTxKxH.dtype)
     out = jnp.einsum("BKGqk,BkKH->BqKGH", p, v_BxTxKxH)
     return out.reshape(b, t, n, h).astype(q_BxTxNxH.dtype)
+
+
+def pad_time(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, segment_ids_BxT, padded: int):
+    """q, k, v and int32 segment ids with T zero-padded up to `padded`; the added tokens get
+    segment id -1 (they attend only to each other and are cut off by the caller)."""
+    seg_BxT = segment_ids_BxT.astype(jnp.int32)
+    extra = padded - seg_BxT.shape[1]
+    if extra == 0:
+        return q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg_BxT
+    pad = ((0, 0), (0, extra), (0, 0), (0, 0))
+    q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (jnp.pad(x, pad) for x in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH))
+    seg_BxT = jnp.pad(seg_BxT, ((0, 0), (0, extra)), constant_values=_PAD_SEGMENT)
+    return q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg_BxT
 
 
 def _blocks(x: jax.Array, size: int) -> jax.Array:

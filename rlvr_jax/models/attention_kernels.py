@@ -32,11 +32,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rlvr_jax import sharding
+from rlvr_jax.models.attention_blockwise import pad_time
 
 SPLASH_BLOCK = 512
 """Splash tile (queries and keys); T below it uses T rounded up to a multiple of 128."""
 _LANES = 128
-_PAD_SEGMENT = -1
 
 
 # ---- cuDNN -------------------------------------------------------------------------------
@@ -193,13 +193,9 @@ def _splash_local(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, segment_ids_BxT, *, window, i
     kv = k_BxTxKxH.shape[2]
     block = splash_block(t)
     padded = -(-t // block) * block
-    seg_BxT = segment_ids_BxT.astype(jnp.int32)
-    if padded != t:
-        pad = ((0, 0), (0, padded - t), (0, 0), (0, 0))
-        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (
-            jnp.pad(x, pad) for x in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
-        )
-        seg_BxT = jnp.pad(seg_BxT, ((0, 0), (0, padded - t)), constant_values=_PAD_SEGMENT)
+    q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg_BxT = pad_time(
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, segment_ids_BxT, padded
+    )
     kernel = _splash_kernel(padded, n // kv, window, block, interpret)
     scale = jnp.asarray(h**-0.5, q_BxTxNxH.dtype)
     q_BxKxGxTxH = jnp.einsum("BTKGH->BKGTH", (q_BxTxNxH * scale).reshape(b, padded, kv, -1, h))

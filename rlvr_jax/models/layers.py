@@ -82,26 +82,33 @@ class Einsum(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.param(
-            "kernel",
-            nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
-            self.shape,
-            self.param_dtype,
-        )
+        kernel, bias = _projection_params(self, self.out_dims)
         y = jnp.einsum(
             self.equation, x.astype(self.compute_dtype), kernel.astype(self.compute_dtype)
         )
-        if self.use_bias:
-            bias = self.param(
-                "bias",
-                nn.with_logical_partitioning(
-                    nn.initializers.zeros_init(), self.axes[-self.out_dims :]
-                ),
-                self.shape[-self.out_dims :],
-                self.param_dtype,
-            )
+        if bias is not None:
             y = y + _lead(bias.astype(self.compute_dtype), y.ndim)
         return y
+
+
+def _projection_params(module: Any, out_dims: int) -> tuple[jax.Array, jax.Array | None]:
+    """ "kernel" ~ N(0, init_std) of `module.shape` and, with `module.use_bias`, a zero "bias"
+    over the trailing `out_dims` dims (names and logical axes of every projection)."""
+    kernel = module.param(
+        "kernel",
+        nn.with_logical_partitioning(nn.initializers.normal(module.init_std), module.axes),
+        module.shape,
+        module.param_dtype,
+    )
+    if not module.use_bias:
+        return kernel, None
+    bias = module.param(
+        "bias",
+        nn.with_logical_partitioning(nn.initializers.zeros_init(), module.axes[-out_dims:]),
+        module.shape[-out_dims:],
+        module.param_dtype,
+    )
+    return kernel, bias
 
 
 def segment_masks(
@@ -283,21 +290,7 @@ class Projection(nn.Module):
 
     @nn.compact
     def __call__(self) -> tuple[jax.Array, jax.Array | None]:
-        kernel = self.param(
-            "kernel",
-            nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
-            self.shape,
-            self.param_dtype,
-        )
-        if not self.use_bias:
-            return kernel, None
-        bias = self.param(
-            "bias",
-            nn.with_logical_partitioning(nn.initializers.zeros_init(), self.axes[-1:]),
-            self.shape[-1:],
-            self.param_dtype,
-        )
-        return kernel, bias
+        return _projection_params(self, 1)
 
 
 class Mlp(nn.Module):
