@@ -32,6 +32,11 @@ class ModelConfig:
     """Storage dtype of the policy parameters."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of matmuls and activations; the LM head and log-softmax always run in fp32."""
+    attention_impl: Literal["auto", "xla", "blockwise", "cudnn", "splash"] = "auto"
+    """Learner attention kernel (`rlvr_jax.models.attention`): `xla` materialises [B, T, T]
+    masks and [B, N, T, T] scores (the reference); `blockwise` is online-softmax XLA in
+    O(T · block) memory; `cudnn` (GPU, bf16) and `splash` (TPU) are fused kernels. `auto`:
+    splash on TPU, cuDNN on GPU where it applies, else blockwise."""
 
 
 @dataclass(frozen=True)
@@ -260,8 +265,9 @@ class TrainConfig:
     remat: bool = False
     """Rematerialise each layer in the backward pass (activation memory ~ one layer)."""
     attn_chunk: int = 0
-    """Attention computed this many queries at a time (0 = all): N·chunk·S scores live at
-    once instead of N·S² (long-context training)."""
+    """Deprecated (use `model.attention_impl`): with `xla` attention, queries per chunk
+    (N·chunk·S scores live at once instead of N·S²); with `blockwise`, its tile size
+    (0 = 512); cudnn/splash ignore it."""
     logits_chunk: int = 0
     """LM head + log-softmax computed this many positions at a time (0 = all): never holds the
     B×T×V fp32 logits at once."""

@@ -75,7 +75,10 @@ class Context:
     def memory(self) -> learner.MemoryOptions:
         t = self.cfg.train
         return learner.MemoryOptions(
-            remat=t.remat, attn_chunk=t.attn_chunk, logits_chunk=t.logits_chunk
+            remat=t.remat,
+            attn_chunk=t.attn_chunk,
+            logits_chunk=t.logits_chunk,
+            attention_impl=self.cfg.model.attention_impl,
         )
 
     @property

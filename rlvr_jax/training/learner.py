@@ -49,11 +49,13 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class MemoryOptions:
-    """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`)."""
+    """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`,
+    `model.attention_impl`)."""
 
     remat: bool = False
     attn_chunk: int = 0
     logits_chunk: int = 0
+    attention_impl: str = "auto"
 
 
 def token_logprobs(
@@ -71,7 +73,12 @@ def token_logprobs(
 
     With `memory.logits_chunk` (and no logits asked for) the LM head and log-softmax run a
     chunk of positions at a time, each chunk rematerialised in the backward pass."""
-    common = dict(compute_dtype=compute_dtype, remat=memory.remat, attn_chunk=memory.attn_chunk)
+    common = dict(
+        compute_dtype=compute_dtype,
+        remat=memory.remat,
+        attn_chunk=memory.attn_chunk,
+        attention_impl=memory.attention_impl,
+    )
     inputs = (batch.input_ids_BxT, batch.positions_BxT, batch.segment_ids_BxT)
     targets_BxT = batch.target_ids_BxT
     T = targets_BxT.shape[1]
