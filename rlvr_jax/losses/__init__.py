@@ -20,6 +20,8 @@ of README.md.
 from rlvr_jax.losses.advantage import advantages, get_advantage, register_advantage
 from rlvr_jax.losses.aggregation import AGGREGATIONS, aggregate, loss_denominator
 from rlvr_jax.losses.kl import KL_ESTIMATORS, get_kl_estimator, kl_reward_penalty
+from rlvr_jax.losses.masked import masked_mean
+from rlvr_jax.losses.metrics import token_entropy
 from rlvr_jax.losses.objective import policy_loss
 from rlvr_jax.losses.preference import (
     get_preference_loss,
@@ -59,6 +61,7 @@ __all__ = [
     "kl_reward_penalty",
     "loss_denominator",
     "loss_settings_from_config",
+    "masked_mean",
     "policy_loss",
     "preference_loss",
     "register_advantage",
@@ -67,4 +70,5 @@ __all__ = [
     "register_preset",
     "resolve_loss_settings",
     "tis_kept_mask",
+    "token_entropy",
 ]

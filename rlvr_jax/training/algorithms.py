@@ -30,7 +30,7 @@ import numpy as np
 from rlvr_jax import losses, sharding
 from rlvr_jax.config.schema import Config
 from rlvr_jax.training import learner
-from rlvr_jax.training.batch import bucket_length, take_rows
+from rlvr_jax.training.batch import bucket_length, mini_batch
 from rlvr_jax.training.distributed import global_array
 from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.recipes.parallel import make_parallel_step
@@ -76,8 +76,16 @@ class Context:
     def memory(self) -> learner.MemoryOptions:
         t = self.cfg.train
         return learner.MemoryOptions(
-            remat=t.remat, attn_chunk=t.attn_chunk, logits_chunk=t.logits_chunk
+            remat=t.remat,
+            attn_chunk=t.attn_chunk,
+            logits_chunk=t.logits_chunk,
+            attention_impl=self.cfg.model.attention_impl,
         )
+
+    @property
+    def row_multiple(self) -> int:
+        """Devices a batch's rows are split over (the learner mesh's `batch` axes)."""
+        return int(np.prod([self.learner_mesh.shape[a] for a in ("data", "fsdp")]))
 
     def put(self, tree: Any) -> Any:
         """A batch pytree on the learner mesh, rows split by the `batch` rule. Host arrays are
@@ -199,6 +207,8 @@ class RLUpdate(Update):
             )
         self.mini, self.updates, self.parallel = ctx.rows // u, u, parallel
         n_micro = micro_batches(self.mini, cfg.train.micro_batch_size, "mini-batch")
+        if cfg.train.max_tokens_per_micro_batch:
+            n_micro = None  # packed batches carry their own micro-batch count
         common = dict(
             max_len=cfg.rollout.max_new_tokens,
             compute_dtype=cfg.model.compute_dtype,
@@ -250,15 +260,14 @@ class RLUpdate(Update):
         full = self.ctx.abstract(rl)
         if self.needs_old or self.ref_params is not None:
             self._compile_once(("logprob", _shapes(full)), self.logprob, state.params, full)
-        mini = self.ctx.abstract(take_rows(rl, 0, self.mini))
+        mini = self.ctx.abstract(mini_batch(rl, 0, self.updates))
         if self.needs_old:
             mini = mini.replace(old_logp_BxT=mini.sampler_logp_BxT)
         if self.ref_params is not None:
             mini = mini.replace(ref_logp_BxT=mini.sampler_logp_BxT)
         args = (state, mini)
         if sft is not None:
-            n = sft.mask_BxT.shape[0] // self.updates
-            args = (state, mini, self.ctx.abstract(take_rows(sft, 0, n)))
+            args = (state, mini, self.ctx.abstract(mini_batch(sft, 0, self.updates)))
         self._compile_once(tuple(_shapes(a) for a in args[1:]), self.step, *args)
 
     def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
@@ -275,14 +284,14 @@ class RLUpdate(Update):
         if self.ctx.cfg.train.save_batch:
             self._save(state, full, batch)
         out = []
-        n_sft = 0 if sft is None else sft.mask_BxT.shape[0] // self.updates
         for u in range(self.updates):
-            mini = full if self.updates == 1 else self.ctx.put(take_rows(full, *self._rows(u)))
+            mini = full if self.updates == 1 else self.ctx.put(mini_batch(full, u, self.updates))
             if sft is None:
                 state, metrics = self.step(state, mini)
             else:
-                sft_u = self.ctx.put(take_rows(sft, u * n_sft, (u + 1) * n_sft))
-                state, metrics = self.step(state, mini, sft_u)
+                state, metrics = self.step(
+                    state, mini, self.ctx.put(mini_batch(sft, u, self.updates))
+                )
             out.append(metrics)
         return state, out, self.updates
 
@@ -293,41 +302,38 @@ class RLUpdate(Update):
         old = full.old_logp_BxT
         if old is None:
             old = self.logprob(state.params, full)
-        rows = full.mask_BxT.shape[0]
-        extra = {} if full.ref_logp_BxT is None else {"ref_logp": full.ref_logp_BxT}
+        # the completions in sample order (groups of G), as the loss lab reads them
+        slots = batch.slots
+        extra = {} if full.ref_logp_BxT is None else {"ref_logp": full.ref_logp_BxT[slots]}
         save_batch(
             self.ctx.cfg.train.save_batch,
-            logp=old,
-            old_logp=old,
-            sampler_logp=full.sampler_logp_BxT,
-            advantages=full.advantages_B,
-            mask=full.mask_BxT,
-            rewards=np.pad(batch.rewards_B, (0, rows - len(batch.rewards_B))),
+            logp=old[slots],
+            old_logp=old[slots],
+            sampler_logp=full.sampler_logp_BxT[slots],
+            advantages=full.advantages_B[slots],
+            mask=full.mask_BxT[slots],
+            rewards=batch.rewards_B,
             group_size=np.asarray(batch.group_size),
             max_len=np.asarray(self.ctx.cfg.rollout.max_new_tokens),
             **extra,
         )
 
-    def _rows(self, u: int) -> tuple[int, int]:
-        return u * self.mini, (u + 1) * self.mini
-
     def _kl_advantages(self, full: Any, batch: Batch) -> jax.Array:
         """`loss.kl_mode: reward`: advantages of the KL-penalised rewards (the penalty needs
         the learner's old and reference log-probs), 0 on padding rows."""
-        settings, n = self.ctx.settings, len(batch.rewards_B)
+        settings, slots = self.ctx.settings, jnp.asarray(batch.slots)
         penalised_N = losses.kl_reward_penalty(
             jnp.asarray(batch.rewards_B),
-            logp=full.old_logp_BxT[:n],
-            ref_logp=full.ref_logp_BxT[:n],
-            mask=full.mask_BxT[:n],
+            logp=full.old_logp_BxT[slots],
+            ref_logp=full.ref_logp_BxT[slots],
+            mask=full.mask_BxT[slots],
             kl_coef=settings.reward_kl_coef,
             kl_estimator=settings.kl_estimator,
         )
         adv_N = losses.advantages(
             settings.advantage, penalised_N.reshape(-1, batch.group_size)
         ).reshape(-1)
-        rows = full.mask_BxT.shape[0]
-        adv_B = jnp.zeros((rows,), jnp.float32).at[:n].set(adv_N)
+        adv_B = jnp.zeros(full.advantages_B.shape, jnp.float32).at[slots].set(adv_N)
         return self.ctx.put(adv_B)
 
 

@@ -25,14 +25,15 @@ import jax.numpy as jnp
 import optax
 
 from rlvr_jax import losses, models
-from rlvr_jax.training.batch import RLBatch, TokenBatch
+from rlvr_jax.training.batch import RLBatch, TokenBatch, sequence_view
 from rlvr_jax.training.update import (
     TrainState,
     accumulate_grads,
     apply_update,
-    combine_metrics,
     init_state,
     jit_train_step,
+    micro_count,
+    split_micro,
 )
 
 __all__ = [
@@ -48,11 +49,13 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class MemoryOptions:
-    """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`)."""
+    """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`,
+    `model.attention_impl`)."""
 
     remat: bool = False
     attn_chunk: int = 0
     logits_chunk: int = 0
+    attention_impl: str = "auto"
 
 
 def token_logprobs(
@@ -70,7 +73,12 @@ def token_logprobs(
 
     With `memory.logits_chunk` (and no logits asked for) the LM head and log-softmax run a
     chunk of positions at a time, each chunk rematerialised in the backward pass."""
-    common = dict(compute_dtype=compute_dtype, remat=memory.remat, attn_chunk=memory.attn_chunk)
+    common = dict(
+        compute_dtype=compute_dtype,
+        remat=memory.remat,
+        attn_chunk=memory.attn_chunk,
+        attention_impl=memory.attention_impl,
+    )
     inputs = (batch.input_ids_BxT, batch.positions_BxT, batch.segment_ids_BxT)
     targets_BxT = batch.target_ids_BxT
     T = targets_BxT.shape[1]
@@ -104,15 +112,54 @@ def _pick_logp(logits_BxTxV: jax.Array, targets_BxT: jax.Array, temperature: flo
     return picked_BxT - logz_BxT
 
 
+def sequence_logprobs(
+    params: Any,
+    arch: models.ArchConfig,
+    batch: RLBatch,
+    *,
+    compute_dtype: Any,
+    temperature: float,
+    with_entropy: bool = False,
+    memory: MemoryOptions = MemoryOptions(),
+):
+    """`token_logprobs` of an RL batch's packed rows, seen per completion slot [B, T] (and,
+    `with_entropy`, the sampling distribution's entropy per token [B, T])."""
+    out = token_logprobs(
+        params,
+        arch,
+        batch.tokens,
+        compute_dtype=compute_dtype,
+        temperature=temperature,
+        return_logits=with_entropy,
+        memory=memory,
+    )
+    if with_entropy:
+        logp_RxT, logits_RxTxV = out
+        entropy_RxT = jax.lax.stop_gradient(losses.token_entropy(logits_RxTxV))
+        return (
+            sequence_view(logp_RxT, batch.gather_BxT),
+            sequence_view(entropy_RxT, batch.gather_BxT),
+        )
+    return sequence_view(out, batch.gather_BxT)
+
+
 def make_logprob_fn(
     arch, *, compute_dtype, temperature: float, memory: MemoryOptions = MemoryOptions()
 ) -> Callable:
-    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole batch."""
+    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole RL
+    batch, one micro-batch at a time (`lax.map`) when its rows are packed for several."""
+
+    def one(params, mb):
+        return sequence_logprobs(
+            params, arch, mb, compute_dtype=compute_dtype, temperature=temperature, memory=memory
+        )
 
     def fn(params, batch):
-        return token_logprobs(
-            params, arch, batch, compute_dtype=compute_dtype, temperature=temperature, memory=memory
-        )
+        n = micro_count(batch, None)
+        if n == 1:
+            return one(params, batch)
+        logp_MxbxT = jax.lax.map(lambda mb: one(params, mb), split_micro(batch, n))
+        return logp_MxbxT.reshape(-1, logp_MxbxT.shape[-1])
 
     return jax.jit(fn)
 
@@ -126,9 +173,13 @@ def rl_objective(
     temperature: float = 1.0,
     with_entropy: bool = False,
     memory: MemoryOptions = MemoryOptions(),
-) -> Callable[[RLBatch], Callable]:
-    """`for_batch(batch) -> loss_fn(params, micro_batch)`: the policy loss of micro-batches of
-    `batch`, each divided by the denominator of the whole `batch` (computed once here)."""
+) -> Callable[[RLBatch], tuple[Callable, Callable]]:
+    """`for_batch(batch) -> (loss_fn, metrics_fn)`.
+
+    `loss_fn(params, micro_batch)`: the policy loss of a micro-batch of `batch`, divided by the
+    denominator of the whole `batch` (computed once here); its aux is the micro-batch's
+    log-probs (and entropies). `metrics_fn(aux_M)`: the policy loss's metrics over the whole
+    batch from those, so they are exact whatever the micro-batches and the packing."""
     loss_kwargs = settings.policy_loss_kwargs()
 
     def for_batch(batch: RLBatch):
@@ -144,32 +195,46 @@ def rl_objective(
             sampler_logp=batch.sampler_logp_BxT,
         )
 
+        def objective(logp: jax.Array, b: RLBatch) -> tuple[jax.Array, dict]:
+            old = jax.lax.stop_gradient(logp) if b.old_logp_BxT is None else b.old_logp_BxT
+            return losses.policy_loss(
+                logp=logp,
+                old_logp=old,
+                advantages=b.advantages_B,
+                mask=b.mask_BxT,
+                sampler_logp=b.sampler_logp_BxT,
+                ref_logp=b.ref_logp_BxT,
+                loss_denominator=denominator,
+                max_len=max_len,
+                **loss_kwargs,
+            )
+
         def loss_fn(params, mb: RLBatch):
-            out = token_logprobs(
+            out = sequence_logprobs(
                 params,
                 arch,
                 mb,
                 compute_dtype=compute_dtype,
                 temperature=temperature,
-                return_logits=with_entropy,
+                with_entropy=with_entropy,
                 memory=memory,
             )
-            logp, logits = out if with_entropy else (out, None)
-            old = jax.lax.stop_gradient(logp) if mb.old_logp_BxT is None else mb.old_logp_BxT
-            return losses.policy_loss(
-                logp=logp,
-                old_logp=old,
-                advantages=mb.advantages_B,
-                mask=mb.mask_BxT,
-                sampler_logp=mb.sampler_logp_BxT,
-                ref_logp=mb.ref_logp_BxT,
-                loss_denominator=denominator,
-                max_len=max_len,
-                logits=logits,
-                **loss_kwargs,
-            )
+            logp, entropy = out if with_entropy else (out, None)
+            loss, _ = objective(logp, mb)
+            aux = {"logp": jax.lax.stop_gradient(logp)}
+            if entropy is not None:
+                aux["entropy"] = entropy
+            return loss, aux
 
-        return loss_fn
+        def metrics_fn(aux_M: dict[str, jax.Array]) -> dict[str, jax.Array]:
+            shape = batch.mask_BxT.shape
+            _, metrics = objective(aux_M["logp"].reshape(shape), batch)
+            if "entropy" in aux_M:
+                entropy_BxT = aux_M["entropy"].reshape(shape)
+                metrics["entropy"] = losses.masked_mean(entropy_BxT, batch.mask_BxT)
+            return metrics
+
+        return loss_fn, metrics_fn
 
     return for_batch
 
@@ -180,15 +245,15 @@ def make_train_step(
     settings: losses.LossSettings,
     *,
     max_len: int,
-    n_micro: int = 1,
+    n_micro: int | None = None,
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
     with_entropy: bool = False,
     memory: MemoryOptions = MemoryOptions(),
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The pure RL step (un-jitted): `accumulate_grads` of `rl_objective` then `apply_update`.
-    Metrics: the policy loss's (averaged over micro-batches; min/max kept), `loss`,
-    `grad_norm`, `step_ok`."""
+    """The pure RL step (un-jitted): `accumulate_grads` of `rl_objective` then `apply_update`,
+    over `n_micro` micro-batches (a packed batch's own count when it has one; default 1).
+    Metrics: the policy loss's over the whole batch, `loss`, `grad_norm`, `step_ok`."""
     objective = rl_objective(
         arch,
         settings,
@@ -200,9 +265,11 @@ def make_train_step(
     )
 
     def step(state: TrainState, batch: RLBatch):
-        grads, loss, metrics_M = accumulate_grads(objective(batch), state.params, batch, n_micro)
+        loss_fn, metrics_fn = objective(batch)
+        n = micro_count(batch, n_micro)
+        grads, loss, aux_M = accumulate_grads(loss_fn, state.params, batch, n)
         new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
-        metrics = combine_metrics(metrics_M)
+        metrics = metrics_fn(aux_M)
         metrics.update(
             loss=loss, grad_norm=optax.global_norm(grads), step_ok=ok.astype(jnp.float32)
         )

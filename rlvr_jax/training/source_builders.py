@@ -108,6 +108,9 @@ def rl_source(ctx: Context, params: Any, version: int) -> RolloutSource:
         rows=ctx.rows,
         seq_len=ctx.batch_length,
         pad_id=ctx.pad_id,
+        max_tokens=cfg.train.max_tokens_per_micro_batch,
+        updates=cfg.train.updates_per_batch,
+        row_multiple=ctx.row_multiple,
     )
 
 
