@@ -59,7 +59,7 @@ devs = jax.devices()
 learner_devices = [devs[i] for i in (0, 1, 4, 5)]
 actor_devices = [devs[i] for i in (2, 3, 6, 7)]
 mesh = sharding.make_mesh({"data": 2, "fsdp": 2}, learner_devices)
-params = global_tree(host_params, sharding.param_shardings(ARCH, mesh, sharding.LEARNER_RULES))
+params = global_tree(host_params, models.param_shardings(ARCH, mesh, sharding.LEARNER_RULES))
 batch_sh = jax.tree.map(
     lambda v: sharding.batch_sharding(mesh, sharding.LEARNER_RULES, v.shape), host_batch
 )
@@ -82,7 +82,7 @@ for _ in range(3):
 # learner → actor sub-mesh (a cross-process move when nproc > 1)
 actor_mesh = sharding.make_mesh({"data": 2, "tensor": 2}, actor_devices)
 actor_params = sharding.reshard(
-    state.params, sharding.param_shardings(ARCH, actor_mesh, sharding.ACTOR_RULES)
+    state.params, models.param_shardings(ARCH, actor_mesh, sharding.ACTOR_RULES)
 )
 leaf = actor_params["embedding"]
 assert set(leaf.sharding.device_set) == set(actor_devices)

@@ -159,7 +159,7 @@ def test_sharded_step_equals_unsharded():
     ref_state, ref_m = jax.jit(step)(learner.init_state(params, opt), batch)
 
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    p_shard = sharding.param_shardings(ARCH, mesh, sharding.LEARNER_RULES)
+    p_shard = models.param_shardings(ARCH, mesh, sharding.LEARNER_RULES)
     sharded = learner.init_state(sharding.reshard(params, p_shard), opt, mesh=mesh)
     state_sh = jax.tree.map(lambda x: x.sharding, sharded)
     batch_sh = jax.tree.map(

@@ -18,7 +18,7 @@ from rlvr_jax import sharding
 from rlvr_jax.models import hf_io
 from rlvr_jax.models.config import ArchConfig
 from rlvr_jax.models.errors import CheckpointError, ModelConfigError
-from rlvr_jax.models.params import apply, as_dtype
+from rlvr_jax.models.params import apply, as_dtype, param_shardings
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -94,7 +94,7 @@ def load_pretrained(
     shardings = None
     if mesh is not None:
         rules = sharding.LEARNER_RULES if rules is None else rules
-        shardings = sharding.param_shardings(config, mesh, rules)
+        shardings = param_shardings(config, mesh, rules)
     params = hf_io.load_params(path, config, dtype=param_dtype, shardings=shardings)
     return Model(
         config=config,

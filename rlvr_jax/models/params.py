@@ -25,7 +25,7 @@ from jax.sharding import Mesh
 
 from rlvr_jax.models.config import ArchConfig
 from rlvr_jax.models.decoder import Decoder
-from rlvr_jax.sharding import LEARNER_RULES, Rules, param_shardings
+from rlvr_jax.sharding import LEARNER_RULES, Rules, logical_to_sharding, reshard
 
 Dtype = Any
 
@@ -104,6 +104,16 @@ def param_logical_axes(config: ArchConfig) -> Any:
     return jax.tree.map(
         lambda names: names, _logical_axes(config), is_leaf=lambda x: isinstance(x, tuple)
     )
+
+
+def param_shardings(config: ArchConfig, mesh: Mesh, rules: Rules) -> Any:
+    """NamedSharding tree of the params of `config` on `mesh` by the logical-axis `rules`."""
+    return logical_to_sharding(param_logical_axes(config), mesh, rules, abstract_params(config))
+
+
+def shard_params(params: Any, mesh: Mesh, rules: Rules, config: ArchConfig) -> Any:
+    """`params` placed on `mesh` by the rules (one `device_put` per array)."""
+    return reshard(params, param_shardings(config, mesh, rules))
 
 
 def apply(

@@ -86,15 +86,13 @@ class Servers:
 def start(args: argparse.Namespace, servers: Servers, stop: threading.Event) -> None:
     """Loads the model and starts the requested front ends, recording them in `servers`;
     returns early when `stop` is set."""
+    from rlvr_jax.data.formatting import stop_token_ids
     from rlvr_jax.models import load_pretrained
 
     model = load_pretrained(args.model, dtype=args.dtype)
     tokenizer_dir = args.tokenizer or args.model
     tokenizer = _load_tokenizer(tokenizer_dir)
-    eos = [*model.config.eos_token_id]
-    if tokenizer.eos_token_id is not None:
-        eos.append(tokenizer.eos_token_id)
-    stop_ids = tuple(dict.fromkeys(eos))
+    stop_ids = stop_token_ids(model.config, tokenizer)
     if not args.no_grpc and not stop.is_set():
         _start_grpc(model, tokenizer_dir, args, servers)
     if not args.no_http and not stop.is_set():
