@@ -86,7 +86,7 @@ class _Job:
     domain: str
 
 
-def _config_kwargs(verifier: str, config: RewardsConfig) -> dict[str, Any]:
+def verifier_defaults(verifier: str, config: RewardsConfig) -> dict[str, Any]:
     """Service-level defaults for the built-in verifiers (a row's `verifier_kwargs` override)."""
     if verifier == "code":
         return {"mode": config.code_mode}
@@ -125,7 +125,7 @@ def _plan(index: int, row: Any, config: RewardsConfig) -> _Job:
     row_kwargs = row.get("verifier_kwargs") or {}
     if not isinstance(row_kwargs, Mapping):
         raise ValueError(f"row {index}: verifier_kwargs must be a mapping, got {row_kwargs!r}")
-    kwargs = {**_config_kwargs(name, config), **row_kwargs}
+    kwargs = {**verifier_defaults(name, config), **row_kwargs}
     if name == JUDGE and not (kwargs.get("base_url") and kwargs.get("model")):
         raise ValueError(
             f"row {index}: the judge verifier needs rewards.judge_url and rewards.judge_model "
