@@ -223,20 +223,6 @@ def logical_to_sharding(
     )
 
 
-def param_shardings(config: Any, mesh: Mesh, rules: Mapping[str, MeshAxesSpec]) -> Any:
-    """NamedSharding tree of the params of `config` (an `rlvr_jax.models.ArchConfig`)."""
-    from rlvr_jax import models
-
-    return logical_to_sharding(
-        models.param_logical_axes(config), mesh, rules, models.abstract_params(config)
-    )
-
-
-def shard_params(params: Any, mesh: Mesh, rules: Mapping[str, MeshAxesSpec], config: Any) -> Any:
-    """`params` placed on `mesh` by the rules (one `device_put` per array)."""
-    return reshard(params, param_shardings(config, mesh, rules))
-
-
 def reshard(tree: Any, target_shardings: Any, *, donate: bool = False) -> Any:
     """`tree` moved to `target_shardings` (e.g. learner → actor sub-mesh); values unchanged.
     `donate` frees the source buffers. Works between sub-meshes that span processes too

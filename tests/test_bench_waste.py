@@ -40,7 +40,7 @@ def test_continuous_never_wastes_more_than_static():
 
 
 def test_bad_inputs_are_named():
-    with pytest.raises(ValueError, match="at least one slot"):
+    with pytest.raises(ValueError, match="slots must be >= 1"):
         simulate_static([1], 0)
     with pytest.raises(ValueError, match="positive token counts"):
         simulate_continuous([3, 0], 2)

@@ -50,12 +50,12 @@ def test_collate_layout_by_hand():
     )
     b = collate([s], rows=2, seq_len=6, pad_id=0)
     # row = [5 6 7 8 1 0]; inputs = row[:-1], targets = row[1:]
-    assert b.input_ids_BxT.tolist() == [[5, 6, 7, 8, 1], [0] * 5]
-    assert b.target_ids_BxT.tolist() == [[6, 7, 8, 1, 0], [0] * 5]
+    assert b.tokens.input_ids_BxT.tolist() == [[5, 6, 7, 8, 1], [0] * 5]
+    assert b.tokens.target_ids_BxT.tolist() == [[6, 7, 8, 1, 0], [0] * 5]
     # targets 7, 8, 1 (the completion, stop token included) sit at shifted indices 1..3
     assert b.mask_BxT.tolist() == [[0, 1, 1, 1, 0], [0] * 5]
     np.testing.assert_allclose(b.sampler_logp_BxT[0], [0, -0.1, -0.2, -0.3, 0])
-    assert b.segment_ids_BxT.tolist() == [[1, 1, 1, 1, 1], [0] * 5]
+    assert b.tokens.segment_ids_BxT.tolist() == [[1, 1, 1, 1, 1], [0] * 5]
     assert b.advantages_B.tolist() == [0.5, 0.0]
     with pytest.raises(ValueError, match="sample 0 has 2 prompt \\+ 3 completion tokens > 4"):
         collate([s], rows=1, seq_len=4, pad_id=0)
@@ -102,7 +102,9 @@ def test_bucketed_padding_gives_the_full_length_update(preset):
 def test_token_logprobs_match_the_full_forward():
     params = models.init_params(ARCH, jax.random.key(1))
     samples, batch = make_batch()
-    logp = learner.token_logprobs(params, ARCH, batch, compute_dtype=jnp.float32, temperature=0.7)
+    logp = learner.sequence_logprobs(
+        params, ARCH, batch, compute_dtype=jnp.float32, temperature=0.7
+    )
     for i, s in enumerate(samples):
         row = jnp.asarray([list(s.prompt_tokens) + list(s.tokens)])
         model = models.Model(config=ARCH, params=params, compute_dtype=jnp.float32)
@@ -157,7 +159,7 @@ def test_sharded_step_equals_unsharded():
     ref_state, ref_m = jax.jit(step)(learner.init_state(params, opt), batch)
 
     mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    p_shard = sharding.param_shardings(ARCH, mesh, sharding.LEARNER_RULES)
+    p_shard = models.param_shardings(ARCH, mesh, sharding.LEARNER_RULES)
     sharded = learner.init_state(sharding.reshard(params, p_shard), opt, mesh=mesh)
     state_sh = jax.tree.map(lambda x: x.sharding, sharded)
     batch_sh = jax.tree.map(
@@ -196,8 +198,10 @@ def test_memory_options_do_not_change_the_update():
     assert float(b_m["loss"]) == pytest.approx(float(a_m["loss"]), rel=1e-5, abs=1e-7)
     for a, b in zip(jax.tree.leaves(a_state.params), jax.tree.leaves(b_state.params)):
         np.testing.assert_allclose(a, b, atol=1e-6)
-    logp_a = learner.token_logprobs(params, ARCH, batch, compute_dtype=jnp.float32, temperature=1.0)
-    logp_b = learner.token_logprobs(
+    logp_a = learner.sequence_logprobs(
+        params, ARCH, batch, compute_dtype=jnp.float32, temperature=1.0
+    )
+    logp_b = learner.sequence_logprobs(
         params, ARCH, batch, compute_dtype=jnp.float32, temperature=1.0, memory=mem
     )
     np.testing.assert_allclose(logp_a, logp_b, atol=1e-5)

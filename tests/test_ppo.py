@@ -1,6 +1,7 @@
 """PPO with a learned critic: GAE by hand and against a plain-Python recursion (terminal steps,
-masked tokens, packed rows), the clipped value loss by hand, the per-batch preparation, and a
-PPO step's gradients against a reference written here from the formulas."""
+masked tokens, packed rows), the clipped value loss by hand, the per-batch preparation, a PPO
+step's gradients against a reference written here from the formulas, and packed == unpacked
+for the preparation, the PPO loss, its gradients and every metric."""
 
 import dataclasses
 
@@ -15,7 +16,8 @@ from rlvr_jax import losses, models
 from rlvr_jax.config.schema import CriticConfig
 from rlvr_jax.training import critic as critic_lib
 from rlvr_jax.training import learner
-from rlvr_jax.training.batch import Sample, collate
+from rlvr_jax.training.batch import Sample, collate, collate_packed, mini_batch, sequence_view
+from rlvr_jax.training.packing import in_order
 from rlvr_jax.training.update import init_state
 
 
@@ -92,37 +94,36 @@ def test_gae_matches_the_python_recursion(gamma, lam):
 
 
 def test_gae_on_a_row_holding_two_completions_equals_each_alone():
+    # segment mode over a packed row == GAE of each completion slot on its own
     rng = np.random.default_rng(1)
     samples = [
         Sample([5, 6, 7], [8, 9, 10, 1], [-0.1] * 4, 0.0, reward=1.0),
         Sample([11, 12], [13, 14, 1], [-0.2] * 3, 0.0, reward=0.25),
     ]
-    packed = collate(samples, rows=1, seq_len=16, pad_id=0, pack=True)
-    assert packed.segment_ids_BxT[0].tolist()[:12] == [1] * 7 + [2] * 5
-    values = rng.normal(size=packed.mask_BxT.shape).astype(np.float32)
+    layout = in_order([7, 5], rows=1, seq_len=16)
+    batch = collate(samples, rows=1, seq_len=16, pad_id=0, layout=layout)
+    seg_RxT = batch.tokens.segment_ids_BxT
+    assert seg_RxT[0].tolist()[:12] == [1] * 7 + [2] * 5
+    # the reward sits at each completion's last token (the stop token)
+    assert batch.rewards_BxT[0, 5] == 1.0 and batch.rewards_BxT[1, 3] == 0.25
+    assert batch.rewards_BxT.sum() == 1.25
+    values_RxT = rng.normal(size=seg_RxT.shape).astype(np.float32)
+    rewards_RxT = np.zeros_like(values_RxT)
+    on = batch.mask_BxT > 0
+    rewards_RxT.reshape(-1)[batch.gather_BxT[on]] = batch.rewards_BxT[on]
+    np.testing.assert_array_equal(sequence_view(batch.tokens.mask_BxT, batch.gather_BxT), on)
     kw = dict(gamma=0.95, lam=0.9)
-    adv, ret = losses.gae(packed.rewards_BxT, values, packed.mask_BxT, **kw)
-    adv_s, ret_s = losses.gae(
-        packed.rewards_BxT,
-        values,
-        packed.mask_BxT,
-        segment_ids_BxT=packed.segment_ids_BxT,
-        **kw,
+    adv_RxT, ret_RxT = losses.gae(
+        rewards_RxT, values_RxT, batch.tokens.mask_BxT, segment_ids_BxT=seg_RxT, **kw
     )
-    np.testing.assert_allclose(adv_s, adv, atol=1e-6)
-    np.testing.assert_allclose(ret_s, ret, atol=1e-6)
-    offset = 0
-    for s in samples:
-        alone = collate([s], rows=1, seq_len=8, pad_id=0)
-        n = len(s.prompt_tokens) + len(s.tokens)
-        v = values[:, offset : offset + 7]
-        a1, r1 = losses.gae(alone.rewards_BxT, v, alone.mask_BxT, **kw)
-        window = slice(offset, offset + n - 1)
-        np.testing.assert_allclose(adv[0, window], a1[0, : n - 1], atol=1e-6)
-        np.testing.assert_allclose(ret[0, window], r1[0, : n - 1], atol=1e-6)
-        # the reward sits at the completion's last token (the stop token)
-        assert alone.rewards_BxT[0].tolist()[n - 2] == s.reward
-        offset += n
+    values_BxT = sequence_view(values_RxT, batch.gather_BxT)
+    adv_BxT, ret_BxT = losses.gae(batch.rewards_BxT, values_BxT, batch.mask_BxT, **kw)
+    np.testing.assert_allclose(sequence_view(adv_RxT, batch.gather_BxT) * on, adv_BxT, atol=1e-6)
+    np.testing.assert_allclose(sequence_view(ret_RxT, batch.gather_BxT) * on, ret_BxT, atol=1e-6)
+    # and each slot equals the recursion of that completion alone
+    ref_adv, ref_ret = gae_reference(batch.rewards_BxT, values_BxT, batch.mask_BxT, **kw)
+    np.testing.assert_allclose(adv_BxT, ref_adv, atol=1e-6)
+    np.testing.assert_allclose(ret_BxT, ref_ret, atol=1e-6)
 
 
 def test_gae_skips_masked_tokens_inside_a_segment():
@@ -224,13 +225,9 @@ def test_prepare_computes_values_and_gae_of_the_rollout_tokens(kind):
     settings = losses.resolve_loss_settings("ppo")
     out, metrics = critic_lib.make_prepare_fn(critic, settings)(policy, params, batch)
     trunk = policy if kind == "shared" else params["trunk"]
+    t = batch.tokens
     h = models.apply(
-        trunk,
-        ARCH,
-        batch.input_ids_BxT,
-        batch.positions_BxT,
-        batch.segment_ids_BxT,
-        return_hidden=True,
+        trunk, ARCH, t.input_ids_BxT, t.positions_BxT, t.segment_ids_BxT, return_hidden=True
     )
     values = np.asarray(h @ params["head"]["w_D"] + params["head"]["b"])
     adv, ret = gae_reference(batch.rewards_BxT, values, batch.mask_BxT, 0.9, 0.8)
@@ -265,10 +262,11 @@ def test_prepare_subtracts_the_kl_per_token_from_the_rewards():
 def reference_ppo_loss(policy, cparams, batch, *, kind, eps, coef, clip):
     """PPO's loss from the formulas: ppo_clip with per-token advantages, token mean, plus
     c_V·½·max((V − R̂)², (V_old + clip(V − V_old, ±ε_V) − R̂)²), token mean."""
-    inputs = (batch.input_ids_BxT, batch.positions_BxT, batch.segment_ids_BxT)
+    t = batch.tokens  # one completion per row: slot b is row b
+    inputs = (t.input_ids_BxT, t.positions_BxT, t.segment_ids_BxT)
     logits = models.apply(policy, ARCH, *inputs)
     logp_all = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(logp_all, batch.target_ids_BxT[..., None], axis=-1)[..., 0]
+    logp = jnp.take_along_axis(logp_all, t.target_ids_BxT[..., None], axis=-1)[..., 0]
     m = batch.mask_BxT
     n = m.sum()
     ratio = jnp.exp(logp - batch.old_logp_BxT)
@@ -292,13 +290,14 @@ def test_ppo_step_gradient_matches_the_reference(kind):
     batch = make_batch()
     shape = batch.mask_BxT.shape
     m = np.asarray(batch.mask_BxT)
-    logp = learner.token_logprobs(policy, ARCH, batch, compute_dtype=jnp.float32, temperature=1.0)
+    t = batch.tokens
+    logp = learner.token_logprobs(policy, ARCH, t, compute_dtype=jnp.float32, temperature=1.0)
     h = models.apply(
         policy if kind == "shared" else cparams["trunk"],
         ARCH,
-        batch.input_ids_BxT,
-        batch.positions_BxT,
-        batch.segment_ids_BxT,
+        t.input_ids_BxT,
+        t.positions_BxT,
+        t.segment_ids_BxT,
         return_hidden=True,
     )
     v_now = h @ cparams["head"]["w_D"] + cparams["head"]["b"]
@@ -347,3 +346,122 @@ def test_ppo_step_gradient_matches_the_reference(kind):
         other, _ = jax.jit(no_value)(state, batch)
         for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(other.params)):
             np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+# -- packed == unpacked ---------------------------------------------------------------------
+SEQ = 33  # tokens per row before the shift: T = 32
+
+
+def ppo_samples(seed: int = 0, groups: int = 3, group_size: int = 4) -> list[Sample]:
+    """Completions of several groups with varied lengths and 0/1 rewards; one fills a row."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(groups):
+        prompt = rng.integers(3, 60, int(rng.integers(2, 9))).tolist()
+        for _ in range(group_size):
+            n = int(rng.integers(1, 12))
+            out.append(
+                Sample(
+                    prompt_tokens=prompt,
+                    tokens=rng.integers(3, 60, n).tolist(),
+                    sampler_logp=(-rng.random(n) * 3).tolist(),
+                    advantage=0.0,
+                    train=bool(rng.random() > 0.1),
+                    reward=float(rng.integers(0, 2)),
+                )
+            )
+    out[5] = Sample([7] * 8, list(range(3, 3 + SEQ - 8)), [-1.0] * (SEQ - 8), 0.0, reward=1.0)
+    return out
+
+
+def ppo_batches(updates: int = 1):
+    s = ppo_samples()
+    unpacked = collate(s, rows=len(s), seq_len=SEQ, pad_id=0)
+    packed, slots = collate_packed(
+        s, rows=len(s), seq_len=SEQ, pad_id=0, max_tokens=96, updates=updates
+    )
+    assert packed.n_micro > updates and packed.tokens.rows < unpacked.tokens.rows
+    np.testing.assert_array_equal(packed.rewards_BxT[slots], unpacked.rewards_BxT)
+    rng = np.random.default_rng(1)
+    old = unpacked.sampler_logp_BxT + 0.1 * rng.standard_normal(unpacked.mask_BxT.shape)
+    ref = unpacked.sampler_logp_BxT - 0.2 * unpacked.mask_BxT
+    unpacked = unpacked.replace(old_logp_BxT=old.astype(np.float32), ref_logp_BxT=ref)
+    on_slots = {}
+    for name in ("old_logp_BxT", "ref_logp_BxT"):
+        x = np.zeros_like(packed.mask_BxT)
+        x[slots] = getattr(unpacked, name)
+        on_slots[name] = x
+    packed = packed.replace(**on_slots)
+    return jax.tree.map(jnp.asarray, unpacked), jax.tree.map(jnp.asarray, packed), slots
+
+
+def critic_state(params, opt):
+    c = init_state(params, opt)
+    return critic_lib.CriticState(c.params, c.opt_state)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind, overrides",
+    [
+        ("separate", {}),
+        ("shared", {}),
+        ("separate", {"kl_coef": 0.05, "kl_mode": "reward", "kl_estimator": "k3"}),
+        ("shared", {"agg": "seq-mean-token-mean", "kl_coef": 0.05, "kl_estimator": "k2"}),
+    ],
+)
+def test_ppo_packed_equals_unpacked(kind, overrides):
+    settings = losses.resolve_loss_settings("ppo", **overrides)
+    policy = models.init_params(ARCH, jax.random.key(0))
+    cparams = critic_params(kind)
+    critic = make_critic(kind, gamma=0.95, lam=0.9, value_clip=0.2, value_coef=0.5)
+    unpacked, packed, slots = ppo_batches()
+    prepare = critic_lib.make_prepare_fn(critic, settings)
+    a_batch, a_metrics = prepare(policy, cparams, unpacked)
+    b_batch, b_metrics = prepare(policy, cparams, packed)
+    for name in ("values_BxT", "advantages_BxT", "returns_BxT"):
+        np.testing.assert_allclose(
+            getattr(b_batch, name)[slots], getattr(a_batch, name), rtol=1e-5, atol=2e-6
+        )
+    for key in a_metrics:
+        np.testing.assert_allclose(b_metrics[key], a_metrics[key], rtol=1e-5, err_msg=key)
+    opt = optax.sgd(0.5)
+    kw = dict(max_len=24)
+    plain = jax.jit(critic_lib.make_ppo_step(ARCH, critic, opt, opt, settings, n_micro=3, **kw))
+    packing = jax.jit(critic_lib.make_ppo_step(ARCH, critic, opt, opt, settings, **kw))
+    states = [init_state(policy, opt).replace(critic=critic_state(cparams, opt)) for _ in range(2)]
+    a_state, a = plain(states[0], a_batch)
+    b_state, b = packing(states[1], b_batch)
+    assert sorted(a) == sorted(b)
+    assert 0 < float(a["value/clip_fraction"]) or float(a["value/loss"]) > 0
+    for key in a:
+        np.testing.assert_allclose(b[key], a[key], rtol=2e-5, atol=2e-6, err_msg=key)
+    after = (a_state.params, a_state.critic.params), (b_state.params, b_state.critic.params)
+    for x, y in zip(*(jax.tree.leaves(t) for t in after)):
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_ppo_packed_mini_batches_equal_unpacked_ones():
+    # two PPO updates per batch, each half of the samples packed on its own
+    settings = losses.resolve_loss_settings("ppo")
+    policy = models.init_params(ARCH, jax.random.key(3))
+    cparams = critic_params("separate")
+    critic = make_critic("separate", value_clip=0.2)
+    unpacked, packed, _ = ppo_batches(updates=2)
+    prepare = critic_lib.make_prepare_fn(critic, settings)
+    opt = optax.sgd(0.1)  # two steps: keep float noise from compounding
+    step = jax.jit(critic_lib.make_ppo_step(ARCH, critic, opt, opt, settings, max_len=24))
+    a_state, b_state = (
+        init_state(policy, opt).replace(critic=critic_state(cparams, opt)) for _ in range(2)
+    )
+    a_full, _ = prepare(policy, cparams, unpacked)
+    b_full, _ = prepare(policy, cparams, packed)
+    for u in range(2):
+        a_state, a = step(a_state, mini_batch(a_full, u, 2))
+        b_state, b = step(b_state, mini_batch(b_full, u, 2))
+        for key in ("loss", "value/loss", "policy_loss", "value/error", "value/mean"):
+            np.testing.assert_allclose(b[key], a[key], rtol=1e-5, atol=1e-7, err_msg=key)
+    after = (a_state.params, a_state.critic.params), (b_state.params, b_state.critic.params)
+    for x, y in zip(*(jax.tree.leaves(t) for t in after)):
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)

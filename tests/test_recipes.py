@@ -74,11 +74,12 @@ def batches() -> tuple[dict, dict]:
 
 def reference_logp(params, batch):
     """log softmax(logits)[target] straight from the model (not the learner's code)."""
+    tokens = getattr(batch, "tokens", batch)  # an RL batch's rows (one completion each here)
     logits_BxTxV = models.apply(
-        params, ARCH, batch.input_ids_BxT, batch.positions_BxT, batch.segment_ids_BxT
+        params, ARCH, tokens.input_ids_BxT, tokens.positions_BxT, tokens.segment_ids_BxT
     ).astype(jnp.float32)
     logp_BxTxV = jax.nn.log_softmax(logits_BxTxV, axis=-1)
-    return jnp.take_along_axis(logp_BxTxV, batch.target_ids_BxT[..., None], axis=-1)[..., 0]
+    return jnp.take_along_axis(logp_BxTxV, tokens.target_ids_BxT[..., None], axis=-1)[..., 0]
 
 
 def reference_rl_loss(params, batch):

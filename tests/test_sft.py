@@ -30,7 +30,7 @@ def test_collate_sft_matches_rl_collate_layout():
     got = collate_sft(PROMPTS, RESPONSES, rows=4, seq_len=8, pad_id=0)
     assert isinstance(got, rl_batch.TokenBatch) and not isinstance(got, rl_batch.RLBatch)
     for key, value in rl_batch.vars_of(got).items():
-        np.testing.assert_array_equal(value, getattr(expected, key), err_msg=key)
+        np.testing.assert_array_equal(value, getattr(expected.tokens, key), err_msg=key)
         assert value.shape == (4, 7)
 
 

@@ -131,8 +131,8 @@ def test_sharded_forward_equals_unsharded(tmp_path_factory, axes, arch, kv_heads
 
     mesh = sharding.make_mesh(axes)
     rules = sharding.LEARNER_RULES
-    shardings = sharding.param_shardings(model.config, mesh, rules)
-    params = sharding.shard_params(model.params, mesh, rules, model.config)
+    shardings = models.param_shardings(model.config, mesh, rules)
+    params = models.shard_params(model.params, mesh, rules, model.config)
     q_kernel = params["layers"]["attn"]["q_proj"]["kernel"]
     assert q_kernel.sharding.spec == expected_q_spec
     assert len(_device_ids(q_kernel)) == 8
@@ -160,7 +160,7 @@ def test_load_pretrained_streams_into_mesh(tmp_path_factory):
     mesh = sharding.make_mesh({"fsdp": 4, "tensor": 2})
     model = models.load_pretrained(path, mesh=mesh)
     plain = models.load_pretrained(path)
-    expected = sharding.param_shardings(model.config, mesh, sharding.LEARNER_RULES)
+    expected = models.param_shardings(model.config, mesh, sharding.LEARNER_RULES)
     for leaf, want, ref in zip(
         jax.tree.leaves(model.params), jax.tree.leaves(expected), jax.tree.leaves(plain.params)
     ):
@@ -195,7 +195,7 @@ def test_learner_to_actor_reshard_and_sharded_decode(tmp_path_factory):
         None, "fsdp", None
     )
 
-    actor_shardings = sharding.param_shardings(learner.config, actor_mesh, sharding.ACTOR_RULES)
+    actor_shardings = models.param_shardings(learner.config, actor_mesh, sharding.ACTOR_RULES)
     actor_params = sharding.reshard(learner.params, actor_shardings)
     for leaf, src in zip(jax.tree.leaves(actor_params), jax.tree.leaves(learner.params)):
         assert _device_ids(leaf) == {6, 7}

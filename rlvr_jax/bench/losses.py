@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rlvr_jax.bench import progress
 from rlvr_jax.losses import advantages, policy_loss, resolve_loss_settings
 from rlvr_jax.losses.batch_file import REQUIRED_ARRAYS, BatchError, load_batch, save_batch
 from rlvr_jax.losses.presets import PRESETS
@@ -174,9 +175,9 @@ def run_lab(
         "variants": {},
         "presets": {},
     }
-    for name in variants or LOSSES.canonical_names():
+    for name in progress.steps(variants or LOSSES.canonical_names(), "variant"):
         results["variants"][name] = evaluate(batch, variant=name, agg=agg)
-    for name in PRESETS.canonical_names():
+    for name in progress.steps(PRESETS.canonical_names(), "preset"):
         kwargs, note = _preset_kwargs(name, batch)
         adv = kwargs.pop("advantages", None)
         entry = evaluate({**batch, "advantages": adv} if adv is not None else batch, **kwargs)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.bench import progress
 from rlvr_jax.config.schema import Config, RewardsConfig
 
 TEXT_TEMPLATES = ("plain", "r1")
@@ -128,7 +129,7 @@ def verifier_reward_fn(config: RewardsConfig) -> Callable[..., list[float]]:
     """A TRL reward function: w[domain] · verifier(completion, ground_truth, **kwargs), with our
     service's default verifier kwargs; a verifier that raises scores 0, as in our service."""
     from rlvr_jax.rewards import get_verifier
-    from rlvr_jax.rewards.service import _config_kwargs
+    from rlvr_jax.rewards.service import verifier_defaults
 
     def verifier_reward(
         completions: list[Any],
@@ -148,7 +149,7 @@ def verifier_reward_fn(config: RewardsConfig) -> Callable[..., list[float]]:
                     get_verifier(name)(
                         text,
                         json.loads(truth),
-                        **{**_config_kwargs(name, config), **json.loads(kwargs)},
+                        **{**verifier_defaults(name, config), **json.loads(kwargs)},
                     )
                 )
             except Exception:  # a failing verifier costs the sample, not the run
@@ -184,6 +185,7 @@ def run_trl(cfg: Config, *, steps: int, warmup: int, out: Path) -> dict[str, Any
 
         def on_step_end(self, args, state, control, **kwargs):
             marks["steps"].append(time.perf_counter())
+            progress.line(f"TRL step {state.global_step}/{warmup + steps}")
 
     trainer = trl.GRPOTrainer(
         model=model,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import heapq
 import math
 import sys
 import time
@@ -35,7 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.bench import common
+from rlvr_jax.bench import common, progress
+from rlvr_jax.rollout.waste import continuous_steps, static_steps
 
 
 def _normal_cdf(x: float) -> float:
@@ -125,31 +125,18 @@ class SlotSteps:
         return 1.0 - self.useful / self.total
 
 
-def _check(lengths: Sequence[int], slots: int) -> np.ndarray:
-    lengths_N = np.asarray(lengths, dtype=np.int64)
-    if slots < 1:
-        raise ValueError(f"need at least one slot, got {slots}")
-    if lengths_N.ndim != 1 or lengths_N.size == 0 or (lengths_N < 1).any():
-        raise ValueError("lengths must be a non-empty list of positive token counts")
-    return lengths_N
-
-
 def simulate_static(lengths: Sequence[int], slots: int) -> SlotSteps:
-    """Static batching: requests taken B at a time in order; each batch holds all B slots
-    until its longest request ends (the last, partial batch too)."""
-    lengths_N = _check(lengths, slots)
-    steps = sum(int(lengths_N[i : i + slots].max()) for i in range(0, lengths_N.size, slots))
-    return SlotSteps(int(lengths_N.sum()), steps * slots)
+    """Static batching (`rollout.waste.static_steps`): requests taken B at a time in order;
+    each batch holds all B slots until its longest request ends (the last batch too)."""
+    lengths = [int(n) for n in lengths]
+    return SlotSteps(sum(lengths), static_steps(lengths, slots) * slots)
 
 
 def simulate_continuous(lengths: Sequence[int], slots: int) -> SlotSteps:
-    """Continuous batching: requests in order, each to the slot that frees first (refilled
-    at the next step); the run lasts until the last request ends."""
-    lengths_N = _check(lengths, slots)
-    free_at = [0] * min(slots, lengths_N.size)
-    for n in lengths_N.tolist():
-        heapq.heappush(free_at, heapq.heappop(free_at) + n)
-    return SlotSteps(int(lengths_N.sum()), max(free_at) * slots)
+    """Continuous batching (`rollout.waste.continuous_steps`): requests in order, each to
+    the slot that frees first (refilled at the next step), until the last request ends."""
+    lengths = [int(n) for n in lengths]
+    return SlotSteps(sum(lengths), continuous_steps(lengths, slots) * slots)
 
 
 def simulate(
@@ -227,6 +214,7 @@ def measure(
     warm = min(requests, 2 * slots)
     stats, walls = {}, {}
     for batching in ("static", "continuous"):
+        progress.line(f"engine, {batching} batching: warm up, then {requests} requests")
         _run_engine(core, prompts[:warm], lengths[:warm], batching)  # compile + warm up
         stats[batching], walls[batching] = _run_engine(core, prompts, lengths, batching)
     predicted = {
@@ -336,6 +324,7 @@ def run(cfg: WasteBenchConfig) -> dict[str, Any]:
     """The simulation and the engine measurement; the nested JSON-able result."""
     dist = LengthDistribution.fit(mean=cfg.mean, cap=cfg.cap, sigma=cfg.sigma)
     small = dist.scaled(cfg.measured_cap)
+    progress.line(f"simulating {cfg.requests} requests")
     simulated = simulate(
         dist, requests=cfg.requests, slots=cfg.slots, sweep=cfg.sweep, seed=cfg.seed
     )

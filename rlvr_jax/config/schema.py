@@ -32,6 +32,11 @@ class ModelConfig:
     """Storage dtype of the policy parameters."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of matmuls and activations; the LM head and log-softmax always run in fp32."""
+    attention_impl: Literal["auto", "xla", "blockwise", "cudnn", "splash"] = "auto"
+    """Learner attention kernel (`rlvr_jax.models.attention`): `xla` materialises [B, T, T]
+    masks and [B, N, T, T] scores (the reference); `blockwise` is online-softmax XLA in
+    O(T · block) memory; `cudnn` (GPU, bf16) and `splash` (TPU) are fused kernels. `auto`:
+    splash on TPU, cuDNN on GPU where it applies, else blockwise."""
 
 
 @dataclass(frozen=True)
@@ -154,9 +159,10 @@ class LossConfig:
     """Advantage estimator: registered name or `module:function`; `gae` = PPO with a learned
     critic (per-token GAE advantages, see `critic`)."""
     eps_low: float | None = None
-    """Lower clip range; None = the variant's default."""
+    """Lower clip range; None = the variant's default; ignored by a variant without one."""
     eps_high: float | None = None
-    """Upper clip range (clip-higher); None = the variant's default."""
+    """Upper clip range (clip-higher); None = the variant's default; ignored by a variant
+    without one (reinforce)."""
     agg: str | None = None
     """Aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
     seq-mean-token-sum-norm."""
@@ -239,6 +245,17 @@ class RewardsConfig:
     """Judge model name sent to the endpoint."""
     judge_api_key_env: str = "RLVR_JUDGE_API_KEY"
     """Environment variable holding the judge's API key (never logged)."""
+    rubric_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible endpoint scoring `rubric` criteria (default: `rlvr-serve` here); its
+    API key comes from `judge_api_key_env`."""
+    rubric_model: str | None = None
+    """Model name sent to the rubric judge (None = the first model its `/models` lists)."""
+    rubric_timeout_s: float = 30.0
+    """Bound on each rubric judge request attempt (connecting and each wait for the server)."""
+    rubric_max_concurrency: int = 16
+    """Rubric judge requests in flight at once."""
+    rubric_cache_size: int = 100_000
+    """Criterion scores cached by (prompt, response, criterion); 0 = no cache."""
 
 
 @dataclass(frozen=True)
@@ -274,11 +291,17 @@ class TrainConfig:
     remat: bool = False
     """Rematerialise each layer in the backward pass (activation memory ~ one layer)."""
     attn_chunk: int = 0
-    """Attention computed this many queries at a time (0 = all): N·chunk·S scores live at
-    once instead of N·S² (long-context training)."""
+    """Deprecated (use `model.attention_impl`): with `xla` attention, queries per chunk
+    (N·chunk·S scores live at once instead of N·S²); with `blockwise`, its tile size
+    (0 = 512); cudnn/splash ignore it."""
     logits_chunk: int = 0
     """LM head + log-softmax computed this many positions at a time (0 = all): never holds the
     B×T×V fp32 logits at once."""
+    max_tokens_per_micro_batch: int = 0
+    """Pack sequences (prompt + completion) several to a row and size micro-batches by tokens:
+    rows of the batch's length bucket, as many per micro-batch as this many tokens allow, the
+    number of micro-batches following the batch's tokens (a few compiled shapes). 0 = one
+    sequence per row, `micro_batch_size` rows per micro-batch."""
     bucket_min_len: int = 32
     """Learner rows are padded to the batch's longest prompt + completion rounded up to
     bucket_min_len·2^k (a multiple of the chunk sizes; at most max_prompt_len +
@@ -306,6 +329,34 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class DPOConfig:
+    sources: list[SourceConfig] = field(default_factory=list)
+    """Preference pairs: rows with `prompt`, `chosen`, `rejected` (strings or chat messages;
+    `rlvr-prefs` writes them). Pairs with a prompt over `data.max_prompt_len` or a response over
+    `dpo.max_response_len` tokens are skipped and counted."""
+    batch_size: int = 32
+    """Pairs per optimizer step (two sequences each: `train.micro_batch_size` counts
+    sequences and must be even)."""
+    beta: float = 0.1
+    """β: the inverse temperature of the implicit reward β·log(π/π_ref) (OLMo 3 Think's
+    length-normalised DPO used 5)."""
+    variant: str = "dpo"
+    """Preference loss: `dpo`, `ipo`, `dpo_norm` (length-normalised), `simpo`
+    (reference-free), or `module:function`."""
+    variant_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments of the variant (`label_smoothing` for dpo, `gamma` for simpo)."""
+    reference: Literal["cache", "on_the_fly"] = "cache"
+    """Reference log-probs of the frozen starting policy: computed once before training and
+    cached on disk (no reference forward per step), or computed for every batch."""
+    max_response_len: int | None = None
+    """Longest response in tokens (separator and EOS included); None = `rollout.max_new_tokens`
+    (the generation budget: re-tokenized sampled text can come out a little longer)."""
+    reference_cache_dir: str | None = None
+    """Directory of the reference cache (one file per model, keyed by the tokens);
+    None = `<train.output_dir>/reference_cache`."""
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     every_steps: int = 0
     """Save every N steps (0 = only at the end)."""
@@ -315,6 +366,10 @@ class CheckpointConfig:
     """Resume from the latest complete checkpoint in `train.output_dir`."""
     export_hf: bool = True
     """Export the final policy as an HF checkpoint."""
+    verify: Literal["checksum", "size", "off"] = "checksum"
+    """File check of each checkpoint: a manifest of every file's size and CRC-32 is written
+    after the save (in the background) and checked before a resume, naming a damaged file;
+    `size`: sizes only (catches cut-short files, reads nothing); `off`: no manifest."""
 
 
 @dataclass(frozen=True)
@@ -341,13 +396,16 @@ class LogConfig:
     """Completions logged as text per step."""
     plots: bool = True
     """PNG plots of the main curves at the end."""
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    """Level of the libraries' own logs (absl, orbax, JAX, JetStream, TensorFlow): "warning"
+    keeps their INFO lines off; rlvr_jax's one-line messages always show. `--verbose` = "info"."""
 
 
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy (and its tokenizer)."""
-    algorithm: Literal["rl", "sft", "expert_iteration", "rl_sft_parallel"] = "rl"
+    algorithm: Literal["rl", "sft", "expert_iteration", "rl_sft_parallel", "dpo"] = "rl"
     """Training algorithm."""
     seed: int = 0
     """Global seed (params init when built, sampling, data order)."""
@@ -369,6 +427,8 @@ class Config:
     """Optimizer and loop."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """Supervised fine-tuning data and settings (sft, expert_iteration, rl_sft_parallel)."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """Preference pairs and the preference loss (`algorithm: dpo`)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpointing and export."""
     eval: EvalConfig = field(default_factory=EvalConfig)

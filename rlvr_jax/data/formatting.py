@@ -12,7 +12,7 @@ tokenizer prepends BOS; a ChatML one adds nothing). All templates are determinis
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rlvr_jax.data.rows import PromptRow
@@ -105,3 +105,22 @@ def encode_response(response: str, tokenizer: Any, template: str) -> list[int]:
     text = RESPONSE_SEPARATORS[template] + response
     ids = [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
     return [*ids, int(tokenizer.eos_token_id)]
+
+
+def stop_token_ids(arch: Any, tokenizer: Any, stop_strings: Sequence[str] = ()) -> tuple[int, ...]:
+    """The model's (`arch.eos_token_id`) and the tokenizer's EOS ids plus each single-token
+    stop string's id (sorted; empty when there is none, and then completions run to their
+    budget). The one stop-id rule of training, evaluation and serving.
+
+    Raises:
+      ValueError: a stop string that is not exactly one token.
+    """
+    ids = {int(t) for t in (arch.eos_token_id or ())}
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    for s in stop_strings:
+        toks = tokenizer.encode(s, add_special_tokens=False)
+        if len(toks) != 1:
+            raise ValueError(f"rollout.stop_strings: {s!r} is not a single token ({toks})")
+        ids.add(int(toks[0]))
+    return tuple(sorted(ids))

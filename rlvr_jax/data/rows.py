@@ -141,24 +141,29 @@ def _prompt(value: Any) -> str | tuple[dict[str, str], ...]:
         if not value.strip():
             raise BadRow("empty_prompt", "'prompt' is empty")
         return value
+    if isinstance(value, list | tuple) and not value:
+        raise BadRow("empty_prompt", "'prompt' is an empty list of messages")
+    return tuple(chat_messages("prompt", value))
+
+
+def chat_messages(key: str, value: Any) -> list[dict[str, str]]:
+    """`value` (the field `key`) as validated chat messages; BadRow naming the field otherwise."""
     if not isinstance(value, list | tuple):
         raise BadRow(
             "wrong_type",
-            f"'prompt' must be a string or a list of messages, got {type(value).__name__}",
+            f"{key!r} must be a string or a list of messages, got {type(value).__name__}",
         )
-    if not value:
-        raise BadRow("empty_prompt", "'prompt' is an empty list of messages")
     messages = []
     for i, m in enumerate(value):
         if not isinstance(m, Mapping):
-            raise BadRow("wrong_type", f"prompt message {i} is {type(m).__name__}, not an object")
+            raise BadRow("wrong_type", f"{key} message {i} is {type(m).__name__}, not an object")
         role, content = m.get("role"), m.get("content")
         if role not in ROLES:
-            raise BadRow("wrong_type", f"prompt message {i} has role {role!r}; expected {ROLES}")
+            raise BadRow("wrong_type", f"{key} message {i} has role {role!r}; expected {ROLES}")
         if not isinstance(content, str):
-            raise BadRow("wrong_type", f"prompt message {i} content is {type(content).__name__}")
+            raise BadRow("wrong_type", f"{key} message {i} content is {type(content).__name__}")
         messages.append({"role": role, "content": content})
-    return tuple(messages)
+    return messages
 
 
 def _response(value: Any) -> str:
@@ -237,6 +242,18 @@ def _ifeval_truth(value: Any) -> dict:
     return {"instruction_id": list(ids), "kwargs": kwargs}
 
 
+def _rubric_truth(value: Any) -> list:
+    """A non-empty list of `{"criterion", "weight"}` (or its JSON text; see
+    `rlvr_jax.rewards.rubric.parse_rubric`), normalised to explicit float weights."""
+    from rlvr_jax.rewards.rubric import parse_rubric
+
+    try:
+        criteria = parse_rubric(value)
+    except ValueError as e:
+        raise BadRow("wrong_type", str(e)) from None
+    return [{"criterion": c.text, "weight": c.weight} for c in criteria]
+
+
 def _decoded(value: Any, kind: type, verifier: str) -> Any:
     """`value`, decoded from JSON text if it is a string, checked to be a `kind`."""
     if isinstance(value, str):
@@ -257,6 +274,7 @@ GROUND_TRUTH_CHECKS: dict[str, Callable[[Any], Any]] = {
     "ifeval": _ifeval_truth,
     "code": _code_truth,
     "judge": _judge_truth,
+    "rubric": _rubric_truth,
 }
 """Shape checks of the built-in verifiers' ground truths: each returns the normalised value or
 raises BadRow. Structured ground truths may arrive as JSON text (common in Parquet exports)."""

@@ -126,6 +126,7 @@ def load_source(
     max_prompt_len: int | None = None,
     response: Callable[[Mapping[str, Any]], str] | None = None,
     encode: Callable[[PromptRow], Sequence[int]] | None = None,
+    parse: Callable[..., Any] | None = None,
 ) -> PromptSource:
     """Reads and validates one source.
 
@@ -135,6 +136,9 @@ def load_source(
     `token_length(row)`: the length alone, when no encoder is given.
     `response(record)`: each row's SFT response (see `row_from_record`); records it rejects
     with BadRow are skipped and counted.
+    `parse(record, *, source, index, where)`: validates a record into a row of another kind
+    instead of `row_from_record` (preference pairs: `preferences.preference_parser`); it raises
+    BadRow for a record to skip.
     """
     fmt = resolve_format(cfg)
     name = source_name(cfg)
@@ -146,15 +150,18 @@ def load_source(
     def validate(index: int, where: str, record: Any) -> PromptRow:
         if isinstance(record, BadRow):
             raise record
-        row = row_from_record(
-            record,
-            source=name,
-            index=index,
-            where=f"{label} {where}",
-            default_domain=cfg.domain,
-            known_verifiers=known_verifiers,
-            response=response,
-        )
+        if parse is not None:
+            row = parse(record, source=name, index=index, where=f"{label} {where}")
+        else:
+            row = row_from_record(
+                record,
+                source=name,
+                index=index,
+                where=f"{label} {where}",
+                default_domain=cfg.domain,
+                known_verifiers=known_verifiers,
+                response=response,
+            )
         n = None
         if encode is not None:
             ids = np.asarray(encode(row), np.int32)
@@ -193,6 +200,7 @@ def load_sources(
     max_prompt_len: int | None = None,
     response: Callable[[Mapping[str, Any]], str] | None = None,
     encode: Callable[[PromptRow], Sequence[int]] | None = None,
+    parse: Callable[..., Any] | None = None,
 ) -> list[PromptSource]:
     """`load_source` for each config; source names must be distinct."""
     names = collections.Counter(source_name(c) for c in cfgs)
@@ -205,6 +213,7 @@ def load_sources(
         "max_prompt_len": max_prompt_len,
         "response": response,
         "encode": encode,
+        "parse": parse,
     }
     return [load_source(c, **kwargs) for c in cfgs]
 

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.logs import setup_logging
+
 log = logging.getLogger("rlvr_jax.demo")
 
 
@@ -126,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlvr_jax.demo.pipeline", description=__doc__)
     p.add_argument("--config", default="configs/demo.yaml")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = load(args.config, args.overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    setup_logging(cfg.log.log_level, verbose=args.verbose)
     if Path(cfg.train.output_dir, "checkpoints").exists():
         # the demo is a fresh run each time: an old run would be resumed, not repeated
         import shutil

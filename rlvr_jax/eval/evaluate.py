@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from rlvr_jax.data.formatting import stop_token_ids
 from rlvr_jax.eval.passk import mean_pass_at_k
 
 log = logging.getLogger(__name__)
@@ -153,24 +154,6 @@ class SampledCounts:
     """Wall time spent generating."""
     verify_s: float
     """Time the reward service spent verifying (overlaps generation)."""
-
-
-def stop_token_ids(arch: Any, tokenizer: Any, stop_strings: Sequence[str] = ()) -> tuple[int, ...]:
-    """The model's and the tokenizer's EOS ids plus each single-token stop string's id
-    (sorted; empty when there is none, and then completions run to their budget).
-
-    Raises:
-      ValueError: a stop string that is not exactly one token.
-    """
-    ids = {int(t) for t in (arch.eos_token_id or ())}
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    for s in stop_strings:
-        toks = tokenizer.encode(s, add_special_tokens=False)
-        if len(toks) != 1:
-            raise ValueError(f"rollout.stop_strings: {s!r} is not a single token ({toks})")
-        ids.add(int(toks[0]))
-    return tuple(sorted(ids))
 
 
 def resolve_config(

@@ -14,14 +14,24 @@ per-token advantages and value targets, `value_loss` the critic's clipped regres
 
 Three registries resolve a registered name or `module:function`: `get_loss` (= `get`),
 `get_advantage`, `get_preset`; extend them with `register_loss`, `register_advantage`,
-`register_preset`. The variant contract is in the Losses section of README.md.
+`register_preset`. Preference losses (DPO, IPO, length-normalised DPO, SimPO) have their own:
+`preference_loss(variant, chosen_logp=..., ...)`, `get_preference_loss`,
+`register_preference_loss` (`preference.py`). The variant contract is in the Losses section
+of README.md.
 """
 
 from rlvr_jax.losses.advantage import advantages, get_advantage, register_advantage
 from rlvr_jax.losses.aggregation import AGGREGATIONS, aggregate, loss_denominator
 from rlvr_jax.losses.gae import explained_variance, gae, value_loss, whiten
 from rlvr_jax.losses.kl import KL_ESTIMATORS, get_kl_estimator, kl_reward_penalty
+from rlvr_jax.losses.masked import masked_mean
+from rlvr_jax.losses.metrics import token_entropy
 from rlvr_jax.losses.objective import policy_loss
+from rlvr_jax.losses.preference import (
+    get_preference_loss,
+    preference_loss,
+    register_preference_loss,
+)
 from rlvr_jax.losses.presets import (
     LossSettings,
     LossSettingsError,
@@ -52,16 +62,21 @@ __all__ = [
     "get_advantage",
     "get_kl_estimator",
     "get_loss",
+    "get_preference_loss",
     "get_preset",
     "kl_reward_penalty",
     "loss_denominator",
     "loss_settings_from_config",
+    "masked_mean",
     "policy_loss",
+    "preference_loss",
     "register_advantage",
     "register_loss",
+    "register_preference_loss",
     "register_preset",
     "resolve_loss_settings",
     "tis_kept_mask",
+    "token_entropy",
     "value_loss",
     "whiten",
 ]

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 from rlvr_jax.losses.advantage import get_advantage
 from rlvr_jax.losses.gae import GAE
 from rlvr_jax.losses.kl import get_kl_estimator
-from rlvr_jax.losses.objective import RATIO_DENOMINATORS, check_variant_params, policy_loss
+from rlvr_jax.losses.objective import RATIO_DENOMINATORS, policy_loss, variant_call_params
 from rlvr_jax.losses.registry import Registry, display_name
 from rlvr_jax.losses.tis import TisConfig, tis_kept_mask
 from rlvr_jax.losses.variants import get_loss
@@ -69,9 +69,9 @@ class LossSettings:
     """Advantage estimator: registered name, `module:function`, a callable, or `gae` (per
     token, from a learned critic)."""
     eps_low: float | None = None
-    """Lower clip range; None = the variant's default."""
+    """Lower clip range; None = the variant's default (ignored by a variant without one)."""
     eps_high: float | None = None
-    """Upper clip range; None = the variant's default."""
+    """Upper clip range; None = the variant's default (ignored by a variant without one)."""
     agg: str = "token-mean"
     """Aggregation mode."""
     tis_cap: float | None = None
@@ -120,12 +120,11 @@ class LossSettings:
                 f"loss.variant_kwargs: {', '.join(clash)} are loss settings, not variant "
                 f"parameters; set them as loss.{clash[0]}"
             )
-        params = {"eps_low": self.eps_low, "eps_high": self.eps_high}
-        params = {k: v for k, v in params.items() if v is not None} | self.variant_kwargs
+        clip = {"eps_low": self.eps_low, "eps_high": self.eps_high}
         self._check(
             "variant_kwargs",
-            lambda: check_variant_params(
-                get_loss(self.variant), display_name(self.variant), params
+            lambda: variant_call_params(
+                get_loss(self.variant), display_name(self.variant), clip, self.variant_kwargs
             ),
         )
 

@@ -65,6 +65,8 @@ from rlvr_jax.models.params import (
     init_params,
     lm_head,
     param_logical_axes,
+    param_shardings,
+    shard_params,
 )
 
 __all__ = [
@@ -88,9 +90,11 @@ __all__ = [
     "lm_head",
     "load_pretrained",
     "param_logical_axes",
+    "param_shardings",
     "positions_from_mask",
     "prefill",
     "read_config",
     "save_pretrained",
     "segments_from_positions",
+    "shard_params",
 ]

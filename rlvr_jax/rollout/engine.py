@@ -14,7 +14,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rlvr_jax import sharding
-from rlvr_jax.models import ArchConfig, Model
+from rlvr_jax.models import ArchConfig, Model, param_shardings
 from rlvr_jax.rollout import core
 from rlvr_jax.rollout.core import ChunkOutput, DecodeState, EngineSpec, Prefix, SlotSettings
 from rlvr_jax.rollout.kernel import DecodeParams
@@ -94,7 +94,7 @@ class EngineCore:
             params = jax.device_put(params, target)
         else:
             params = sharding.reshard(
-                params, sharding.param_shardings(self.config, self.spec.mesh, self.spec.rules)
+                params, param_shardings(self.config, self.spec.mesh, self.spec.rules)
             )
         return core.prepare(params, spec=self.spec)
 

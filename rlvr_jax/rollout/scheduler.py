@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, Literal
 
 import jax
@@ -29,6 +29,11 @@ from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingPar
 
 Batching = Literal["continuous", "static"]
 BATCHING = ("continuous", "static")
+
+TokenHook = Callable[[int, list[int], list[float]], None]
+"""`on_tokens(sample_index, tokens, logprobs)`: the new tokens of one live sample (the stop
+token included when one ends it) and their log-probs, called on the thread that drives the
+scheduler right after each decode chunk. It must be quick and must not raise."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +72,8 @@ class GroupRequest:
     sampling: SamplingParams = DEFAULT_SAMPLING
     stop_token_ids: tuple[int, ...] = ()
     meta: Any = None
+    on_tokens: TokenHook | None = dataclasses.field(default=None, compare=False)
+    """Optional streaming hook (`TokenHook`): sees every sample's tokens as they are made."""
 
     def slot_request(self, sample_index: int) -> SlotRequest:
         """What the slot running sample `sample_index` generates for."""
@@ -239,14 +246,17 @@ class Scheduler:
         for slot_id, slot in list(self._slots.items()):
             valid = np.asarray(out.valid_BxC[slot_id, :steps])
             new = out.tokens_BxC[slot_id, :steps][valid].tolist()
+            new_logprobs = out.logprobs_BxC[slot_id, :steps][valid].tolist()
             slot.tokens.extend(new)
-            slot.logprobs.extend(out.logprobs_BxC[slot_id, :steps][valid].tolist())
+            slot.logprobs.extend(new_logprobs)
             slot.versions.extend([version] * len(new))
             self.stats.tokens += len(new)
+            req = slot.group.request
+            if new and req.on_tokens is not None:
+                req.on_tokens(slot.sample_index, new, new_logprobs)
             if out.active_B[slot_id]:
                 continue
             del self._slots[slot_id]
-            req = slot.group.request
             stopped = bool(slot.tokens) and slot.tokens[-1] in req.stop_token_ids
             slot.group.done[slot.sample_index] = Completion(
                 prompt_index=req.prompt_index,

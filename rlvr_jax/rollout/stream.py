@@ -27,7 +27,7 @@ from rlvr_jax import dispatch
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
-from rlvr_jax.rollout.scheduler import Batching, Completion, GroupRequest, Scheduler
+from rlvr_jax.rollout.scheduler import Batching, Completion, GroupRequest, Scheduler, TokenHook
 from rlvr_jax.timeline import Timeline
 
 
@@ -152,8 +152,12 @@ class RolloutStream:
         max_new_tokens: int | None = None,
         sampling: SamplingParams | None = None,
         stop_token_ids: Sequence[int] | None = None,
+        on_tokens: TokenHook | None = None,
     ) -> concurrent.futures.Future:
-        """Like `submit`, but the result goes to the returned future instead of `get`."""
+        """Like `submit`, but the result goes to the returned future instead of `get`.
+        `on_tokens(sample_index, tokens, logprobs)`, when given, is called on the driver
+        thread after every decode chunk with each live sample's new tokens (streaming; see
+        `scheduler.TokenHook`): quick, never raising, e.g. a `call_soon_threadsafe`."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._enqueue(
             request_id,
@@ -166,6 +170,7 @@ class RolloutStream:
             sampling,
             stop_token_ids,
             future=future,
+            on_tokens=on_tokens,
         )
         return future
 
@@ -182,6 +187,7 @@ class RolloutStream:
         stop_token_ids,
         *,
         future,
+        on_tokens=None,
     ) -> None:
         d_max_new, d_sampling, d_stop = self.defaults
         prompt = tuple(int(t) for t in prompt_tokens)
@@ -195,6 +201,7 @@ class RolloutStream:
             sampling=d_sampling if sampling is None else sampling,
             stop_token_ids=d_stop if stop_token_ids is None else tuple(stop_token_ids),
             meta=meta,
+            on_tokens=on_tokens,
         )
         self.scheduler.check(request)  # the one validation: bad requests fail their caller
         deadline = None if timeout is None else time.monotonic() + timeout

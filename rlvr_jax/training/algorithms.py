@@ -14,6 +14,7 @@ A learner update turns a source's `Batch` into optimizer steps on the learner me
 | `sft` | `SFTSource` | `SFTUpdate`: one SFT step |
 | `expert_iteration` | `ExpertIterationSource` | `SFTUpdate`: `sft.expert_sft_steps` SFT steps |
 | `rl_sft_parallel` | `PairingSource` | `RLUpdate` with the parallel-averaging step |
+| `dpo` | `PreferenceSource` | `DPOUpdate`: one DPO step (`recipes/dpo_run.py`) |
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import numpy as np
 from rlvr_jax import losses, sharding
 from rlvr_jax.config.schema import Config
 from rlvr_jax.training import learner
-from rlvr_jax.training.batch import bucket_length, take_rows
+from rlvr_jax.training.batch import bucket_length, mini_batch
 from rlvr_jax.training.critic import (
     CriticBuilder,
     make_ppo_step,
@@ -82,8 +83,16 @@ class Context:
     def memory(self) -> learner.MemoryOptions:
         t = self.cfg.train
         return learner.MemoryOptions(
-            remat=t.remat, attn_chunk=t.attn_chunk, logits_chunk=t.logits_chunk
+            remat=t.remat,
+            attn_chunk=t.attn_chunk,
+            logits_chunk=t.logits_chunk,
+            attention_impl=self.cfg.model.attention_impl,
         )
+
+    @property
+    def row_multiple(self) -> int:
+        """Devices a batch's rows are split over (the learner mesh's `batch` axes)."""
+        return int(np.prod([self.learner_mesh.shape[a] for a in ("data", "fsdp")]))
 
     def put(self, tree: Any) -> Any:
         """A batch pytree on the learner mesh, rows split by the `batch` rule. Host arrays are
@@ -208,6 +217,8 @@ class RLUpdate(Update):
             )
         self.mini, self.updates, self.parallel = ctx.rows // u, u, parallel
         n_micro = micro_batches(self.mini, cfg.train.micro_batch_size, "mini-batch")
+        if cfg.train.max_tokens_per_micro_batch:
+            n_micro = None  # packed batches carry their own micro-batch count
         common = dict(
             max_len=cfg.rollout.max_new_tokens,
             compute_dtype=cfg.model.compute_dtype,
@@ -223,7 +234,7 @@ class RLUpdate(Update):
                     "loss.advantage: gae (PPO with a critic) works with algorithm: rl, "
                     "not rl_sft_parallel"
                 )
-            self.critic = CriticBuilder(cfg, ctx.model, ctx.learner_mesh)
+            self.critic = CriticBuilder(cfg, ctx.model, ctx.learner_mesh, ctx.memory)
             step = make_ppo_step(
                 ctx.model.config,
                 self.critic.critic,
@@ -282,24 +293,22 @@ class RLUpdate(Update):
         full = self.ctx.abstract(rl)
         if self.needs_old or self.ref_params is not None:
             self._compile_once(("logprob", _shapes(full)), self.logprob, state.params, full)
-        mini = self.ctx.abstract(take_rows(rl, 0, self.mini))
-        per_token = full.sampler_logp_BxT
-        learner_logp = {}
+        mini = self.ctx.abstract(mini_batch(rl, 0, self.updates))
+        learner_logp = []
         if self.needs_old:
-            learner_logp["old_logp_BxT"] = per_token
+            learner_logp.append("old_logp_BxT")
         if self.ref_params is not None:
-            learner_logp["ref_logp_BxT"] = per_token
+            learner_logp.append("ref_logp_BxT")
         mini = mini.replace(**{k: mini.sampler_logp_BxT for k in learner_logp})
         if self.critic is not None:
-            full = full.replace(**learner_logp)
+            full = full.replace(**{k: full.sampler_logp_BxT for k in learner_logp})
             args = (state.params, state.critic.params, full)
             self._compile_once(("prepare", _shapes(full)), self.prepare, *args)
             ppo = ("values_BxT", "advantages_BxT", "returns_BxT")
             mini = mini.replace(**{k: mini.sampler_logp_BxT for k in ppo})
         args = (state, mini)
         if sft is not None:
-            n = sft.mask_BxT.shape[0] // self.updates
-            args = (state, mini, self.ctx.abstract(take_rows(sft, 0, n)))
+            args = (state, mini, self.ctx.abstract(mini_batch(sft, 0, self.updates)))
         self._compile_once(tuple(_shapes(a) for a in args[1:]), self.step, *args)
 
     def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
@@ -320,14 +329,14 @@ class RLUpdate(Update):
         if self.ctx.cfg.train.save_batch:
             self._save(state, full, batch)
         out = []
-        n_sft = 0 if sft is None else sft.mask_BxT.shape[0] // self.updates
         for u in range(self.updates):
-            mini = full if self.updates == 1 else self.ctx.put(take_rows(full, *self._rows(u)))
+            mini = full if self.updates == 1 else self.ctx.put(mini_batch(full, u, self.updates))
             if sft is None:
                 state, metrics = self.step(state, mini)
             else:
-                sft_u = self.ctx.put(take_rows(sft, u * n_sft, (u + 1) * n_sft))
-                state, metrics = self.step(state, mini, sft_u)
+                state, metrics = self.step(
+                    state, mini, self.ctx.put(mini_batch(sft, u, self.updates))
+                )
             out.append({**metrics, **before})
         return state, out, self.updates
 
@@ -338,41 +347,39 @@ class RLUpdate(Update):
         old = full.old_logp_BxT
         if old is None:
             old = self.logprob(state.params, full)
-        rows = full.mask_BxT.shape[0]
-        extra = {} if full.ref_logp_BxT is None else {"ref_logp": full.ref_logp_BxT}
+        # the completions in sample order (groups of G), as the loss lab reads them
+        slots = batch.slots
+        advantages = full.advantages_B if full.advantages_BxT is None else full.advantages_BxT
+        extra = {} if full.ref_logp_BxT is None else {"ref_logp": full.ref_logp_BxT[slots]}
         save_batch(
             self.ctx.cfg.train.save_batch,
-            logp=old,
-            old_logp=old,
-            sampler_logp=full.sampler_logp_BxT,
-            advantages=full.advantages_B if full.advantages_BxT is None else full.advantages_BxT,
-            mask=full.mask_BxT,
-            rewards=np.pad(batch.rewards_B, (0, rows - len(batch.rewards_B))),
+            logp=old[slots],
+            old_logp=old[slots],
+            sampler_logp=full.sampler_logp_BxT[slots],
+            advantages=advantages[slots],
+            mask=full.mask_BxT[slots],
+            rewards=batch.rewards_B,
             group_size=np.asarray(batch.group_size),
             max_len=np.asarray(self.ctx.cfg.rollout.max_new_tokens),
             **extra,
         )
 
-    def _rows(self, u: int) -> tuple[int, int]:
-        return u * self.mini, (u + 1) * self.mini
-
     def _kl_advantages(self, full: Any, batch: Batch) -> jax.Array:
         """`loss.kl_mode: reward`: advantages of the KL-penalised rewards (the penalty needs
         the learner's old and reference log-probs), 0 on padding rows."""
-        settings, n = self.ctx.settings, len(batch.rewards_B)
+        settings, slots = self.ctx.settings, jnp.asarray(batch.slots)
         penalised_N = losses.kl_reward_penalty(
             jnp.asarray(batch.rewards_B),
-            logp=full.old_logp_BxT[:n],
-            ref_logp=full.ref_logp_BxT[:n],
-            mask=full.mask_BxT[:n],
+            logp=full.old_logp_BxT[slots],
+            ref_logp=full.ref_logp_BxT[slots],
+            mask=full.mask_BxT[slots],
             kl_coef=settings.reward_kl_coef,
             kl_estimator=settings.kl_estimator,
         )
         adv_N = losses.advantages(
             settings.advantage, penalised_N.reshape(-1, batch.group_size)
         ).reshape(-1)
-        rows = full.mask_BxT.shape[0]
-        adv_B = jnp.zeros((rows,), jnp.float32).at[:n].set(adv_N)
+        adv_B = jnp.zeros(full.advantages_B.shape, jnp.float32).at[slots].set(adv_N)
         return self.ctx.put(adv_B)
 
 
@@ -425,11 +432,24 @@ def _lazy(name: str) -> Callable:
     return build
 
 
+def _dpo_source(ctx: Context, params: Any, version: int) -> Any:
+    from rlvr_jax.training.recipes.dpo_run import dpo_source
+
+    return dpo_source(ctx, params, version)
+
+
+def _dpo_update(ctx: Context) -> Update:
+    from rlvr_jax.training.recipes.dpo_run import DPOUpdate
+
+    return DPOUpdate(ctx)
+
+
 ALGORITHMS: dict[str, Algorithm] = {
     "rl": Algorithm(_lazy("rl_source"), _rl_update),
     "sft": Algorithm(_lazy("sft_source"), _sft_update),
     "expert_iteration": Algorithm(_lazy("expert_source"), _expert_update),
     "rl_sft_parallel": Algorithm(_lazy("parallel_source"), _parallel_update),
+    "dpo": Algorithm(_dpo_source, _dpo_update),
 }
 """The source and the learner update of each `algorithm`."""
 

@@ -10,7 +10,8 @@ under-filled batch) are all padding and all-masked: they contribute nothing to t
 its denominator.
 
 `collate` (RL samples → `RLBatch`) and `collate_sft` (prompt/response pairs → `TokenBatch`)
-share one layout function; `pack` places several sequences on one row.
+share one layout function over a `packing.Layout` (one sequence per row, packed in order, or
+packed to a token budget per micro-batch).
 
 Letters: B rows, T positions (S − 1).
 """
@@ -25,6 +26,22 @@ import flax.struct
 import jax
 import numpy as np
 
+from rlvr_jax.training.packing import Layout, in_order, one_per_row, pack_examples, pack_tokens
+
+__all__ = [
+    "RLBatch",
+    "Sample",
+    "TokenBatch",
+    "bucket_length",
+    "collate",
+    "collate_packed",
+    "collate_sft",
+    "mini_batch",
+    "pack_examples",
+    "sequence_view",
+    "take_rows",
+]
+
 
 @flax.struct.dataclass
 class TokenBatch:
@@ -36,6 +53,8 @@ class TokenBatch:
     segment_ids_BxT: Any
     mask_BxT: Any
     """1.0 where `target_ids_BxT` is trained on (float32)."""
+    n_micro: int = flax.struct.field(pytree_node=False, default=0)
+    """Micro-batches the rows are laid out for (token-budget packing); 0 = any split."""
 
     @property
     def rows(self) -> int:
@@ -47,29 +66,53 @@ class TokenBatch:
 
 
 @flax.struct.dataclass
-class RLBatch(TokenBatch):
-    """A policy-gradient batch: `TokenBatch` plus the sampler's log-probs and advantages, and
-    the learner-side log-probs a step may need before its first update (None when unused)."""
+class RLBatch:
+    """A policy-gradient batch: the packed rows the model reads (`tokens`, R rows), and the
+    per-completion arrays the loss reads as if each completion had a row of its own (B slots:
+    `mask_BxT` etc. are exactly an unpacked batch's). `gather_BxT` maps completion slot b's
+    position t to its place in the packed rows (flat index r·T + t', counted within the
+    micro-batch: `sequence_view`), so every aggregation, TIS and KL mode keeps its exact
+    per-sequence meaning and global denominator however the rows are packed."""
 
+    tokens: TokenBatch
+    """The model's input, [R, T] (several completions per row when packed)."""
+    gather_BxT: Any
+    """int32 [B, T]: where completion b's position t sits in the packed rows."""
+    mask_BxT: Any = None
+    """1.0 on completion b's trained tokens (the stop token included)."""
     sampler_logp_BxT: Any = None
     """The rollout engine's log-prob of each target token (0 off the completions)."""
     advantages_B: Any = None
-    """One advantage per row (its completion's); 0 on padding rows."""
+    """One advantage per completion slot; 0 on empty slots."""
     old_logp_BxT: Any = None
     """log π_θold(target) recomputed by the learner (several updates per batch, TIS mask
     mode, reward-KL); None: the step uses stop_gradient(logp)."""
     ref_logp_BxT: Any = None
     """log π_ref(target) under the frozen reference policy (KL on); None otherwise."""
     rewards_BxT: Any = None
-    """PPO (`loss.advantage: gae`): each completion's reward at its last token, 0 elsewhere;
-    None otherwise."""
+    """PPO (`loss.advantage: gae`): completion b's reward at its last token, 0 elsewhere;
+    None otherwise (per completion slot, like `mask_BxT`)."""
     values_BxT: Any = None
-    """PPO: the critic's V(s_t) at rollout time (computed by the learner before the first
-    update; the value clipping's anchor); None otherwise."""
+    """PPO: the critic's V(s_t) at rollout time (computed by the learner over the packed rows
+    before the first update, seen per slot through `gather_BxT`; the value clipping's
+    anchor); None otherwise."""
     advantages_BxT: Any = None
     """PPO: per-token GAE advantages (used instead of `advantages_B`); None otherwise."""
     returns_BxT: Any = None
     """PPO: the critic's regression targets (GAE advantages + values); None otherwise."""
+
+    @property
+    def n_micro(self) -> int:
+        return self.tokens.n_micro
+
+
+def sequence_view(x_RxT: Any, gather_BxT: Any) -> Any:
+    """Per-token values of packed rows [R, T] (or [R, T, V]) as completion slots [B, T] (or
+    [B, T, V]); `gather_BxT` indices are taken modulo the R·T positions given (a micro-batch's
+    own rows)."""
+    R, T = x_RxT.shape[:2]
+    flat = x_RxT.reshape(R * T, *x_RxT.shape[2:])
+    return flat[gather_BxT % (R * T)]
 
 
 @dataclass(frozen=True)
@@ -91,6 +134,22 @@ def take_rows(batch: Any, start: int, stop: int) -> Any:
     return jax.tree.map(lambda x: x[start:stop], batch)
 
 
+def mini_batch(batch: Any, u: int, updates: int) -> Any:
+    """Part u of `updates` equal parts along every leading axis (rows and completion slots);
+    a packed batch's micro-batch count is split with it."""
+
+    def part(x: Any) -> Any:
+        n = x.shape[0] // updates
+        return x[u * n : (u + 1) * n]
+
+    out = jax.tree.map(part, batch)
+    tokens = out.tokens if isinstance(out, RLBatch) else out
+    if tokens.n_micro:
+        tokens = tokens.replace(n_micro=tokens.n_micro // updates)
+        out = out.replace(tokens=tokens) if isinstance(out, RLBatch) else tokens
+    return out
+
+
 def bucket_length(longest: int, *, full: int, min_len: int, multiple: int = 1) -> int:
     """Learner positions T for a batch whose longest prompt + completion has `longest` tokens:
     the smallest min_len·2^k ≥ `longest`, rounded up to `multiple`, capped at `full` (the
@@ -107,56 +166,23 @@ def bucket_length(longest: int, *, full: int, min_len: int, multiple: int = 1) -
     return min(bucket, full)
 
 
-def pack_examples(lengths: Sequence[int], *, rows: int, seq_len: int) -> list[tuple[int, int]]:
-    """(row, offset) of each example of the longest prefix of `lengths` that fits `rows` rows
-    of `seq_len` tokens, filling rows in order: an example goes after the previous one when it
-    fits there, else at the start of the next row. Raises ValueError for an example longer than
-    `seq_len` or shorter than 2 tokens (nothing to predict)."""
-    placements: list[tuple[int, int]] = []
-    row, offset = 0, 0
-    for i, n in enumerate(lengths):
-        if n < 2 or n > seq_len:
-            raise ValueError(f"pack_examples: example {i} has {n} tokens; need 2..{seq_len}")
-        if offset + n > seq_len:
-            row, offset = row + 1, 0
-        if row >= rows:
-            break
-        placements.append((row, offset))
-        offset += n
-    return placements
-
-
-def _place(
-    what: str, lengths: Sequence[int], *, rows: int, seq_len: int, pack: bool
-) -> list[tuple[int, int]]:
-    """(row, offset) of every sequence: packed, or one per row. `what` ("collate: sample",
-    "collate_sft: example") names a sequence in errors; too-long ones are checked by callers."""
-    if pack:
-        placements = pack_examples(lengths, rows=rows, seq_len=seq_len)
-    else:
-        placements = [(i, 0) for i in range(min(len(lengths), rows))]
-    if len(placements) < len(lengths):
-        how = "packed into" if pack else "one per row in"
-        where, noun = what.split(": ")
-        raise ValueError(f"{where}: {len(lengths)} {noun}s do not fit {how} {rows} rows")
-    return placements
-
-
 def _lay_out(
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
     trained: Sequence[bool],
-    placements: Sequence[tuple[int, int]],
+    layout: Layout,
     *,
-    rows: int,
     seq_len: int,
     pad_id: int,
 ) -> TokenBatch:
+    """The packed rows of `layout` (shifted grid of T = seq_len − 1)."""
+    rows = layout.rows
     ids_BxS = np.full((rows, seq_len), pad_id, np.int32)
     seg_BxS = np.zeros((rows, seq_len), np.int32)
     pos_BxS = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (rows, seq_len)).copy()
     mask_BxT = np.zeros((rows, seq_len - 1), np.float32)
-    for (row, start), p, r, train in zip(placements, prompts, responses, trained):
+    for i, (p, r, train) in enumerate(zip(prompts, responses, trained)):
+        row, start = layout.row(i), layout.places[i][2]
         n_p, end = len(p), start + len(p) + len(r)
         ids_BxS[row, start : start + n_p] = p
         ids_BxS[row, start + n_p : end] = r
@@ -171,16 +197,23 @@ def _lay_out(
         positions_BxT=pos_BxS[:, :-1],
         segment_ids_BxT=seg_BxS[:, :-1],
         mask_BxT=mask_BxT,
+        n_micro=layout.n_micro if layout.packed else 0,
     )
 
 
 def collate(
-    samples: Sequence[Sample], *, rows: int, seq_len: int, pad_id: int, pack: bool = False
+    samples: Sequence[Sample],
+    *,
+    rows: int,
+    seq_len: int,
+    pad_id: int,
+    layout: Layout | None = None,
 ) -> RLBatch:
-    """The RL batch of `samples` (numpy arrays [rows, seq_len − 1], advantages [rows]).
+    """The RL batch of `samples` (numpy): packed rows by `layout` (default `one_per_row` in
+    `rows` rows) and the per-completion arrays [slots, seq_len − 1].
 
     Raises ValueError naming the sample when its prompt is empty, its log-probs do not match
-    its tokens, or the samples do not fit."""
+    its tokens, or it does not fit."""
     for i, s in enumerate(samples):
         if len(s.prompt_tokens) == 0:
             raise ValueError(f"collate: sample {i} has an empty prompt")
@@ -188,37 +221,85 @@ def collate(
             raise ValueError(
                 f"collate: sample {i}: {len(s.sampler_logp)} log-probs for {len(s.tokens)} tokens"
             )
-        if not pack and len(s.prompt_tokens) + len(s.tokens) > seq_len:
+        if len(s.prompt_tokens) + len(s.tokens) > seq_len:
             raise ValueError(
                 f"collate: sample {i} has {len(s.prompt_tokens)} prompt + {len(s.tokens)} "
                 f"completion tokens > {seq_len}"
             )
-    lengths = [len(s.prompt_tokens) + len(s.tokens) for s in samples]
-    placements = _place("collate: sample", lengths, rows=rows, seq_len=seq_len, pack=pack)
+    if layout is None:
+        if len(samples) > rows:
+            raise ValueError(
+                f"collate: {len(samples)} samples do not fit one per row in {rows} rows"
+            )
+        layout = one_per_row(len(samples), rows)
     tokens = _lay_out(
         [s.prompt_tokens for s in samples],
         [s.tokens for s in samples],
         [s.train and len(s.tokens) > 0 for s in samples],
-        placements,
-        rows=rows,
+        layout,
         seq_len=seq_len,
         pad_id=pad_id,
     )
-    slogp_BxT = np.zeros((rows, seq_len - 1), np.float32)
-    rewards_BxT = np.zeros((rows, seq_len - 1), np.float32)
-    adv_B = np.zeros((rows,), np.float32)
-    for (row, start), s in zip(placements, samples):
-        first = start + len(s.prompt_tokens) - 1
-        slogp_BxT[row, first : first + len(s.tokens)] = s.sampler_logp
+    T, B = seq_len - 1, layout.slots
+    gather_BxT = np.zeros((B, T), np.int32)
+    mask_BxT = np.zeros((B, T), np.float32)
+    slogp_BxT = np.zeros((B, T), np.float32)
+    rewards_BxT = np.zeros((B, T), np.float32)
+    adv_B = np.zeros((B,), np.float32)
+    arange_T = np.arange(T, dtype=np.int32)
+    for i, s in enumerate(samples):
+        b, row, offset = layout.slot(i), layout.row(i), layout.places[i][2]
+        n = len(s.prompt_tokens) + len(s.tokens) - 1  # its positions on the shifted grid
+        gather_BxT[b, :n] = row * T + offset + arange_T[:n]
+        first = len(s.prompt_tokens) - 1
+        if s.train and s.tokens:
+            mask_BxT[b, first : first + len(s.tokens)] = 1.0
+        slogp_BxT[b, first : first + len(s.tokens)] = s.sampler_logp
         if s.tokens:
-            rewards_BxT[row, first + len(s.tokens) - 1] = s.reward
-        adv_B[row] = s.advantage
+            rewards_BxT[b, first + len(s.tokens) - 1] = s.reward
+        adv_B[b] = s.advantage
     return RLBatch(
-        **vars_of(tokens),
+        tokens=tokens,
+        gather_BxT=gather_BxT,
+        mask_BxT=mask_BxT,
         sampler_logp_BxT=slogp_BxT,
         advantages_B=adv_B,
         rewards_BxT=rewards_BxT,
     )
+
+
+def collate_packed(
+    samples: Sequence[Sample],
+    *,
+    rows: int,
+    seq_len: int,
+    pad_id: int,
+    max_tokens: int,
+    updates: int = 1,
+    row_multiple: int = 1,
+) -> tuple[RLBatch, np.ndarray]:
+    """`collate` with the completions packed to a token budget per micro-batch
+    (`packing.pack_tokens`, rows of `seq_len`), separately for each of `updates` mini-batches
+    of `rows // updates` samples (in sample order), all given one shape. Returns the batch and
+    each sample's completion slot."""
+    mini = rows // updates
+    parts = [samples[u * mini : (u + 1) * mini] for u in range(updates)]
+    lengths = [[len(s.prompt_tokens) + len(s.tokens) for s in part] for part in parts]
+    kwargs = dict(row_len=seq_len, max_tokens=max_tokens, row_multiple=row_multiple)
+    first = [pack_tokens(n, **kwargs) for n in lengths]
+    shape = dict(
+        n_micro=max(x.n_micro for x in first), seqs_per_micro=max(x.seqs_per_micro for x in first)
+    )
+    layouts = [pack_tokens(n, **kwargs, **shape) for n in lengths]
+    batches = [
+        collate(part, rows=0, seq_len=seq_len, pad_id=pad_id, layout=layout)
+        for part, layout in zip(parts, layouts)
+    ]
+    full = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *batches)
+    full = full.replace(tokens=full.tokens.replace(n_micro=shape["n_micro"] * updates))
+    slots = [u * layouts[u].slots + layouts[u].slot(i) for u in range(updates) for i in
+             range(len(parts[u]))]  # fmt: skip
+    return full, np.asarray(slots, np.int64)
 
 
 def collate_sft(
@@ -229,11 +310,12 @@ def collate_sft(
     seq_len: int,
     pad_id: int,
     pack: bool = False,
+    layout: Layout | None = None,
 ) -> TokenBatch:
     """The SFT batch of prompt/response pairs, each array [rows, seq_len − 1] (one example per
-    row, unused rows all padding and masked). With `pack`, examples share rows (see
-    `pack_examples`): example k of a row has segment id k + 1 and positions 0, 1, ... from its
-    first token.
+    row, unused rows all padding and masked). With `pack`, examples share rows in order
+    (`packing.pack_examples`): example k of a row has segment id k + 1 and positions 0, 1, ...
+    from its first token; with a `layout` (`packing.pack_tokens`), they go where it says.
 
     Raises ValueError naming the example when a prompt is empty, a response is empty, the lists
     differ in length, or the examples do not fit.
@@ -253,20 +335,26 @@ def collate_sft(
     if too_long and not pack:
         i = too_long[0]
         raise ValueError(f"collate_sft: example {i} has {lengths[i]} tokens > {seq_len}")
-    placements = _place("collate_sft: example", lengths, rows=rows, seq_len=seq_len, pack=pack)
+    if layout is None and pack:
+        layout = in_order(lengths, rows=rows, seq_len=seq_len)
+        if len(layout.places) < len(lengths):
+            raise ValueError(
+                f"collate_sft: {len(lengths)} examples do not fit packed into {rows} rows"
+            )
+    elif layout is None:
+        if len(lengths) > rows:
+            raise ValueError(
+                f"collate_sft: {len(lengths)} examples do not fit one per row in {rows} rows"
+            )
+        layout = one_per_row(len(lengths), rows)
     return _lay_out(
-        prompt_ids_list,
-        response_ids_list,
-        [True] * len(lengths),
-        placements,
-        rows=rows,
-        seq_len=seq_len,
-        pad_id=pad_id,
-    )
+        prompt_ids_list, response_ids_list, [True] * len(lengths), layout,
+        seq_len=seq_len, pad_id=pad_id,
+    )  # fmt: skip
 
 
 def vars_of(batch: TokenBatch) -> dict[str, Any]:
-    """The `TokenBatch` fields of `batch` as keyword arguments (to build a subclass from it)."""
+    """The array fields of `batch` as keyword arguments (to rebuild a `TokenBatch`)."""
     return {
         "input_ids_BxT": batch.input_ids_BxT,
         "target_ids_BxT": batch.target_ids_BxT,

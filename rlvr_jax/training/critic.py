@@ -18,6 +18,12 @@ Per rollout batch, before the first update (like θ_old's log-probs), `make_prep
 the critic over the rollout tokens and turns the rewards at the completions' last tokens
 (minus β·KL per token with `loss.kl_mode: reward`) into GAE advantages and value targets
 (`losses.gae`), whitened over the batch's completion tokens when `critic.whiten_advantages`.
+
+Packed batches (`RLBatch`): the critic, like the policy, reads the packed rows [R, T] (one
+micro-batch's rows at a time when they are packed for several); its values are seen per
+completion slot [B, T] through `batch.sequence_view`, where the rewards, the mask, GAE and the
+value loss live, each slot one episode. So advantages, returns, the value loss (divided by the
+whole batch's token count) and every metric are the same however the rows are packed.
 """
 
 from __future__ import annotations
@@ -37,23 +43,21 @@ from rlvr_jax.config.schema import Config, CriticConfig
 from rlvr_jax.losses.kl import kl_per_token
 from rlvr_jax.losses.masked import masked_mean, masked_std
 from rlvr_jax.training import learner
-from rlvr_jax.training.batch import RLBatch
+from rlvr_jax.training.batch import RLBatch, TokenBatch, sequence_view
 from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.update import (
     TrainState,
     accumulate_grads,
     apply_update,
-    combine_metrics,
     init_state,
+    micro_count,
     optimizer_step,
+    split_micro,
 )
 
 log = logging.getLogger("rlvr_jax.train")
 
 NO_MEMORY_OPTIONS = learner.MemoryOptions()
-
-SUMMED_METRICS = ("value/loss", "policy_loss")
-"""Per-micro-batch metrics already divided by the whole batch's denominator: summed."""
 
 
 @flax.struct.dataclass
@@ -91,23 +95,38 @@ class Critic:
         return self.cfg.kind == "shared"
 
     def values(
-        self, params: Any, batch: RLBatch, *, policy_hidden_BxTxD: jax.Array | None = None
+        self, params: Any, tokens: TokenBatch, *, policy_hidden_RxTxD: jax.Array | None = None
     ) -> jax.Array:
-        """V(s_t) [B, T] of every position: on the policy's hidden states (`shared`, passed
-        in) or on the separate trunk's."""
+        """V(s_t) [R, T] of every position of the (packed) rows `tokens`: on the policy's
+        hidden states (`shared`, passed in) or on the separate trunk's."""
         if self.shared:
-            if policy_hidden_BxTxD is None:
+            if policy_hidden_RxTxD is None:
                 raise ValueError("a shared critic needs the policy's hidden states")
-            hidden_BxTxD = policy_hidden_BxTxD
+            hidden_RxTxD = policy_hidden_RxTxD
         else:
-            hidden_BxTxD = learner.hidden_states(
+            hidden_RxTxD = learner.hidden_states(
                 params["trunk"],
                 self.arch,
-                batch,
+                tokens,
                 compute_dtype=self.compute_dtype,
                 memory=self.memory,
             )
-        return head_values(params["head"], hidden_BxTxD)
+        return head_values(params["head"], hidden_RxTxD)
+
+    def slot_values(self, policy_params: Any, params: Any, batch: RLBatch) -> jax.Array:
+        """V(s_t) [B, T] per completion slot of a batch (or one micro-batch of it): the
+        critic's forward over the packed rows, seen through `gather_BxT`."""
+        hidden = None
+        if self.shared:
+            hidden = learner.hidden_states(
+                policy_params,
+                self.arch,
+                batch.tokens,
+                compute_dtype=self.compute_dtype,
+                memory=self.memory,
+            )
+        values_RxT = self.values(params, batch.tokens, policy_hidden_RxTxD=hidden)
+        return sequence_view(values_RxT, batch.gather_BxT)
 
 
 def warn_if_unused(cfg: Config, settings: losses.LossSettings) -> None:
@@ -138,12 +157,22 @@ class CriticBuilder:
     """Builds the critic of a run: loads the separate trunk (on the learner mesh), makes the
     critic's optimizer and, from the policy's parameters, its initial state."""
 
-    def __init__(self, cfg: Config, policy: models.Model, mesh: Any) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        policy: models.Model,
+        mesh: Any,
+        memory: learner.MemoryOptions | None = None,
+    ) -> None:
         check_config(cfg)
         self.mesh = mesh
-        memory = learner.MemoryOptions(
-            remat=cfg.train.remat, attn_chunk=cfg.train.attn_chunk, logits_chunk=0
-        )
+        if memory is None:
+            memory = learner.MemoryOptions(
+                remat=cfg.train.remat,
+                attn_chunk=cfg.train.attn_chunk,
+                attention_impl=cfg.model.attention_impl,
+            )
+        memory = dataclasses.replace(memory, logits_chunk=0)  # a value head has no logits
         self.trunk: Any = None
         arch = policy.config
         if cfg.critic.kind == "separate":
@@ -176,25 +205,25 @@ class CriticBuilder:
 
 def make_prepare_fn(critic: Critic, settings: losses.LossSettings) -> Callable:
     """`prepare(policy_params, critic_params, batch) -> (batch, metrics)` (jitted): the batch
-    with `values_BxT`, `advantages_BxT` and `returns_BxT` of its rollout tokens (see the
-    module docstring); metrics `value/explained_variance` (of the rollout-time values against
-    the returns), `value/return_mean`, `value/gae_mean`, `value/gae_std` (before whitening).
-    With `loss.kl_mode: reward` the batch must carry old and reference log-probs."""
+    with `values_BxT`, `advantages_BxT` and `returns_BxT` of its rollout tokens, per completion
+    slot (see the module docstring); metrics `value/explained_variance` (of the rollout-time
+    values against the returns), `value/return_mean`, `value/gae_mean`, `value/gae_std`
+    (before whitening), all over the whole batch. With `loss.kl_mode: reward` the batch must
+    carry old and reference log-probs."""
     cfg = critic.cfg
 
     def prepare(policy_params: Any, critic_params: Any, batch: RLBatch):
         if batch.rewards_BxT is None:
             raise ValueError("PPO needs the batch's per-token rewards (RLBatch.rewards_BxT)")
-        hidden = None
-        if critic.shared:
-            hidden = learner.hidden_states(
-                policy_params,
-                critic.arch,
-                batch,
-                compute_dtype=critic.compute_dtype,
-                memory=critic.memory,
+        n = micro_count(batch, None)
+        if n == 1:
+            values_BxT = critic.slot_values(policy_params, critic_params, batch)
+        else:  # packed for several micro-batches: each one's gather indexes its own rows
+            values_MxbxT = jax.lax.map(
+                lambda mb: critic.slot_values(policy_params, critic_params, mb),
+                split_micro(batch, n),
             )
-        values_BxT = critic.values(critic_params, batch, policy_hidden_BxTxD=hidden)
+            values_BxT = values_MxbxT.reshape(-1, values_MxbxT.shape[-1])
         mask_BxT = batch.mask_BxT
         rewards_BxT = batch.rewards_BxT
         if settings.reward_kl_coef > 0:
@@ -204,13 +233,14 @@ def make_prepare_fn(critic: Critic, settings: losses.LossSettings) -> Callable:
             rewards_BxT = rewards_BxT - settings.reward_kl_coef * jnp.where(
                 mask_BxT > 0, kl_BxT, 0.0
             )
+        # each completion slot is one episode (masked positions inside it are stepped over)
         adv_BxT, returns_BxT = losses.gae(
             rewards_BxT,
             values_BxT,
             mask_BxT,
             gamma=cfg.gamma,
             lam=cfg.lam,
-            segment_ids_BxT=batch.segment_ids_BxT,
+            segment_ids_BxT=jnp.ones(mask_BxT.shape, jnp.int32),
         )
         values_BxT = jnp.where(mask_BxT > 0, values_BxT, 0.0)
         metrics = {
@@ -239,49 +269,61 @@ def make_ppo_step(
     settings: losses.LossSettings,
     *,
     max_len: int,
-    n_micro: int = 1,
+    n_micro: int | None = None,
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
     memory: learner.MemoryOptions = NO_MEMORY_OPTIONS,
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
     """The pure PPO step (un-jitted): `accumulate_grads` of policy loss + c_V · value loss over
-    (policy params, critic params), then each optimizer on its own gradients. The batch holds
-    `advantages_BxT`, `returns_BxT` and `values_BxT` (`make_prepare_fn`). Metrics: the policy
-    loss's, `value/*` (value_loss's; `value/loss` is the whole batch's), `policy_loss`, `loss`
-    (the sum minimised), `grad_norm`, `value/grad_norm`, `step_ok`."""
+    (policy params, critic params) in `n_micro` micro-batches (a packed batch's own count when
+    it has one; default 1), then each optimizer on its own gradients. The batch holds
+    `advantages_BxT`, `returns_BxT` and `values_BxT` (`make_prepare_fn`). Metrics, over the
+    whole batch: the policy loss's, `value/*` (value_loss's), `policy_loss`, `loss` (the sum
+    minimised), `grad_norm`, `value/grad_norm`, `step_ok`."""
     coef, clip = critic.cfg.value_coef, critic.cfg.value_clip
 
     def step(state: TrainState, batch: RLBatch):
-        policy = learner.batch_policy_loss(settings, batch, max_len=max_len)
+        objective = learner.batch_objective(settings, batch, max_len=max_len)
         value_denominator = jnp.maximum(jnp.sum(batch.mask_BxT), 1.0)
 
-        def loss_fn(params: tuple[Any, Any], mb: RLBatch):
-            policy_params, critic_params = params
-            hidden_BxTxD = learner.hidden_states(
-                policy_params, arch, mb, compute_dtype=compute_dtype, memory=memory
-            )
-            logp_BxT = learner.logprobs_of_hidden(
-                policy_params,
-                arch,
-                hidden_BxTxD,
-                mb.target_ids_BxT,
-                temperature=temperature,
-                memory=memory,
-            )
-            policy_loss, metrics = policy(logp_BxT, mb)
-            values_BxT = critic.values(critic_params, mb, policy_hidden_BxTxD=hidden_BxTxD)
-            v_loss, v_metrics = losses.value_loss(
+        def value_term(values_BxT: jax.Array, b: RLBatch):
+            return losses.value_loss(
                 values_BxT,
-                old_values=mb.values_BxT,
-                returns=mb.returns_BxT,
-                mask=mb.mask_BxT,
+                old_values=b.values_BxT,
+                returns=b.returns_BxT,
+                mask=b.mask_BxT,
                 clip=clip,
                 denominator=value_denominator,
             )
-            return policy_loss + coef * v_loss, {**metrics, **v_metrics, "policy_loss": policy_loss}
+
+        def loss_fn(params: tuple[Any, Any], mb: RLBatch):
+            policy_params, critic_params = params
+            hidden_RxTxD = learner.hidden_states(
+                policy_params, arch, mb.tokens, compute_dtype=compute_dtype, memory=memory
+            )
+            logp_RxT = learner.logprobs_of_hidden(
+                policy_params,
+                arch,
+                hidden_RxTxD,
+                mb.tokens.target_ids_BxT,
+                temperature=temperature,
+                memory=memory,
+            )
+            logp_BxT = sequence_view(logp_RxT, mb.gather_BxT)
+            policy_loss, _ = objective(logp_BxT, mb)
+            values_RxT = critic.values(critic_params, mb.tokens, policy_hidden_RxTxD=hidden_RxTxD)
+            values_BxT = sequence_view(values_RxT, mb.gather_BxT)
+            v_loss, _ = value_term(values_BxT, mb)
+            aux = {
+                "logp": jax.lax.stop_gradient(logp_BxT),
+                "values": jax.lax.stop_gradient(values_BxT),
+                "policy_loss": jax.lax.stop_gradient(policy_loss),
+            }
+            return policy_loss + coef * v_loss, aux
 
         params = (state.params, state.critic.params)
-        grads, loss, metrics_M = accumulate_grads(loss_fn, params, batch, n_micro)
+        n = micro_count(batch, n_micro)
+        grads, loss, aux_M = accumulate_grads(loss_fn, params, batch, n)
         g_policy, g_critic = grads
         finite = jnp.isfinite(loss) & jnp.isfinite(optax.global_norm(g_critic))
         new_state, ok = apply_update(state, g_policy, optimizer, finite=finite)
@@ -289,8 +331,13 @@ def make_ppo_step(
             state.critic.params, state.critic.opt_state, g_critic, critic_optimizer, ok
         )
         new_state = new_state.replace(critic=CriticState(critic_params, critic_opt))
-        metrics = combine_metrics(metrics_M, summed=SUMMED_METRICS)
+        # metrics over the whole batch (exact however it was split and packed)
+        shape = batch.mask_BxT.shape
+        _, metrics = objective(aux_M["logp"].reshape(shape), batch)
+        _, v_metrics = value_term(aux_M["values"].reshape(shape), batch)
+        metrics.update(v_metrics)
         metrics.update(
+            policy_loss=aux_M["policy_loss"].sum(),
             loss=loss,
             grad_norm=optax.global_norm(g_policy),
             step_ok=ok.astype(jnp.float32),

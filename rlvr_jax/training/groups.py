@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax import losses
-from rlvr_jax.training.batch import RLBatch, Sample, collate
+from rlvr_jax.training.batch import RLBatch, Sample, collate, collate_packed
 
 
 @dataclass(frozen=True)
@@ -146,13 +146,18 @@ def build_batch(
     seq_len: int,
     pad_id: int,
     overlong_filter: bool = False,
-) -> RLBatch:
-    """The learner batch of the kept `groups` (numpy): each completion with its group's
-    advantage (`settings.advantage` over the rewards [P, G]), overlong completions masked out
-    when asked. With `loss.kl_mode: reward` the advantages need the learner's log-probs and
-    are computed on the device instead; here they are 0. With `loss.advantage: gae` (PPO) the
-    batch carries each completion's reward at its last token (`rewards_BxT`) and the learner
-    computes per-token advantages with its critic; `advantages_B` is 0."""
+    max_tokens: int = 0,
+    updates: int = 1,
+    row_multiple: int = 1,
+) -> tuple[RLBatch, np.ndarray]:
+    """The learner batch of the kept `groups` (numpy) and each completion's slot in it: each
+    completion with its group's advantage (`settings.advantage` over the rewards [P, G]),
+    overlong completions masked out when asked; one completion per row, or packed to
+    `max_tokens` per micro-batch (`batch.collate_packed`). With `loss.kl_mode: reward` the
+    advantages need the learner's log-probs and are completed on the learner; here they
+    are 0. With `loss.advantage: gae` (PPO) the batch carries each completion's reward at its
+    last token (`rewards_BxT`) and the learner computes per-token advantages with its critic;
+    `advantages_B` is 0."""
     sizes = {len(g.rewards_G) for g in groups}
     if len(sizes) > 1:
         raise ValueError(f"groups of different sizes {sorted(sizes)} in one batch")
@@ -172,9 +177,21 @@ def build_batch(
         for i, g in enumerate(groups)
         for j, c in enumerate(g.completions)
     ]
-    batch = collate(samples, rows=rows, seq_len=seq_len, pad_id=pad_id)
+    if max_tokens:
+        batch, slots = collate_packed(
+            samples,
+            rows=rows,
+            seq_len=seq_len,
+            pad_id=pad_id,
+            max_tokens=max_tokens,
+            updates=updates,
+            row_multiple=row_multiple,
+        )
+    else:
+        batch = collate(samples, rows=rows, seq_len=seq_len, pad_id=pad_id)
+        slots = np.arange(len(samples))
     # only PPO's GAE reads per-token rewards (on the learner, with the critic's values)
-    return batch if settings.uses_critic else batch.replace(rewards_BxT=None)
+    return (batch if settings.uses_critic else batch.replace(rewards_BxT=None)), slots
 
 
 def rewards_N(groups: Sequence[ScoredGroup]) -> np.ndarray:

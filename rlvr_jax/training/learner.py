@@ -25,20 +25,21 @@ import jax.numpy as jnp
 import optax
 
 from rlvr_jax import losses, models
-from rlvr_jax.training.batch import RLBatch, TokenBatch
+from rlvr_jax.training.batch import RLBatch, TokenBatch, sequence_view
 from rlvr_jax.training.update import (
     TrainState,
     accumulate_grads,
     apply_update,
-    combine_metrics,
     init_state,
     jit_train_step,
+    micro_count,
+    split_micro,
 )
 
 __all__ = [
     "MemoryOptions",
     "TrainState",
-    "batch_policy_loss",
+    "batch_objective",
     "hidden_states",
     "init_state",
     "jit_train_step",
@@ -51,11 +52,13 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class MemoryOptions:
-    """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`)."""
+    """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`,
+    `model.attention_impl`)."""
 
     remat: bool = False
     attn_chunk: int = 0
     logits_chunk: int = 0
+    attention_impl: str = "auto"
 
 
 def token_logprobs(
@@ -78,13 +81,20 @@ def token_logprobs(
         return logprobs_of_hidden(
             params, arch, h_BxTxD, batch.target_ids_BxT, temperature=temperature, memory=memory
         )
-    common = dict(compute_dtype=compute_dtype, remat=memory.remat, attn_chunk=memory.attn_chunk)
     inputs = (batch.input_ids_BxT, batch.positions_BxT, batch.segment_ids_BxT)
-    logits_BxTxV = models.apply(params, arch, *inputs, **common).astype(jnp.float32)
+    logits_BxTxV = models.apply(
+        params, arch, *inputs, compute_dtype=compute_dtype, **_apply_options(memory)
+    ).astype(jnp.float32)
     logp_BxT = _pick_logp(logits_BxTxV, batch.target_ids_BxT, temperature)
     if return_logits:
         return logp_BxT, logits_BxTxV / temperature if temperature != 1.0 else logits_BxTxV
     return logp_BxT
+
+
+def _apply_options(memory: MemoryOptions) -> dict[str, Any]:
+    return dict(
+        remat=memory.remat, attn_chunk=memory.attn_chunk, attention_impl=memory.attention_impl
+    )
 
 
 def _chunked(chunk: int, length: int) -> bool:
@@ -99,7 +109,7 @@ def hidden_states(
     compute_dtype: Any,
     memory: MemoryOptions = MemoryOptions(),
 ) -> jax.Array:
-    """The trunk's final-norm hidden states [B, T, D] of a batch (no LM head)."""
+    """The trunk's final-norm hidden states [B, T, D] of a token batch (no LM head)."""
     return models.apply(
         params,
         arch,
@@ -107,9 +117,8 @@ def hidden_states(
         batch.positions_BxT,
         batch.segment_ids_BxT,
         compute_dtype=compute_dtype,
-        remat=memory.remat,
-        attn_chunk=memory.attn_chunk,
         return_hidden=True,
+        **_apply_options(memory),
     )
 
 
@@ -150,15 +159,54 @@ def _pick_logp(logits_BxTxV: jax.Array, targets_BxT: jax.Array, temperature: flo
     return picked_BxT - logz_BxT
 
 
+def sequence_logprobs(
+    params: Any,
+    arch: models.ArchConfig,
+    batch: RLBatch,
+    *,
+    compute_dtype: Any,
+    temperature: float,
+    with_entropy: bool = False,
+    memory: MemoryOptions = MemoryOptions(),
+):
+    """`token_logprobs` of an RL batch's packed rows, seen per completion slot [B, T] (and,
+    `with_entropy`, the sampling distribution's entropy per token [B, T])."""
+    out = token_logprobs(
+        params,
+        arch,
+        batch.tokens,
+        compute_dtype=compute_dtype,
+        temperature=temperature,
+        return_logits=with_entropy,
+        memory=memory,
+    )
+    if with_entropy:
+        logp_RxT, logits_RxTxV = out
+        entropy_RxT = jax.lax.stop_gradient(losses.token_entropy(logits_RxTxV))
+        return (
+            sequence_view(logp_RxT, batch.gather_BxT),
+            sequence_view(entropy_RxT, batch.gather_BxT),
+        )
+    return sequence_view(out, batch.gather_BxT)
+
+
 def make_logprob_fn(
     arch, *, compute_dtype, temperature: float, memory: MemoryOptions = MemoryOptions()
 ) -> Callable:
-    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole batch."""
+    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole RL
+    batch, one micro-batch at a time (`lax.map`) when its rows are packed for several."""
+
+    def one(params, mb):
+        return sequence_logprobs(
+            params, arch, mb, compute_dtype=compute_dtype, temperature=temperature, memory=memory
+        )
 
     def fn(params, batch):
-        return token_logprobs(
-            params, arch, batch, compute_dtype=compute_dtype, temperature=temperature, memory=memory
-        )
+        n = micro_count(batch, None)
+        if n == 1:
+            return one(params, batch)
+        logp_MxbxT = jax.lax.map(lambda mb: one(params, mb), split_micro(batch, n))
+        return logp_MxbxT.reshape(-1, logp_MxbxT.shape[-1])
 
     return jax.jit(fn)
 
@@ -172,35 +220,52 @@ def rl_objective(
     temperature: float = 1.0,
     with_entropy: bool = False,
     memory: MemoryOptions = MemoryOptions(),
-) -> Callable[[RLBatch], Callable]:
-    """`for_batch(batch) -> loss_fn(params, micro_batch)`: the policy loss of micro-batches of
-    `batch`, each divided by the denominator of the whole `batch` (computed once here)."""
+) -> Callable[[RLBatch], tuple[Callable, Callable]]:
+    """`for_batch(batch) -> (loss_fn, metrics_fn)`.
+
+    `loss_fn(params, micro_batch)`: the policy loss of a micro-batch of `batch`, divided by the
+    denominator of the whole `batch` (computed once here); its aux is the micro-batch's
+    log-probs (and entropies). `metrics_fn(aux_M)`: the policy loss's metrics over the whole
+    batch from those, so they are exact whatever the micro-batches and the packing."""
 
     def for_batch(batch: RLBatch):
-        policy = batch_policy_loss(settings, batch, max_len=max_len)
+        objective = batch_objective(settings, batch, max_len=max_len)
 
         def loss_fn(params, mb: RLBatch):
-            out = token_logprobs(
+            out = sequence_logprobs(
                 params,
                 arch,
                 mb,
                 compute_dtype=compute_dtype,
                 temperature=temperature,
-                return_logits=with_entropy,
+                with_entropy=with_entropy,
                 memory=memory,
             )
-            logp, logits = out if with_entropy else (out, None)
-            return policy(logp, mb, logits=logits)
+            logp, entropy = out if with_entropy else (out, None)
+            loss, _ = objective(logp, mb)
+            aux = {"logp": jax.lax.stop_gradient(logp)}
+            if entropy is not None:
+                aux["entropy"] = entropy
+            return loss, aux
 
-        return loss_fn
+        def metrics_fn(aux_M: dict[str, jax.Array]) -> dict[str, jax.Array]:
+            shape = batch.mask_BxT.shape
+            _, metrics = objective(aux_M["logp"].reshape(shape), batch)
+            if "entropy" in aux_M:
+                entropy_BxT = aux_M["entropy"].reshape(shape)
+                metrics["entropy"] = losses.masked_mean(entropy_BxT, batch.mask_BxT)
+            return metrics
+
+        return loss_fn, metrics_fn
 
     return for_batch
 
 
-def batch_policy_loss(settings: losses.LossSettings, batch: RLBatch, *, max_len: int) -> Callable:
-    """`fn(logp_BxT, micro_batch, logits=None) -> (loss, metrics)`: the policy loss of a
-    micro-batch of `batch`, divided by the denominator of the whole `batch` (computed once
-    here). Advantages: the batch's per-token ones when it has them (PPO), else per row."""
+def batch_objective(settings: losses.LossSettings, batch: RLBatch, *, max_len: int) -> Callable:
+    """`objective(logp_BxT, b) -> (loss, metrics)`: the policy loss of `b` (the whole `batch`
+    or one of its micro-batches) divided by the denominator of the whole `batch` (computed
+    once here). Advantages: the batch's per-token ones when it has them (PPO), else per
+    completion."""
     if settings.tis_mode == "mask" and batch.old_logp_BxT is None:
         raise ValueError(
             "TIS mask mode counts kept tokens over the whole batch: the batch needs "
@@ -214,23 +279,21 @@ def batch_policy_loss(settings: losses.LossSettings, batch: RLBatch, *, max_len:
         sampler_logp=batch.sampler_logp_BxT,
     )
 
-    def fn(logp: jax.Array, mb: RLBatch, logits: jax.Array | None = None):
-        old = jax.lax.stop_gradient(logp) if mb.old_logp_BxT is None else mb.old_logp_BxT
-        advantages = mb.advantages_B if mb.advantages_BxT is None else mb.advantages_BxT
+    def objective(logp: jax.Array, b: RLBatch) -> tuple[jax.Array, dict]:
+        old = jax.lax.stop_gradient(logp) if b.old_logp_BxT is None else b.old_logp_BxT
         return losses.policy_loss(
             logp=logp,
             old_logp=old,
-            advantages=advantages,
-            mask=mb.mask_BxT,
-            sampler_logp=mb.sampler_logp_BxT,
-            ref_logp=mb.ref_logp_BxT,
+            advantages=b.advantages_B if b.advantages_BxT is None else b.advantages_BxT,
+            mask=b.mask_BxT,
+            sampler_logp=b.sampler_logp_BxT,
+            ref_logp=b.ref_logp_BxT,
             loss_denominator=denominator,
             max_len=max_len,
-            logits=logits,
             **loss_kwargs,
         )
 
-    return fn
+    return objective
 
 
 def make_train_step(
@@ -239,15 +302,15 @@ def make_train_step(
     settings: losses.LossSettings,
     *,
     max_len: int,
-    n_micro: int = 1,
+    n_micro: int | None = None,
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
     with_entropy: bool = False,
     memory: MemoryOptions = MemoryOptions(),
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The pure RL step (un-jitted): `accumulate_grads` of `rl_objective` then `apply_update`.
-    Metrics: the policy loss's (averaged over micro-batches; min/max kept), `loss`,
-    `grad_norm`, `step_ok`."""
+    """The pure RL step (un-jitted): `accumulate_grads` of `rl_objective` then `apply_update`,
+    over `n_micro` micro-batches (a packed batch's own count when it has one; default 1).
+    Metrics: the policy loss's over the whole batch, `loss`, `grad_norm`, `step_ok`."""
     objective = rl_objective(
         arch,
         settings,
@@ -259,9 +322,11 @@ def make_train_step(
     )
 
     def step(state: TrainState, batch: RLBatch):
-        grads, loss, metrics_M = accumulate_grads(objective(batch), state.params, batch, n_micro)
+        loss_fn, metrics_fn = objective(batch)
+        n = micro_count(batch, n_micro)
+        grads, loss, aux_M = accumulate_grads(loss_fn, state.params, batch, n)
         new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
-        metrics = combine_metrics(metrics_M)
+        metrics = metrics_fn(aux_M)
         metrics.update(
             loss=loss, grad_norm=optax.global_norm(grads), step_ok=ok.astype(jnp.float32)
         )

@@ -90,7 +90,9 @@ class Trainer:
         )
         self.update = self.algorithm.update(self.ctx)
         self.state = self.update.init_state(model.params)
-        self.checkpointer = ckpt.Checkpointer(self.out, keep=cfg.checkpoint.keep)
+        self.checkpointer = ckpt.Checkpointer(
+            self.out, keep=cfg.checkpoint.keep, verify=cfg.checkpoint.verify
+        )
         self.start_step, self.version, source_state = 0, 0, None
         if cfg.checkpoint.resume:
             restored = self.checkpointer.restore_latest(ckpt.abstract_like(self.state))

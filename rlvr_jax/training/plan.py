@@ -7,12 +7,14 @@ Estimates (documented, deliberately simple):
 - learner: params + grads (param dtype) + AdamW mu/nu (param dtype, as optax keeps them) +
   activations of one micro-batch (its rows split over data × fsdp): per token and layer
   (12·D + 3·F) values in the compute dtype (with `train.remat`, only the layer inputs D of
-  every layer plus one layer's worth); attention scores N·q·S·4 bytes per row, q = S or
-  `train.attn_chunk` (every layer's without remat or chunking, one layer's otherwise); the
-  fp32 logits and log-softmax 2·V·4 bytes per position, for all positions or
-  `train.logits_chunk` of them.
+  every layer plus one layer's worth); the fp32 logits and log-softmax 2·V·4 bytes per
+  position, for all positions or `train.logits_chunk` of them; and, as its own line,
+  attention's memory for the kernel `model.attention_impl` resolves to on the planned
+  hardware (`rlvr_jax.models.attention.activation_bytes`: `xla`'s [B, T, T] masks and
+  N·q·S·4 probabilities per row, q = S or `train.attn_chunk`; blockwise's O(T · block)
+  tiles; the fused kernels' log-sum-exp).
 - PPO's separate critic (`loss.advantage: gae`): its trunk's params, grads and AdamW moments,
-  and its activations (as the policy's, without the logits).
+  and its activations (as the policy's, without the logits; attention as the policy's).
 - actor: params in the compute dtype + the per-slot KV cache
   2·L·slots·S·K·H in the compute dtype (S = max prompt + max new tokens), slots split over
   the actor's data axis and KV heads over its tensor axis.
@@ -53,6 +55,8 @@ class Plan:
     device_memory_gib: float
     hardware: str | None
     shared: bool
+    attention: str = ""
+    """The learner's attention kernel on the planned hardware (`model.attention_impl`)."""
 
     @property
     def learner_total(self) -> float:
@@ -156,19 +160,43 @@ def _sharded_bytes(shapes, axes, rules, sizes, itemsize: int) -> float:
 def _activation_bytes(
     cfg: Config, arch: Any, rows_dev: float, seq: int, cbytes: int, *, logits: bool = True
 ) -> float:
-    """Learner activation memory per device for one micro-batch (module docstring); without
-    the LM head's logits when `logits` is False (a critic's trunk)."""
+    """Learner activation memory per device for one micro-batch, attention excluded (module
+    docstring); without the LM head's logits when `logits` is False (a critic's trunk)."""
     t = cfg.train
     tokens = rows_dev * seq
     layer = (12 * arch.d_model + 3 * arch.d_ff) * cbytes * tokens
     saved = arch.n_layers * (arch.d_model * cbytes * tokens if t.remat else layer)
     peak_layer = layer if t.remat else 0.0
-    q = t.attn_chunk if 0 < t.attn_chunk < seq else seq
-    scores = rows_dev * arch.n_heads * q * seq * 4
-    attention = scores if (t.remat or q < seq) else arch.n_layers * scores
     positions = t.logits_chunk if 0 < t.logits_chunk < seq else seq
     head = rows_dev * positions * arch.vocab_size * 4 * 2 if logits else 0.0
-    return saved + peak_layer + attention + head
+    return saved + peak_layer + head
+
+
+def attention_kernel(cfg: Config, arch: Any) -> str:
+    """The kernel `model.attention_impl` means on the planned hardware (`mesh.hardware`, else
+    this process's platform). PlanError when an explicit choice cannot run there."""
+    from rlvr_jax.models import attention
+
+    try:
+        return attention.resolve_impl(
+            cfg.model.attention_impl,
+            compute_dtype=cfg.model.compute_dtype,
+            head_dim=arch.head_dim,
+            platform=attention.platform_of(cfg.mesh.hardware),
+            check_library=False,
+        )
+    except attention.AttentionConfigError as e:
+        raise PlanError(str(e)) from None
+
+
+def _attention_bytes(cfg: Config, arch: Any, kernel: str, rows_dev: float, seq: int) -> float:
+    from rlvr_jax.models import attention
+
+    return attention.activation_bytes(
+        kernel, rows=rows_dev, seq=seq, n_heads=arch.n_heads, head_dim=arch.head_dim,
+        n_layers=arch.n_layers, sliding=arch.has_sliding, remat=cfg.train.remat,
+        chunk=cfg.train.attn_chunk,
+    )  # fmt: skip
 
 
 def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
@@ -194,19 +222,23 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
     rows = cfg.train.micro_batch_size or cfg.train.prompts_per_batch * cfg.rollout.num_samples
     rows_dev = rows / (learner_axes["data"] * learner_axes["fsdp"])
+    kernel = attention_kernel(cfg, arch)
     learner_bytes = {
         "params": params_l,
         "grads": params_l,
         "optimizer": 2 * params_l,
         "activations": _activation_bytes(cfg, arch, rows_dev, seq, cbytes),
+        "attention": _attention_bytes(cfg, arch, kernel, rows_dev, seq),
     }
     critic = _critic_arch(cfg, arch)
     if critic is not None:  # PPO's separate critic: its own trunk, grads, AdamW, activations
         c_shapes = models.abstract_params(critic, np.float32)
         c_axes = models.param_logical_axes(critic)
         c_params = _sharded_bytes(c_shapes, c_axes, sharding.LEARNER_RULES, learner_axes, pbytes)
-        learner_bytes["critic"] = 4 * c_params + _activation_bytes(
-            cfg, critic, rows_dev, seq, cbytes, logits=False
+        learner_bytes["critic"] = (
+            4 * c_params
+            + _activation_bytes(cfg, critic, rows_dev, seq, cbytes, logits=False)
+            + _attention_bytes(cfg, critic, kernel, rows_dev, seq)
         )
     params_a = _sharded_bytes(shapes, axes, sharding.ACTOR_RULES, actor_axes, cbytes)
     kv_split = actor_axes["data"] * min(actor_axes["tensor"], arch.n_kv_heads)
@@ -225,6 +257,7 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
         device_memory_gib=cfg.mesh.device_memory_gib,
         hardware=cfg.mesh.hardware,
         shared=shared,
+        attention=kernel,
     )
 
 
@@ -242,6 +275,7 @@ def format_plan(plan: Plan) -> str:
         f"learner sub-mesh:  {plan.learner_devices} devices {plan.learner_axes}",
         f"actor sub-mesh:    {plan.actor_devices} devices {plan.actor_axes}"
         + ("  (shares the learner's devices)" if plan.shared else ""),
+        f"learner attention: {plan.attention}",
         "per-device memory (estimate):",
     ]
     for k, v in plan.learner_bytes.items():

@@ -212,6 +212,9 @@ class RolloutSource(_Generating):
         rows: int,
         seq_len: Callable[[list[ScoredGroup]], int],
         pad_id: int,
+        max_tokens: int = 0,
+        updates: int = 1,
+        row_multiple: int = 1,
     ) -> None:
         self.rollouts, self.settings = rollouts, settings
         self.P, self.mode, self.queue_size = prompts_per_batch, mode, queue_size
@@ -219,6 +222,7 @@ class RolloutSource(_Generating):
         self.zero_variance, self.overlong_filter = zero_variance, overlong_filter
         self.cap = prompts_per_batch * max(max_draws, 1) if active_sampling else prompts_per_batch
         self.rows, self.seq_len, self.pad_id = rows, seq_len, pad_id
+        self.packing = dict(max_tokens=max_tokens, updates=updates, row_multiple=row_multiple)
         self.on_policy = mode == "sync"
 
     def next(self, policy_version: int) -> Batch | None:
@@ -248,15 +252,16 @@ class RolloutSource(_Generating):
         if self.mode == "async":  # the actors generate the next batch while this one trains
             r.fill(self._async_target())
         kept = asm.kept
-        arrays = None
+        arrays, slots = None, None
         if kept:
-            arrays = build_batch(
+            arrays, slots = build_batch(
                 kept,
                 self.settings,
                 rows=self.rows,
                 seq_len=self.seq_len(kept) + 1,
                 pad_id=self.pad_id,
                 overlong_filter=self.overlong_filter,
+                **self.packing,
             )
         metrics = {**merge_service_metrics(service), **asm.metrics()}
         metrics["staleness/mean"] = (
@@ -270,6 +275,7 @@ class RolloutSource(_Generating):
             tokens=sum(len(c.tokens) for g in kept for c in g.completions),
             rewards_B=rewards_N(kept),
             group_size=r.num_samples,
+            slots=slots,
         )
 
     def _async_target(self) -> int:

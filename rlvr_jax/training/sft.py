@@ -23,9 +23,15 @@ import jax.numpy as jnp
 import optax
 
 from rlvr_jax import losses, models
-from rlvr_jax.training.batch import TokenBatch, collate_sft, pack_examples, vars_of
+from rlvr_jax.training.batch import TokenBatch, collate_sft, pack_examples
 from rlvr_jax.training.learner import token_logprobs
-from rlvr_jax.training.update import TrainState, accumulate_grads, apply_update, combine_metrics
+from rlvr_jax.training.update import (
+    TrainState,
+    accumulate_grads,
+    apply_update,
+    micro_count,
+    summed,
+)
 
 __all__ = ["SFT_AGGREGATION", "collate_sft", "make_sft_step", "pack_examples", "sft_loss"]
 
@@ -65,7 +71,7 @@ def make_sft_step(
     optimizer: optax.GradientTransformation,
     *,
     compute_dtype: Any = jnp.float32,
-    n_micro: int = 1,
+    n_micro: int | None = None,
 ) -> Callable[[TrainState, TokenBatch], tuple[TrainState, dict[str, jax.Array]]]:
     """The pure SFT step `(state, batch) -> (state, metrics)` (un-jitted; jit it, or use
     `learner.jit_train_step` for shardings and donation).
@@ -76,18 +82,18 @@ def make_sft_step(
     `state.skipped`. Metrics: `loss`, `grad_norm`, `step_ok`, `sft/tokens` and the summed
     `sft_loss` metrics.
     """
-    if n_micro < 1:
+    if n_micro is not None and n_micro < 1:
         raise ValueError(f"make_sft_step: n_micro must be >= 1, got {n_micro}")
 
     objective = sft_objective(arch, compute_dtype=compute_dtype)
 
     def step(state: TrainState, batch: TokenBatch):
-        tokens = TokenBatch(**vars_of(batch))  # an RLBatch trains as its tokens
-        grads, loss, sums_M = accumulate_grads(objective(tokens), state.params, tokens, n_micro)
-        metrics = combine_metrics(sums_M, summed=tuple(sums_M))
+        n = micro_count(batch, n_micro)
+        grads, loss, sums_M = accumulate_grads(objective(batch), state.params, batch, n)
+        metrics = summed(sums_M)
         new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
         metrics.update(grad_norm=optax.global_norm(grads), step_ok=ok.astype(jnp.float32))
-        metrics["sft/tokens"] = losses.loss_denominator(SFT_AGGREGATION, tokens.mask_BxT)
+        metrics["sft/tokens"] = losses.loss_denominator(SFT_AGGREGATION, batch.mask_BxT)
         return new_state, metrics
 
     return step

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from rlvr_jax.data import formatting
 from rlvr_jax.training.algorithms import PARALLEL_SFT_SEED_OFFSET, Context
 from rlvr_jax.training.recipes.sft_data import SFTBatcher, build_sft_iterator
 from rlvr_jax.training.rollouts import ExpertIterationSource, Rollouts, RolloutSource
@@ -19,16 +20,9 @@ from rlvr_jax.training.sources import PairingSource, SFTSource
 
 
 def stop_token_ids(ctx: Context) -> tuple[int, ...]:
-    """The EOS ids of the model and tokenizer, and `rollout.stop_strings` (single tokens)."""
-    ids = set(ctx.model.config.eos_token_id or ())
-    if ctx.tokenizer.eos_token_id is not None:
-        ids.add(int(ctx.tokenizer.eos_token_id))
-    for s in ctx.cfg.rollout.stop_strings:
-        toks = ctx.tokenizer.encode(s, add_special_tokens=False)
-        if len(toks) != 1:
-            raise ValueError(f"rollout.stop_strings: {s!r} is not a single token ({toks})")
-        ids.add(toks[0])
-    return tuple(sorted(ids))
+    """The run's stop ids (`data.formatting.stop_token_ids` of its model, tokenizer and
+    `rollout.stop_strings`)."""
+    return formatting.stop_token_ids(ctx.model.config, ctx.tokenizer, ctx.cfg.rollout.stop_strings)
 
 
 def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -> Any:
@@ -108,6 +102,9 @@ def rl_source(ctx: Context, params: Any, version: int) -> RolloutSource:
         rows=ctx.rows,
         seq_len=ctx.batch_length,
         pad_id=ctx.pad_id,
+        max_tokens=cfg.train.max_tokens_per_micro_batch,
+        updates=cfg.train.updates_per_batch,
+        row_multiple=ctx.row_multiple,
     )
 
 

@@ -12,6 +12,7 @@ generates (`push_weights`), and is closed at the end. `algorithm` picks the sour
 | `sft` | `SFTSource` | `TokenBatch` |
 | `expert_iteration` | `ExpertIterationSource` (`rollouts.py`) | `TokenBatch` |
 | `rl_sft_parallel` | `PairingSource(RolloutSource, SFTSource)` | `ParallelBatch` |
+| `dpo` | `PreferenceSource` (`recipes/dpo_run.py`) | `PreferenceBatch` |
 """
 
 from __future__ import annotations
@@ -46,7 +47,9 @@ class Batch:
     learner completes the advantages from with `loss.kl_mode: reward` (the KL penalty needs
     its log-probs), and what `train.save_batch` stores."""
     group_size: int = 0
-    """G of an RL batch (rows are grouped by prompt)."""
+    """G of an RL batch (its completions are grouped by prompt, G at a time)."""
+    slots: Any = None
+    """Each completion's slot in an RL batch's per-completion arrays (packing reorders)."""
 
 
 class BatchSource(Protocol):

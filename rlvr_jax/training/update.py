@@ -67,6 +67,16 @@ def split_micro(batch: Any, n_micro: int) -> Any:
     return jax.tree.map(split, batch)
 
 
+def micro_count(batch: Any, n_micro: int | None) -> int:
+    """Micro-batches to split `batch` into: the count its rows were packed for (token-budget
+    layouts carry it, static), else `n_micro` (default 1). Both given and different is an
+    error: a packed micro-batch's completions live in its own rows."""
+    packed = getattr(batch, "n_micro", 0)
+    if packed and n_micro is not None and n_micro != packed:
+        raise ValueError(f"the batch is packed for {packed} micro-batches, not {n_micro}")
+    return packed or n_micro or 1
+
+
 def accumulate_grads(
     loss_fn: LossFn, params: Any, batch: Any, n_micro: int
 ) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
@@ -120,20 +130,9 @@ def optimizer_step(
     return keep(new_params, params), keep(new_opt, opt_state)
 
 
-def combine_metrics(metrics_M: dict[str, jax.Array], *, summed: tuple[str, ...] = ()) -> dict:
-    """Per-micro-batch metrics → one value each: names in `summed` (already divided by the
-    whole batch's denominator) are summed, `…min`/`…max` stay extremes, the rest averaged."""
-
-    def one(name: str, values_M: jax.Array) -> jax.Array:
-        if name in summed:
-            return values_M.sum()
-        if name.endswith("min"):
-            return values_M.min()
-        if name.endswith("max"):
-            return values_M.max()
-        return values_M.mean()
-
-    return {k: one(k, v) for k, v in metrics_M.items()}
+def summed(metrics_M: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Per-micro-batch values already divided by the whole batch's denominator, summed."""
+    return {k: v.sum() for k, v in metrics_M.items()}
 
 
 class PairState(NamedTuple):

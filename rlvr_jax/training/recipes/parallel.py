@@ -24,15 +24,16 @@ import optax
 
 from rlvr_jax import losses, models
 from rlvr_jax.training import learner
-from rlvr_jax.training.batch import RLBatch, TokenBatch, vars_of
+from rlvr_jax.training.batch import RLBatch, TokenBatch
 from rlvr_jax.training.sft import sft_objective
 from rlvr_jax.training.update import (
     TrainState,
     accumulate_grads,
     apply_update,
-    combine_metrics,
     init_state,
+    micro_count,
     pair_optimizer,
+    summed,
 )
 
 ParallelStep = Callable[[TrainState, RLBatch, TokenBatch], tuple[TrainState, dict[str, jax.Array]]]
@@ -60,8 +61,8 @@ def make_parallel_step(
     settings: losses.LossSettings,
     *,
     max_len: int,
-    n_micro_rl: int = 1,
-    n_micro_sft: int = 1,
+    n_micro_rl: int | None = None,
+    n_micro_sft: int | None = None,
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
     memory: learner.MemoryOptions = NO_MEMORY_SAVING,
@@ -90,18 +91,19 @@ def make_parallel_step(
     sft = sft_objective(arch, compute_dtype=compute_dtype)
 
     def step(state: TrainState, rl_batch: RLBatch, sft_batch: TokenBatch):
-        g_rl, loss_rl, rl_M = accumulate_grads(rl(rl_batch), state.params, rl_batch, n_micro_rl)
-        sft_tokens = TokenBatch(**vars_of(sft_batch))
+        n_rl, n_sft = micro_count(rl_batch, n_micro_rl), micro_count(sft_batch, n_micro_sft)
+        rl_loss_fn, rl_metrics_fn = rl(rl_batch)
+        g_rl, loss_rl, rl_aux_M = accumulate_grads(rl_loss_fn, state.params, rl_batch, n_rl)
         params = after(state.params, g_rl)
-        g_sft, loss_sft, sft_M = accumulate_grads(sft(sft_tokens), params, sft_tokens, n_micro_sft)
+        g_sft, loss_sft, sft_M = accumulate_grads(sft(sft_batch), params, sft_batch, n_sft)
         finite = jnp.isfinite(loss_rl) & jnp.isfinite(loss_sft)
         new_state, ok = apply_update(state, (g_rl, g_sft), optimizer, finite=finite)
-        metrics = combine_metrics(rl_M)
+        metrics = rl_metrics_fn(rl_aux_M)
         metrics.update(loss=loss_rl, grad_norm=optax.global_norm(g_rl))
-        for key, value in combine_metrics(sft_M, summed=tuple(sft_M)).items():
+        for key, value in summed(sft_M).items():
             metrics[key if key.startswith("sft/") else f"sft/{key}"] = value
         metrics["sft/grad_norm"] = optax.global_norm(g_sft)
-        metrics["sft/tokens"] = losses.loss_denominator("token-mean", sft_tokens.mask_BxT)
+        metrics["sft/tokens"] = losses.loss_denominator("token-mean", sft_batch.mask_BxT)
         metrics["step_ok"] = ok.astype(jnp.float32)
         pair = new_state.opt_state
         metrics["parallel/rl_update_norm"] = pair.rl_update_norm

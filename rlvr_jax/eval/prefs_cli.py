@@ -1,0 +1,119 @@
+"""`rlvr-prefs`: delta-learning preference pairs from a strong and a weak local model.
+
+    rlvr-prefs --config configs/demo.yaml --strong runs/sft/final --weak runs/cache/demo_base \\
+        --input data/demo/train.jsonl --output runs/pairs.jsonl --samples 4 --json stats.json
+
+Chosen: a verified-correct sample of `--strong`; rejected: a sample of `--weak` (by default
+one its verifier scores wrong; `--rejected any` takes its first sample). The prompt template,
+`rollout.max_new_tokens`, `rollout.temperature`, decode slots, `data.max_prompt_len` and the
+verifier settings come from the config. The pairs are JSON lines `algorithm: dpo` reads
+(`dpo.sources`). A progress bar per model on stderr; exit status 2 on bad arguments, config,
+models or input (the message names it). The logic lives in `rlvr_jax.eval.preference_pairs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from rlvr_jax.eval.difficulty import OUTPUT_SUFFIXES
+from rlvr_jax.eval.preference_pairs import REJECTED_MODES
+
+PROG = "rlvr-prefs"
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `rlvr-prefs`."""
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Build DPO pairs: verified responses of a strong model (chosen) against a "
+        "weak model's (rejected).",
+    )
+    p.add_argument("--config", help="YAML config file (template, rollout, rewards, mesh)")
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+    p.add_argument("--strong", required=True, help="the strong model's checkpoint directory")
+    p.add_argument("--weak", required=True, help="the weak model's checkpoint directory")
+    p.add_argument("--input", required=True, help="prompt file (.jsonl, .jsonl.gz or .parquet)")
+    p.add_argument("--output", required=True, help="where the pairs go (.jsonl)")
+    p.add_argument("--samples", type=int, default=4, help="samples per prompt and model")
+    p.add_argument(
+        "--rejected",
+        choices=REJECTED_MODES,
+        default="incorrect",
+        help="rejected: a weak sample the verifier rejects (default) or its first sample",
+    )
+    p.add_argument("--max-prompts", type=int, help="use the first N usable prompts only")
+    p.add_argument("--seed", type=int, help="sampling seed (default: the config's seed)")
+    p.add_argument("--json", help="statistics as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments themselves, or None."""
+    if args.samples < 1:
+        return f"--samples must be >= 1, got {args.samples}"
+    if args.max_prompts is not None and args.max_prompts < 1:
+        return f"--max-prompts must be >= 1, got {args.max_prompts}"
+    if args.seed is not None and args.seed < 0:
+        return f"--seed must be >= 0, got {args.seed}"
+    if not args.output.lower().endswith(OUTPUT_SUFFIXES):
+        return f"--output {args.output!r} must end in one of {OUTPUT_SUFFIXES}"
+    if Path(args.input).resolve() == Path(args.output).resolve():
+        return "--output must not be the --input file"
+    for flag in ("strong", "weak"):
+        path = Path(getattr(args, flag))
+        if not (path / "config.json").is_file():
+            return f"--{flag} {str(path)!r} is not a model directory (no config.json)"
+    if not Path(args.input).is_file():
+        return f"--input {args.input!r}: file not found"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `rlvr-prefs`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or an argparse error (2), already printed
+        return int(e.code or 0)
+    problem = _argument_problem(args)
+    if problem is not None:
+        parser.print_usage(sys.stderr)
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    from rlvr_jax.eval.evaluate import resolve_config
+    from rlvr_jax.eval.preference_pairs import build_pairs
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("absl").setLevel(logging.WARNING)
+    try:
+        cfg = resolve_config(args.config, args.overrides, args.strong)
+        report = build_pairs(
+            cfg,
+            args.input,
+            args.output,
+            strong=args.strong,
+            weak=args.weak,
+            num_samples=args.samples,
+            seed=cfg.seed if args.seed is None else args.seed,
+            rejected=args.rejected,
+            max_prompts=args.max_prompts,
+            progress=not args.no_progress,
+        )
+    except (ValueError, FileNotFoundError) as e:  # config, data and model errors name the culprit
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(report.summary())
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        print(f"statistics: {path}")
+    return 0

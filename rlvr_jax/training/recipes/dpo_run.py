@@ -1,0 +1,277 @@
+"""`algorithm: dpo`: the batch source of preference pairs and the DPO learner update.
+
+    rlvr-train --config F algorithm=dpo dpo.sources='[{path: pairs.jsonl}]' dpo.beta=0.1
+
+`PreferenceSource` draws `dpo.batch_size` pairs per step from the seeded, resumable mixture of
+`dpo.sources` (its iterator state is what a checkpoint stores: a resumed run sees exactly the
+pairs it would have seen) and lays them out with `dpo.collate_pairs`, each micro-batch's pairs
+in its own rows, the row length bucketed like the RL batches' (`train.bucket_min_len`).
+
+Reference log-probs come from the frozen starting policy (`model.path`, also on resume):
+- `dpo.reference: cache` (default): computed once before the first step for every pair of the
+  sources and kept on disk (`dpo_reference.ReferenceCache`, keyed by the model's files and the
+  tokens); each batch carries its pairs' cached sums. No reference forward pass per step and a
+  cache reused by later runs on the same model and data; the price is one forward pass over
+  the whole dataset up front, which a run that sees every pair at least once pays anyway.
+- `dpo.reference: on_the_fly`: the update runs the reference forward on each batch (the
+  reference weights stay on the learner): for datasets much larger than what a run will see.
+A reference-free variant (`simpo`) computes neither.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax import losses
+from rlvr_jax.data.mixture import PromptIterator
+from rlvr_jax.data.preferences import load_preference_sources
+from rlvr_jax.losses.preference import needs_reference
+from rlvr_jax.training import learner
+from rlvr_jax.training.algorithms import Context, Update, _shapes, micro_batches
+from rlvr_jax.training.batch import bucket_length
+from rlvr_jax.training.dpo import PreferenceBatch, collate_pairs, make_dpo_step
+from rlvr_jax.training.optimizer import make_optimizer
+from rlvr_jax.training.recipes.dpo_reference import ReferenceCache, model_fingerprint
+from rlvr_jax.training.sources import Batch, StaticWeights
+
+log = logging.getLogger(__name__)
+
+REFERENCE_CACHE_SUBDIR = "reference_cache"
+"""`dpo.reference_cache_dir`'s default, under `train.output_dir`."""
+
+
+class PreferenceSource(StaticWeights):
+    """`algorithm: dpo`: `pairs_per_batch` preference pairs per step (`collate_pairs`)."""
+
+    def __init__(
+        self,
+        pairs: PromptIterator,
+        *,
+        pairs_per_batch: int,
+        groups: int,
+        full_len: int,
+        min_len: int,
+        multiple: int,
+        pad_id: int,
+        cache: ReferenceCache | None = None,
+    ) -> None:
+        self.pairs, self.per_batch, self.groups = pairs, pairs_per_batch, groups
+        self.full_len, self.min_len, self.multiple = full_len, min_len, multiple
+        self.pad_id, self.cache = pad_id, cache
+
+    def next(self, policy_version: int) -> Batch:
+        del policy_version
+        t0 = time.perf_counter()
+        rows = self.pairs.next_batch(self.per_batch)
+        prompts = [[int(t) for t in r.prompt_ids] for r in rows]
+        chosen = [r.chosen_ids for r in rows]
+        rejected = [r.rejected_ids for r in rows]
+        longest = max(len(p) + max(len(c), len(r)) for p, c, r in zip(prompts, chosen, rejected))
+        length = bucket_length(
+            longest, full=self.full_len, min_len=self.min_len, multiple=self.multiple
+        )
+        refs = {}
+        if self.cache is not None:
+            refs["ref_chosen"] = [self.cache.get(p, c) for p, c in zip(prompts, chosen)]
+            refs["ref_rejected"] = [self.cache.get(p, r) for p, r in zip(prompts, rejected)]
+        arrays = collate_pairs(
+            prompts,
+            chosen,
+            rejected,
+            rows=2 * self.per_batch,
+            seq_len=length + 1,
+            pad_id=self.pad_id,
+            groups=self.groups,
+            **refs,
+        )
+        metrics = {"time/data_s": time.perf_counter() - t0}
+        first = rows[0]
+        prompt = first.messages()[-1]["content"]
+        text = f"{prompt}\n[chosen] {first.chosen}\n[rejected] {first.rejected}"
+        return Batch(arrays, metrics=metrics, texts=[text], tokens=int(arrays.mask_BxT.sum()))
+
+    def state(self) -> dict:
+        return {"dpo": self.pairs.state()}
+
+    def restore(self, state: dict) -> None:
+        self.pairs.restore(state["dpo"])
+
+    def close(self) -> None:
+        pass
+
+
+def response_budget(ctx: Context) -> int:
+    """`dpo.max_response_len`, or `rollout.max_new_tokens` when unset."""
+    budget = ctx.cfg.dpo.max_response_len
+    return ctx.cfg.rollout.max_new_tokens if budget is None else budget
+
+
+def full_length(ctx: Context) -> int:
+    """The longest sequence a DPO row holds: prompt + response budgets."""
+    return ctx.cfg.data.max_prompt_len + response_budget(ctx)
+
+
+def check_dpo_settings(ctx: Context) -> int:
+    """Validates `dpo.*` (naming the key) and returns the micro-batches per step."""
+    cfg = ctx.cfg
+    d = cfg.dpo
+    if d.batch_size < 1:
+        raise ValueError(f"dpo.batch_size must be >= 1, got {d.batch_size}")
+    if d.max_response_len is not None and d.max_response_len < 2:
+        raise ValueError(f"dpo.max_response_len must be >= 2, got {d.max_response_len}")
+    limit = ctx.model.config.max_position_embeddings
+    if full_length(ctx) > limit:
+        raise ValueError(
+            f"data.max_prompt_len + dpo.max_response_len (or rollout.max_new_tokens) = "
+            f"{full_length(ctx)} exceeds the model's max_position_embeddings={limit}"
+        )
+    mb = cfg.train.micro_batch_size
+    if mb % 2:
+        raise ValueError(
+            f"train.micro_batch_size={mb} must be even with algorithm: dpo (a pair is two rows)"
+        )
+    n_micro = micro_batches(2 * d.batch_size, mb, "DPO batch (2 × dpo.batch_size)")
+    one = jnp.zeros((1,), jnp.float32)
+    try:  # a bad variant, parameter or β fails here, before anything compiles
+        losses.preference_loss(
+            d.variant,
+            chosen_logp=one,
+            rejected_logp=one,
+            ref_chosen_logp=one,
+            ref_rejected_logp=one,
+            beta=d.beta,
+            chosen_len=one + 1,
+            rejected_len=one + 1,
+            **d.variant_kwargs,
+        )
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"dpo.variant / dpo.variant_kwargs / dpo.beta: {e}") from None
+    return n_micro
+
+
+class DPOUpdate(Update):
+    """One DPO optimizer step per batch (`dpo.make_dpo_step`), after the reference log-probs
+    when `dpo.reference: on_the_fly`."""
+
+    def __init__(self, ctx: Context) -> None:
+        cfg = ctx.cfg
+        d = cfg.dpo
+        n_micro = check_dpo_settings(ctx)
+        optimizer = make_optimizer(cfg.train)
+        step = make_dpo_step(
+            ctx.model.config,
+            optimizer,
+            pairs=d.batch_size,
+            variant=d.variant,
+            beta=d.beta,
+            variant_kwargs=d.variant_kwargs,
+            n_micro=n_micro,
+            compute_dtype=cfg.model.compute_dtype,
+            memory=ctx.memory,
+        )
+        super().__init__(ctx, step, optimizer)
+        self.n_micro = n_micro
+        self.ref_params = None
+        if d.reference == "on_the_fly" and needs_reference(d.variant):
+            self.ref_params = ctx.model.params
+            self.logprob = learner.make_logprob_fn(
+                ctx.model.config,
+                compute_dtype=cfg.model.compute_dtype,
+                temperature=1.0,
+                memory=ctx.memory,
+            )
+
+    def compile(self, state: Any, batch: Batch) -> None:
+        arrays = self.ctx.abstract(batch.arrays)
+        if self.ref_params is not None:
+            self._compile_once(("ref", _shapes(arrays)), self.logprob, self.ref_params, arrays)
+            arrays = arrays.replace(ref_logp_BxT=arrays.mask_BxT)
+        self._compile_once(_shapes(arrays), self.step, state, arrays)
+
+    def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
+        arrays: PreferenceBatch = self.ctx.put(batch.arrays)
+        if self.ref_params is not None:
+            arrays = arrays.replace(ref_logp_BxT=self.logprob(self.ref_params, arrays))
+        state, metrics = self.step(state, arrays)
+        return state, [metrics], 1
+
+
+def _host(x: Any) -> np.ndarray:
+    """A (possibly multi-process) device array as one numpy array on every process."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def reference_cache(ctx: Context, sources: list[Any], *, rows: int) -> ReferenceCache:
+    """The cache of `dpo.reference_cache_dir`, filled for every pair of `sources` by the
+    starting policy (`ctx.model`), saved by process 0 when anything was computed."""
+    cfg = ctx.cfg
+    directory = cfg.dpo.reference_cache_dir or f"{cfg.train.output_dir}/{REFERENCE_CACHE_SUBDIR}"
+    fingerprint = model_fingerprint(
+        cfg.model.path, param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype
+    )
+    cache = ReferenceCache(directory, fingerprint)
+    fn = learner.make_logprob_fn(
+        ctx.model.config, compute_dtype=cfg.model.compute_dtype, temperature=1.0, memory=ctx.memory
+    )
+    params = ctx.model.params
+
+    def sequences():
+        for source in sources:
+            for row in source.rows:
+                prompt = [int(t) for t in row.prompt_ids]
+                yield prompt, row.chosen_ids
+                yield prompt, row.rejected_ids
+
+    t = cfg.train
+    computed = cache.fill(
+        sequences(),
+        lambda batch: _host(fn(params, ctx.put(batch))),
+        rows=rows,
+        full_len=full_length(ctx),
+        min_len=t.bucket_min_len,
+        multiple=math.lcm(t.attn_chunk or 1, t.logits_chunk or 1),
+        pad_id=ctx.pad_id,
+    )
+    if computed and jax.process_index() == 0:
+        log.info("reference log-probs: saved %d to %s", len(cache), cache.save())
+    return cache
+
+
+def dpo_source(ctx: Context, params: Any, version: int) -> PreferenceSource:
+    """`algorithm: dpo`'s source (the learner's params and version are not needed: the pairs
+    are fixed data and the reference is the starting policy)."""
+    del params, version
+    cfg = ctx.cfg
+    d = cfg.dpo
+    sources = load_preference_sources(
+        d.sources,
+        ctx.tokenizer,
+        cfg.data.prompt_template,
+        max_prompt_len=cfg.data.max_prompt_len,
+        max_response_len=response_budget(ctx),
+    )
+    cache = None
+    if d.reference == "cache" and needs_reference(d.variant):
+        cache = reference_cache(ctx, sources, rows=2 * d.batch_size)
+    t = cfg.train
+    return PreferenceSource(
+        PromptIterator(sources, seed=cfg.data.seed),
+        pairs_per_batch=d.batch_size,
+        groups=micro_batches(2 * d.batch_size, t.micro_batch_size, "DPO batch"),
+        full_len=full_length(ctx),
+        min_len=t.bucket_min_len,
+        multiple=math.lcm(t.attn_chunk or 1, t.logits_chunk or 1),
+        pad_id=ctx.pad_id,
+        cache=cache,
+    )
