@@ -11,6 +11,8 @@ import numpy as np
 import optax
 import pytest
 from test_learner import ARCH  # the tiny Qwen2 architecture of the learner tests
+from test_packing import SEQ
+from test_packing import samples as packing_samples
 
 from rlvr_jax import losses, models
 from rlvr_jax.config.schema import CriticConfig
@@ -349,29 +351,10 @@ def test_ppo_step_gradient_matches_the_reference(kind):
 
 
 # -- packed == unpacked ---------------------------------------------------------------------
-SEQ = 33  # tokens per row before the shift: T = 32
-
-
-def ppo_samples(seed: int = 0, groups: int = 3, group_size: int = 4) -> list[Sample]:
-    """Completions of several groups with varied lengths and 0/1 rewards; one fills a row."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(groups):
-        prompt = rng.integers(3, 60, int(rng.integers(2, 9))).tolist()
-        for _ in range(group_size):
-            n = int(rng.integers(1, 12))
-            out.append(
-                Sample(
-                    prompt_tokens=prompt,
-                    tokens=rng.integers(3, 60, n).tolist(),
-                    sampler_logp=(-rng.random(n) * 3).tolist(),
-                    advantage=0.0,
-                    train=bool(rng.random() > 0.1),
-                    reward=float(rng.integers(0, 2)),
-                )
-            )
-    out[5] = Sample([7] * 8, list(range(3, 3 + SEQ - 8)), [-1.0] * (SEQ - 8), 0.0, reward=1.0)
-    return out
+def ppo_samples(seed: int = 0) -> list[Sample]:
+    """tests/test_packing.py's completions (varied lengths, one fills a row) with 0/1 rewards."""
+    rng = np.random.default_rng(seed + 100)
+    return [dataclasses.replace(s, reward=float(rng.integers(0, 2))) for s in packing_samples(seed)]
 
 
 def ppo_batches(updates: int = 1):
@@ -433,7 +416,7 @@ def test_ppo_packed_equals_unpacked(kind, overrides):
     a_state, a = plain(states[0], a_batch)
     b_state, b = packing(states[1], b_batch)
     assert sorted(a) == sorted(b)
-    assert 0 < float(a["value/clip_fraction"]) or float(a["value/loss"]) > 0
+    assert float(a["value/loss"]) > 0
     for key in a:
         np.testing.assert_allclose(b[key], a[key], rtol=2e-5, atol=2e-6, err_msg=key)
     after = (a_state.params, a_state.critic.params), (b_state.params, b_state.critic.params)

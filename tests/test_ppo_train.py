@@ -1,6 +1,7 @@
 """`rlvr-train ... loss.advantage=gae` end to end on the tiny setup: PPO with a separate critic
 in sync mode resumes exactly (the critic and its optimizer are in the checkpoint), a shared
-critic in async mode, and named config errors (compile-ahead: tests/test_train_loop.py)."""
+critic in async mode on packed batches, and named config errors (compile-ahead:
+tests/test_train_loop.py)."""
 
 import math
 import os
@@ -64,6 +65,7 @@ def test_ppo_async_with_a_shared_critic(tmp_path):
         "rollout.mode=async",
         "train.max_steps=3",
         "train.updates_per_batch=2",
+        "train.max_tokens_per_micro_batch=256",  # packed rows, micro-batches by tokens
     )
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
