@@ -131,7 +131,7 @@ def sample_model(
 
     from rlvr_jax.data.formatting import format_prompt
     from rlvr_jax.eval.evaluate import build_sampler, load_policy
-    from rlvr_jax.rollout import GroupRequest, SamplingParams, Scheduler, request_seed
+    from rlvr_jax.rollout import SamplingParams, Scheduler
 
     cfg = dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, path=path, create_if_missing=None)
@@ -144,16 +144,7 @@ def sample_model(
     scheduler = Scheduler(sampler.engine)
     for i, prompt in enumerate(prompts):
         scheduler.add(
-            GroupRequest(
-                key=i,
-                prompt_index=i,
-                prompt=tuple(int(t) for t in prompt),
-                num_samples=num_samples,
-                seed=request_seed(seed, i),
-                max_new_tokens=sampler.max_new_tokens,
-                sampling=sampling,
-                stop_token_ids=sampler.stop_token_ids,
-            )
+            sampler.request(i, prompt, num_samples=num_samples, seed=seed, sampling=sampling)
         )
     t0 = time.perf_counter()
     done: dict[int, list[Any]] = {}
