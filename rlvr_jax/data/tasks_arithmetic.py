@@ -84,11 +84,7 @@ def random_tree(rng: np.random.Generator, num_ops: int, spec: ArithmeticSpec) ->
 
 def apply_op(op: str, a: int, b: int) -> int:
     """`a op b` for one of the operators `+`, `-`, `*`."""
-    if op == "+":
-        return a + b
-    if op == "-":
-        return a - b
-    return a * b
+    return a + b if op == "+" else a - b if op == "-" else a * b
 
 
 def fold(node: Node, step: Callable[[str, int, int], int]) -> int:

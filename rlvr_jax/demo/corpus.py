@@ -42,14 +42,7 @@ from rlvr_jax.data import synthetic
 from rlvr_jax.data.formatting import encode_response, format_prompt
 from rlvr_jax.data.rng import stream
 from rlvr_jax.data.rows import row_from_record
-from rlvr_jax.data.tasks_arithmetic import (
-    ArithmeticSpec,
-    Node,
-    apply_op,
-    evaluate,
-    fold,
-    parse,
-)
+from rlvr_jax.data.tasks_arithmetic import ArithmeticSpec, Node, apply_op, evaluate, fold, parse
 from rlvr_jax.data.tasks_ifeval import CONSTRAINTS, IfevalSpec
 from rlvr_jax.training.sft import collate_sft, pack_examples
 

@@ -257,5 +257,4 @@ def _show(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs `rlvr-eval`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
-    parser = build_parser()
-    return run_cli(PROG, parser, argv, problem=_argument_problem, compute=_evaluate, show=_show)
+    return run_cli(build_parser(), argv, _argument_problem, _evaluate, _show)

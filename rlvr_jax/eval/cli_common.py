@@ -17,8 +17,6 @@ from rlvr_jax.eval.evaluate import DEFAULT_CHUNK_PROMPTS, resolve_config
 EXIT_USAGE = 2
 """Exit status on bad arguments, config or input."""
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
 
 def add_config_args(p: argparse.ArgumentParser, config_help: str, *, model: bool = True) -> None:
     """`--config FILE`, the positional dotted overrides and (with `model`) `--model PATH`."""
@@ -38,29 +36,29 @@ def add_chunk_prompts_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def write_json(path: str, obj: Any, label: str) -> Path:
+def write_json(path: str, obj: Any, label: str) -> None:
     """Writes `obj` as indented JSON to `path` (parents created), prints `label: path`."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(obj, indent=2) + "\n")
     print(f"{label}: {out}")
-    return out
 
 
 def run_cli(
-    prog: str,
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
-    *,
     problem: Callable[[argparse.Namespace], str | None],
     compute: Callable[[Any, argparse.Namespace], Any],
     show: Callable[[argparse.Namespace, Any], None],
+    *,
     model_dest: str = "model",
     quiet_absl: bool = False,
 ) -> int:
-    """Parses `argv`; `problem(args)` (a message: usage error) checks it; `compute(cfg, args)`
-    runs on the config of `--config`, the overrides and the path in `args.<model_dest>`, and
-    `show(args, result)` prints. Returns the exit status (0 ok, 2 bad arguments/config/input)."""
+    """Runs the command `parser.prog`: parses `argv`; `problem(args)` (a message: usage error)
+    checks it; `compute(cfg, args)` runs on the config of `--config`, the overrides and the path
+    in `args.<model_dest>`, and `show(args, result)` prints. Returns the exit status (0 ok, 2 bad
+    arguments/config/input)."""
+    prog = parser.prog
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or an argparse error (2), already printed
@@ -70,7 +68,9 @@ def run_cli(
         parser.print_usage(sys.stderr)
         print(f"{prog}: error: {message}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if quiet_absl:
         logging.getLogger("absl").setLevel(logging.WARNING)
     try:

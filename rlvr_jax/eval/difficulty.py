@@ -274,6 +274,22 @@ def check_input_path(path: str | Path) -> str:
     return fmt
 
 
+def load_input(cfg: Any, path: str | Path, fmt: str, tokenizer: Any) -> Any:
+    """The `data.PromptSource` of the input file `path` (format `fmt`): its rows with a known
+    verifier and at most `data.max_prompt_len` tokens under `data.prompt_template`."""
+    from rlvr_jax.config.schema import SourceConfig
+    from rlvr_jax.data.formatting import prompt_length_fn
+    from rlvr_jax.data.sources import load_source
+    from rlvr_jax.rewards import known_verifiers
+
+    return load_source(
+        SourceConfig(path=path, format=fmt),
+        known_verifiers=known_verifiers(),
+        token_length=prompt_length_fn(tokenizer, cfg.data.prompt_template),
+        max_prompt_len=cfg.data.max_prompt_len,
+    )
+
+
 def filter_source(
     cfg: Any,
     input_path: str,
@@ -296,24 +312,14 @@ def filter_source(
       DataError: a missing, unreadable or empty input file (naming it).
       ValueError: bad settings (an output that is not .jsonl, n < 1, a rate outside [0, 1]).
     """
-    from rlvr_jax.config.schema import SourceConfig
-    from rlvr_jax.data.formatting import prompt_length_fn
-    from rlvr_jax.data.sources import load_source
     from rlvr_jax.eval.evaluate import load_policy, sample_rows
-    from rlvr_jax.rewards import known_verifiers
 
     t0 = time.perf_counter()
     check_output_path(output_path)
     keep_mask(np.zeros(0, np.int64), num_samples, max_pass_rate)  # validates the settings
     fmt = check_input_path(input_path)
     model, tokenizer = load_policy(cfg)
-    template = cfg.data.prompt_template
-    source = load_source(
-        SourceConfig(path=input_path, format=fmt),
-        known_verifiers=known_verifiers(),
-        token_length=prompt_length_fn(tokenizer, template),
-        max_prompt_len=cfg.data.max_prompt_len,
-    )
+    source = load_input(cfg, input_path, fmt, tokenizer)
     rows = list(source.rows)
     sampler, sampled = sample_rows(
         cfg,

@@ -335,35 +335,20 @@ def sample_correct_counts(
 
 
 def sample_rows(
-    cfg: Any,
-    model: Any,
-    tokenizer: Any,
-    rows: Sequence[Any],
-    *,
-    num_samples: int,
-    temperature: float,
-    seed: int,
-    chunk_prompts: int = DEFAULT_CHUNK_PROMPTS,
+    cfg: Any, model: Any, tokenizer: Any, rows: Sequence[Any], *, temperature: float, **options
 ) -> tuple[PolicySampler, SampledCounts]:
-    """Formats `rows` with `data.prompt_template`, builds a sampler for them (`build_sampler`)
-    and counts the verified-correct of `num_samples` samples per row (`sample_correct_counts`
-    at `temperature`, top-p 1) with a reward service of `cfg.rewards`."""
+    """`build_sampler` for `rows` (formatted with `data.prompt_template`) and their
+    `sample_correct_counts` (`options`) at `temperature`, top-p 1, verified by `cfg.rewards`."""
     from rlvr_jax.data.formatting import format_prompt
     from rlvr_jax.rewards import RewardService
     from rlvr_jax.rollout import SamplingParams
 
     prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
     sampler = build_sampler(model, tokenizer, cfg, max(len(p) for p in prompts))
+    sampling = SamplingParams(temperature=temperature, top_p=1.0)
     with RewardService(cfg.rewards) as rewards:
         sampled = sample_correct_counts(
-            sampler,
-            rows,
-            prompts,
-            reward_service=rewards,
-            num_samples=num_samples,
-            sampling=SamplingParams(temperature=temperature, top_p=1.0),
-            seed=seed,
-            chunk_prompts=chunk_prompts,
+            sampler, rows, prompts, reward_service=rewards, sampling=sampling, **options
         )
     return sampler, sampled
 

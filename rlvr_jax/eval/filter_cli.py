@@ -103,6 +103,4 @@ def _show(args: argparse.Namespace, report: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs `rlvr-filter`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
-    return run_cli(
-        PROG, build_parser(), argv, problem=_argument_problem, compute=_filter, show=_show
-    )
+    return run_cli(build_parser(), argv, _argument_problem, _filter, _show)

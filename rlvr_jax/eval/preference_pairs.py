@@ -223,12 +223,10 @@ def build_pairs(
       FileNotFoundError: a model directory without config.json.
       ValueError: bad settings (output suffix, n < 1, rejected mode).
     """
-    from rlvr_jax.config.schema import SourceConfig
-    from rlvr_jax.data.formatting import prompt_length_fn
-    from rlvr_jax.data.sources import load_source
+    from rlvr_jax.data.synthetic import write_lines
     from rlvr_jax.data.tokenizer import load_tokenizer
-    from rlvr_jax.eval.difficulty import check_input_path, check_output_path, write_lines
-    from rlvr_jax.rewards import RewardService, known_verifiers
+    from rlvr_jax.eval.difficulty import check_input_path, check_output_path, load_input
+    from rlvr_jax.rewards import RewardService
 
     t_start = time.perf_counter()
     check_output_path(output_path)
@@ -242,14 +240,8 @@ def build_pairs(
         if not (Path(path) / "config.json").is_file():
             raise FileNotFoundError(f"the {what} model {path!r} has no config.json")
     fmt = check_input_path(input_path)
-    template = cfg.data.prompt_template
     tokenizer = load_tokenizer(cfg.model.tokenizer or strong)
-    source = load_source(
-        SourceConfig(path=input_path, format=fmt),
-        known_verifiers=known_verifiers(),
-        token_length=prompt_length_fn(tokenizer, template),
-        max_prompt_len=cfg.data.max_prompt_len,
-    )
+    source = load_input(cfg, input_path, fmt, tokenizer)
     rows = list(source.rows)[:max_prompts]
     with RewardService(cfg.rewards) as rewards:
         common = dict(num_samples=num_samples, seed=seed, reward_service=rewards, progress=progress)

@@ -103,13 +103,5 @@ def _show(args: argparse.Namespace, report: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs `rlvr-prefs`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
-    return run_cli(
-        PROG,
-        build_parser(),
-        argv,
-        problem=_argument_problem,
-        compute=_build_pairs,
-        show=_show,
-        model_dest="strong",
-        quiet_absl=True,
-    )
+    parser, problem = build_parser(), _argument_problem
+    return run_cli(parser, argv, problem, _build_pairs, _show, model_dest="strong", quiet_absl=True)
