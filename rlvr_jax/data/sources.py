@@ -192,30 +192,15 @@ def load_source(
     return PromptSource(name, tuple(rows), cfg.weight, location, dict(skips.counts))
 
 
-def load_sources(
-    cfgs: Sequence[SourceConfig],
-    *,
-    known_verifiers: Collection[str] | None = None,
-    token_length: Callable[[PromptRow], int] | None = None,
-    max_prompt_len: int | None = None,
-    response: Callable[[Mapping[str, Any]], str] | None = None,
-    encode: Callable[[PromptRow], Sequence[int]] | None = None,
-    parse: Callable[..., Any] | None = None,
-) -> list[PromptSource]:
-    """`load_source` for each config; source names must be distinct."""
+def load_sources(cfgs: Sequence[SourceConfig], **options: Any) -> list[PromptSource]:
+    """`load_source(c, **options)` for each config (`options`: `known_verifiers`,
+    `token_length`, `max_prompt_len`, `response`, `encode`, `parse`, as `load_source` takes
+    them); source names must be distinct."""
     names = collections.Counter(source_name(c) for c in cfgs)
     dup = sorted(n for n, k in names.items() if k > 1)
     if dup:
         raise DataError(f"sources share the names {dup}; give each a distinct `name`")
-    kwargs = {
-        "known_verifiers": known_verifiers,
-        "token_length": token_length,
-        "max_prompt_len": max_prompt_len,
-        "response": response,
-        "encode": encode,
-        "parse": parse,
-    }
-    return [load_source(c, **kwargs) for c in cfgs]
+    return [load_source(c, **options) for c in cfgs]
 
 
 def read_jsonl(cfg: SourceConfig) -> Iterator[Record]:

@@ -134,16 +134,21 @@ REFERENCE_RESPONSES = {
 """Reference-response writers by synthetic domain."""
 
 
-def write_jsonl(rows: Iterable[Mapping], path: str | Path) -> Path:
-    """Writes `rows` as UTF-8 JSON lines to `path` (atomically: a temp file, then a rename)."""
+def write_lines(lines: Iterable[str], path: str | Path) -> Path:
+    """Writes one line per entry to `path`, atomically (a temp file, then a rename)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        for line in lines:
+            f.write(line + "\n")
     tmp.replace(out)
     return out
+
+
+def write_jsonl(rows: Iterable[Mapping], path: str | Path) -> Path:
+    """Writes `rows` as UTF-8 JSON lines to `path` (atomically: a temp file, then a rename)."""
+    return write_lines((json.dumps(row, ensure_ascii=False) for row in rows), path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

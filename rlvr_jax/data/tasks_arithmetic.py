@@ -9,6 +9,7 @@ operand size (`ArithmeticSpec.for_level`).
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -81,18 +82,25 @@ def random_tree(rng: np.random.Generator, num_ops: int, spec: ArithmeticSpec) ->
     return Node(op=op, left=left, right=right)
 
 
-def evaluate(node: Node) -> int:
-    """The exact integer value of the tree."""
+def apply_op(op: str, a: int, b: int) -> int:
+    """`a op b` for one of the operators `+`, `-`, `*`."""
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+def fold(node: Node, step: Callable[[str, int, int], int]) -> int:
+    """The tree's value with each operation done by `step(op, a, b)`, innermost first (the
+    left operand before the right)."""
     if node.op is None:
         assert node.value is not None
         return node.value
     assert node.left is not None and node.right is not None
-    a, b = evaluate(node.left), evaluate(node.right)
-    if node.op == "+":
-        return a + b
-    if node.op == "-":
-        return a - b
-    return a * b
+    a, b = fold(node.left, step), fold(node.right, step)
+    return step(node.op, a, b)
+
+
+def evaluate(node: Node) -> int:
+    """The exact integer value of the tree."""
+    return fold(node, apply_op)
 
 
 def render(node: Node) -> str:

@@ -42,7 +42,7 @@ from rlvr_jax.data import synthetic
 from rlvr_jax.data.formatting import encode_response, format_prompt
 from rlvr_jax.data.rng import stream
 from rlvr_jax.data.rows import row_from_record
-from rlvr_jax.data.tasks_arithmetic import ArithmeticSpec, Node, evaluate, parse
+from rlvr_jax.data.tasks_arithmetic import ArithmeticSpec, Node, apply_op, evaluate, fold, parse
 from rlvr_jax.data.tasks_ifeval import CONSTRAINTS, IfevalSpec
 from rlvr_jax.training.sft import collate_sft, pack_examples
 
@@ -125,19 +125,14 @@ def worked_lines(tree: Node, slip_step: int | None = None, slip: int = 0) -> tup
     `slip_step`, that step's result is off by `slip` and later steps use the wrong value."""
     lines: list[str] = []
 
-    def walk(node: Node) -> int:
-        if node.op is None:
-            assert node.value is not None
-            return node.value
-        assert node.left is not None and node.right is not None
-        a, b = walk(node.left), walk(node.right)
-        c = evaluate(Node(op=node.op, left=Node(value=a), right=Node(value=b)))
+    def step(op: str, a: int, b: int) -> int:
+        c = apply_op(op, a, b)
         if len(lines) == slip_step:
             c += slip
-        lines.append(f"{a} {node.op} {b} = {c}")
+        lines.append(f"{a} {op} {b} = {c}")
         return c
 
-    value = walk(tree)
+    value = fold(tree, step)
     return lines, value
 
 

@@ -23,18 +23,23 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
-import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.eval.cli_common import (
+    EXIT_USAGE as EXIT_USAGE,
+)
+from rlvr_jax.eval.cli_common import (
+    add_chunk_prompts_arg,
+    add_config_args,
+    run_cli,
+    write_json,
+)
 from rlvr_jax.eval.evaluate import DEFAULT_CHUNK_PROMPTS
 
 PROG = "rlvr-eval"
-EXIT_USAGE = 2
 SPLITS = ("eval", "train")
 """`--split eval` reads `data.eval_sources`, `--split train` reads `data.sources`."""
 
@@ -138,16 +143,8 @@ def run_eval(cfg: Any, request: EvalRequest) -> dict[str, Any]:
     Raises:
       ValueError: an invalid request, config, source or few-shot file (naming it).
     """
-    from rlvr_jax.data import format_prompt
-    from rlvr_jax.eval.evaluate import (
-        build_sampler,
-        load_policy,
-        pass_at_k_report,
-        sample_correct_counts,
-    )
+    from rlvr_jax.eval.evaluate import load_policy, pass_at_k_report, sample_rows
     from rlvr_jax.eval.fewshot import load_fewshot_pool, with_fewshot
-    from rlvr_jax.rewards import RewardService
-    from rlvr_jax.rollout import SamplingParams
 
     problem = request.problem()
     if problem is not None:
@@ -162,19 +159,16 @@ def run_eval(cfg: Any, request: EvalRequest) -> dict[str, Any]:
         pool = load_fewshot_pool(request.fewshot_source, seed=seed)
         rows = [with_fewshot(r, pool.for_row(r, request.fewshot)) for r in rows]
         fewshot = {"n": request.fewshot, "source": pool.source, "skipped": pool.skipped}
-    prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
-    sampler = build_sampler(model, tokenizer, cfg, max(len(p) for p in prompts))
-    with RewardService(cfg.rewards) as rewards:
-        sampled = sample_correct_counts(
-            sampler,
-            rows,
-            prompts,
-            reward_service=rewards,
-            num_samples=request.n,
-            sampling=SamplingParams(temperature=temperature, top_p=1.0),
-            seed=seed,
-            chunk_prompts=request.chunk_prompts,
-        )
+    sampler, sampled = sample_rows(
+        cfg,
+        model,
+        tokenizer,
+        rows,
+        num_samples=request.n,
+        temperature=temperature,
+        seed=seed,
+        chunk_prompts=request.chunk_prompts,
+    )
     prompts_per_domain = dict(sorted(collections.Counter(sampled.domains).items()))
     return {
         **pass_at_k_report(sampled.counts_P, sampled.domains, request.n, sorted(request.ks)),
@@ -203,9 +197,7 @@ def run_eval(cfg: Any, request: EvalRequest) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     """The command line of `rlvr-eval`."""
     p = argparse.ArgumentParser(prog=PROG, description="pass@k of a policy, per domain.")
-    p.add_argument("--config", help="YAML config file (model, data, rollout, rewards)")
-    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
-    p.add_argument("--model", help="policy checkpoint directory (replaces model.path)")
+    add_config_args(p, "YAML config file (model, data, rollout, rewards)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--input", help="prompt file (.jsonl, .jsonl.gz or .parquet)")
     where.add_argument(
@@ -218,24 +210,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fewshot", type=int, default=0, help="solved examples per prompt")
     p.add_argument("--fewshot-source", help="file of solved examples (see rlvr_jax.eval.fewshot)")
     p.add_argument("--seed", type=int, help="sampling seed (default: the config's seed)")
-    p.add_argument(
-        "--chunk-prompts",
-        type=int,
-        default=DEFAULT_CHUNK_PROMPTS,
-        help="prompts generated per chunk (the next generates while one is verified)",
-    )
+    add_chunk_prompts_arg(p)
     p.add_argument("--json", help="write the report here as JSON")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs `rlvr-eval`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help (0) or an argparse error (2), already printed
-        return int(e.code or 0)
-    request = EvalRequest(
+def _request(args: argparse.Namespace) -> EvalRequest:
+    """The `EvalRequest` of parsed arguments."""
+    return EvalRequest(
         ks=tuple(dict.fromkeys(args.ks)),
         num_samples=args.samples,
         input=args.input,
@@ -247,32 +229,32 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         chunk_prompts=args.chunk_prompts,
     )
-    problem = request.problem()
+
+
+def _argument_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments themselves, or None."""
+    problem = _request(args).problem()
     if problem is None and args.config is None and args.model is None:
         problem = "give --config FILE (or at least --model PATH with --input FILE)"
-    if problem is not None:
-        parser.print_usage(sys.stderr)
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    from rlvr_jax.eval.evaluate import format_pass_at_k_table, resolve_config
+    return problem
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    try:
-        cfg = resolve_config(args.config, args.overrides, args.model)
-        report = run_eval(cfg, request)
-    except (ValueError, FileNotFoundError) as e:  # config, data and model errors name the culprit
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+
+def _evaluate(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
+    return run_eval(cfg, _request(args))
+
+
+def _show(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    from rlvr_jax.eval.evaluate import format_pass_at_k_table
+
     print(format_pass_at_k_table(report, report["prompts_per_domain"]))
     print(
         f"n = {report['n']} samples per prompt, {report['prompts']} prompts, "
         f"model {report['model']}, {report['time_s']:.1f} s"
     )
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report, indent=2) + "\n")
-        print(f"report: {path}")
-    return 0
+        write_json(args.json, report, "report")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `rlvr-eval`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
+    return run_cli(build_parser(), argv, _argument_problem, _evaluate, _show)

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.data.rows import DataError
+from rlvr_jax.data.synthetic import write_lines
 from rlvr_jax.eval.evaluate import DEFAULT_CHUNK_PROMPTS
 
 DEFAULT_SAMPLES = 8
@@ -228,18 +228,6 @@ def _to_json(record: dict[str, Any], where: str) -> str:
     return json.dumps(record, ensure_ascii=False, default=default)
 
 
-def write_lines(lines: Sequence[str], path: str | Path) -> Path:
-    """Writes one line per entry to `path`, atomically (a temp file, then a rename)."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(line + "\n")
-    tmp.replace(out)
-    return out
-
-
 def plot_histogram(report: FilterReport, path: str | Path) -> Path:
     """A PNG bar chart of prompts per pass rate k/n, kept bins and dropped bins coloured apart,
     the threshold marked."""
@@ -286,6 +274,22 @@ def check_input_path(path: str | Path) -> str:
     return fmt
 
 
+def load_input(cfg: Any, path: str | Path, fmt: str, tokenizer: Any) -> Any:
+    """The `data.PromptSource` of the input file `path` (format `fmt`): its rows with a known
+    verifier and at most `data.max_prompt_len` tokens under `data.prompt_template`."""
+    from rlvr_jax.config.schema import SourceConfig
+    from rlvr_jax.data.formatting import prompt_length_fn
+    from rlvr_jax.data.sources import load_source
+    from rlvr_jax.rewards import known_verifiers
+
+    return load_source(
+        SourceConfig(path=path, format=fmt),
+        known_verifiers=known_verifiers(),
+        token_length=prompt_length_fn(tokenizer, cfg.data.prompt_template),
+        max_prompt_len=cfg.data.max_prompt_len,
+    )
+
+
 def filter_source(
     cfg: Any,
     input_path: str,
@@ -308,39 +312,25 @@ def filter_source(
       DataError: a missing, unreadable or empty input file (naming it).
       ValueError: bad settings (an output that is not .jsonl, n < 1, a rate outside [0, 1]).
     """
-    from rlvr_jax.config.schema import SourceConfig
-    from rlvr_jax.data.formatting import format_prompt, prompt_length_fn
-    from rlvr_jax.data.sources import load_source
-    from rlvr_jax.eval.evaluate import build_sampler, load_policy, sample_correct_counts
-    from rlvr_jax.rewards import RewardService, known_verifiers
-    from rlvr_jax.rollout import SamplingParams
+    from rlvr_jax.eval.evaluate import load_policy, sample_rows
 
     t0 = time.perf_counter()
     check_output_path(output_path)
     keep_mask(np.zeros(0, np.int64), num_samples, max_pass_rate)  # validates the settings
     fmt = check_input_path(input_path)
     model, tokenizer = load_policy(cfg)
-    template = cfg.data.prompt_template
-    source = load_source(
-        SourceConfig(path=input_path, format=fmt),
-        known_verifiers=known_verifiers(),
-        token_length=prompt_length_fn(tokenizer, template),
-        max_prompt_len=cfg.data.max_prompt_len,
-    )
+    source = load_input(cfg, input_path, fmt, tokenizer)
     rows = list(source.rows)
-    prompts = [format_prompt(r, tokenizer, template) for r in rows]
-    sampler = build_sampler(model, tokenizer, cfg, max(len(p) for p in prompts))
-    with RewardService(cfg.rewards) as rewards:
-        sampled = sample_correct_counts(
-            sampler,
-            rows,
-            prompts,
-            reward_service=rewards,
-            num_samples=num_samples,
-            sampling=SamplingParams(temperature=1.0, top_p=1.0),
-            seed=seed,
-            chunk_prompts=chunk_prompts,
-        )
+    sampler, sampled = sample_rows(
+        cfg,
+        model,
+        tokenizer,
+        rows,
+        num_samples=num_samples,
+        temperature=1.0,
+        seed=seed,
+        chunk_prompts=chunk_prompts,
+    )
     kept_P = keep_mask(sampled.counts_P, num_samples, max_pass_rate)
     kept_index = [r.index for r, keep in zip(rows, kept_P) if keep]
     lines = original_lines(input_path, fmt, kept_index)

@@ -131,6 +131,24 @@ class PolicySampler:
     stop_token_ids: tuple[int, ...]
     """Token ids that end a completion (EOS and the configured stop strings)."""
 
+    def request(
+        self, i: int, prompt: Sequence[int], *, num_samples: int, seed: int, sampling: Any
+    ) -> Any:
+        """The `rollout.GroupRequest` of prompt i (key and index i), seeded `request_seed(seed,
+        i)`, with this sampler's budget and stop tokens."""
+        from rlvr_jax.rollout import GroupRequest, request_seed
+
+        return GroupRequest(
+            key=i,
+            prompt_index=i,
+            prompt=tuple(int(t) for t in prompt),
+            num_samples=num_samples,
+            seed=request_seed(seed, i),
+            max_new_tokens=self.max_new_tokens,
+            sampling=sampling,
+            stop_token_ids=self.stop_token_ids,
+        )
+
 
 @dataclass(frozen=True)
 class SampledCounts:
@@ -255,7 +273,7 @@ def sample_correct_counts(
     chunk c is verified. Prompt i samples with `rollout.request_seed(seed, i)`. `sampling` is
     a `rollout.SamplingParams`.
     """
-    from rlvr_jax.rollout import GroupRequest, Scheduler, request_seed
+    from rlvr_jax.rollout import Scheduler
 
     if len(rows) != len(prompts):
         raise ValueError(f"{len(rows)} rows but {len(prompts)} prompts")
@@ -285,18 +303,10 @@ def sample_correct_counts(
         for start in range(0, P, chunk_prompts):
             t0 = time.perf_counter()
             for i in range(start, min(P, start + chunk_prompts)):
-                scheduler.add(
-                    GroupRequest(
-                        key=i,
-                        prompt_index=i,
-                        prompt=tuple(int(t) for t in prompts[i]),
-                        num_samples=num_samples,
-                        seed=request_seed(seed, i),
-                        max_new_tokens=sampler.max_new_tokens,
-                        sampling=sampling,
-                        stop_token_ids=sampler.stop_token_ids,
-                    )
+                request = sampler.request(
+                    i, prompts[i], num_samples=num_samples, seed=seed, sampling=sampling
                 )
+                scheduler.add(request)
             completions = [c for _, group in scheduler.run() for c in group]
             completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
             totals["generate_s"] += time.perf_counter() - t0
@@ -322,6 +332,25 @@ def sample_correct_counts(
         generate_s=totals["generate_s"],
         verify_s=totals["time/reward_s"],
     )
+
+
+def sample_rows(
+    cfg: Any, model: Any, tokenizer: Any, rows: Sequence[Any], *, temperature: float, **options
+) -> tuple[PolicySampler, SampledCounts]:
+    """`build_sampler` for `rows` (formatted with `data.prompt_template`) and their
+    `sample_correct_counts` (`options`) at `temperature`, top-p 1, verified by `cfg.rewards`."""
+    from rlvr_jax.data.formatting import format_prompt
+    from rlvr_jax.rewards import RewardService
+    from rlvr_jax.rollout import SamplingParams
+
+    prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
+    sampler = build_sampler(model, tokenizer, cfg, max(len(p) for p in prompts))
+    sampling = SamplingParams(temperature=temperature, top_p=1.0)
+    with RewardService(cfg.rewards) as rewards:
+        sampled = sample_correct_counts(
+            sampler, rows, prompts, reward_service=rewards, sampling=sampling, **options
+        )
+    return sampler, sampled
 
 
 # -- the trainer's in-loop evaluation ----------------------------------------------------

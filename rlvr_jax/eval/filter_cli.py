@@ -14,16 +14,21 @@ names it). The logic lives in `rlvr_jax.eval.difficulty`.
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import sys
 from pathlib import Path
+from typing import Any
 
+from rlvr_jax.eval.cli_common import (
+    EXIT_USAGE as EXIT_USAGE,
+)
+from rlvr_jax.eval.cli_common import (
+    add_chunk_prompts_arg,
+    add_config_args,
+    run_cli,
+    write_json,
+)
 from rlvr_jax.eval.difficulty import DEFAULT_MAX_PASS_RATE, DEFAULT_SAMPLES, OUTPUT_SUFFIXES
-from rlvr_jax.eval.evaluate import DEFAULT_CHUNK_PROMPTS
 
 PROG = "rlvr-filter"
-EXIT_USAGE = 2
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 """Histogram formats (matplotlib goes by the extension)."""
 
@@ -33,9 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG, description="Drop prompts the starting policy already solves too often."
     )
-    p.add_argument("--config", help="YAML config file (model, template, rewards, rollout)")
-    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
-    p.add_argument("--model", help="policy checkpoint directory (replaces model.path)")
+    add_config_args(p, "YAML config file (model, template, rewards, rollout)")
     p.add_argument("--input", required=True, help="prompt file (.jsonl, .jsonl.gz or .parquet)")
     p.add_argument("--output", required=True, help="where the kept rows go (.jsonl)")
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="samples per prompt")
@@ -48,12 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--histogram", help="pass-rate histogram image (.png, .pdf or .svg)")
     p.add_argument("--json", help="statistics as JSON")
     p.add_argument("--seed", type=int, help="sampling seed (default: the config's seed)")
-    p.add_argument(
-        "--chunk-prompts",
-        type=int,
-        default=DEFAULT_CHUNK_PROMPTS,
-        help="prompts generated per chunk (the next generates while one is verified)",
-    )
+    add_chunk_prompts_arg(p)
     return p
 
 
@@ -78,45 +76,31 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs `rlvr-filter`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help (0) or an argparse error (2), already printed
-        return int(e.code or 0)
-    problem = _argument_problem(args)
-    if problem is not None:
-        parser.print_usage(sys.stderr)
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    from rlvr_jax.eval.difficulty import filter_source, plot_histogram
-    from rlvr_jax.eval.evaluate import resolve_config
+def _filter(cfg: Any, args: argparse.Namespace) -> Any:
+    from rlvr_jax.eval.difficulty import filter_source
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    return filter_source(
+        cfg,
+        args.input,
+        args.output,
+        num_samples=args.samples,
+        max_pass_rate=args.max_pass_rate,
+        seed=cfg.seed if args.seed is None else args.seed,
+        chunk_prompts=args.chunk_prompts,
     )
-    try:
-        cfg = resolve_config(args.config, args.overrides, args.model)
-        report = filter_source(
-            cfg,
-            args.input,
-            args.output,
-            num_samples=args.samples,
-            max_pass_rate=args.max_pass_rate,
-            seed=cfg.seed if args.seed is None else args.seed,
-            chunk_prompts=args.chunk_prompts,
-        )
-    except (ValueError, FileNotFoundError) as e:  # config, data and model errors name the culprit
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+
+
+def _show(args: argparse.Namespace, report: Any) -> None:
+    from rlvr_jax.eval.difficulty import plot_histogram
+
     print(report.summary())
     print(f"wrote {int(report.kept_P.sum())} rows to {args.output}")
     if args.histogram:
         print(f"histogram: {plot_histogram(report, args.histogram)}")
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-        print(f"statistics: {path}")
-    return 0
+        write_json(args.json, report.to_json(), "statistics")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `rlvr-filter`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
+    return run_cli(build_parser(), argv, _argument_problem, _filter, _show)

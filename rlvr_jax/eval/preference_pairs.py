@@ -131,7 +131,7 @@ def sample_model(
 
     from rlvr_jax.data.formatting import format_prompt
     from rlvr_jax.eval.evaluate import build_sampler, load_policy
-    from rlvr_jax.rollout import GroupRequest, SamplingParams, Scheduler, request_seed
+    from rlvr_jax.rollout import SamplingParams, Scheduler
 
     cfg = dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, path=path, create_if_missing=None)
@@ -144,16 +144,7 @@ def sample_model(
     scheduler = Scheduler(sampler.engine)
     for i, prompt in enumerate(prompts):
         scheduler.add(
-            GroupRequest(
-                key=i,
-                prompt_index=i,
-                prompt=tuple(int(t) for t in prompt),
-                num_samples=num_samples,
-                seed=request_seed(seed, i),
-                max_new_tokens=sampler.max_new_tokens,
-                sampling=sampling,
-                stop_token_ids=sampler.stop_token_ids,
-            )
+            sampler.request(i, prompt, num_samples=num_samples, seed=seed, sampling=sampling)
         )
     t0 = time.perf_counter()
     done: dict[int, list[Any]] = {}
@@ -232,12 +223,10 @@ def build_pairs(
       FileNotFoundError: a model directory without config.json.
       ValueError: bad settings (output suffix, n < 1, rejected mode).
     """
-    from rlvr_jax.config.schema import SourceConfig
-    from rlvr_jax.data.formatting import prompt_length_fn
-    from rlvr_jax.data.sources import load_source
+    from rlvr_jax.data.synthetic import write_lines
     from rlvr_jax.data.tokenizer import load_tokenizer
-    from rlvr_jax.eval.difficulty import check_input_path, check_output_path, write_lines
-    from rlvr_jax.rewards import RewardService, known_verifiers
+    from rlvr_jax.eval.difficulty import check_input_path, check_output_path, load_input
+    from rlvr_jax.rewards import RewardService
 
     t_start = time.perf_counter()
     check_output_path(output_path)
@@ -251,14 +240,8 @@ def build_pairs(
         if not (Path(path) / "config.json").is_file():
             raise FileNotFoundError(f"the {what} model {path!r} has no config.json")
     fmt = check_input_path(input_path)
-    template = cfg.data.prompt_template
     tokenizer = load_tokenizer(cfg.model.tokenizer or strong)
-    source = load_source(
-        SourceConfig(path=input_path, format=fmt),
-        known_verifiers=known_verifiers(),
-        token_length=prompt_length_fn(tokenizer, template),
-        max_prompt_len=cfg.data.max_prompt_len,
-    )
+    source = load_input(cfg, input_path, fmt, tokenizer)
     rows = list(source.rows)[:max_prompts]
     with RewardService(cfg.rewards) as rewards:
         common = dict(num_samples=num_samples, seed=seed, reward_service=rewards, progress=progress)

@@ -14,16 +14,21 @@ models or input (the message names it). The logic lives in `rlvr_jax.eval.prefer
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import sys
 from pathlib import Path
+from typing import Any
 
+from rlvr_jax.eval.cli_common import (
+    EXIT_USAGE as EXIT_USAGE,
+)
+from rlvr_jax.eval.cli_common import (
+    add_config_args,
+    run_cli,
+    write_json,
+)
 from rlvr_jax.eval.difficulty import OUTPUT_SUFFIXES
 from rlvr_jax.eval.preference_pairs import REJECTED_MODES
 
 PROG = "rlvr-prefs"
-EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Build DPO pairs: verified responses of a strong model (chosen) against a "
         "weak model's (rejected).",
     )
-    p.add_argument("--config", help="YAML config file (template, rollout, rewards, mesh)")
-    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+    add_config_args(p, "YAML config file (template, rollout, rewards, mesh)", model=False)
     p.add_argument("--strong", required=True, help="the strong model's checkpoint directory")
     p.add_argument("--weak", required=True, help="the weak model's checkpoint directory")
     p.add_argument("--input", required=True, help="prompt file (.jsonl, .jsonl.gz or .parquet)")
@@ -74,46 +78,30 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs `rlvr-prefs`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
-    parser = build_parser()
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help (0) or an argparse error (2), already printed
-        return int(e.code or 0)
-    problem = _argument_problem(args)
-    if problem is not None:
-        parser.print_usage(sys.stderr)
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    from rlvr_jax.eval.evaluate import resolve_config
+def _build_pairs(cfg: Any, args: argparse.Namespace) -> Any:
     from rlvr_jax.eval.preference_pairs import build_pairs
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    return build_pairs(
+        cfg,
+        args.input,
+        args.output,
+        strong=args.strong,
+        weak=args.weak,
+        num_samples=args.samples,
+        seed=cfg.seed if args.seed is None else args.seed,
+        rejected=args.rejected,
+        max_prompts=args.max_prompts,
+        progress=not args.no_progress,
     )
-    logging.getLogger("absl").setLevel(logging.WARNING)
-    try:
-        cfg = resolve_config(args.config, args.overrides, args.strong)
-        report = build_pairs(
-            cfg,
-            args.input,
-            args.output,
-            strong=args.strong,
-            weak=args.weak,
-            num_samples=args.samples,
-            seed=cfg.seed if args.seed is None else args.seed,
-            rejected=args.rejected,
-            max_prompts=args.max_prompts,
-            progress=not args.no_progress,
-        )
-    except (ValueError, FileNotFoundError) as e:  # config, data and model errors name the culprit
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+
+
+def _show(args: argparse.Namespace, report: Any) -> None:
     print(report.summary())
     if args.json:
-        path = Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-        print(f"statistics: {path}")
-    return 0
+        write_json(args.json, report.to_json(), "statistics")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `rlvr-prefs`; returns the exit status (0 ok, 2 bad arguments/config/input)."""
+    parser, problem = build_parser(), _argument_problem
+    return run_cli(parser, argv, problem, _build_pairs, _show, model_dest="strong", quiet_absl=True)

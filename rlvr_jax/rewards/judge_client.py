@@ -131,6 +131,11 @@ class _AttemptError(Exception):
         self.attempts = 1
 
 
+def _counter(name: str, doc: str) -> property:
+    """A read-only property: the judge's counter `name` (see `ChatJudge.counters`)."""
+    return property(lambda self: self.counters()[name], doc=doc)
+
+
 class ChatJudge:
     """Async chat-completions client returning parsed `JudgeResult`s (see module doc)."""
 
@@ -203,25 +208,10 @@ class ChatJudge:
         with self._lock:
             return dict(self._counts)
 
-    @property
-    def parse_failures(self) -> int:
-        """Replies that arrived without a parsable score."""
-        return self.counters()["parse_failures"]
-
-    @property
-    def timeouts(self) -> int:
-        """Attempts that timed out (each may have been retried)."""
-        return self.counters()["timeouts"]
-
-    @property
-    def errors(self) -> int:
-        """Requests that failed for good, after their retries."""
-        return self.counters()["errors"]
-
-    @property
-    def retries(self) -> int:
-        """Attempts re-sent after a retryable failure."""
-        return self.counters()["retries"]
+    parse_failures = _counter("parse_failures", "Replies that arrived without a parsable score.")
+    timeouts = _counter("timeouts", "Attempts that timed out (each may have been retried).")
+    errors = _counter("errors", "Requests that failed for good, after their retries.")
+    retries = _counter("retries", "Attempts re-sent after a retryable failure.")
 
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text

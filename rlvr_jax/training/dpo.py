@@ -30,7 +30,7 @@ import optax
 from rlvr_jax import losses, models
 from rlvr_jax.training.batch import TokenBatch, collate_sft, vars_of
 from rlvr_jax.training.learner import MemoryOptions, token_logprobs
-from rlvr_jax.training.update import TrainState, accumulate_grads, apply_update, combine_metrics
+from rlvr_jax.training.update import TrainState, accumulate_grads, apply_update, summed
 
 NO_MEMORY_SAVING = MemoryOptions()
 """The learner's default memory options (no remat, no chunking)."""
@@ -221,7 +221,7 @@ def make_dpo_step(
 
     def step(state: TrainState, batch: PreferenceBatch):
         grads, loss, sums_M = accumulate_grads(objective(batch), state.params, batch, n_micro)
-        metrics = combine_metrics(sums_M, summed=tuple(sums_M))
+        metrics = summed(sums_M)
         new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
         metrics.update(grad_norm=optax.global_norm(grads), step_ok=ok.astype(jnp.float32))
         metrics["dpo/pairs"] = jnp.sum(present_pairs(batch, pairs))

@@ -193,13 +193,16 @@ def sequence_logprobs(
 def make_logprob_fn(
     arch, *, compute_dtype, temperature: float, memory: MemoryOptions = MemoryOptions()
 ) -> Callable:
-    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole RL
-    batch, one micro-batch at a time (`lax.map`) when its rows are packed for several."""
+    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole
+    batch, one micro-batch at a time (`lax.map`) when its rows are packed for several. An
+    `RLBatch` gives them per completion slot (`sequence_logprobs`), any other `TokenBatch`
+    (SFT, DPO) per row."""
 
     def one(params, mb):
-        return sequence_logprobs(
-            params, arch, mb, compute_dtype=compute_dtype, temperature=temperature, memory=memory
-        )
+        kwargs = dict(compute_dtype=compute_dtype, temperature=temperature, memory=memory)
+        if isinstance(mb, RLBatch):
+            return sequence_logprobs(params, arch, mb, **kwargs)
+        return token_logprobs(params, arch, mb, **kwargs)
 
     def fn(params, batch):
         n = micro_count(batch, None)

@@ -11,6 +11,7 @@ response).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Literal
 
 Fallback = Literal["last_number", "none"]
@@ -29,23 +30,28 @@ _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])(?P<space> *)")
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:\s*/\s*\d+)?")
 
 
-def match_brace(text: str, open_idx: int) -> int | None:
-    """Index of the `}` closing the `{` at `open_idx` (escaped `\\{`/`\\}` skipped), or None."""
-    if open_idx >= len(text) or text[open_idx] != "{":
-        raise ValueError(f"no '{{' at index {open_idx}")
-    depth, i = 0, open_idx
+def _braces(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, "{" or "}") of each brace from `start` on; escaped `\\{`/`\\}` are skipped."""
+    i = start
     while i < len(text):
         ch = text[i]
         if ch == "\\":
             i += 2
             continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return i
+        if ch in "{}":
+            yield i, ch
         i += 1
+
+
+def match_brace(text: str, open_idx: int) -> int | None:
+    """Index of the `}` closing the `{` at `open_idx` (escaped `\\{`/`\\}` skipped), or None."""
+    if open_idx >= len(text) or text[open_idx] != "{":
+        raise ValueError(f"no '{{' at index {open_idx}")
+    depth = 0
+    for i, ch in _braces(text, open_idx):
+        depth += 1 if ch == "{" else -1
+        if depth == 0:
+            return i
     return None
 
 
@@ -74,17 +80,11 @@ def _closing_braces(text: str) -> dict[int, int]:
     """Index of each `{` → index of its matching `}` (escaped braces skipped), in one pass."""
     stack: list[int] = []
     closes: dict[int, int] = {}
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
+    for i, ch in _braces(text):
         if ch == "{":
             stack.append(i)
-        elif ch == "}" and stack:
+        elif stack:
             closes[stack.pop()] = i
-        i += 1
     return closes
 
 

@@ -110,6 +110,13 @@ def strip_math_delimiters(s: str) -> str:
     return s
 
 
+def _substitute(s: str, rules: tuple[tuple[re.Pattern[str], str], ...]) -> str:
+    """`s` with each (pattern, replacement) of `rules` applied in turn."""
+    for pattern, repl in rules:
+        s = pattern.sub(repl, s)
+    return s
+
+
 def remove_spacing(s: str) -> str:
     """Drops spacing commands, `\\left`/`\\right` (and `\\left.`), `\\big` and `\\displaystyle`."""
     return _SPACING.sub(" ", s)
@@ -117,9 +124,7 @@ def remove_spacing(s: str) -> str:
 
 def canonical_commands(s: str) -> str:
     """One spelling per command: `\\dfrac` → `\\frac`, `\\le`/`<=` → `\\leq`, `...` → `\\ldots`."""
-    for pattern, repl in _CANONICAL:
-        s = pattern.sub(repl, s)
-    return s
+    return _substitute(s, _CANONICAL)
 
 
 def unwrap_text(s: str) -> str:
@@ -168,9 +173,7 @@ def strip_trailing_units(s: str) -> str:
 
 def expand_frac_shorthand(s: str) -> str:
     """`\\frac12` → `\\frac{1}{2}`, `\\frac1{x}`, `\\frac{a}2`, `\\sqrt2` → `\\sqrt{2}`."""
-    for pattern, repl in _FRAC_SHORT:
-        s = pattern.sub(repl, s)
-    return s
+    return _substitute(s, _FRAC_SHORT)
 
 
 def and_or_to_commas(s: str) -> str:

@@ -1,0 +1,83 @@
+"""What `rlvr-eval`, `rlvr-filter` and `rlvr-prefs` share: the config arguments, one run
+(parse, check, resolve the config, compute, show; exit status 2 on bad arguments, config or
+input, the message naming it) and writing a JSON report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rlvr_jax.eval.evaluate import DEFAULT_CHUNK_PROMPTS, resolve_config
+
+EXIT_USAGE = 2
+"""Exit status on bad arguments, config or input."""
+
+
+def add_config_args(p: argparse.ArgumentParser, config_help: str, *, model: bool = True) -> None:
+    """`--config FILE`, the positional dotted overrides and (with `model`) `--model PATH`."""
+    p.add_argument("--config", help=config_help)
+    p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
+    if model:
+        p.add_argument("--model", help="policy checkpoint directory (replaces model.path)")
+
+
+def add_chunk_prompts_arg(p: argparse.ArgumentParser) -> None:
+    """`--chunk-prompts N` (default `eval.evaluate.DEFAULT_CHUNK_PROMPTS`)."""
+    p.add_argument(
+        "--chunk-prompts",
+        type=int,
+        default=DEFAULT_CHUNK_PROMPTS,
+        help="prompts generated per chunk (the next generates while one is verified)",
+    )
+
+
+def write_json(path: str, obj: Any, label: str) -> None:
+    """Writes `obj` as indented JSON to `path` (parents created), prints `label: path`."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(obj, indent=2) + "\n")
+    print(f"{label}: {out}")
+
+
+def run_cli(
+    parser: argparse.ArgumentParser,
+    argv: list[str] | None,
+    problem: Callable[[argparse.Namespace], str | None],
+    compute: Callable[[Any, argparse.Namespace], Any],
+    show: Callable[[argparse.Namespace, Any], None],
+    *,
+    model_dest: str = "model",
+    quiet_absl: bool = False,
+) -> int:
+    """Runs the command `parser.prog`: parses `argv`; `problem(args)` (a message: usage error)
+    checks it; `compute(cfg, args)` runs on the config of `--config`, the overrides and the path
+    in `args.<model_dest>`, and `show(args, result)` prints. Returns the exit status (0 ok, 2 bad
+    arguments/config/input)."""
+    prog = parser.prog
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or an argparse error (2), already printed
+        return int(e.code or 0)
+    message = problem(args)
+    if message is not None:
+        parser.print_usage(sys.stderr)
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if quiet_absl:
+        logging.getLogger("absl").setLevel(logging.WARNING)
+    try:
+        cfg = resolve_config(args.config, args.overrides, getattr(args, model_dest))
+        result = compute(cfg, args)
+    except (ValueError, FileNotFoundError) as e:  # config, data and model errors name the culprit
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    show(args, result)
+    return 0
