@@ -145,11 +145,10 @@ def prefill(
 ) -> Prefix:
     """K/V of `tokens_T[:length]` (one prompt minus its last token, bucket-padded) as a
     dense prefix (the contiguous engine's, and the JetStream adapter's in both layouts)."""
-    ks, vs = kernel.prefill_kv(dp, spec.config, tokens_T[None, :], length[None])
-    cache_dtype = jnp.dtype(spec.cache_dtype)
+    ks, vs = kernel.prefill_kv(dp, spec.config, tokens_T[None, :], length[None], spec.cache_dtype)
     return Prefix(
-        k=tuple(k.astype(cache_dtype) for k in ks),
-        v=tuple(v.astype(cache_dtype) for v in vs),
+        k=ks,
+        v=vs,
         tokens_T=tokens_T,
         length=length,
         last_token=last_token,

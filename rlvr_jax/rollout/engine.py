@@ -63,6 +63,8 @@ class EngineCore:
         GiB per actor device; at most one (default: the contiguous layout's memory).
       attention: decode attention of full layers, "auto" | "xla" | "pallas_tpu" |
         "pallas_gpu" (`paged_attention.select_impl`).
+      geometry_tokens: (decode block, decode iteration, prefill block) in tokens (paged;
+        default `paged_attention.GEOMETRY_TOKENS`).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class EngineCore:
         kv_cache_gib: float | None = None,
         prefill_chunk: int = 256,
         attention: str = "auto",
+        geometry_tokens: tuple[int, int, int] | None = None,
     ):
         if chunk < 1:
             raise ValueError(f"chunk (decode steps per call) must be >= 1, got {chunk}")
@@ -107,6 +110,7 @@ class EngineCore:
                 attention=paged_attention.select_impl(
                     attention, platform, page_size=page_size, head_dim=model.config.head_dim
                 ),
+                geometry_tokens=geometry_tokens or paged_attention.GEOMETRY_TOKENS,
             )
         elif kv_layout != "contiguous":
             raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {kv_layout!r}")
@@ -172,8 +176,8 @@ class EngineCore:
                 f"the engine's max_len={self.spec.max_len} positions per slot"
             )
         s = self.spec
-        need = pages_for(len(prompt) + max_new_tokens, s.page_size) if self.paged else 0
-        if need > s.pages_per_shard - 1:
+        need = pages_for(len(prompt) + max_new_tokens, s.page_size)
+        if self.paged and need > s.pages_per_shard - 1:
             raise RequestError(
                 f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} needs "
                 f"{need} pages of {s.page_size} tokens, more than the whole KV pool "

@@ -234,13 +234,20 @@ def logits(dp: DecodeParams, config: ArchConfig, x_BxD: jax.Array) -> jax.Array:
 
 
 def prefill_kv(
-    dp: DecodeParams, config: ArchConfig, tokens_PxT: jax.Array, lengths_P: jax.Array
+    dp: DecodeParams,
+    config: ArchConfig,
+    tokens_PxT: jax.Array,
+    lengths_P: jax.Array,
+    cache_dtype: Any = None,
 ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-    """K and V of right-padded prompts, per layer [P, K, T, H] (rotated keys).
+    """K and V of right-padded prompts, per layer [P, K, T, H] (rotated keys) in
+    `cache_dtype` (default: the compute dtype). Queries attend to K/V as cached (rounded to
+    `cache_dtype`), as decode steps and the paged engine's chunked prefill do.
 
     Row p's real tokens are `tokens_PxT[p, :lengths_P[p]]`; entries past the length are
     finite padding that decode never reads before overwriting. No LM head is computed.
     """
+    cache = jnp.dtype(dp.layers[0].qkv.dtype if cache_dtype is None else cache_dtype)
     p, t = tokens_PxT.shape
     positions_PxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (p, t))
     segments_PxT = (positions_PxT < lengths_P[:, None]).astype(jnp.int32)
@@ -249,7 +256,13 @@ def prefill_kv(
 
     def dense(i, _, q_PxTxNxH, k_PxTxKxH, v_PxTxKxH):
         mask_PxTxT = masks[1] if config.layer_types[i] == SLIDING else masks[0]
-        attn = attend(q_PxTxNxH, k_PxTxKxH, v_PxTxKxH, mask_PxTxT)
+        k_PxTxKxH, v_PxTxKxH = k_PxTxKxH.astype(cache), v_PxTxKxH.astype(cache)
+        attn = attend(
+            q_PxTxNxH.astype(jnp.float32),
+            k_PxTxKxH.astype(jnp.float32),
+            v_PxTxKxH.astype(jnp.float32),
+            mask_PxTxT,
+        ).astype(q_PxTxNxH.dtype)
         return attn, (jnp.einsum("PTKH->PKTH", k_PxTxKxH), jnp.einsum("PTKH->PKTH", v_PxTxKxH))
 
     _, kv = run_layers(dp, config, tokens_PxT, positions_PxT, (None,) * config.n_layers, dense)

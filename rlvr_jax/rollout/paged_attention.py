@@ -62,15 +62,23 @@ class PageGeometry:
         return self.page_size * self.pages_per_block
 
 
-def make_geometry(page_size: int, max_pages: int) -> PageGeometry:
-    """Blocks of ~128 tokens, ~8192 tokens per decode iteration, 512-token prefill blocks
-    (all capped by a sequence's `max_pages`)."""
-    pb = max(1, min(128 // page_size, max_pages))
+GEOMETRY_TOKENS = (128, 8192, 512)
+"""Default (decode block, decode iteration, prefill block) sizes in tokens: blocks big
+enough for efficient matmuls, an iteration's gather small enough to stay in cache."""
+
+
+def make_geometry(
+    page_size: int, max_pages: int, tokens: tuple[int, int, int] = GEOMETRY_TOKENS
+) -> PageGeometry:
+    """Geometry of ~`tokens` (decode block, decode iteration, prefill block), in whole
+    pages, blocks capped by a sequence's `max_pages`."""
+    block, iteration, context = tokens
+    pb = max(1, min(block // page_size, max_pages))
     return PageGeometry(
         page_size=page_size,
         pages_per_block=pb,
-        blocks_per_iter=max(1, 8192 // (pb * page_size)),
-        context_block_pages=max(1, min(512 // page_size, max_pages)),
+        blocks_per_iter=max(1, iteration // (pb * page_size)),
+        context_block_pages=max(1, min(context // page_size, max_pages)),
     )
 
 
@@ -209,7 +217,7 @@ def decode_pallas_tpu(
 
     h = q_BxNxH.shape[-1]
     out = paged_attention(
-        (q_BxNxH.astype(jnp.float32) * h**-0.5).astype(k_pages.dtype),
+        q_BxNxH.astype(jnp.float32) * h**-0.5,
         k_pages,
         v_pages,
         (positions_B + 1).astype(jnp.int32),

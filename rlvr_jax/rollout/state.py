@@ -24,7 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig
-from rlvr_jax.rollout.paged_attention import PageGeometry, make_geometry
+from rlvr_jax.rollout.paged_attention import GEOMETRY_TOKENS, PageGeometry, make_geometry
 
 KV_LAYOUTS = ("paged", "contiguous")
 CACHE_AXES = ("cache_batch", "cache_kv_heads", "cache_sequence", "head_dim")
@@ -65,6 +65,8 @@ class EngineSpec:
     """Tokens per prefill chunk (paged)."""
     attention: str = "xla"
     """Decode attention of full layers: "xla", "pallas_tpu" or "pallas_gpu" (paged)."""
+    geometry_tokens: tuple[int, int, int] = GEOMETRY_TOKENS
+    """(decode block, decode iteration, prefill block) sizes in tokens (paged)."""
 
     def __post_init__(self) -> None:
         if self.max_slots < 1:
@@ -135,7 +137,7 @@ class EngineSpec:
     def geometry(self) -> PageGeometry:
         """How decode and prefill walk the pool."""
         raw = -(-self.max_len // self.page_size)
-        return make_geometry(self.page_size, raw)
+        return make_geometry(self.page_size, raw, self.geometry_tokens)
 
     @property
     def max_pages(self) -> int:
