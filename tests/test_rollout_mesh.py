@@ -36,7 +36,9 @@ def test_engine_state_and_params_live_on_the_actor_devices(setup):
     # Slots (and their KV cache rows) split over the actor's data axis: 2 slots per device.
     k0 = state.k[0]
     assert k0.sharding.device_set == actor_devices
-    assert {s.data.shape for s in k0.addressable_shards} == {(k0.shape[0], k0.shape[1] // 2, *k0.shape[2:])}
+    assert {s.data.shape for s in k0.addressable_shards} == {
+        (k0.shape[0], k0.shape[1] // 2, *k0.shape[2:])
+    }
 
     prompts = [[5, 6, 7], [9, 10, 11, 12], [3], [40, 41]]
     kw = dict(max_new_tokens=6, temperature=1.0, num_samples=2, seed=1)

@@ -93,7 +93,7 @@ def _pool(seed, k=2, pages=12, z=4, h=16, dtype=jnp.float32):
 
 def _dense_reference(q_BxNxH, kp, vp, table_BxM, positions_B, window=None):
     b, n, h = q_BxNxH.shape
-    k, _, z, _ = kp.shape
+    k = kp.shape[0]
     out = []
     for i in range(b):
         keys = np.asarray(kp[:, table_BxM[i]].astype(jnp.float32)).reshape(k, -1, h)
