@@ -171,3 +171,26 @@ def test_request_larger_than_pool_is_refused_and_others_served(qwen):
     finally:
         stream.stop()
     assert group.request_id == "ok" and [len(c.tokens) for c in group.completions] == [8, 8]
+
+
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_compile_ahead_leaves_nothing_to_compile(qwen, layout):
+    import logging
+
+    core = EngineCore(qwen, max_slots=4, max_len=48, kv_layout=layout, **SMALL)
+    assert core.compile_ahead() >= 6
+    messages = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            messages.append(record.getMessage())
+
+    handler = Collect()
+    logging.getLogger("jax").addHandler(handler)
+    jax.config.update("jax_log_compiles", True)
+    try:
+        generate(core, _prompts([3, 28, 9], seed=9), max_new_tokens=10, num_samples=2)
+    finally:
+        jax.config.update("jax_log_compiles", False)
+        logging.getLogger("jax").removeHandler(handler)
+    assert not [m for m in messages if m.startswith("Compiling")], messages

@@ -48,7 +48,13 @@ nor vLLM.
 """
 
 from rlvr_jax.rollout.core import EngineSpec
-from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest, make_engine_core
+from rlvr_jax.rollout.engine import (
+    EngineCore,
+    RequestError,
+    SlotRequest,
+    engine_kwargs,
+    make_engine_core,
+)
 from rlvr_jax.rollout.generation import generate, request_seed
 from rlvr_jax.rollout.jetstream_engine import make_engine
 from rlvr_jax.rollout.sampling import SamplingParams
@@ -68,6 +74,7 @@ __all__ = [
     "Scheduler",
     "SchedulerStats",
     "SlotRequest",
+    "engine_kwargs",
     "generate",
     "make_engine",
     "make_engine_core",

@@ -57,14 +57,15 @@ def compile_all(engine: Any, modes: Sequence[SamplerMode]) -> int:
     """Compiles `engine`'s programs (see `EngineCore.compile_ahead`); returns how many."""
     spec = engine.spec
     dp = _abstract(engine.params)
-    state = _abstract(jax.eval_shape(lambda: core.init_state(spec=spec)))
-    if spec.mesh is None:
-        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        state = jax.tree.map(lambda x: x.update(sharding=device), state)
-    else:
-        state = jax.tree.map(lambda x, s: x.update(sharding=s), state, core.state_shardings(spec))
+    state = jax.eval_shape(lambda: core.init_state(spec=spec))
+    place = (
+        core.state_shardings(spec)
+        if spec.mesh is not None
+        else jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), state)
+    )
+    state = jax.tree.map(lambda x, s: x.update(sharding=s), state, place)
     scalar = _host(())
-    lowered = []
+    lowered = [core.init_state.lower(spec=spec)]
     if spec.kv_layout == "paged":
         row = _host((spec.max_pages,))
         for t in spec.chunk_buckets:
@@ -84,11 +85,14 @@ def compile_all(engine: Any, modes: Sequence[SamplerMode]) -> int:
         work = paged_work(spec)
     else:
         for t in spec.prefill_buckets:
-            lowered.append(core.prefill.lower(dp, _host((t,)), scalar, scalar, spec=spec))
-            prefix = jax.eval_shape(
-                functools.partial(core.prefill, spec=spec), dp, _host((t,)), scalar, scalar
+            prefill = core.prefill.lower(dp, _host((t,)), scalar, scalar, spec=spec).compile()
+            prefix = jax.tree.map(  # as the real prefix arrives: placed like prefill's output
+                lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                jax.eval_shape(
+                    functools.partial(core.prefill, spec=spec), dp, _host((t,)), scalar, scalar
+                ),
+                prefill.output_shardings,
             )
-            prefix = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), prefix)
             lowered.append(
                 core.insert.lower(state, prefix, _slot_settings(spec), scalar, spec=spec)
             )
@@ -99,4 +103,4 @@ def compile_all(engine: Any, modes: Sequence[SamplerMode]) -> int:
         )
     for low in lowered:
         low.compile()
-    return len(lowered)
+    return len(lowered) + (0 if spec.kv_layout == "paged" else len(spec.prefill_buckets))

@@ -82,7 +82,7 @@ class EngineCore:
         page_size: int = 16,
         kv_pages: int | None = None,
         kv_cache_gib: float | None = None,
-        prefill_chunk: int = 256,
+        prefill_chunk: int = 512,
         attention: str = "auto",
         geometry_tokens: tuple[int, int, int] | None = None,
     ):
@@ -138,8 +138,11 @@ class EngineCore:
         return core.prepare(params, spec=self.spec)
 
     def init_decode_state(self) -> DecodeState:
-        """All slots empty."""
-        return core.init_state(spec=self.spec)
+        """All slots empty (committed to the engine's devices, as every later state is)."""
+        state = core.init_state(spec=self.spec)
+        if self.spec.mesh is None:
+            state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+        return state
 
     @property
     def paged(self) -> bool:
@@ -462,6 +465,19 @@ def _pool_pages(
     else:
         per_shard = spec.max_slots // shards * pages_for(spec.max_len, page_size) + 1
     return per_shard * shards
+
+
+def engine_kwargs(rollout_cfg: Any) -> dict[str, Any]:
+    """`EngineCore` keyword arguments from a `rlvr_jax.config.schema.RolloutConfig` (KV
+    layout and budget, page size, prefill chunk, decode chunk)."""
+    return {
+        "chunk": rollout_cfg.decode_chunk,
+        "kv_layout": rollout_cfg.kv_layout,
+        "page_size": rollout_cfg.page_size,
+        "kv_pages": rollout_cfg.kv_pages,
+        "kv_cache_gib": rollout_cfg.kv_cache_gib,
+        "prefill_chunk": rollout_cfg.prefill_chunk,
+    }
 
 
 def make_engine_core(model: Model, *, max_slots: int, max_len: int, **kwargs: Any) -> EngineCore:

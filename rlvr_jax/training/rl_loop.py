@@ -96,8 +96,9 @@ class RLTrainer:
             max_slots=cfg.rollout.max_slots,
             max_len=self.seq_len,
             mesh=self.actor_mesh,
-            chunk=cfg.rollout.decode_chunk,
+            **rollout.engine_kwargs(cfg.rollout),
         )
+        engine.compile_ahead()  # before any dispatch.LOCK: a first compile never stalls
         inflight = cfg.train.prompts_per_batch * max(
             cfg.rollout.queue_size, cfg.filter.max_draws, 1
         )
