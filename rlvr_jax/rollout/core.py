@@ -71,42 +71,58 @@ def prepare(params: Any, *, spec: EngineSpec) -> kernel.DecodeParams:
     return constrain(dp, decode_param_shardings(spec, dp))
 
 
-def decode_param_shardings(spec: EngineSpec, dp: kernel.DecodeParams) -> Any:
-    """NamedSharding tree of decode params on the actor mesh (None without one): the
+def decode_param_axes(dp: kernel.DecodeParams) -> Any:
+    """Logical axes of decode params (a tree like `dp`, name tuples at the leaves): the
     embedding and LM head split over vocab, the fused q|k|v and o over heads, gate|up and
     down over mlp (the fused ones only when grouped by shard, `kernel.fused_tp`), norms
-    and the remaining biases replicated."""
-    if spec.mesh is None:
-        return None
+    and the remaining biases replicated. The dry-run plan sizes the actor with these."""
     tp = dp.layers[0].tp
-
-    def s(names: tuple, x: jax.Array | None) -> Any:
-        return None if x is None else named(spec, names, x.shape)
-
     heads, mlp = ("heads" if tp > 1 else None), ("mlp" if tp > 1 else None)
+
+    def names(*axes: str | None) -> Any:
+        return lambda x: None if x is None else axes[: x.ndim] + (None,) * (x.ndim - len(axes))
+
+    rep = names()
     layers = tuple(
         kernel.LayerWeights(
-            attn_norm=s((None,), w.attn_norm),
-            mlp_norm=s((None,), w.mlp_norm),
-            qkv=s((None, heads), w.qkv),
-            qkv_bias=s((heads,), w.qkv_bias),
-            q_norm=s((None,) * w.q_norm.ndim, w.q_norm) if w.q_norm is not None else None,
-            k_norm=s((None,) * w.k_norm.ndim, w.k_norm) if w.k_norm is not None else None,
-            o=s(("heads", None), w.o),
-            o_bias=s((None,), w.o_bias),
-            gate_up=s((None, mlp), w.gate_up),
-            gate_up_bias=s((mlp,), w.gate_up_bias),
-            down=s(("mlp", None), w.down),
-            down_bias=s((None,), w.down_bias),
+            attn_norm=rep(w.attn_norm),
+            mlp_norm=rep(w.mlp_norm),
+            qkv=names(None, heads)(w.qkv),
+            qkv_bias=names(heads)(w.qkv_bias),
+            q_norm=rep(w.q_norm),
+            k_norm=rep(w.k_norm),
+            o=names("heads", None)(w.o),
+            o_bias=rep(w.o_bias),
+            gate_up=names(None, mlp)(w.gate_up),
+            gate_up_bias=names(mlp)(w.gate_up_bias),
+            down=names("mlp", None)(w.down),
+            down_bias=rep(w.down_bias),
             tp=tp,
         )
         for w in dp.layers
     )
     return kernel.DecodeParams(
-        embedding=s(("vocab", "embed"), dp.embedding),
+        embedding=names("vocab", "embed")(dp.embedding),
         layers=layers,
-        final_norm=s((None,), dp.final_norm),
-        head=s(("embed", "vocab"), dp.head),
+        final_norm=rep(dp.final_norm),
+        head=names("embed", "vocab")(dp.head),
+    )
+
+
+def _is_names(x: Any) -> bool:
+    return isinstance(x, tuple) and all(n is None or isinstance(n, str) for n in x)
+
+
+def decode_param_shardings(spec: EngineSpec, dp: kernel.DecodeParams) -> Any:
+    """NamedSharding tree of decode params on the actor mesh (None without one), from
+    `decode_param_axes` and the engine's rules."""
+    if spec.mesh is None:
+        return None
+    return jax.tree.map(
+        lambda axes, x: named(spec, axes, x.shape),
+        decode_param_axes(dp),
+        dp,
+        is_leaf=_is_names,
     )
 
 

@@ -439,11 +439,40 @@ def _pool_pages(
     spec: EngineSpec, page_size: int, kv_pages: int | None, kv_cache_gib: float | None
 ) -> int:
     """P, the pool's pages (trash pages included, a multiple of the slot shards)."""
+    if spec.max_slots % spec.shards:
+        raise ValueError(f"max_slots={spec.max_slots} must split over {spec.shards} slot shards")
+    tensor = 1 if spec.mesh is None else spec.mesh.shape["tensor"]
+    return pool_pages(
+        spec.config,
+        max_slots=spec.max_slots,
+        max_len=spec.max_len,
+        shards=spec.shards,
+        tensor=tensor,
+        cache_dtype=spec.cache_dtype,
+        page_size=page_size,
+        kv_pages=kv_pages,
+        kv_cache_gib=kv_cache_gib,
+    )
+
+
+def pool_pages(
+    config: ArchConfig,
+    *,
+    max_slots: int,
+    max_len: int,
+    shards: int,
+    tensor: int,
+    cache_dtype: Any,
+    page_size: int,
+    kv_pages: int | None,
+    kv_cache_gib: float | None,
+) -> int:
+    """Pages of a paged engine's pool, all `shards` together, each shard's trash page
+    included: `kv_pages` allocatable pages, or what `kv_cache_gib` GiB per device holds
+    (KV heads split over `tensor` when it divides them), or by default `max_slots` rows of
+    `max_len` positions. Used by `EngineCore` and by the dry-run plan."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
-    shards = spec.shards
-    if spec.max_slots % shards:
-        raise ValueError(f"max_slots={spec.max_slots} must split over {shards} slot shards")
     if kv_pages is not None and kv_cache_gib is not None:
         raise ValueError("give kv_pages or kv_cache_gib, not both")
     if kv_pages is not None:
@@ -451,11 +480,10 @@ def _pool_pages(
             raise ValueError(f"kv_pages must be >= 1, got {kv_pages}")
         per_shard = -(-kv_pages // shards) + 1
     elif kv_cache_gib is not None:
-        cfg = spec.config
-        tensor = 1 if spec.mesh is None else spec.mesh.shape["tensor"]
-        heads = cfg.n_kv_heads // tensor if cfg.n_kv_heads % tensor == 0 else cfg.n_kv_heads
-        per_page = 2 * cfg.n_layers * heads * page_size * cfg.head_dim
-        per_page *= jnp.dtype(spec.cache_dtype).itemsize
+        heads = config.n_kv_heads
+        heads = heads // tensor if heads % tensor == 0 else heads
+        per_page = 2 * config.n_layers * heads * page_size * config.head_dim
+        per_page *= jnp.dtype(cache_dtype).itemsize
         per_shard = int(kv_cache_gib * 1024**3) // per_page
         if per_shard < 2:
             raise ValueError(
@@ -463,7 +491,7 @@ def _pool_pages(
                 "device; at least 2 are needed"
             )
     else:
-        per_shard = spec.max_slots // shards * pages_for(spec.max_len, page_size) + 1
+        per_shard = max_slots // shards * pages_for(max_len, page_size) + 1
     return per_shard * shards
 
 
