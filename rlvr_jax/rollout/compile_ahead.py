@@ -82,6 +82,7 @@ def compile_all(engine: Any, modes: Sequence[SamplerMode]) -> int:
         lowered.append(paged_core.deactivate.lower(state, slots, spec=spec))
         pairs = _host((spec.shards, b))
         lowered.append(paged_core.copy_pages.lower(state, pairs, pairs, spec=spec))
+        lowered.append(core.move_slots.lower(state, slots, slots, spec=spec))
         work = paged_work(spec)
     else:
         for t in spec.prefill_buckets:
@@ -98,9 +99,20 @@ def compile_all(engine: Any, modes: Sequence[SamplerMode]) -> int:
             )
         work = None
     for mode in modes:
-        lowered.append(
-            core.generate.lower(dp, state, scalar, work, spec=spec, n_steps=engine.chunk, mode=mode)
-        )
+        for rows in spec.row_buckets:  # `rows` passed as EngineCore.generate passes it
+            rows_arg = None if rows == spec.max_slots else rows
+            lowered.append(
+                core.generate.lower(
+                    dp,
+                    state,
+                    scalar,
+                    work,
+                    spec=spec,
+                    n_steps=engine.chunk,
+                    mode=mode,
+                    rows=rows_arg,
+                )
+            )
     for low in lowered:
         low.compile()
     return len(lowered) + (0 if spec.kv_layout == "paged" else len(spec.prefill_buckets))

@@ -260,7 +260,24 @@ def _decode_one(
     return state, tokens_B, logprobs_B, produced_B, done_B
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "n_steps", "mode"), donate_argnames=("state",))
+_SLOT_FIELDS = (
+    "tokens_B",
+    "positions_B",
+    "active_B",
+    "generated_B",
+    "max_new_B",
+    "seed_B",
+    "sample_B",
+    "temperature_B",
+    "top_k_B",
+    "top_p_B",
+    "stop_ids_BxE",
+)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("spec", "n_steps", "mode", "rows"), donate_argnames=("state",)
+)
 def generate(
     dp: kernel.DecodeParams,
     state: DecodeState,
@@ -270,11 +287,28 @@ def generate(
     spec: EngineSpec,
     n_steps: int,
     mode: SamplerMode,
+    rows: int | None = None,
 ) -> tuple[DecodeState, ChunkOutput]:
     """Up to `n_steps` decode steps of every live slot (`state` donated); stops early when
     no slot is live or `exit_after` slots have finished during this call. Paged: `work`
-    lists the pages each live slot reads (its pages must hold `n_steps` more tokens)."""
-    b = spec.max_slots
+    lists the pages each live slot reads (its pages must hold `n_steps` more tokens), and
+    `rows` (one of `spec.row_buckets`) decodes only slots [0, rows): the scheduler keeps
+    live slots packed there, so a half-empty engine pays half the matmuls. The output then
+    has `rows` rows."""
+    if rows is not None and rows < spec.max_slots:
+        head = {f: getattr(state, f)[:rows] for f in _SLOT_FIELDS}
+        sub, out = generate.__wrapped__(
+            dp,
+            state.replace(**head),
+            exit_after,
+            work.replace(table_BxM=work.table_BxM[:rows]),
+            spec=spec,
+            n_steps=n_steps,
+            mode=mode,
+        )
+        merged = {f: getattr(state, f).at[:rows].set(getattr(sub, f)) for f in _SLOT_FIELDS}
+        return constrain(sub.replace(**merged), state_shardings(spec)), out
+    b = state.tokens_B.shape[0]
     out = ChunkOutput(
         tokens_BxC=jnp.zeros((b, n_steps), jnp.int32),
         logprobs_BxC=jnp.zeros((b, n_steps), jnp.float32),
@@ -302,4 +336,24 @@ def generate(
 
     state, out, _ = jax.lax.while_loop(cond, body, (state, out, jnp.zeros((), jnp.int32)))
     out = out.replace(active_B=state.active_B, generated_B=state.generated_B)
+    if b < spec.max_slots:  # the rows of a bucketed call: merged by the caller
+        return state, out
     return constrain(state, state_shardings(spec)), out
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def move_slots(
+    state: DecodeState, src_B: jax.Array, dst_B: jax.Array, *, spec: EngineSpec
+) -> DecodeState:
+    """`state` (donated) with slot `src_B[i]`'s request moved to slot `dst_B[i]` (B =
+    unused) and the source slots idle: a paged slot's K/V stay in its pages, so a move is
+    only its per-slot vectors (the host moves its block-table row)."""
+    moved = {}
+    for f in _SLOT_FIELDS:
+        x = getattr(state, f)
+        moved[f] = x.at[dst_B].set(jnp.take(x, src_B, axis=0, mode="clip"), mode="drop")
+    moved["active_B"] = moved["active_B"].at[src_B].set(False, mode="drop")
+    moved["active_B"] = (
+        moved["active_B"].at[dst_B].set(jnp.take(state.active_B, src_B, mode="clip"), mode="drop")
+    )
+    return constrain(state.replace(**moved), state_shardings(spec))

@@ -411,18 +411,39 @@ class EngineCore:
         n_steps: int | None = None,
         exit_after: int | None = None,
         work: PagedWork | None = None,
+        rows: int | None = None,
     ) -> tuple[DecodeState, ChunkOutput]:
         """Up to `n_steps` (default `chunk`) decode steps of every live slot; stops early when
         no slot is live or `exit_after` slots have finished in this call. `state` is donated.
         Paged: `work` lists the pages each live slot reads (the Scheduler's); without it,
-        the static assignment (`static_work`) is read whole."""
+        the static assignment (`static_work`) is read whole. `rows` (a `spec.row_buckets`
+        entry) decodes slots [0, rows) only; the output then has `rows` rows."""
         n_steps = self.chunk if n_steps is None else n_steps
         exit_after = self.spec.max_slots + 1 if exit_after is None else exit_after
         if self.paged and work is None:
             work = self.static_work()
+        if rows is not None and rows not in self.spec.row_buckets:
+            raise ValueError(f"rows must be one of {self.spec.row_buckets}, got {rows}")
+        rows = None if rows == self.spec.max_slots else rows
         return core.generate(
-            dp, state, np.int32(exit_after), work, spec=self.spec, n_steps=n_steps, mode=mode
+            dp,
+            state,
+            np.int32(exit_after),
+            work,
+            spec=self.spec,
+            n_steps=n_steps,
+            mode=mode,
+            rows=rows,
         )
+
+    def move_slots(self, state: DecodeState, moves: Sequence[tuple[int, int]]) -> DecodeState:
+        """`state` (donated) with each (src, dst) slot's request moved to dst, src left
+        idle (paged: the caller moves the block-table rows)."""
+        b = self.spec.max_slots
+        src, dst = np.full((b,), b, np.int32), np.full((b,), b, np.int32)
+        for i, (a, c) in enumerate(moves):
+            src[i], dst[i] = a, c
+        return core.move_slots(state, src, dst, spec=self.spec)
 
     def compile_ahead(self, modes: Sequence[SamplerMode] = (UNFILTERED,)) -> int:
         """Compiles every program the engine runs — prefill buckets (dense, or the paged

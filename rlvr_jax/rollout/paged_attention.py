@@ -155,6 +155,7 @@ def decode_xla(
     pb, c = geometry.pages_per_block, geometry.blocks_per_iter
     t = pb * z
     r = slot_R.shape[0]
+    slot_R = jnp.minimum(slot_R, b)  # padding (and rows past a bucketed call's b): dropped
     q_KxBxGxH = jnp.einsum("BKGH->KBGH", q_BxNxH.reshape(b, kh, g, h).astype(jnp.float32))
     q_KxBxGxH = q_KxBxGxH * (h**-0.5)
     page_iota_1xPb = jnp.arange(pb, dtype=jnp.int32)[None, :]

@@ -220,9 +220,24 @@ class PagedKV:
 
     # ---- decoding ---------------------------------------------------------------------------
 
-    def prepare_decode(self, n_steps: int) -> PagedWork:
+    def _compact(self) -> None:
+        """Packs live slots into [0, live) (one shard only): a slot's K/V stay in its pages,
+        so moving it moves its per-slot vectors and its block-table row."""
+        slots = self.sched._slots
+        holes = [s for s in range(len(slots)) if s not in slots and s not in self._reserved]
+        movers = sorted((s for s in slots if s >= len(slots)), reverse=True)
+        moves = list(zip(movers, holes))
+        if not moves:
+            return
+        self.sched._state = self.core.move_slots(self.sched._state, moves)
+        for src, dst in moves:
+            slots[dst] = slots.pop(src)
+            self.table[dst], self.table[src] = self.table[src], 0
+
+    def prepare_decode(self, n_steps: int) -> tuple[PagedWork, int]:
         """Pages for the next `n_steps` tokens of every live slot (preempting the newest
-        slots of a shard that runs short), and the work the decode call reads."""
+        slots of a shard that runs short), and the work the decode call reads; with one
+        shard the live slots are packed first, and the rows to decode are returned too."""
         spec, z = self.spec, self.spec.page_size
         ends = {}
         for shard in range(spec.shards):
@@ -242,6 +257,11 @@ class PagedKV:
                     slot = self.sched._slots[s]
                     slot.pages += self.allocator.alloc(shard, n)
                     self._set_pages(s, slot.pages)
+        rows = spec.max_slots
+        if len(spec.row_buckets) > 1:
+            self._compact()
+            rows = spec.row_bucket(max(self.sched._slots, default=0) + 1)
+            ends = self._ends(n_steps)  # slot ids after the moves
         geometry, window = spec.geometry, spec.config.sliding_window
         lists = dict(slots_per_shard=self.per_shard, shards=spec.shards, length=spec.work_len)
         full = work_lists(ends, dict.fromkeys(ends, 0), geometry=geometry, **lists)
@@ -249,7 +269,11 @@ class PagedKV:
         if spec.config.has_sliding:
             starts = {s: max(0, self.sched._slots[s].position - window + 1) for s in ends}
             sliding = work_lists(ends, starts, geometry=geometry, **lists)
-        return PagedWork(self.table.copy(), *full, *sliding)
+        return PagedWork(self.table.copy(), *full, *sliding), rows
+
+    def _ends(self, n_steps: int) -> dict[int, int]:
+        last = self.spec.max_len - 1
+        return {s: min(v.position + n_steps - 1, last) for s, v in self.sched._slots.items()}
 
     def _preempt(self, slot_id: int) -> None:
         slot = self.sched._slots.pop(slot_id)

@@ -127,6 +127,9 @@ class SchedulerStats:
     """Σ over decode steps of the tokens cached for live sequences."""
     page_steps: int = 0
     """Σ over decode steps of the pages in use (paged)."""
+    row_steps: int = 0
+    """Σ over decode steps of the slot rows computed (paged engines decode only the packed
+    live rows, rounded up to a row bucket)."""
     kv_capacity: int = 0
     """Tokens the KV cache holds (slots × max_len, or the pool's pages × page size)."""
 
@@ -284,10 +287,10 @@ class Scheduler:
             return []
         mode = SamplerMode.for_params([s.group.request.sampling for s in self._slots.values()])
         version = self.version
-        work = None
+        work, rows = None, None
         with dispatch.LOCK:
-            if self._paged is not None:
-                work = self._paged.prepare_decode(self.core.chunk)  # may preempt
+            if self._paged is not None:  # pages for the chunk (may preempt), packed rows
+                work, rows = self._paged.prepare_decode(self.core.chunk)
             refill_soon = self.batching == "continuous" and admit and bool(self._waiting)
             live = sum(s.position for s in self._slots.values())
             self._state, out = self.core.generate(
@@ -296,6 +299,7 @@ class Scheduler:
                 mode=mode,
                 exit_after=1 if refill_soon else None,
                 work=work,
+                rows=rows,
             )
         out = jax.device_get(out)  # waits outside the lock: other threads may enqueue
         steps = int(out.steps)
@@ -304,6 +308,7 @@ class Scheduler:
         self.stats.slot_steps += steps * self.num_slots
         self.stats.kv_token_steps += steps * live
         self.stats.page_steps += steps * self.pages_in_use
+        self.stats.row_steps += steps * (rows or self.core.spec.max_slots)
         return self._collect(out, steps, version)
 
     def _collect(self, out: Any, steps: int, version: int) -> list:

@@ -148,6 +148,19 @@ class EngineSpec:
         return -(-raw // step) * step
 
     @property
+    def row_buckets(self) -> tuple[int, ...]:
+        """Slot counts a decode call may run on (paged, one shard): B/8, B/4, B/2 (those
+        of at least 8) and B; otherwise just B."""
+        b = self.max_slots
+        if self.kv_layout != "paged" or self.shards != 1:
+            return (b,)
+        return (*(b // d for d in (8, 4, 2) if b % d == 0 and b // d >= 8), b)
+
+    def row_bucket(self, live: int) -> int:
+        """The smallest row bucket holding `live` packed slots."""
+        return next(r for r in self.row_buckets if r >= live)
+
+    @property
     def work_len(self) -> int:
         """R: work-list entries per shard (every page of the shard in blocks, one partial
         block per slot), rounded up to whole decode iterations."""
