@@ -39,7 +39,7 @@ class LongConfig:
     capacity: int = 4096
     """Completion tokens a slot holds (the cap of the length distribution)."""
     prompt: int = 256
-    requests: int = 96
+    requests: int = 64
     contiguous_slots: int = 32
     paged_slots: int = 64
     page_size: int = 16

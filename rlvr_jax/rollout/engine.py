@@ -21,9 +21,11 @@ from jax.sharding import Mesh
 
 from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig, Model
-from rlvr_jax.rollout import core, paged_attention, paged_core
+from rlvr_jax.rollout import core, paged_attention
 from rlvr_jax.rollout.core import ChunkOutput, DecodeState, EngineSpec, Prefix, SlotSettings
+from rlvr_jax.rollout.engine_paged import PagedOps
 from rlvr_jax.rollout.kernel import DecodeParams
+from rlvr_jax.rollout.kv_budget import pool_pages
 from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.pages import pages_for
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, UNFILTERED, SamplerMode, SamplingParams
@@ -44,7 +46,7 @@ class SlotRequest:
     stop_token_ids: tuple[int, ...] = ()
 
 
-class EngineCore:
+class EngineCore(PagedOps):
     """The plain-JAX engine for one policy: params in decode layout on the actor mesh, and
     the jitted prefill / insert / generate over a `DecodeState` (no TensorFlow, no JetStream).
 
@@ -211,34 +213,6 @@ class EngineCore:
         padded_T[:length] = tokens_np[:-1]
         return core.prefill(dp, padded_T, np.int32(length), np.int32(tokens_np[-1]), spec=self.spec)
 
-    def extend(
-        self,
-        dp: DecodeParams,
-        state: DecodeState,
-        tokens: Sequence[int],
-        start: int,
-        table_row: np.ndarray,
-        shard: int = 0,
-    ) -> DecodeState:
-        """Paged: `state` (donated) with the K/V of `tokens` (at most `prefill_chunk`) at
-        positions `start ..` of the sequence whose pages (local ids in shard `shard`) are
-        `table_row` [M]; positions before `start` must already be in those pages."""
-        n = len(tokens)
-        if not 0 < n <= self.spec.prefill_chunk:
-            raise ValueError(f"extend takes 1..{self.spec.prefill_chunk} tokens, got {n}")
-        padded_T = np.zeros((self.spec.chunk_bucket(n),), np.int32)
-        padded_T[:n] = tokens
-        return paged_core.extend(
-            dp,
-            state,
-            padded_T,
-            np.int32(start),
-            np.int32(n),
-            np.asarray(table_row, np.int32),
-            np.int32(shard),
-            spec=self.spec,
-        )
-
     def settings(self, slots: Sequence[int], requests: Sequence[SlotRequest]) -> SlotSettings:
         """Host arrays of the per-slot settings of one insert (validated)."""
         b, e = self.spec.max_slots, self.spec.max_stop_ids
@@ -294,114 +268,6 @@ class EngineCore:
         settings = self.settings(slots, requests)
         return core.insert(state, prefix, settings, np.int32(len(slots)), spec=self.spec)
 
-    @property
-    def static_slots(self) -> int:
-        """Paged: slots the static page assignment serves (`insert` / `generate` without
-        `work`, the JetStream adapter): slot b owns pages for `max_len` positions."""
-        s = self.spec
-        per_seq = pages_for(s.max_len, s.page_size)
-        return min(s.max_slots // s.shards, (s.pages_per_shard - 1) // per_seq) * s.shards
-
-    def static_table(self) -> np.ndarray:
-        """Paged: the static block tables [B, M] (slots past `static_slots` get none)."""
-        s = self.spec
-        per_seq, per_shard = pages_for(s.max_len, s.page_size), s.max_slots // s.shards
-        usable = self.static_slots // s.shards
-        table = np.zeros((s.max_slots, s.max_pages), np.int32)
-        for b in range(s.max_slots):
-            local = b % per_shard
-            if local < usable:
-                table[b, :per_seq] = 1 + local * per_seq + np.arange(per_seq)
-        return table
-
-    def static_work(self) -> PagedWork:
-        """Paged: decode work over every page of the static assignment (each slot reads its
-        whole `max_len`: the contiguous layout's cost, for callers that track no pages)."""
-        if getattr(self, "_static_work", None) is None:
-            from rlvr_jax.rollout.pages import work_lists
-
-            s = self.spec
-            usable = [b for b in range(s.max_slots) if self.static_table()[b, 0]]
-            ends = dict.fromkeys(usable, s.max_len - 1)
-            kw = dict(
-                slots_per_shard=s.max_slots // s.shards,
-                shards=s.shards,
-                length=s.work_len,
-                geometry=s.geometry,
-            )
-            full = work_lists(ends, dict.fromkeys(usable, 0), **kw)
-            sliding = full if s.config.has_sliding else (None, None, None)
-            self._static_work = PagedWork(self.static_table(), *full, *sliding)
-        return self._static_work
-
-    def _insert_static(
-        self, prefix: Prefix, state: DecodeState, slots: Sequence[int], requests: Sequence
-    ) -> DecodeState:
-        s = self.spec
-        table = self.static_table()
-        for slot in slots:
-            if not table[slot, 0]:
-                raise ValueError(
-                    f"slot {slot} has no pages in the static assignment (the pool serves "
-                    f"{self.static_slots} slots of max_len={s.max_len}; the Scheduler pages "
-                    "dynamically)"
-                )
-            shard = slot // (s.max_slots // s.shards)
-            state = self.write_prefix(state, prefix, table[slot], shard)
-        n = len(slots)
-        length, last = int(prefix.length), int(prefix.last_token)
-        return self.activate(state, slots, requests, [last] * n, [length] * n)
-
-    def activate(
-        self,
-        state: DecodeState,
-        slots: Sequence[int],
-        requests: Sequence[SlotRequest],
-        tokens: Sequence[int],
-        positions: Sequence[int],
-        generated: Sequence[int] | None = None,
-    ) -> DecodeState:
-        """Paged: `state` (donated) with `slots` starting (or resuming) `requests`: slot i
-        feeds `tokens[i]` at `positions[i]` next, `generated[i]` tokens already produced."""
-        settings = self.settings(slots, requests)
-        b = self.spec.max_slots
-        token_B, position_B = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
-        token_B[: len(slots)], position_B[: len(slots)] = tokens, positions
-        if generated is not None:
-            settings.generated_B[: len(slots)] = generated
-        return paged_core.activate(state, settings, token_B, position_B, spec=self.spec)
-
-    def deactivate(self, state: DecodeState, slots: Sequence[int]) -> DecodeState:
-        """Paged: `state` (donated) with `slots` stopped (preempted)."""
-        slots_B = np.full((self.spec.max_slots,), self.spec.max_slots, np.int32)
-        slots_B[: len(slots)] = slots
-        return paged_core.deactivate(state, slots_B, spec=self.spec)
-
-    def copy_pages(self, state: DecodeState, copies: Sequence[tuple[int, int, int]]) -> DecodeState:
-        """Paged: `state` (donated) with each (shard, src, dst) page copied, all layers."""
-        n = self.spec.max_slots
-        src, dst = (
-            np.zeros((self.spec.shards, n), np.int32),
-            np.zeros((self.spec.shards, n), np.int32),
-        )
-        for i in range(0, len(copies), n):
-            used = [0] * self.spec.shards
-            src[:], dst[:] = 0, 0
-            for shard, a, b in copies[i : i + n]:
-                src[shard, used[shard]], dst[shard, used[shard]] = a, b
-                used[shard] += 1
-            state = paged_core.copy_pages(state, src, dst, spec=self.spec)
-        return state
-
-    def write_prefix(
-        self, state: DecodeState, prefix: Prefix, table_row: np.ndarray, shard: int = 0
-    ) -> DecodeState:
-        """Paged: `state` (donated) with a dense prefix's K/V written into the pages
-        `table_row` of shard `shard`."""
-        return paged_core.write_prefix(
-            state, prefix, np.asarray(table_row, np.int32), np.int32(shard), spec=self.spec
-        )
-
     def generate(
         self,
         dp: DecodeParams,
@@ -436,15 +302,6 @@ class EngineCore:
             rows=rows,
         )
 
-    def move_slots(self, state: DecodeState, moves: Sequence[tuple[int, int]]) -> DecodeState:
-        """`state` (donated) with each (src, dst) slot's request moved to dst, src left
-        idle (paged: the caller moves the block-table rows)."""
-        b = self.spec.max_slots
-        src, dst = np.full((b,), b, np.int32), np.full((b,), b, np.int32)
-        for i, (a, c) in enumerate(moves):
-            src[i], dst[i] = a, c
-        return core.move_slots(state, src, dst, spec=self.spec)
-
     def compile_ahead(self, modes: Sequence[SamplerMode] = (UNFILTERED,)) -> int:
         """Compiles every program the engine runs — prefill buckets (dense, or the paged
         chunk buckets), insert / activate / copy / deactivate, and `generate` for each of
@@ -474,59 +331,6 @@ def _pool_pages(
         kv_pages=kv_pages,
         kv_cache_gib=kv_cache_gib,
     )
-
-
-def pool_pages(
-    config: ArchConfig,
-    *,
-    max_slots: int,
-    max_len: int,
-    shards: int,
-    tensor: int,
-    cache_dtype: Any,
-    page_size: int,
-    kv_pages: int | None,
-    kv_cache_gib: float | None,
-) -> int:
-    """Pages of a paged engine's pool, all `shards` together, each shard's trash page
-    included: `kv_pages` allocatable pages, or what `kv_cache_gib` GiB per device holds
-    (KV heads split over `tensor` when it divides them), or by default `max_slots` rows of
-    `max_len` positions. Used by `EngineCore` and by the dry-run plan."""
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
-    if kv_pages is not None and kv_cache_gib is not None:
-        raise ValueError("give kv_pages or kv_cache_gib, not both")
-    if kv_pages is not None:
-        if kv_pages < 1:
-            raise ValueError(f"kv_pages must be >= 1, got {kv_pages}")
-        per_shard = -(-kv_pages // shards) + 1
-    elif kv_cache_gib is not None:
-        heads = config.n_kv_heads
-        heads = heads // tensor if heads % tensor == 0 else heads
-        per_page = 2 * config.n_layers * heads * page_size * config.head_dim
-        per_page *= jnp.dtype(cache_dtype).itemsize
-        per_shard = int(kv_cache_gib * 1024**3) // per_page
-        if per_shard < 2:
-            raise ValueError(
-                f"kv_cache_gib={kv_cache_gib} holds {per_shard} pages of {per_page} bytes per "
-                "device; at least 2 are needed"
-            )
-    else:
-        per_shard = max_slots // shards * pages_for(max_len, page_size) + 1
-    return per_shard * shards
-
-
-def engine_kwargs(rollout_cfg: Any) -> dict[str, Any]:
-    """`EngineCore` keyword arguments from a `rlvr_jax.config.schema.RolloutConfig` (KV
-    layout and budget, page size, prefill chunk, decode chunk)."""
-    return {
-        "chunk": rollout_cfg.decode_chunk,
-        "kv_layout": rollout_cfg.kv_layout,
-        "page_size": rollout_cfg.page_size,
-        "kv_pages": rollout_cfg.kv_pages,
-        "kv_cache_gib": rollout_cfg.kv_cache_gib,
-        "prefill_chunk": rollout_cfg.prefill_chunk,
-    }
 
 
 def make_engine_core(model: Model, *, max_slots: int, max_len: int, **kwargs: Any) -> EngineCore:

@@ -10,6 +10,9 @@ free page, an id out of range) raises instead of corrupting the pool.
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import numpy as np
 
 from rlvr_jax.rollout.paged_attention import PageGeometry
@@ -131,3 +134,42 @@ def work_lists(
         block_SxR[s, at : at + n] = np.arange(first, last + 1)
         count_S[s] = at + n
     return slot_SxR, block_SxR, count_S
+
+
+# ---- the static assignment (callers that track no pages: the JetStream adapter) -------------
+
+
+def static_slots(spec: Any) -> int:
+    """Slots of a paged engine the static assignment serves: each owns `max_len` positions
+    of pages in its shard."""
+    per_seq = pages_for(spec.max_len, spec.page_size)
+    return min(spec.max_slots // spec.shards, (spec.pages_per_shard - 1) // per_seq) * spec.shards
+
+
+def static_table(spec: Any) -> np.ndarray:
+    """Block tables [B, M] of the static assignment (slots past `static_slots` get none)."""
+    per_seq, per_shard = pages_for(spec.max_len, spec.page_size), spec.max_slots // spec.shards
+    usable = static_slots(spec) // spec.shards
+    table = np.zeros((spec.max_slots, spec.max_pages), np.int32)
+    for b in range(spec.max_slots):
+        if b % per_shard < usable:
+            table[b, :per_seq] = 1 + (b % per_shard) * per_seq + np.arange(per_seq)
+    return table
+
+
+@functools.cache
+def static_work(spec: Any) -> Any:
+    """`PagedWork` reading every page of the static assignment (a slot's whole `max_len`)."""
+    from rlvr_jax.rollout.paged_core import PagedWork
+
+    table = static_table(spec)
+    usable = [b for b in range(spec.max_slots) if table[b, 0]]
+    full = work_lists(
+        dict.fromkeys(usable, spec.max_len - 1),
+        dict.fromkeys(usable, 0),
+        slots_per_shard=spec.max_slots // spec.shards,
+        shards=spec.shards,
+        length=spec.work_len,
+        geometry=spec.geometry,
+    )
+    return PagedWork(table, *full, *(full if spec.config.has_sliding else (None, None, None)))

@@ -158,7 +158,7 @@ def _actor_params_bytes(cfg: Config, arch: Any, sizes: dict[str, int]) -> float:
 def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
     """The actor's KV cache per device and the concurrency it buys (module docstring)."""
     from rlvr_jax import sharding
-    from rlvr_jax.rollout.engine import pool_pages
+    from rlvr_jax.rollout.kv_budget import pool_pages
 
     r = cfg.rollout
     seq = cfg.data.max_prompt_len + r.max_new_tokens
