@@ -111,22 +111,15 @@ def _dense_reference(q_BxNxH, kp, vp, table_BxM, positions_B, window=None):
     return np.stack(out)
 
 
-@pytest.mark.parametrize("window", [None, 5])
-def test_decode_xla_equals_dense_attention(window):
-    """Two slots with scattered pages; the work list covers one slot's first block only up
-    to its position; blocks are walked 2 per iteration with a dynamic trip count."""
-    kp, vp = _pool(1)
-    geometry = pa.make_geometry(4, 4, (8, 16, 8))
-    table = np.array([[3, 7, 1, 9], [5, 2, 11, 0]], np.int32)
-    positions = np.array([14, 9], np.int32)
-    q = jnp.asarray(np.random.default_rng(2).standard_normal((2, 4, 16)), jnp.float32)
-    starts = {
-        b: 0 if window is None else max(0, int(p) - window + 1) for b, p in enumerate(positions)
-    }
+def _decode_xla(q, kp, vp, positions, table, geometry, window, *, length):
+    """`decode_xla` over the work lists of every row: blocks from its window's start (or 0)
+    to its position."""
+    ends = {b: int(p) for b, p in enumerate(positions)}
+    starts = {b: 0 if window is None else max(0, p - window + 1) for b, p in ends.items()}
     slot, block, count = work_lists(
-        {0: 14, 1: 9}, starts, slots_per_shard=2, shards=1, length=6, geometry=geometry
+        ends, starts, slots_per_shard=len(ends), shards=1, length=length, geometry=geometry
     )
-    got = pa.decode_xla(
+    return pa.decode_xla(
         q,
         kp,
         vp,
@@ -138,6 +131,18 @@ def test_decode_xla_equals_dense_attention(window):
         geometry=geometry,
         window=window,
     )
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_decode_xla_equals_dense_attention(window):
+    """Two slots with scattered pages; the work list covers one slot's first block only up
+    to its position; blocks are walked 2 per iteration with a dynamic trip count."""
+    kp, vp = _pool(1)
+    geometry = pa.make_geometry(4, 4, (8, 16, 8))
+    table = np.array([[3, 7, 1, 9], [5, 2, 11, 0]], np.int32)
+    positions = np.array([14, 9], np.int32)
+    q = jnp.asarray(np.random.default_rng(2).standard_normal((2, 4, 16)), jnp.float32)
+    got = _decode_xla(q, kp, vp, positions, table, geometry, window, length=6)
     want = _dense_reference(q, kp, vp, table, positions, window)
     np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=2e-6)
 
@@ -187,21 +192,7 @@ def _kernel_case(dtype):
     positions = np.array([40, 63], np.int32)
     q = jnp.asarray(np.random.default_rng(6).standard_normal((2, 8, 128)), jnp.float32)
     geometry = pa.make_geometry(16, 4, (32, 64, 64))
-    slot, block, count = work_lists(
-        {0: 40, 1: 63}, {0: 0, 1: 0}, slots_per_shard=2, shards=1, length=4, geometry=geometry
-    )
-    xla = pa.decode_xla(
-        q,
-        kp,
-        vp,
-        jnp.asarray(positions),
-        jnp.asarray(table),
-        jnp.asarray(slot[0]),
-        jnp.asarray(block[0]),
-        jnp.asarray(count[0]),
-        geometry=geometry,
-        window=None,
-    )
+    xla = _decode_xla(q, kp, vp, positions, table, geometry, None, length=4)
     return (q, kp, vp, jnp.asarray(positions), jnp.asarray(table)), geometry, np.asarray(xla)
 
 

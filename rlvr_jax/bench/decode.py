@@ -363,8 +363,17 @@ def main(argv: list[str] | None = None) -> int:
         default="short",
         help="short: throughput + long-tail (default); long: paged vs contiguous KV; all",
     )
+    p.add_argument("--long-requests", type=int, help="long workload: requests (default 64)")
+    p.add_argument("--paged-slots", type=int, help="long workload: paged engine slots (64)")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else BenchConfig()
+    long_sizes = {
+        k: v
+        for k, v in (("requests", args.long_requests), ("paged_slots", args.paged_slots))
+        if v is not None
+    }
+    if any(v < 2 for v in long_sizes.values()):
+        p.error("--long-requests and --paged-slots must be >= 2")
     if args.repeats is not None:
         if args.repeats < 1:
             p.error("--repeats must be >= 1")
@@ -372,12 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.workload == "long":
         from rlvr_jax.bench import decode_long
 
-        return _write(decode_long.main_result(cfg, args.quick), args, with_plot=False)
+        return _write(decode_long.main_result(cfg, args.quick, **long_sizes), args, with_plot=False)
     result = run(cfg, skip_hf=args.skip_hf)
     if args.workload == "all":
         from rlvr_jax.bench import decode_long
 
-        result["long"] = decode_long.main_result(cfg, args.quick)["long"]
+        result["long"] = decode_long.main_result(cfg, args.quick, **long_sizes)["long"]
     for mode, tps in result["tokens_per_s"].items():
         print(f"tokens/s {mode:12s} {tps:10.1f}")
     for mode, s in result["wall_s"].items():

@@ -19,6 +19,7 @@ the same way. A least-squares line ms = a + b · live tokens summarises the page
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from typing import Any
@@ -95,7 +96,7 @@ def run_workload(core: EngineCore, prompts: list, lengths: list, label: str) -> 
     for i, (p, n) in enumerate(zip(prompts, lengths)):
         sched.add(GroupRequest(i, i, tuple(p), 1, seed=i, max_new_tokens=n))
     total, done, last = sum(lengths), 0, time.perf_counter()
-    start = last
+    start, load_before = last, os.getloadavg()[0]
     while not sched.idle:
         done += sum(len(c.tokens) for _, g in sched.step() for c in g)
         if time.perf_counter() - last > 15:
@@ -117,6 +118,8 @@ def run_workload(core: EngineCore, prompts: list, lengths: list, label: str) -> 
         "recomputed_tokens": s.recomputed_tokens,
         "decode_steps": s.decode_steps,
         "mean_pages_in_use": s.mean_pages_in_use,
+        "mean_rows": s.row_steps / s.decode_steps if s.decode_steps else 0.0,
+        "loadavg_1min_before_after": [load_before, os.getloadavg()[0]],
     }
 
 
@@ -188,15 +191,14 @@ def print_summary(long: dict) -> None:
         print(f"long: step ms 25% / 100% fill  {ratios['step_ms_quarter_over_full']:.2f}")
 
 
-def main_result(cfg: Any, quick: bool) -> dict:
-    """`rlvr-bench decode --workload long`: the long section, the roofline and the machine
-    (load average before and after), printed and returned for the JSON."""
-    import os
-
+def main_result(cfg: Any, quick: bool, **sizes: int) -> dict:
+    """`rlvr-bench decode --workload long`: the long section (`sizes` override `LongConfig`
+    fields), the roofline and the machine (load average before and after), printed and
+    returned for the JSON."""
     from rlvr_jax.bench.roofline import machine_info, measure_roofline
 
     load_before = os.getloadavg()
-    long = run(cfg, QUICK_LONG if quick else LongConfig())
+    long = run(cfg, dataclasses.replace(QUICK_LONG if quick else LongConfig(), **sizes))
     sizes = dict(size=256, bandwidth_mib=16) if quick else {}
     roof = max(measure_roofline(**sizes), measure_roofline(**sizes), key=lambda r: r["peak_gflops"])
     print_summary(long)

@@ -45,6 +45,7 @@ from rlvr_jax.rollout.state import (
     constrain,
     kv_shape,
     named,
+    start_slots,
     state_shardings,
 )
 
@@ -191,26 +192,7 @@ def insert(
         return k, v
 
     k, v = jax.lax.fori_loop(0, count, copy_prefix, (state.k, state.v))
-    slots_B = settings.slots_B
-
-    def put(x_B: jax.Array, value: Any) -> jax.Array:
-        return x_B.at[slots_B].set(value, mode="drop")
-
-    state = state.replace(
-        k=k,
-        v=v,
-        tokens_B=put(state.tokens_B, prefix.last_token),
-        positions_B=put(state.positions_B, prefix.length),
-        active_B=put(state.active_B, True),
-        generated_B=put(state.generated_B, settings.generated_B),
-        max_new_B=put(state.max_new_B, settings.max_new_B),
-        seed_B=put(state.seed_B, settings.seed_B),
-        sample_B=put(state.sample_B, settings.sample_B),
-        temperature_B=put(state.temperature_B, settings.temperature_B),
-        top_k_B=put(state.top_k_B, settings.top_k_B),
-        top_p_B=put(state.top_p_B, settings.top_p_B),
-        stop_ids_BxE=state.stop_ids_BxE.at[slots_B].set(settings.stop_ids_BxE, mode="drop"),
-    )
+    state = start_slots(state.replace(k=k, v=v), settings, prefix.last_token, prefix.length)
     return constrain(state, state_shardings(spec))
 
 

@@ -33,6 +33,7 @@ from rlvr_jax.rollout.state import (
     SlotSettings,
     constrain,
     kv_sharding,
+    start_slots,
     state_shardings,
 )
 
@@ -344,24 +345,7 @@ def activate(
     """`state` (donated) with slots `settings.slots_B` (B = unused) starting, or resuming,
     their requests: next input `token_B`, at position `position_B` (its K/V not cached yet;
     every earlier position is in the slot's pages)."""
-    slots_B = settings.slots_B
-
-    def put(x_B: jax.Array, value: Any) -> jax.Array:
-        return x_B.at[slots_B].set(value, mode="drop")
-
-    state = state.replace(
-        tokens_B=put(state.tokens_B, token_B),
-        positions_B=put(state.positions_B, position_B),
-        active_B=put(state.active_B, True),
-        generated_B=put(state.generated_B, settings.generated_B),
-        max_new_B=put(state.max_new_B, settings.max_new_B),
-        seed_B=put(state.seed_B, settings.seed_B),
-        sample_B=put(state.sample_B, settings.sample_B),
-        temperature_B=put(state.temperature_B, settings.temperature_B),
-        top_k_B=put(state.top_k_B, settings.top_k_B),
-        top_p_B=put(state.top_p_B, settings.top_p_B),
-        stop_ids_BxE=state.stop_ids_BxE.at[slots_B].set(settings.stop_ids_BxE, mode="drop"),
-    )
+    state = start_slots(state, settings, token_B, position_B)
     return constrain(state, state_shardings(spec))
 
 

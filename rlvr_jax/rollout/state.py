@@ -237,6 +237,31 @@ class SlotSettings:
     generated_B: jax.Array
 
 
+def start_slots(
+    state: DecodeState, settings: SlotSettings, token_B: Any, position_B: Any
+) -> DecodeState:
+    """`state` with slots `settings.slots_B` (B = unused) live for their requests: next
+    input `token_B` at `position_B` (arrays [B] or scalars). Jittable."""
+    slots_B = settings.slots_B
+
+    def put(x_B: jax.Array, value: Any) -> jax.Array:
+        return x_B.at[slots_B].set(value, mode="drop")
+
+    return state.replace(
+        tokens_B=put(state.tokens_B, token_B),
+        positions_B=put(state.positions_B, position_B),
+        active_B=put(state.active_B, True),
+        generated_B=put(state.generated_B, settings.generated_B),
+        max_new_B=put(state.max_new_B, settings.max_new_B),
+        seed_B=put(state.seed_B, settings.seed_B),
+        sample_B=put(state.sample_B, settings.sample_B),
+        temperature_B=put(state.temperature_B, settings.temperature_B),
+        top_k_B=put(state.top_k_B, settings.top_k_B),
+        top_p_B=put(state.top_p_B, settings.top_p_B),
+        stop_ids_BxE=state.stop_ids_BxE.at[slots_B].set(settings.stop_ids_BxE, mode="drop"),
+    )
+
+
 def named(spec: EngineSpec, names: tuple, shape: tuple) -> NamedSharding:
     """NamedSharding of an array with logical axes `names` on the engine's mesh."""
     rules = spec.rules if spec.rules is not None else sharding.ACTOR_RULES
