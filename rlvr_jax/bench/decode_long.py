@@ -7,8 +7,9 @@ at `capacity` tokens, μ found by bisection so that mean/max = 0.45 (OLMo 3's �
 slot holds prompt + capacity positions. The contiguous engine has `contiguous_slots` such
 rows; the paged engine has a pool of exactly as many bytes (`contiguous_slots × (prompt +
 capacity)` tokens) shared by up to `paged_slots` sequences. Both drive the same
-continuous-batching scheduler to the end of the workload; tokens/s counts generated
-tokens over the whole wall (prefill included, compilation excluded).
+continuous-batching scheduler to the end of the workload, their boundaries interleaved (a
+load change on the shared machine hits both); tokens/s counts generated tokens over each
+engine's own wall (prefill included, compilation excluded).
 
 Step time against live tokens: `paged_slots` slots are set live at equal lengths filling
 a fraction f of the pool (pages allocated, no prefill: attention costs the same whatever
@@ -90,37 +91,54 @@ def lognormal_lengths(n: int, cap: int, mean_over_max: float, sigma: float, seed
     return lengths((lo + hi) / 2).tolist()
 
 
-def run_workload(core: EngineCore, prompts: list, lengths: list, label: str) -> dict:
-    """The whole workload through a continuous-batching scheduler; wall and counters."""
-    sched = Scheduler(core)
-    for i, (p, n) in enumerate(zip(prompts, lengths)):
-        sched.add(GroupRequest(i, i, tuple(p), 1, seed=i, max_new_tokens=n))
-    total, done, last = sum(lengths), 0, time.perf_counter()
-    start, load_before = last, os.getloadavg()[0]
-    while not sched.idle:
-        done += sum(len(c.tokens) for _, g in sched.step() for c in g)
+def run_workloads(engines: dict[str, EngineCore], prompts: list, lengths: list) -> dict:
+    """The whole workload through a continuous-batching scheduler per engine, the engines'
+    boundaries (admission + one decode chunk) interleaved so that a load change on a shared
+    machine hits both alike; each engine's wall is the sum of its own boundaries."""
+    scheds = {}
+    for name, core in engines.items():
+        scheds[name] = Scheduler(core)
+        for i, (p, n) in enumerate(zip(prompts, lengths)):
+            scheds[name].add(GroupRequest(i, i, tuple(p), 1, seed=i, max_new_tokens=n))
+    total = sum(lengths)
+    done = dict.fromkeys(scheds, 0)
+    wall = dict.fromkeys(scheds, 0.0)
+    start = last = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    while not all(s.idle for s in scheds.values()):
+        for name, sched in scheds.items():
+            if sched.idle:
+                continue
+            t = time.perf_counter()
+            done[name] += sum(len(c.tokens) for _, g in sched.step() for c in g)
+            wall[name] += time.perf_counter() - t
         if time.perf_counter() - last > 15:
             last = time.perf_counter()
             progress(
-                f"{label}: {sched.stats.tokens:,} / {total:,} tokens, {sched.live} live, "
-                f"{sched.stats.preemptions} preemptions, {last - start:.0f} s"
+                ", ".join(
+                    f"{n}: {s.stats.tokens:,} / {total:,} tokens, {s.live} live, "
+                    f"{s.stats.preemptions} preempted, {wall[n]:.0f} s"
+                    for n, s in scheds.items()
+                )
             )
-    wall = time.perf_counter() - start
-    if done != total:
-        raise RuntimeError(f"{label}: generated {done} tokens, expected {total}")
-    s = sched.stats
-    return {
-        "wall_s": wall,
-        "tokens_per_s": total / wall,
-        "mean_concurrent": s.mean_concurrent,
-        "kv_utilisation": s.kv_utilisation,
-        "preemptions": s.preemptions,
-        "recomputed_tokens": s.recomputed_tokens,
-        "decode_steps": s.decode_steps,
-        "mean_pages_in_use": s.mean_pages_in_use,
-        "mean_rows": s.row_steps / s.decode_steps if s.decode_steps else 0.0,
-        "loadavg_1min_before_after": [load_before, os.getloadavg()[0]],
-    }
+    out = {}
+    for name, sched in scheds.items():
+        if done[name] != total:
+            raise RuntimeError(f"{name}: generated {done[name]} tokens, expected {total}")
+        s = sched.stats
+        out[name] = {
+            "wall_s": wall[name],
+            "tokens_per_s": total / wall[name],
+            "mean_concurrent": s.mean_concurrent,
+            "kv_utilisation": s.kv_utilisation,
+            "preemptions": s.preemptions,
+            "recomputed_tokens": s.recomputed_tokens,
+            "decode_steps": s.decode_steps,
+            "mean_pages_in_use": s.mean_pages_in_use,
+            "mean_rows": s.row_steps / s.decode_steps if s.decode_steps else 0.0,
+        }
+    progress(f"done in {time.perf_counter() - start:.0f} s (load {load_before:.1f} before)")
+    return out
 
 
 def _fill_state(core: EngineCore, length: int) -> tuple[Any, PagedWork | None]:
@@ -255,15 +273,13 @@ def run_long(model: Any, lc: LongConfig) -> dict:
             prefill_chunk=lc.prefill_chunk,
         ),
     }
-    runs = {}
-    for name, core in engines.items():
-        start = time.perf_counter()
-        if core.paged:
-            core.compile_ahead()
-        run_workload(core, prompts[:2], [3, 3], f"{name} warm-up")  # compiles what is left
-        progress(f"{name}: compiled in {time.perf_counter() - start:.0f} s; running")
-        runs[name] = run_workload(core, prompts, lengths, name)
-        progress(f"{name}: {runs[name]['tokens_per_s']:.1f} tokens/s")
+    start = time.perf_counter()
+    engines["paged"].compile_ahead()
+    run_workloads(engines, prompts[:2], [3, 3])  # warm-up: compiles what is left
+    progress(f"compiled in {time.perf_counter() - start:.0f} s; running both, interleaved")
+    load_before = os.getloadavg()
+    runs = run_workloads(engines, prompts, lengths)
+    load_after = os.getloadavg()
     fills = {}
     for name, core in engines.items():
         progress(f"{name}: timing decode steps at fills {list(lc.fills)} of {pool_tokens:,}")
@@ -288,6 +304,7 @@ def run_long(model: Any, lc: LongConfig) -> dict:
             else None,
         },
         "runs": runs,
+        "loadavg_during_runs": [load_before, load_after],
         "workload": {
             **dataclasses.asdict(lc),
             "max_len": max_len,
