@@ -3,7 +3,8 @@ sequences, chunked prefill, copy-on-write prefix sharing, preemption and resumpt
 
 - Admission (the queue in order, the head blocking the rest): a group's prompt (all but its
   last token) gets pages in the shard with a free slot and the most free pages, keeping a
-  watermark of one free page per live slot there, and is prefilled `prefill_chunk` tokens
+  watermark of one free page per live slot there (when the pool cannot hold every slot at
+  full length), and is prefilled `prefill_chunk` tokens
   per boundary while other slots decode (all at once when none do). Its samples then take
   free slots: they share the prompt's full pages (reference counts) and each gets its own
   copy of the last, partial page (the last sample takes the original).
@@ -59,6 +60,8 @@ class PagedKV:
         self.per_shard = spec.max_slots // spec.shards
         self.table = np.zeros((spec.max_slots, spec.max_pages), np.int32)
         self._reserved: set[int] = set()
+        full_length = self.per_shard * pages_for(spec.max_len, spec.page_size)
+        self._overcommitted = full_length > self.allocator.capacity
 
     # ---- helpers ----------------------------------------------------------------------------
 
@@ -77,11 +80,13 @@ class PagedKV:
 
     def _pick_shard(self, pages: int) -> int | None:
         """The shard with a free slot and room for `pages` above its watermark, most free
-        pages first."""
+        pages first. The watermark (a page per live slot, against immediate preemption)
+        applies only to a pool that cannot hold every slot at full length."""
         best = None
         for shard in range(self.spec.shards):
             free = self.allocator.free(shard)
-            room = self._free_slots(shard) and free >= pages + len(self._live_in(shard))
+            mark = len(self._live_in(shard)) if self._overcommitted else 0
+            room = self._free_slots(shard) and free >= pages + mark
             if room and (best is None or free > self.allocator.free(best)):
                 best = shard
         return best
