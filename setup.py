@@ -38,9 +38,16 @@ setup(
         "tqdm>=4.70,<5",
         "tensorboardX>=2.6.5,<2.7",
         "langdetect>=1.0.9,<2",  # IFEval language checks (ships its profiles; seeded)
+        "aiohttp>=3.14,<3.15",  # rlvr-serve's OpenAI HTTP endpoint (streaming, keep-alive)
     ],
     extras_require={
-        "dev": ["pytest>=9.2,<10", "ruff==0.17.6", "torch==2.13.0", "nltk>=3.9.1,<4"],
+        "dev": [
+            "pytest>=9.2,<10",
+            "ruff==0.17.6",
+            "torch==2.13.0",
+            "nltk>=3.9.1,<4",
+            "openai>=3.57,<4",  # the official client, for rlvr-serve's tests
+        ],
         # Never installed by the scripts here: they pull accelerator builds.
         "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],

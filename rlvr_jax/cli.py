@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 
 EXIT_USAGE = 2
+VERBOSE_FLAG = "--verbose"
+"""Every command takes it: the libraries' INFO logs (absl, orbax, JAX, JetStream) too."""
 
 
 def _fail(msg: str) -> int:
@@ -16,8 +18,24 @@ def _fail(msg: str) -> int:
     return EXIT_USAGE
 
 
+def _pop_verbose(argv: list[str]) -> tuple[list[str], bool]:
+    """`argv` without `--verbose`, and whether it was there (before a `--` separator)."""
+    head = argv[: argv.index("--")] if "--" in argv else argv
+    if VERBOSE_FLAG not in head:
+        return argv, False
+    i = argv.index(VERBOSE_FLAG)
+    return argv[:i] + argv[i + 1 :], True
+
+
+def _setup_logging(log_level: str = "warning", verbose: bool = False) -> None:
+    from rlvr_jax.logs import setup_logging
+
+    setup_logging(log_level, verbose=verbose)
+
+
 def _config_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument(VERBOSE_FLAG, action="store_true", help="also show the libraries' INFO logs")
     p.add_argument("--config", help="YAML config file (see configs/)")
     p.add_argument(
         "overrides", nargs="*", metavar="key.sub=value", help="dotted overrides, values as YAML"
@@ -51,6 +69,7 @@ def train_main(argv: list[str] | None = None) -> int:
         cfg = _load_config(args)
     except ConfigError as e:
         return _fail(str(e))
+    _setup_logging(cfg.log.log_level, args.verbose)
     if args.dry_run:
         print("# resolved config")
         print(dump(cfg), end="")
@@ -62,6 +81,12 @@ def train_main(argv: list[str] | None = None) -> int:
             return _fail(str(e))
         print(format_plan(plan))
         return 0
+    from rlvr_jax.config import check_runtime
+
+    try:
+        check_runtime(cfg, source=args.config or "<defaults>")
+    except ConfigError as e:
+        return _fail(str(e))
     try:
         return _run_library("rlvr_jax.training.run", "main", cfg, what="rlvr-train")
     except (OSError, ValueError) as e:  # bad paths, data, settings: a named error, exit 2
@@ -97,8 +122,10 @@ _BENCH: dict[str, tuple[str, str]] = {
 
 
 def bench_main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench SUBCOMMAND [options]`; each subcommand has `--json FILE`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """`rlvr-bench SUBCOMMAND [options]`; each subcommand has `--json FILE`. SIGTERM/SIGINT
+    stop it within 10 s (exit 128 + signal number)."""
+    argv_given = argv is not None
+    argv, verbose = _pop_verbose(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: rlvr-bench SUBCOMMAND [--json FILE] [options]\n\nsubcommands:")
         for name, (_, doc) in _BENCH.items():
@@ -108,12 +135,30 @@ def bench_main(argv: list[str] | None = None) -> int:
     if name not in _BENCH:
         return _fail(f"unknown benchmark {name!r}; choose from {', '.join(_BENCH)}")
     module, _ = _BENCH[name]
-    return _run_library(module, "main", rest, what=f"rlvr-bench {name}")
+    _setup_logging(verbose=verbose)
+    from rlvr_jax.bench import progress
+    from rlvr_jax.shutdown import Interrupted, SignalStop
+
+    progress.begin(f"rlvr-bench {name}")
+
+    signals = SignalStop(f"rlvr-bench {name}", raise_in_main=True).install()
+    try:
+        return _run_library(module, "main", rest, what=f"rlvr-bench {name}")
+    except Interrupted as e:
+        print(f"rlvr-bench {name}: interrupted by {e}", file=sys.stderr)
+        if argv_given:
+            return 128 + e.signum
+        from rlvr_jax.shutdown import exit_now
+
+        exit_now(128 + e.signum)  # the console script: no slow interpreter teardown
+    finally:
+        signals.uninstall()
 
 
 def _simple(module: str, what: str) -> Callable[[list[str] | None], int]:
     def main(argv: list[str] | None = None) -> int:
-        argv = list(sys.argv[1:] if argv is None else argv)
+        argv, verbose = _pop_verbose(list(sys.argv[1:] if argv is None else argv))
+        _setup_logging(verbose=verbose)
         return _run_library(module, "main", argv, what=what)
 
     main.__doc__ = f"`{what}`: see `{what} --help`."
@@ -121,8 +166,19 @@ def _simple(module: str, what: str) -> Callable[[list[str] | None], int]:
 
 
 eval_main = _simple("rlvr_jax.eval.cli", "rlvr-eval")
-filter_main = _simple("rlvr_jax.data.filter_cli", "rlvr-filter")
-serve_main = _simple("rlvr_jax.rollout.serve", "rlvr-serve")
+filter_main = _simple("rlvr_jax.eval.filter_cli", "rlvr-filter")
+
+
+def serve_main(argv: list[str] | None = None) -> int:
+    """`rlvr-serve`: see `rlvr-serve --help` (it takes `--verbose` itself). Started as the
+    console script (`argv` None), the process ends as soon as the servers have stopped."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    rc = _run_library("rlvr_jax.rollout.serve", "main", args, what="rlvr-serve")
+    if argv is None:
+        from rlvr_jax.shutdown import exit_now
+
+        exit_now(rc)
+    return rc
 
 
 if __name__ == "__main__":  # pragma: no cover

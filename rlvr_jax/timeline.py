@@ -35,6 +35,11 @@ class Timeline:
             with self._lock:
                 self._spans.setdefault(name, []).append((start, end))
 
+    def add(self, name: str, start: float, end: float) -> None:
+        """Records [start, end] as one interval of `name` (e.g. measured by another thread)."""
+        with self._lock:
+            self._spans.setdefault(name, []).append((start, end))
+
     def mark(self, name: str) -> float:
         """Records the current instant under `name`; returns it."""
         now = time.perf_counter()

@@ -209,8 +209,8 @@ def run_experiment(
     quick: bool,
 ) -> dict[str, Any]:
     """Trains and evaluates every arm; returns (and writes) the results."""
+    from rlvr_jax.models.bootstrap import ensure_model
     from rlvr_jax.rewards import RewardService
-    from rlvr_jax.training.run import ensure_model
 
     user = [*user_overrides, *([f"eval.max_prompts={QUICK_EVAL_PROMPTS}"] if quick else [])]
     cfg = load_config(config, base_overrides(user, None))

@@ -17,23 +17,15 @@ import jax  # noqa: E402
 import jax.experimental.multihost_utils  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from helpers_multihost import init_local  # noqa: E402
 
 from rlvr_jax import losses, models, sharding  # noqa: E402
-from rlvr_jax.config.schema import DistributedConfig  # noqa: E402
 from rlvr_jax.training import learner  # noqa: E402
 from rlvr_jax.training.batch import Sample, collate  # noqa: E402
-from rlvr_jax.training.distributed import global_tree, init_distributed  # noqa: E402
+from rlvr_jax.training.distributed import global_tree  # noqa: E402
 
 if nproc > 1:
-    init_distributed(
-        DistributedConfig(
-            initialize=True,
-            coordinator_address=f"127.0.0.1:{port}",
-            num_processes=nproc,
-            process_id=pid,
-            transfer_address=f"127.0.0.1:{port + 1 + pid}",
-        )
-    )
+    init_local(pid, nproc, port)
 assert jax.device_count() == 8, jax.device_count()
 
 ARCH = models.ArchConfig.from_hf(
@@ -68,9 +60,9 @@ learner_devices = [devs[i] for i in (0, 1, 4, 5)]
 actor_devices = [devs[i] for i in (2, 3, 6, 7)]
 mesh = sharding.make_mesh({"data": 2, "fsdp": 2}, learner_devices)
 params = global_tree(host_params, sharding.param_shardings(ARCH, mesh, sharding.LEARNER_RULES))
-batch_sh = {
-    k: sharding.batch_sharding(mesh, sharding.LEARNER_RULES, v.shape) for k, v in host_batch.items()
-}
+batch_sh = jax.tree.map(
+    lambda v: sharding.batch_sharding(mesh, sharding.LEARNER_RULES, v.shape), host_batch
+)
 batch = global_tree(host_batch, batch_sh)
 opt = optax.adamw(1e-2)
 state = learner.init_state(params, opt, mesh=mesh)

@@ -60,16 +60,19 @@ def test_the_bench_model_is_decodes():
 def test_synthetic_batch_is_a_collated_rl_batch():
     arch = common.bench_arch(**TINY)
     b = bench.synthetic_batch(arch, rows=6, seq=40, seed=2, with_old_logp=True)
-    assert b["input_ids"].shape == b["mask"].shape == b["old_logp"].shape == (6, 40)
-    np.testing.assert_array_equal(b["input_ids"][:, 1:], b["target_ids"][:, :-1])
-    for mask, seg in zip(b["mask"], b["segment_ids"]):
+    t = b.tokens  # one completion per row: the packed rows are the completion slots
+    on = b.mask_BxT > 0
+    assert (b.gather_BxT[on] == np.arange(6 * 40).reshape(6, 40)[on]).all()
+    assert t.input_ids_BxT.shape == b.mask_BxT.shape == b.old_logp_BxT.shape == (6, 40)
+    np.testing.assert_array_equal(t.input_ids_BxT[:, 1:], t.target_ids_BxT[:, :-1])
+    for mask, seg in zip(b.mask_BxT, t.segment_ids_BxT):
         on = np.flatnonzero(mask)
         assert on.size >= 1 and np.all(np.diff(on) == 1)  # one contiguous completion
         assert seg[: on[-1] + 1].all()  # the prompt and the completion are one segment
-    on = b["mask"] > 0
-    assert np.abs(b["sampler_logp"][on] + np.log(512)).max() < 1.0
-    assert (b["old_logp"][~on] == b["sampler_logp"][~on]).all()
-    lengths = b["mask"].sum(1)
+    on = b.mask_BxT > 0
+    assert np.abs(b.sampler_logp_BxT[on] + np.log(512)).max() < 1.0
+    assert (b.old_logp_BxT[~on] == b.sampler_logp_BxT[~on]).all()
+    lengths = b.mask_BxT.sum(1)
     assert len(set(lengths.tolist())) > 1  # varied completion lengths
 
 
@@ -172,3 +175,30 @@ def test_main_quick_reports_consistent_figures(tmp_path, capsys):
     assert 0 < len(ops) <= 15 and all(op["calls"] >= 1 and 0 < op["share"] <= 1 for op in ops)
     assert [op["ms"] for op in ops] == sorted((op["ms"] for op in ops), reverse=True)
     assert sum(op["share"] for op in ops) <= 1 + 1e-9
+
+
+@pytest.mark.slow  # ~60 s: compiles the quick model's train step for 2 kernels x 3 lengths
+def test_attention_memory_workload(tmp_path, capsys):
+    """Per kernel, XLA's memory of one micro-batch: the materialised-mask path grows
+    quadratically in T, blockwise linearly (2 to 8 tiles of 512 here)."""
+    out, png = tmp_path / "m.json", tmp_path / "m.png"
+    argv = ["--quick", "--workload", "attention-memory", "--seqs", "1024,2048,4096",
+            "--json", str(out), "--plot", str(png)]  # fmt: skip
+    assert bench.main(argv) == 0
+    assert "vs blockwise" in capsys.readouterr().out
+    r = json.loads(out.read_text())["attention_memory"]
+    assert r["kernels"] == ["xla", "blockwise"] and r["seqs"] == [1024, 2048, 4096]
+    for k in r["kernels"]:
+        temp = [r["memory"][k][str(s)]["temp_bytes"] for s in r["seqs"]]
+        assert temp == sorted(temp)
+        assert r["growth"][k] == pytest.approx((temp[2] - temp[1]) / (temp[1] - temp[0]))
+        top = r["memory"][k]["4096"]
+        assert r["peak_bytes"][k] == top["temp_bytes"] + top["argument_bytes"] + top["output_bytes"]
+    assert r["growth"]["xla"] > 3.5 and r["growth"]["blockwise"] < 2.3
+    assert r["over_blockwise"]["xla"] > 10 and r["over_blockwise"]["blockwise"] == 1
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_seqs_option_is_checked():
+    with pytest.raises(SystemExit):
+        bench.parse_config(["--seqs", "1024,512,2048"])

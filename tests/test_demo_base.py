@@ -129,13 +129,13 @@ def test_packed_batches_keep_every_example_in_order():
         )
         seen, targets = [], 0
         for batch in batches:  # the last, partial batch is never emitted
-            ids = np.concatenate([batch["input_ids"], batch["target_ids"][:, -1:]], axis=1)
-            seg = np.concatenate([batch["segment_ids"], batch["segment_ids"][:, -1:]], axis=1)
+            ids = np.concatenate([batch.input_ids_BxT, batch.target_ids_BxT[:, -1:]], axis=1)
+            seg = np.concatenate([batch.segment_ids_BxT, batch.segment_ids_BxT[:, -1:]], axis=1)
             for r in range(4):
                 for s in range(1, seg[r].max() + 1):
                     # the appended last column may be padding (id 0; examples use 3..49)
                     seen.append([t for t in ids[r][seg[r] == s].tolist() if t != 0])
-            targets += int(batch["mask"].sum())
+            targets += int(batch.mask_BxT.sum())
         assert len(seen) > 150
         assert seen == [p + r for p, r in examples[: len(seen)]]
         # trained-on tokens: the response, or everything but the first token

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlvr_jax.data import difficulty
-from rlvr_jax.data.filter_cli import main
 from rlvr_jax.data.rows import DataError
+from rlvr_jax.eval import difficulty
+from rlvr_jax.eval.filter_cli import main
 
 
 def byte_sum_below(response: str, ground_truth, **_) -> float:

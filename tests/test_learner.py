@@ -39,9 +39,9 @@ def make_batch(seed=0, rows=4, seq_len=16, lengths=(3, 7, 1, 6)):
         )
         for n in lengths
     ]
-    return samples, {
-        k: jnp.asarray(v) for k, v in collate(samples, rows=rows, seq_len=seq_len, pad_id=0).items()
-    }
+    return samples, jax.tree.map(
+        jnp.asarray, collate(samples, rows=rows, seq_len=seq_len, pad_id=0)
+    )
 
 
 def test_collate_layout_by_hand():
@@ -50,13 +50,13 @@ def test_collate_layout_by_hand():
     )
     b = collate([s], rows=2, seq_len=6, pad_id=0)
     # row = [5 6 7 8 1 0]; inputs = row[:-1], targets = row[1:]
-    assert b["input_ids"].tolist() == [[5, 6, 7, 8, 1], [0] * 5]
-    assert b["target_ids"].tolist() == [[6, 7, 8, 1, 0], [0] * 5]
+    assert b.tokens.input_ids_BxT.tolist() == [[5, 6, 7, 8, 1], [0] * 5]
+    assert b.tokens.target_ids_BxT.tolist() == [[6, 7, 8, 1, 0], [0] * 5]
     # targets 7, 8, 1 (the completion, stop token included) sit at shifted indices 1..3
-    assert b["mask"].tolist() == [[0, 1, 1, 1, 0], [0] * 5]
-    np.testing.assert_allclose(b["sampler_logp"][0], [0, -0.1, -0.2, -0.3, 0])
-    assert b["segment_ids"].tolist() == [[1, 1, 1, 1, 1], [0] * 5]
-    assert b["advantages"].tolist() == [0.5, 0.0]
+    assert b.mask_BxT.tolist() == [[0, 1, 1, 1, 0], [0] * 5]
+    np.testing.assert_allclose(b.sampler_logp_BxT[0], [0, -0.1, -0.2, -0.3, 0])
+    assert b.tokens.segment_ids_BxT.tolist() == [[1, 1, 1, 1, 1], [0] * 5]
+    assert b.advantages_B.tolist() == [0.5, 0.0]
     with pytest.raises(ValueError, match="sample 0 has 2 prompt \\+ 3 completion tokens > 4"):
         collate([s], rows=1, seq_len=4, pad_id=0)
 
@@ -91,9 +91,7 @@ def test_bucketed_padding_gives_the_full_length_update(preset):
     longest = max(len(s.prompt_tokens) + len(s.tokens) for s in samples)
     T = bucket_length(longest, full=32, min_len=8)
     assert T == 16 < 32
-    short = {
-        k: jnp.asarray(v) for k, v in collate(samples, rows=4, seq_len=T + 1, pad_id=0).items()
-    }
+    short = jax.tree.map(jnp.asarray, collate(samples, rows=4, seq_len=T + 1, pad_id=0))
     step = jax.jit(learner.make_train_step(ARCH, opt, settings, max_len=24))
     (a, ma), (b, mb) = (step(learner.init_state(params, opt), x) for x in (full, short))
     assert float(ma["loss"]) == pytest.approx(float(mb["loss"]), rel=1e-5, abs=1e-7)
@@ -104,7 +102,9 @@ def test_bucketed_padding_gives_the_full_length_update(preset):
 def test_token_logprobs_match_the_full_forward():
     params = models.init_params(ARCH, jax.random.key(1))
     samples, batch = make_batch()
-    logp = learner.token_logprobs(params, ARCH, batch, compute_dtype=jnp.float32, temperature=0.7)
+    logp = learner.sequence_logprobs(
+        params, ARCH, batch, compute_dtype=jnp.float32, temperature=0.7
+    )
     for i, s in enumerate(samples):
         row = jnp.asarray([list(s.prompt_tokens) + list(s.tokens)])
         model = models.Model(config=ARCH, params=params, compute_dtype=jnp.float32)
@@ -122,7 +122,7 @@ def test_micro_batches_give_the_full_batch_update(preset):
     settings = losses.resolve_loss_settings(preset)
     _, batch = make_batch()
     if settings.needs_ref_logp:  # grpo's KL term: any fixed reference log-probs will do
-        batch["ref_logp"] = batch["sampler_logp"] - 0.1
+        batch = batch.replace(ref_logp_BxT=batch.sampler_logp_BxT - 0.1)
     results = []
     for n_micro in (1, 2, 4):
         step = jax.jit(learner.make_train_step(ARCH, opt, settings, max_len=15, n_micro=n_micro))
@@ -139,7 +139,7 @@ def test_non_finite_step_is_skipped_and_counted():
     params = models.init_params(ARCH, jax.random.key(0))
     opt = optax.sgd(0.1)
     _, batch = make_batch()
-    batch["advantages"] = batch["advantages"].at[0].set(jnp.nan)
+    batch = batch.replace(advantages_B=batch.advantages_B.at[0].set(jnp.nan))
     step = jax.jit(
         learner.make_train_step(ARCH, opt, losses.resolve_loss_settings("olmo3"), max_len=12)
     )
@@ -162,10 +162,10 @@ def test_sharded_step_equals_unsharded():
     p_shard = sharding.param_shardings(ARCH, mesh, sharding.LEARNER_RULES)
     sharded = learner.init_state(sharding.reshard(params, p_shard), opt, mesh=mesh)
     state_sh = jax.tree.map(lambda x: x.sharding, sharded)
-    batch_sh = {
-        k: sharding.batch_sharding(mesh, sharding.LEARNER_RULES, v.shape) for k, v in batch.items()
-    }
-    batch = {k: jax.device_put(v, batch_sh[k]) for k, v in batch.items()}
+    batch_sh = jax.tree.map(
+        lambda v: sharding.batch_sharding(mesh, sharding.LEARNER_RULES, v.shape), batch
+    )
+    batch = jax.device_put(batch, batch_sh)
     new_state, m = learner.jit_train_step(step, state_sh, batch_sh)(sharded, batch)
     assert float(m["loss"]) == pytest.approx(float(ref_m["loss"]), rel=1e-5, abs=1e-7)
     for a, b in zip(jax.tree.leaves(ref_state.params), jax.tree.leaves(new_state.params)):
@@ -198,8 +198,10 @@ def test_memory_options_do_not_change_the_update():
     assert float(b_m["loss"]) == pytest.approx(float(a_m["loss"]), rel=1e-5, abs=1e-7)
     for a, b in zip(jax.tree.leaves(a_state.params), jax.tree.leaves(b_state.params)):
         np.testing.assert_allclose(a, b, atol=1e-6)
-    logp_a = learner.token_logprobs(params, ARCH, batch, compute_dtype=jnp.float32, temperature=1.0)
-    logp_b = learner.token_logprobs(
+    logp_a = learner.sequence_logprobs(
+        params, ARCH, batch, compute_dtype=jnp.float32, temperature=1.0
+    )
+    logp_b = learner.sequence_logprobs(
         params, ARCH, batch, compute_dtype=jnp.float32, temperature=1.0, memory=mem
     )
     np.testing.assert_allclose(logp_a, logp_b, atol=1e-5)

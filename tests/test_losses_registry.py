@@ -139,8 +139,8 @@ def test_registry_rejects_bad_names():
 
 def test_variant_contract_errors():
     kwargs = dict(logp=EX_LOGP, old_logp=EX_LOGP, advantages=EX_ADV, mask=EX_MASK)
-    with pytest.raises(ValueError, match=r"'reinforce' takes no parameter 'eps_low'"):
-        losses.policy_loss("reinforce", eps_low=0.2, **kwargs)
+    with pytest.raises(ValueError, match=r"'reinforce' takes no parameter 'tau'"):
+        losses.policy_loss("reinforce", tau=0.2, **kwargs)
     with pytest.raises(ValueError, match=r"takes no parameter 'dual_clp'.*dual_clip"):
         losses.policy_loss("ppo_clip", dual_clp=3.0, **kwargs)
     with pytest.raises(ValueError, match="must accept the keyword arrays"):
@@ -279,7 +279,10 @@ def test_settings_drive_policy_loss_and_reward_kl():
         ({"tis_cap": 2.0, "ratio_denominator": "sampler"}, r"TIS .* must be off"),
         ({"ratio_denominator": "new"}, r"loss.ratio_denominator must be one of"),
         ({"variant_kwargs": {"agg": "x"}}, r"loss.variant_kwargs: agg are loss settings"),
-        ({"variant": "reinforce", "eps_low": 0.1}, r"loss.variant_kwargs: .*takes no parameter"),
+        (
+            {"variant": "reinforce", "variant_kwargs": {"tau": 0.1}},
+            r"loss.variant_kwargs: .*takes no parameter 'tau'",
+        ),
         ({"eps_hi": 0.3}, r"unknown loss setting\(s\) eps_hi"),
     ],
 )

@@ -15,6 +15,9 @@ import pytest
 from rlvr_jax import models
 
 TOL = 1e-4
+IMPLS = ("xla", "blockwise", "splash_interpret")
+"""Attention kernels that run on CPU (`rlvr_jax.models.attention`; splash in the Pallas
+interpreter); `forward`'s default `auto` is blockwise here."""
 
 CASES = {
     "llama": ("llama", {}),
@@ -94,11 +97,14 @@ def test_logits_match_transformers(tmp_path, case):
     tokens_BxT = H.random_tokens(2, 24, seed=1)
     # positions 40..63 put the scaled RoPE frequencies (and yarn's ramp) to work
     positions_BxT = np.broadcast_to(np.arange(40, 64, dtype=np.int32), tokens_BxT.shape)
-    ours = np.asarray(models.forward(model, tokens_BxT, positions_BxT=positions_BxT))
     ref = H.hf_logits(hf_model, tokens_BxT, positions_BxT=positions_BxT)
-    assert ours.dtype == np.float32 and ours.shape == ref.shape == (2, 24, H.VOCAB)
     assert np.abs(ref).max() > 1.0  # the comparison is not between near-zero logits
-    np.testing.assert_allclose(ours, ref, rtol=0, atol=TOL)
+    for impl in ("auto", "xla"):
+        ours = np.asarray(
+            models.forward(model, tokens_BxT, positions_BxT=positions_BxT, attention_impl=impl)
+        )
+        assert ours.dtype == np.float32 and ours.shape == ref.shape == (2, 24, H.VOCAB)
+        np.testing.assert_allclose(ours, ref, rtol=0, atol=TOL, err_msg=impl)
 
 
 def test_config_variants_are_not_interchangeable(tmp_path):
@@ -121,11 +127,12 @@ def test_config_variants_are_not_interchangeable(tmp_path):
     np.testing.assert_allclose(bad[:, :3], ref[:, :3], rtol=0, atol=TOL)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("arch", ["llama", "olmo3"])
-def test_left_and_right_padding(tmp_path, arch):
+def test_left_and_right_padding(tmp_path, arch, impl):
     hf_model, model = _load(tmp_path, arch, {})
-    tokens_BxT = H.random_tokens(3, 10, seed=3)
-    lengths = [10, 7, 4]
+    tokens_BxT = H.random_tokens(4, 10, seed=3)
+    lengths = [10, 7, 4, 0]  # the last row is all padding
     left_BxT = np.zeros_like(tokens_BxT)
     right_BxT = np.zeros_like(tokens_BxT)
     for b, n in enumerate(lengths):
@@ -133,13 +140,15 @@ def test_left_and_right_padding(tmp_path, arch):
         right_BxT[b, :n] = 1
     for mask_BxT in (left_BxT, right_BxT):
         padded_BxT = np.where(mask_BxT == 1, tokens_BxT, 0)
-        ours = np.asarray(models.forward(model, padded_BxT, mask_BxT=mask_BxT))
+        ours = np.asarray(models.forward(model, padded_BxT, mask_BxT=mask_BxT, attention_impl=impl))
         for b in range(len(lengths)):
+            assert np.isfinite(ours[b]).all()
+            if lengths[b] == 0:
+                continue
             # reference: the row's real tokens alone, unpadded
             real = padded_BxT[b][mask_BxT[b] == 1][None]
             ref = H.hf_logits(hf_model, real)[0]
             np.testing.assert_allclose(ours[b][mask_BxT[b] == 1], ref, rtol=0, atol=TOL)
-            assert np.isfinite(ours[b]).all()
 
 
 def test_left_padding_matches_hf_padded_batch(tmp_path):
@@ -156,8 +165,9 @@ def test_left_padding_matches_hf_padded_batch(tmp_path):
     np.testing.assert_allclose(ours[real], ref[real], rtol=0, atol=TOL)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("arch", ["llama", "olmo3"])
-def test_packed_rows_attend_within_segments(tmp_path, arch):
+def test_packed_rows_attend_within_segments(tmp_path, arch, impl):
     hf_model, model = _load(tmp_path, arch, {"tie_word_embeddings": True})
     rng = np.random.default_rng(5)
     # row 0: segments of 5, 3 and 4 tokens; row 1: 7 tokens then 2 pads; positions restart
@@ -173,8 +183,11 @@ def test_packed_rows_attend_within_segments(tmp_path, arch):
     positions_BxT[1, :7] = np.arange(7)
     mask_BxT[1, :7] = 1
     ours = np.asarray(
-        models.forward(model, tokens_BxT, positions_BxT=positions_BxT, mask_BxT=mask_BxT)
+        models.forward(
+            model, tokens_BxT, positions_BxT=positions_BxT, mask_BxT=mask_BxT, attention_impl=impl
+        )
     )
+    assert np.isfinite(ours).all()
     for b, segments in enumerate((row0, row1)):
         start = 0
         for seg in segments:

@@ -19,10 +19,12 @@ from helpers_train import tiny_run
 from rlvr_jax import cli, losses, models
 from rlvr_jax.config.schema import Config, RewardsConfig, SFTConfig, SourceConfig
 from rlvr_jax.data import BadRow, DataError, load_source, load_tokenizer, synthetic
+from rlvr_jax.data.rows import row_from_record
 from rlvr_jax.rewards import RewardService
-from rlvr_jax.rollout import Completion
+from rlvr_jax.rollout import CompletedGroup, Completion
 from rlvr_jax.training import run
 from rlvr_jax.training.batch import Sample, collate
+from rlvr_jax.training.groups import score_groups
 from rlvr_jax.training.metrics import read_jsonl
 from rlvr_jax.training.recipes import (
     SFTBatcher,
@@ -33,7 +35,6 @@ from rlvr_jax.training.recipes import (
     init_parallel_state,
     make_parallel_step,
     response_reader,
-    score_verified,
 )
 from rlvr_jax.training.sft import collate_sft
 
@@ -68,30 +69,31 @@ def batches() -> tuple[dict, dict]:
     rl = collate(samples, rows=4, seq_len=S, pad_id=0)
     responses = [rng.integers(3, 32, n).tolist() for n in (3, 1, 4, 2)]
     sft = collate_sft(prompts, responses, rows=4, seq_len=S, pad_id=0)
-    return {k: jnp.asarray(v) for k, v in rl.items()}, {k: jnp.asarray(v) for k, v in sft.items()}
+    return jax.tree.map(jnp.asarray, rl), jax.tree.map(jnp.asarray, sft)
 
 
 def reference_logp(params, batch):
     """log softmax(logits)[target] straight from the model (not the learner's code)."""
+    tokens = getattr(batch, "tokens", batch)  # an RL batch's rows (one completion each here)
     logits_BxTxV = models.apply(
-        params, ARCH, batch["input_ids"], batch["positions"], batch["segment_ids"]
+        params, ARCH, tokens.input_ids_BxT, tokens.positions_BxT, tokens.segment_ids_BxT
     ).astype(jnp.float32)
     logp_BxTxV = jax.nn.log_softmax(logits_BxTxV, axis=-1)
-    return jnp.take_along_axis(logp_BxTxV, batch["target_ids"][..., None], axis=-1)[..., 0]
+    return jnp.take_along_axis(logp_BxTxV, tokens.target_ids_BxT[..., None], axis=-1)[..., 0]
 
 
 def reference_rl_loss(params, batch):
     """With one optimizer step per batch the PPO ratio is exp(logp − sg(logp)) = 1, whose
     gradient is ∇logp; so L_RL's gradient is that of −Σ m·A·logp / Σ m (token-mean)."""
     logp_BxT = reference_logp(params, batch)
-    mask_BxT = batch["mask"]
-    return -jnp.sum(mask_BxT * batch["advantages"][:, None] * logp_BxT) / jnp.sum(mask_BxT)
+    mask_BxT = batch.mask_BxT
+    return -jnp.sum(mask_BxT * batch.advantages_B[:, None] * logp_BxT) / jnp.sum(mask_BxT)
 
 
 def reference_sft_loss(params, batch):
     """Σ m·(−logp) / Σ m over the response tokens."""
     logp_BxT = reference_logp(params, batch)
-    return -jnp.sum(batch["mask"] * logp_BxT) / jnp.sum(batch["mask"])
+    return -jnp.sum(batch.mask_BxT * logp_BxT) / jnp.sum(batch.mask_BxT)
 
 
 reference_rl_grad = jax.jit(jax.grad(reference_rl_loss))
@@ -164,8 +166,8 @@ def test_parallel_step_with_adam_keeps_two_independent_moment_states():
         d_sft, s_sft = ADAM_SFT.update(reference_sft_grad(theta, sft), s_sft)
         theta = jax.tree.map(lambda p, a, b: p + 0.5 * (a + b), theta, d_rl, d_sft)
     tree_close(state.params, theta, rtol=1e-4, atol=1e-6)
-    tree_close(state.rl_opt_state[0].mu, s_rl[0].mu, rtol=1e-4, atol=1e-8)
-    tree_close(state.sft_opt_state[0].nu, s_sft[0].nu, rtol=1e-4, atol=1e-12)
+    tree_close(state.opt_state.rl[0].mu, s_rl[0].mu, rtol=1e-4, atol=1e-8)
+    tree_close(state.opt_state.sft[0].nu, s_sft[0].nu, rtol=1e-4, atol=1e-12)
 
     # one Adam on the averaged gradient (shared moments) lands elsewhere: the test can tell
     shared, s = params, ADAM_RL.init(params)
@@ -200,13 +202,13 @@ def test_parallel_step_micro_batching_matches_one_batch():
 def test_parallel_step_skips_everything_when_one_loss_is_not_finite():
     params = models.init_params(ARCH, jax.random.key(4))
     rl, sft = batches()
-    rl["advantages"] = rl["advantages"].at[0].set(jnp.nan)
+    rl = rl.replace(advantages_B=rl.advantages_B.at[0].set(jnp.nan))
     state = init_parallel_state(params, ADAM_RL, ADAM_SFT)
     new, metrics = adam_parallel_step(1)(state, rl, sft)
     tree_close(new.params, params, rtol=0, atol=0)
     assert int(new.step) == 0 and int(new.skipped) == 1 and float(metrics["step_ok"]) == 0.0
     # the SFT half was finite but is not applied either: its moments did not move
-    assert int(new.sft_opt_state[0].count) == 0
+    assert int(new.opt_state.sft[0].count) == 0
 
 
 # -- the tiny run shared by the tests below ---------------------------------------------
@@ -301,10 +303,10 @@ def test_sft_iterator_and_batcher_with_synthetic_references(tiny):
         examples, tokenizer, "plain", rows=3, seq_len=cfg.data.max_prompt_len + 41, pad_id=2
     )
     arrays = batcher.next_arrays()
-    assert arrays["mask"].shape == (3, cfg.data.max_prompt_len + 40)
+    assert arrays.mask_BxT.shape == (3, cfg.data.max_prompt_len + 40)
     drawn = build_sft_iterator(cfg, tokenizer, seed=0).next_batch(3)
     for i, row in enumerate(drawn):
-        trained = arrays["target_ids"][i][arrays["mask"][i] > 0].tolist()
+        trained = arrays.target_ids_BxT[i][arrays.mask_BxT[i] > 0].tolist()
         # the masked targets are exactly separator + response + EOS
         assert trained == encode_response(row.response, tokenizer, "plain")
         assert trained[-1] == tokenizer.eos_token_id
@@ -330,19 +332,18 @@ def completion(tokens: list[int], i: int) -> Completion:
 def test_expert_selection_keeps_only_verified_correct_samples(tiny):
     root, _ = tiny
     tokenizer = load_tokenizer(root / "policy")
-    row = {"prompt": "p", "ground_truth": None, "verifier": "helpers_train:word_parity"}
+    record = {"prompt": "p", "ground_truth": None, "verifier": "helpers_train:word_parity"}
+    row = row_from_record({**record, "domain": "parity"}, source="t", index=0, where="test")
     texts = [["two words", "three words here", "one"], ["four words are here", "x"]]
     groups = [
-        (
-            {**row, "domain": "parity"},
-            [5, 6, 7 + g],
-            [completion(tokenizer.encode(t), i) for i, t in enumerate(ts)],
+        CompletedGroup(
+            g, row, [completion(tokenizer.encode(t), i) for i, t in enumerate(ts)], [5, 6, 7 + g]
         )
         for g, ts in enumerate(texts)
     ]
     # domain weight 0.5 halves the *rewards*; selection goes by the verifier score (1 = even)
     with RewardService(RewardsConfig(workers=1, domain_weights={"parity": 0.5})) as service:
-        verified, metrics = score_verified(groups, service, tokenizer, max_len=8)
+        verified, metrics = score_groups(groups, service, tokenizer, max_len=8)
     np.testing.assert_array_equal(verified[0].scores_G, [1.0, 0.0, 0.0])
     np.testing.assert_array_equal(verified[0].rewards_G, [0.5, 0.0, 0.0])
     np.testing.assert_array_equal(verified[1].scores_G, [1.0, 0.0])
@@ -502,7 +503,7 @@ def test_parallel_averaging_runs_and_resumes_exactly(tiny, tmp_path):
         assert key in rows[-1], key
     assert rows[-1]["policy_version"] == 2 and rows[-1]["sft/loss"] > 0
     meta = json.loads((out / "checkpoints" / "2" / "meta" / "metadata").read_text())
-    assert meta["sft_data"]["draws"] == 8  # one SFT batch of 4 per optimizer step
+    assert meta["source"]["sft"]["draws"] == 8  # one SFT batch of 4 per optimizer step
     straight_params = final_params(out / "final")
 
     shutil.rmtree(out / "checkpoints" / "2")

@@ -1,120 +1,26 @@
-"""LLM judge client against a real HTTP server on loopback (stdlib http.server in a thread).
-
-The fake endpoint implements POST /v1/chat/completions. What it does is steered by a directive
-in the judged response text: `[[score:N]]` replies "SCORE: N", `[[reply:TEXT]]` replies TEXT,
-`[[sleep:S]]` waits S seconds first, `[[fail:N:TAG]]` answers HTTP 500 (echoing the request's
-Authorization header in the body) to the first N requests carrying TAG, `[[status:CODE]]`
-always answers CODE, `[[malformed]]` answers 200 with a non-JSON body.
-"""
+"""LLM judge client against a real HTTP server on loopback (`helpers_judge.FakeJudge`; its
+docstring lists the directives that steer its replies)."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import json
 import logging
-import re
 import socket
-import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers_judge import MODEL_ID, fake_judge
 
 from rlvr_jax.rewards import judge
 from rlvr_jax.rewards.judge import JudgeClient, JudgeItem, JudgeResult, parse_score
 
 SECRET = "sk-test-9f8e7d6c5b4a"
-DIRECTIVE = re.compile(r"\[\[(\w+)(?::([^\]]*))?\]\]")
-
-
-class FakeJudge(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.lock = threading.Lock()
-        self.requests: list[dict] = []
-        self.authorization: list[str | None] = []
-        self.attempts: collections.Counter[str] = collections.Counter()
-        self.in_flight = 0
-        self.max_in_flight = 0
-
-    def handle_error(self, request, client_address):
-        # A client that timed out has closed its socket; writing the late reply fails.
-        if not isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError):
-            super().handle_error(request, client_address)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class Handler(BaseHTTPRequestHandler):
-    server: FakeJudge
-
-    def log_message(self, *args):  # keep the test output quiet
-        pass
-
-    def _send(self, status: int, body: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self):
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        server = self.server
-        with server.lock:
-            server.requests.append(request)
-            server.authorization.append(self.headers.get("Authorization"))
-            server.in_flight += 1
-            server.max_in_flight = max(server.max_in_flight, server.in_flight)
-        try:
-            self._answer(request)
-        finally:
-            with server.lock:
-                server.in_flight -= 1
-
-    def _answer(self, request: dict) -> None:
-        if self.path != "/v1/chat/completions":
-            return self._send(404, b'{"error": "not found"}')
-        user = request["messages"][-1]["content"]
-        text = "Reasonable.\nSCORE: 7"
-        for name, value in DIRECTIVE.findall(user):
-            if name == "sleep":
-                time.sleep(float(value))
-            elif name == "score":
-                text = f"The response is fine.\nSCORE: {value}"
-            elif name == "reply":
-                text = value
-            elif name == "status":
-                return self._send(int(value), b'{"error": "no"}')
-            elif name == "malformed":
-                return self._send(200, b"<html>not json</html>")
-            elif name == "fail":
-                count, tag = value.split(":")
-                with self.server.lock:
-                    self.server.attempts[tag] += 1
-                    attempt = self.server.attempts[tag]
-                if attempt <= int(count):
-                    echo = f"overloaded; you sent {self.headers.get('Authorization')}"
-                    return self._send(500, json.dumps({"error": echo}).encode())
-                text = "Recovered.\nSCORE: 9"
-        reply = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
-        self._send(200, json.dumps(reply).encode())
 
 
 @pytest.fixture
 def server():
-    fake = FakeJudge()
-    thread = threading.Thread(target=fake.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    yield fake
-    fake.shutdown()
-    fake.server_close()
+    with fake_judge() as fake:
+        yield fake
 
 
 def make_client(server, **options) -> JudgeClient:
@@ -266,6 +172,42 @@ def test_sync_api_refuses_a_running_loop(server):
         return await client.score_batch([JudgeItem("Q", "[[score:3]]")])
 
     assert asyncio.run(inside())[0].score == pytest.approx(0.3)
+
+
+def test_served_model_is_looked_up_once(server):
+    client = JudgeClient(server.base_url, None, backoff_s=0.01)
+    items = [JudgeItem("Q", f"[[score:{i}]]") for i in range(4)]
+    results = client.score_batch_sync(items)  # four concurrent first requests
+    assert [r.score for r in results] == pytest.approx([0.0, 0.1, 0.2, 0.3])
+    assert {request["model"] for request in server.requests} == {MODEL_ID}
+    assert server.model_lookups == 1
+    client.score_batch_sync(items[:1])
+    assert server.model_lookups == 1
+
+
+def test_failed_model_lookup_fails_the_requests_and_is_retried_later():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = JudgeClient(f"http://127.0.0.1:{port}/v1", None, max_retries=1, backoff_s=0.01)
+    results = client.score_batch_sync([JudgeItem("Q", "A"), JudgeItem("Q", "B")])
+    assert all(r.error and "looking up the served model failed" in r.error for r in results)
+    assert all(r.attempts == 2 and not r.parse_ok for r in results)
+    assert client._model_lookup is None  # the next request looks it up again
+
+
+def test_results_report_attempts_and_final_timeouts(server):
+    client = make_client(server, timeout_s=0.2, max_retries=2)
+    ok, slow, flaky = client.score_batch_sync(
+        [
+            JudgeItem("Q", "[[score:5]]"),
+            JudgeItem("Q", "[[sleep:1.0]]"),
+            JudgeItem("Q", "[[fail:1:t]]"),
+        ]
+    )
+    assert (ok.attempts, ok.timed_out) == (1, False)
+    assert (slow.attempts, slow.timed_out, slow.parse_ok) == (3, True, False)
+    assert (flaky.attempts, flaky.timed_out, flaky.score) == (2, False, pytest.approx(0.9))
 
 
 @pytest.mark.parametrize(

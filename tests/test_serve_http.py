@@ -3,34 +3,26 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-import helpers_models as H
+import helpers_cli as C
 import pytest
 
 from rlvr_jax import models
-from rlvr_jax.data.tokenizer import load_tokenizer, train_tokenizer
+from rlvr_jax.data.tokenizer import load_tokenizer
 from rlvr_jax.rollout import generate
 from rlvr_jax.rollout.serve import build_parser, serve
 
-VOCAB = 320
-CORPUS = ["the quick brown fox jumps over the lazy dog", "a plus b equals c", "hello world"] * 20
+VOCAB = C.SERVE_VOCAB
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen2_serve")
-    H.build_hf_checkpoint("qwen2", path, seed=4, vocab_size=VOCAB)
-    train_tokenizer(CORPUS, vocab_size=VOCAB, path=path, min_frequency=1)
-    return path
+    return C.build_serve_model(tmp_path_factory.mktemp("serve_model"))
 
 
 def _wait_ready(ready_file: Path, proc_alive=lambda: True, seconds=180.0) -> dict:
@@ -166,7 +158,13 @@ def test_chat_completions_endpoint(server, model_dir):
 @pytest.mark.parametrize(
     ("path", "body", "status", "needle"),
     [
-        ("/v1/completions", {"prompt": "hi", "stream": True}, 400, "'stream' is not supported"),
+        ("/v1/completions", {"prompt": "hi", "echo": True}, 400, "'echo' is not supported"),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "stream_options": {"include_usage": True}},
+            400,
+            "'stream_options' is only allowed",
+        ),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 500}, 400, "max_len=64"),
         ("/v1/completions", {"prompt": "hi", "top_p": 0}, 400, "top_p"),
         ("/v1/completions", {"prompt": 5}, 400, "'prompt' must be"),
@@ -249,41 +247,3 @@ def test_a_failed_jetstream_thread_stops_the_server_with_status_1(
     monkeypatch.undo()
     status, _ = _post(server["http_port"], "/v1/completions", {"prompt": "hi", "max_tokens": 2})
     assert status == 200
-
-
-@pytest.mark.slow
-def test_rlvr_serve_cli_process(model_dir, tmp_path):
-    ready = tmp_path / "ports.json"
-    code = "import sys; from rlvr_jax.cli import serve_main; sys.exit(serve_main(sys.argv[1:]))"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            code,
-            "--model",
-            str(model_dir),
-            "--no-grpc",
-            "--http-port",
-            "0",
-            "--max-slots",
-            "2",
-            "--max-len",
-            "64",
-            "--ready-file",
-            str(ready),
-        ],
-        env={**os.environ, "JAX_PLATFORMS": "cpu"},
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        ports = _wait_ready(ready, lambda: proc.poll() is None)
-        status, body = _post(
-            ports["http_port"], "/v1/completions", {"prompt": "hello", "max_tokens": 3}
-        )
-        assert status == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()

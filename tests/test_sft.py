@@ -28,9 +28,9 @@ def test_collate_sft_matches_rl_collate_layout():
     ]
     expected = rl_batch.collate(samples, rows=4, seq_len=8, pad_id=0)
     got = collate_sft(PROMPTS, RESPONSES, rows=4, seq_len=8, pad_id=0)
-    assert sorted(got) == ["input_ids", "mask", "positions", "segment_ids", "target_ids"]
-    for key, value in got.items():
-        np.testing.assert_array_equal(value, expected[key], err_msg=key)
+    assert isinstance(got, rl_batch.TokenBatch) and not isinstance(got, rl_batch.RLBatch)
+    for key, value in rl_batch.vars_of(got).items():
+        np.testing.assert_array_equal(value, getattr(expected.tokens, key), err_msg=key)
         assert value.shape == (4, 7)
 
 
@@ -40,18 +40,18 @@ def test_collate_sft_packed_layout_by_hand():
     got = collate_sft(PROMPTS, RESPONSES, rows=2, seq_len=8, pad_id=0, pack=True)
     # rows before the shift: [5 6 7 11 12 0 0 0] and [8 13 14 15 16 9 10 17]
     np.testing.assert_array_equal(
-        got["input_ids"], [[5, 6, 7, 11, 12, 0, 0], [8, 13, 14, 15, 16, 9, 10]]
+        got.input_ids_BxT, [[5, 6, 7, 11, 12, 0, 0], [8, 13, 14, 15, 16, 9, 10]]
     )
     np.testing.assert_array_equal(
-        got["target_ids"], [[6, 7, 11, 12, 0, 0, 0], [13, 14, 15, 16, 9, 10, 17]]
+        got.target_ids_BxT, [[6, 7, 11, 12, 0, 0, 0], [13, 14, 15, 16, 9, 10, 17]]
     )
     np.testing.assert_array_equal(
-        got["segment_ids"], [[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 2, 2]]
+        got.segment_ids_BxT, [[1, 1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 2, 2]]
     )
     # positions restart at each example; padding keeps counting (never attended to)
-    np.testing.assert_array_equal(got["positions"], [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 0, 1]])
+    np.testing.assert_array_equal(got.positions_BxT, [[0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 0, 1]])
     # a target counts when it is a response token: 11, 12 | 13..16 and 17
-    np.testing.assert_array_equal(got["mask"], [[0, 0, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0, 1]])
+    np.testing.assert_array_equal(got.mask_BxT, [[0, 0, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0, 1]])
 
 
 def test_pack_examples_fills_rows_in_order():
@@ -115,13 +115,13 @@ def _one_hot_model():
 
 def test_sft_loss_by_hand():
     arch, params = _one_hot_model()
-    batch = {
-        "input_ids": jnp.array([[0, 1, 2, 3]], jnp.int32),
-        "target_ids": jnp.array([[1, 2, 2, 1]], jnp.int32),
-        "positions": jnp.array([[0, 1, 2, 3]], jnp.int32),
-        "segment_ids": jnp.ones((1, 4), jnp.int32),
-        "mask": jnp.array([[0.0, 1.0, 1.0, 1.0]]),
-    }
+    batch = rl_batch.TokenBatch(
+        input_ids_BxT=jnp.array([[0, 1, 2, 3]], jnp.int32),
+        target_ids_BxT=jnp.array([[1, 2, 2, 1]], jnp.int32),
+        positions_BxT=jnp.array([[0, 1, 2, 3]], jnp.int32),
+        segment_ids_BxT=jnp.ones((1, 4), jnp.int32),
+        mask_BxT=jnp.array([[0.0, 1.0, 1.0, 1.0]]),
+    )
     # masked targets: t=1 (1→2, other: ln 6), t=2 (2→2, same: ln 2), t=3 (3→1, other: ln 6)
     # token mean = (2·ln 6 + ln 2) / 3; argmax is the input token: right only at t=2 → 1/3
     loss, metrics = sft_loss_jit(params, arch, batch)
@@ -136,7 +136,7 @@ def test_sft_loss_by_hand():
 def test_sft_loss_all_masked_is_zero_not_nan():
     arch, params = _one_hot_model()
     batch = collate_sft([[1]], [[2]], rows=2, seq_len=4, pad_id=0)
-    batch["mask"][:] = 0.0
+    batch.mask_BxT[:] = 0.0
     loss, _ = sft_loss_jit(params, arch, batch)
     assert float(loss) == 0.0
 
@@ -200,10 +200,7 @@ def test_micro_batching_equals_full_batch_gradient(qwen2_pair, sgd_steps):
     # equally; the global denominator weights every token equally.
     prompts = [rng.integers(2, 128, 2).tolist() for _ in range(4)]
     responses = [rng.integers(2, 128, n).tolist() for n in (1, 1, 9, 9)]
-    batch = {
-        k: jnp.asarray(v)
-        for k, v in collate_sft(prompts, responses, rows=4, seq_len=12, pad_id=0).items()
-    }
+    batch = jax.tree.map(jnp.asarray, collate_sft(prompts, responses, rows=4, seq_len=12, pad_id=0))
     results = {n: step(init_state(model.params, SGD), batch) for n, step in sgd_steps.items()}
     (s1, m1), (s2, m2) = results[1], results[2]
     np.testing.assert_allclose(float(m2["loss"]), float(m1["loss"]), rtol=1e-5)
@@ -214,7 +211,7 @@ def test_micro_batching_equals_full_batch_gradient(qwen2_pair, sgd_steps):
     for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
     # the per-micro-batch average that the global denominator avoids is a different number
-    halves = [{k: v[i : i + 2] for k, v in batch.items()} for i in (0, 2)]
+    halves = [rl_batch.take_rows(batch, i, i + 2) for i in (0, 2)]
     naive = np.mean([float(sft_loss_jit(model.params, model.config, h)[0]) for h in halves])
     assert abs(naive - float(m1["loss"])) > 1e-3
     assert int(s1.step) == 1 and int(s1.skipped) == 0

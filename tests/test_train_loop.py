@@ -116,19 +116,20 @@ def test_train_step_is_compiled_before_the_dispatch_lock_is_taken(tmp_path, capl
     import jax
 
     from rlvr_jax import config
-    from rlvr_jax.training.rl_loop import RLTrainer
+    from rlvr_jax.training.loop import Trainer
 
     cfg = config.load(tiny_run(tmp_path), ["train.max_steps=1", "log.progress_bar=false"])
-    trainer = RLTrainer(cfg)
+    trainer = Trainer(cfg)
     try:
-        trainer.stream.start()
-        asm, _ = trainer._collect(1)
-        trainer._compile_ahead(asm.kept)
-        T = trainer._batch_length(asm.kept)
-        assert trainer._compiled_buckets == {T}
+        trainer.source.start()
+        batch = trainer.source.next(trainer.version)
+        trainer.update.compile(trainer.state, batch)
         with jax.log_compiles(), caplog.at_level("WARNING"):
-            jax.block_until_ready(trainer._update(asm))
+            state, metrics, n = trainer.update.update(trainer.state, batch)
+            jax.block_until_ready((state, metrics))
             jax.jit(lambda x: x * 3.25)(1.0)  # a compile that is logged: the capture works
+        trainer.state = state
+        assert n == 1
         compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
         assert any("jit(<lambda>)" in m for m in compiled), compiled
         assert not [m for m in compiled if "jit(step)" in m], compiled

@@ -77,3 +77,118 @@ def test_vllm_generates_and_takes_pushed_weights(tmp_path):
     )
     assert [c.tokens for c in after] == [c.tokens for c in reference]
     assert after[0].policy_versions == [1] * 6
+
+
+# -- `rollout.backend: vllm` behind the trainer's stream interface -----------------------
+
+
+class EngineAsVllm:
+    """Stands in for `VllmRollout` where vLLM cannot run (CPU): the same two methods, backed by
+    our engine, so `VllmStream`'s queueing, grouping, meta and weight hand-over are exercised."""
+
+    def __init__(self, model):
+        self.model, self.version, self.calls, self.loaded = model, 0, [], []
+
+    def update_weights(self, params, version):
+        import dataclasses
+
+        self.model = dataclasses.replace(self.model, params=params)
+        self.version = version
+        self.loaded.append(version)
+
+    def generate_completions(self, prompts, *, max_new_tokens, sampling, num_samples,
+                             stop_token_ids, seeds):  # fmt: skip
+        from rlvr_jax.rollout import generate
+
+        self.calls.append(len(prompts))
+        out = []
+        for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+            for c in generate(self.model, [prompt], max_new_tokens=max_new_tokens,
+                              temperature=sampling.temperature, num_samples=num_samples,
+                              stop_token_ids=stop_token_ids, seed=seed):  # fmt: skip
+                out.append(dataclasses_replace(c, i, self.version))
+        return out
+
+
+def dataclasses_replace(c, prompt_index, version):
+    import dataclasses
+
+    return dataclasses.replace(
+        c, prompt_index=prompt_index, policy_versions=[version] * len(c.tokens)
+    )
+
+
+@pytest.mark.parametrize("threaded", [True, False])
+def test_vllm_scheduler_behind_the_stream_groups_requests_with_meta_and_weights(tmp_path, threaded):
+    from rlvr_jax.rollout import RolloutStream
+    from rlvr_jax.rollout.vllm_backend import VllmScheduler
+
+    H.build_hf_checkpoint("qwen2", tmp_path, seed=5)
+    model = models.load_pretrained(tmp_path)
+    engine = EngineAsVllm(model)
+    stream = RolloutStream(None, scheduler=VllmScheduler(engine, version=3), max_new_tokens=4)
+    if threaded:
+        stream.start()
+    for rid, prompt in enumerate([[5, 6, 7], [9, 10], [11]]):
+        stream.submit(rid, prompt, num_samples=2, seed=rid, meta={"row": rid})
+    groups = stream.step() if not threaded else [stream.get(timeout=120) for _ in range(3)]
+    by_id = {g.request_id: g for g in groups}
+    assert sorted(by_id) == [0, 1, 2]
+    for rid, g in by_id.items():
+        assert g.meta == {"row": rid} and len(g.completions) == 2
+        assert [c.sample_index for c in g.completions] == [0, 1]
+        assert all(c.policy_versions == [3] * len(c.tokens) for c in g.completions)
+    # a weight update is loaded before the next generate call, and tokens record it
+    stream.update_weights(jax.tree.map(lambda x: 1.5 * x, model.params), 4)
+    stream.submit(9, [5, 6], num_samples=1, seed=0, meta=None)
+    (g,) = stream.step() if not threaded else [stream.get(timeout=120)]
+    assert engine.loaded == [4] and g.completions[0].policy_versions[0] == 4
+    with pytest.raises(ValueError, match="num_samples must be >= 1"):
+        stream.submit(10, [5], num_samples=0, seed=0)
+    stream.stop()
+
+
+def test_vllm_backend_without_vllm_is_a_config_error_naming_the_key(tmp_path, capsys):
+    from helpers_train import tiny_run
+
+    from rlvr_jax import cli
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    cfg = tiny_run(tmp_path)
+    assert cli.train_main(["--config", str(cfg), "rollout.backend=vllm"]) == 2
+    err = capsys.readouterr().err
+    assert "rollout.backend: vllm" in err and "rlvr_jax[vllm]" in err
+    # the dry-run plans for the target machine: no vllm needed
+    assert cli.train_main(["--config", str(cfg), "rollout.backend=vllm", "--dry-run"]) == 0
+
+
+@pytest.mark.slow
+def test_trainer_runs_on_the_vllm_backend_source(tmp_path, monkeypatch):
+    # rollout.backend: vllm builds VllmStream (not our RolloutStream) behind the same source
+    from helpers_train import tiny_run
+
+    from rlvr_jax import config
+    from rlvr_jax.rollout import vllm_backend
+    from rlvr_jax.training.loop import Trainer
+
+    built = []
+
+    def fake_rollout(model, **_):
+        built.append(EngineAsVllm(model))
+        return built[-1]
+
+    monkeypatch.setattr(vllm_backend, "VllmRollout", fake_rollout)
+    cfg = config.load(
+        tiny_run(tmp_path),
+        ["rollout.backend=vllm", "train.max_steps=2", "log.progress_bar=false"],
+    )
+    trainer = Trainer(cfg)
+    try:
+        stream = trainer.source.rollouts.stream
+        assert isinstance(stream.scheduler, vllm_backend.VllmScheduler)
+        trainer.run()
+    finally:
+        trainer.close()
+    # each update's weights were loaded into the one engine (step 2 generated with update 1's)
+    assert len(built) == 1 and built[0].calls == [2, 2] and built[0].loaded == [1, 2]

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlvr_jax.bench import common
+from rlvr_jax.bench import common, progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +123,7 @@ def run_one(
     if plot_dir is not None and sub.plots:
         argv += ["--plot", str(plot_dir / f"{name}.png")]
     print(f"\n== rlvr-bench {name} {' '.join(argv)}", flush=True)
+    progress.begin(f"rlvr-bench {name}")
     start = time.perf_counter()
     try:
         code = importlib.import_module(sub.module).main(argv)

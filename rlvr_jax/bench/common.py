@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.bench import progress
 from rlvr_jax.models import ArchConfig
 
 DATASHEET_BF16_TFLOPS: tuple[tuple[str, str, float], ...] = (
@@ -118,7 +119,7 @@ def time_calls(fn: Callable[[], Any], repeats: int) -> Timings:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     fn()
     wall, cpu = [], []
-    for _ in range(repeats):
+    for _ in progress.steps(range(repeats), "timed call"):
         start_wall, start_cpu = time.perf_counter(), time.process_time()
         fn()
         wall.append(time.perf_counter() - start_wall)
@@ -131,6 +132,7 @@ def compile_ahead(fn: Callable, *args: Any, donate: tuple[int, ...] = ()) -> tup
     compiles, and the compiled object reports its buffer sizes (`compiled_memory`)."""
     import jax
 
+    progress.line(f"compiling {getattr(fn, '__name__', type(fn).__name__)}")
     start = time.perf_counter()
     compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
     return compiled, time.perf_counter() - start

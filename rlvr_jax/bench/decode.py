@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from rlvr_jax.bench import progress
 from rlvr_jax.bench.roofline import machine_info, measure_roofline
 from rlvr_jax.models import ArchConfig, Model, load_pretrained
 from rlvr_jax.rollout import (
@@ -162,7 +163,9 @@ def _interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[
     load change on a shared machine hits every contender alike."""
     best = {name: float("inf") for name in fns}
     outputs: dict[str, Any] = {}
-    for _ in range(repeats):
+    for r in range(repeats):
+        if len(fns) > 1:  # a comparison (single probes are quick)
+            progress.line(f"timing {', '.join(fns)}: round {r + 1}/{repeats}")
         for name, fn in fns.items():
             start = time.perf_counter()
             out = fn()
@@ -235,6 +238,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
     """Runs both workloads and the roofline probe; returns the JSON-able results."""
     load_before = os.getloadavg()
     rng = np.random.default_rng(cfg.seed)
+    progress.line("building the model (random weights, HF and ours)")
     with tempfile.TemporaryDirectory() as tmp:
         hf, model = build_models(cfg, tmp)
     prompts_np = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.prompt))
@@ -249,6 +253,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
     if not skip_hf:
         throughput["hf_generate"] = functools.partial(_hf_generate, hf, prompts_np, cfg.new)
         _hf_generate(hf, prompts_np[:, : min(8, cfg.prompt)], 2)  # warm up
+    progress.line("throughput workload: compiling and warming up the engine")
     for b in ("continuous", "static"):
         throughput[b]()  # compile + warm up
     walls, outs = _interleaved_best(throughput, cfg.repeats)
@@ -262,6 +267,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
     long_core = EngineCore(
         model, max_slots=cfg.batch, max_len=cfg.long_prompt + cfg.long_new, chunk=cfg.chunk
     )
+    progress.line("long-tailed workload: compiling and warming up")
     run_long_tail(long_core, long_prompts[: cfg.batch], lengths[: cfg.batch], "continuous")
     long_walls, stats = _interleaved_best(
         {
@@ -270,6 +276,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
         },
         cfg.repeats,
     )
+    progress.line("profile: prefill and decode step")
     profile = profile_engine(core, prompts, cfg.repeats)
     sizes = dict(size=256, bandwidth_mib=16) if cfg == QUICK else {}
     roof = max(measure_roofline(**sizes), measure_roofline(**sizes), key=lambda r: r["peak_gflops"])

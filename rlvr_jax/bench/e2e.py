@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr_jax import timeline as tl
-from rlvr_jax.bench import common
+from rlvr_jax.bench import common, progress
 
 DEFAULT_CONFIG = "configs/demo.yaml"
 
@@ -108,8 +108,8 @@ def run_mode(
     config_path: str | Path, overrides: list[str], mode: str, *, steps: int, warmup: int, out: Path
 ) -> ModeRun:
     """Trains `warmup + steps` steps in `mode` ("sync" or "async"); the measured figures."""
+    from rlvr_jax.training.loop import Trainer
     from rlvr_jax.training.metrics import read_jsonl
-    from rlvr_jax.training.rl_loop import RLTrainer
 
     cfg = load_config(
         config_path, [*overrides, f"rollout.mode={mode}"], steps=warmup + steps, out=out / mode
@@ -117,8 +117,9 @@ def run_mode(
     if cfg.algorithm != "rl":
         raise ValueError(f"rlvr-bench e2e runs algorithm: rl; the config has {cfg.algorithm!r}")
     timeline = tl.Timeline()
+    progress.line(f"{mode} mode: {warmup} warm-up + {steps} timed training steps")
     t0 = time.perf_counter()
-    trainer = RLTrainer(cfg, timeline=timeline)
+    trainer = Trainer(cfg, timeline=timeline)
     try:
         start = timeline.mark("start")
         trainer.run()
@@ -164,6 +165,7 @@ def trl_peer(
         from rlvr_jax.bench.trl_peer import run_trl
 
         cfg = load_config(config_path, overrides, steps=warmup + steps, out=out / "trl")
+        progress.line(f"TRL GRPOTrainer peer: {warmup} warm-up + {steps} timed steps")
         return run_trl(cfg, steps=steps, warmup=warmup, out=out)
     except Exception as e:  # reported in the row: the peer never fails the bench
         return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}

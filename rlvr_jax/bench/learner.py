@@ -18,6 +18,7 @@ datasheet bf16 peak of the device. `profile` times the pieces separately (LM hea
 forward/backward, optimizer update) to show where the step's time goes.
 
     rlvr-bench learner [--preset cpu|quick|gpu-1b] [--json FILE] [--plot FILE.png] [sizes...]
+    rlvr-bench learner --workload attention-memory [--json FILE] [--plot FILE.png]
 """
 
 from __future__ import annotations
@@ -33,8 +34,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import losses, models
-from rlvr_jax.bench import common
+from rlvr_jax.bench import common, progress
+from rlvr_jax.models.attention import IMPLS
 
+WORKLOADS = ("step", "attention-memory")
+"""`--workload`: the timed train step, or the attention kernels' memory."""
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
 
@@ -71,6 +75,8 @@ class LearnerBenchConfig:
     logits_chunk: int = 0
     """Positions per LM-head + log-softmax chunk, 0 = all at once (`train.logits_chunk`; must
     divide `seq`)."""
+    attention_impl: str = "auto"
+    """Attention kernel (`model.attention_impl`: auto | xla | blockwise | cudnn | splash)."""
     repeats: int = 3
     """Timed calls per measurement after one warm-up call (the best is reported)."""
     seed: int = 0
@@ -106,7 +112,10 @@ class LearnerBenchConfig:
         from rlvr_jax.training.learner import MemoryOptions
 
         return MemoryOptions(
-            remat=self.remat, attn_chunk=self.attn_chunk, logits_chunk=self.logits_chunk
+            remat=self.remat,
+            attn_chunk=self.attn_chunk,
+            logits_chunk=self.logits_chunk,
+            attention_impl=self.attention_impl,
         )
 
     def arch(self) -> models.ArchConfig:
@@ -141,11 +150,11 @@ PRESETS: dict[str, LearnerBenchConfig] = {
 
 def synthetic_batch(
     arch: models.ArchConfig, *, rows: int, seq: int, seed: int, with_old_logp: bool
-) -> dict[str, np.ndarray]:
-    """A realistic learner batch from `collate`: each row a prompt of 1..seq/4 tokens and a
-    completion filling a random 25..100% of the rest, right-padded; sampler log-probs near a
-    random model's −log V; advantages ~ N(0, 1). `seq` is the learner's T (rows hold seq + 1
-    tokens before the shift)."""
+) -> Any:
+    """A realistic learner batch (`RLBatch`, numpy) from `collate`: each row a prompt of
+    1..seq/4 tokens and a completion filling a random 25..100% of the rest, right-padded;
+    sampler log-probs near a random model's −log V; advantages ~ N(0, 1). `seq` is the
+    learner's T (rows hold seq + 1 tokens before the shift)."""
     from rlvr_jax.training.batch import Sample, collate
 
     rng = np.random.default_rng(seed)
@@ -165,8 +174,8 @@ def synthetic_batch(
         )
     batch = collate(samples, rows=rows, seq_len=seq + 1, pad_id=0)
     if with_old_logp:
-        noise = 0.05 * rng.standard_normal(batch["mask"].shape).astype(np.float32)
-        batch["old_logp"] = batch["sampler_logp"] + noise * batch["mask"]
+        noise = 0.05 * rng.standard_normal(batch.mask_BxT.shape).astype(np.float32)
+        batch = batch.replace(old_logp_BxT=batch.sampler_logp_BxT + noise * batch.mask_BxT)
     return batch
 
 
@@ -236,10 +245,10 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     arrays = synthetic_batch(
         arch, rows=cfg.batch, seq=cfg.seq, seed=cfg.seed, with_old_logp=old_from == "batch"
     )
-    batch = {k: jnp.asarray(v) for k, v in arrays.items()}
+    batch = jax.tree.map(jnp.asarray, arrays)
     step = learner.make_train_step(
         arch, optimizer, settings, max_len=cfg.seq, n_micro=cfg.n_micro,
-        compute_dtype=compute_dtype, old_from=old_from, memory=cfg.memory(),
+        compute_dtype=compute_dtype, memory=cfg.memory(),
     )  # fmt: skip
     holder = {"state": learner.init_state(params, optimizer)}
     train, train_compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))
@@ -337,7 +346,9 @@ def run(
 
     load_before = common.machine_info()["loadavg"]
     roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)
+    progress.line("train step and log-prob forward")
     measured = measure(cfg, trace_dir=trace_dir)
+    progress.line("fp32 matmul peak again")
     after_fp32 = matmul_gflops(cfg.roofline_size, jnp.float32)
     machine = common.machine_info()
     if datasheet_tflops:
@@ -371,7 +382,8 @@ def format_result(result: dict[str, Any]) -> str:
         f"rlvr-bench learner: d={cfg['d_model']} L={cfg['n_layers']} V={cfg['vocab']} "
         f"({result['flops']['params'] / 1e6:.1f}M params), {cfg['batch']} x {cfg['seq']} tokens, "
         f"{cfg['dtype']}, loss {cfg['loss']}, n_micro={cfg['n_micro']}, remat={cfg['remat']}, "
-        f"attn_chunk={cfg['attn_chunk']}, logits_chunk={cfg['logits_chunk']}"
+        f"attn_chunk={cfg['attn_chunk']}, logits_chunk={cfg['logits_chunk']}, "
+        f"attention {cfg['attention_impl']}"
     )
     rows = []
     for name in ("train_step", "logprob_forward"):
@@ -439,6 +451,18 @@ def plot(result: dict[str, Any], path: str) -> None:
     common.save_plot(path, panels, "rlvr-bench learner")
 
 
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if len(values) < 3 or list(values) != sorted(set(values)) or values[0] < 2:
+        raise argparse.ArgumentTypeError(f"need at least 3 increasing lengths >= 2, got {text!r}")
+    return values
+
+
 def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfig]:
     """The command line → (arguments, config): a preset, then any explicit size over it."""
     p = argparse.ArgumentParser(prog="rlvr-bench learner", description=__doc__.split("\n")[0])
@@ -455,11 +479,24 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfi
         p.add_argument(flag, dest=field, type=int, help=f"override the preset's {field}")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="compute dtype")
     p.add_argument("--loss", help="loss preset (default olmo3)")
+    p.add_argument("--attention", choices=IMPLS, help="attention kernel (default auto)")
     p.add_argument("--remat", action="store_true", help="rematerialise each layer (backward)")
     p.add_argument("--no-profile", action="store_true", help="skip the per-piece timings")
     p.add_argument("--device-kind", help="device kind for the datasheet lookup (default: detected)")
     p.add_argument("--datasheet-tflops", type=float, help="datasheet bf16 TFLOP/s (MFU base)")
     p.add_argument("--trace", help="profile one more step into this directory; list its top ops")
+    p.add_argument(
+        "--workload",
+        choices=WORKLOADS,
+        default="step",
+        help="step: time the train step (default); attention-memory: peak memory of one "
+        "micro-batch per attention kernel, T up to 8K (rlvr_jax.bench.attention_memory)",
+    )
+    p.add_argument(
+        "--seqs",
+        type=_int_list,
+        help="attention-memory: comma-separated row lengths (default 1024,2048,4096,8192)",
+    )
     args = p.parse_args(argv)
     cfg = PRESETS["quick" if args.quick else args.preset]
     overrides = {f: getattr(args, f) for f in sizes.values() if getattr(args, f) is not None}
@@ -467,6 +504,8 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfi
         overrides["dtype"] = DTYPES[args.dtype]
     if args.loss:
         overrides["loss"] = args.loss
+    if args.attention:
+        overrides["attention_impl"] = args.attention
     if args.no_profile:
         overrides["profile"] = False
     if args.remat:
@@ -488,12 +527,20 @@ def main(argv: list[str]) -> int:
     except losses.LossSettingsError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    kw = dict(device_kind=args.device_kind, datasheet_tflops=args.datasheet_tflops)
-    result = run(cfg, trace_dir=args.trace, **kw)
-    print(format_result(result))
+    if args.workload == "attention-memory":
+        from rlvr_jax.bench import attention_memory as workload
+
+        result = workload.run(cfg, seqs=args.seqs or workload.SEQS)
+        print(workload.format_result(result["attention_memory"]))
+        draw = workload.plot
+    else:
+        kw = dict(device_kind=args.device_kind, datasheet_tflops=args.datasheet_tflops)
+        result = run(cfg, trace_dir=args.trace, **kw)
+        print(format_result(result))
+        draw = plot
     if args.json:
         print(f"wrote {common.write_json(args.json, result)}", file=sys.stderr)
     if args.plot:
-        plot(result, args.plot)
+        draw(result, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0

@@ -19,6 +19,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax.bench import progress
+
 
 def _best_seconds(fn: Callable[[], jax.Array], *, repeats: int, trials: int) -> float:
     """Best (over `trials`) mean wall time of `repeats` back-to-back calls of `fn`."""
@@ -85,6 +87,7 @@ def measure_roofline(*, size: int = 2048, bandwidth_mib: int = 256) -> dict:
     "peak_gflops": .. (the fp32 matmul figure, DESIGN.md's CPU denominator; on
     accelerators the larger of the two dtypes), "config": {...}, "machine": {...}}`.
     """
+    progress.line(f"roofline: {size}^3 matmuls, {bandwidth_mib} MiB bandwidth probe")
     gflops = {
         "float32": matmul_gflops(size, jnp.float32),
         "bfloat16": matmul_gflops(size, jnp.bfloat16),

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.bench import progress
 from rlvr_jax.config.schema import Config, RewardsConfig
 
 TEXT_TEMPLATES = ("plain", "r1")
@@ -168,7 +169,7 @@ def run_trl(cfg: Config, *, steps: int, warmup: int, out: Path) -> dict[str, Any
     import trl
 
     from rlvr_jax.data import load_tokenizer
-    from rlvr_jax.training.run import ensure_model
+    from rlvr_jax.models.bootstrap import ensure_model
 
     path = ensure_model(cfg)
     tokenizer = load_tokenizer(path)
@@ -184,6 +185,7 @@ def run_trl(cfg: Config, *, steps: int, warmup: int, out: Path) -> dict[str, Any
 
         def on_step_end(self, args, state, control, **kwargs):
             marks["steps"].append(time.perf_counter())
+            progress.line(f"TRL step {state.global_step}/{warmup + steps}")
 
     trainer = trl.GRPOTrainer(
         model=model,

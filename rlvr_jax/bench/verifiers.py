@@ -23,6 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rlvr_jax.bench import progress
+
 Case = tuple[str, str]  # (response, gold)
 
 
@@ -97,6 +99,7 @@ def bench_math(n: int, workers: int) -> dict[str, Any]:
     from rlvr_jax.rewards.math.quick import quick_match
     from rlvr_jax.rewards.service import RewardService
 
+    progress.line(f"math: {n} verifications, sequential then {workers} service workers")
     cases = math_mix(n, seed=1)
     symbolic = [(r, g) for r, g in cases if quick_match(extract_answer(r) or "", g) is None]
     verify(*math_mix(1, seed=99)[0])  # start the shared pool outside the timing
@@ -148,6 +151,7 @@ def bench_code(n: int, parallel: int) -> dict[str, Any]:
         first = run_tests(_PROGRAM, _TESTS)
     except Exception as e:  # e.g. the sandbox cannot isolate on this machine
         return {"skipped": f"the sandbox does not run here: {type(e).__name__}: {e}"}
+    progress.line(f"code: {n} sandboxed programs, sequential then {parallel} threads")
     start = time.perf_counter()
     scores = [run_tests(_PROGRAM, _TESTS) for _ in range(n)]
     sequential_s = time.perf_counter() - start

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.bench import common
+from rlvr_jax.bench import common, progress
 
 
 def _normal_cdf(x: float) -> float:
@@ -227,6 +227,7 @@ def measure(
     warm = min(requests, 2 * slots)
     stats, walls = {}, {}
     for batching in ("static", "continuous"):
+        progress.line(f"engine, {batching} batching: warm up, then {requests} requests")
         _run_engine(core, prompts[:warm], lengths[:warm], batching)  # compile + warm up
         stats[batching], walls[batching] = _run_engine(core, prompts, lengths, batching)
     predicted = {
@@ -336,6 +337,7 @@ def run(cfg: WasteBenchConfig) -> dict[str, Any]:
     """The simulation and the engine measurement; the nested JSON-able result."""
     dist = LengthDistribution.fit(mean=cfg.mean, cap=cfg.cap, sigma=cfg.sigma)
     small = dist.scaled(cfg.measured_cap)
+    progress.line(f"simulating {cfg.requests} requests")
     simulated = simulate(
         dist, requests=cfg.requests, slots=cfg.slots, sweep=cfg.sweep, seed=cfg.seed
     )

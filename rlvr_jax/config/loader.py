@@ -46,6 +46,19 @@ def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -
     return from_dict(raw, source=where)
 
 
+def check_runtime(cfg: Config, *, source: str = "<config>") -> None:
+    """Raises ConfigError when this machine lacks what `cfg` needs to run (not to be planned:
+    `rlvr-train --dry-run` skips it): today the `vllm` package for `rollout.backend: vllm`."""
+    import importlib.util
+
+    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"{source}: rollout.backend: vllm needs the vllm package, which is not installed "
+            "here; install the extra on a GPU machine (pip install 'rlvr_jax[vllm]') or set "
+            "rollout.backend: jetstream (our engine, runs everywhere)"
+        )
+
+
 def from_dict(raw: dict[str, Any], *, source: str = "<dict>") -> Config:
     """Validates a plain nested dict against the schema."""
     return _build(Config, raw, "", source)

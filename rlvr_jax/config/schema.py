@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 REQUIRED: Any = dataclasses.MISSING  # marks a field the YAML must set
+DRY_RUN_ONLY = {"dry_run_only": True}
+"""Field metadata of keys only `rlvr-train --dry-run`'s memory plan reads (the target machine's
+description); every other key is read by the run itself (tests/test_config_keys_read.py)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,11 @@ class ModelConfig:
     """Storage dtype of the policy parameters."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Dtype of matmuls and activations; the LM head and log-softmax always run in fp32."""
+    attention_impl: Literal["auto", "xla", "blockwise", "cudnn", "splash"] = "auto"
+    """Learner attention kernel (`rlvr_jax.models.attention`): `xla` materialises [B, T, T]
+    masks and [B, N, T, T] scores (the reference); `blockwise` is online-softmax XLA in
+    O(T · block) memory; `cudnn` (GPU, bf16) and `splash` (TPU) are fused kernels. `auto`:
+    splash on TPU, cuDNN on GPU where it applies, else blockwise."""
 
 
 @dataclass(frozen=True)
@@ -70,11 +78,11 @@ class MeshConfig:
     """Axis sizes of the actor sub-mesh (default: decode slots split over all its devices)."""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     """Multi-host initialisation."""
-    hardware: str | None = None
+    hardware: str | None = field(default=None, metadata=DRY_RUN_ONLY)
     """Name of the target hardware (e.g. "TPU v5p-128", "8xH100-80GB"), for the dry-run plan."""
-    plan_devices: int = 0
+    plan_devices: int = field(default=0, metadata=DRY_RUN_ONLY)
     """Devices the dry-run plan assumes (0 = the devices this process sees)."""
-    device_memory_gib: float = 0.0
+    device_memory_gib: float = field(default=0.0, metadata=DRY_RUN_ONLY)
     """Memory per device the dry-run plan checks against (0 = unknown / not checked)."""
 
 
@@ -163,9 +171,10 @@ class LossConfig:
     advantage: str | None = None
     """Advantage estimator: registered name or `module:function`."""
     eps_low: float | None = None
-    """Lower clip range; None = the variant's default."""
+    """Lower clip range; None = the variant's default; ignored by a variant without one."""
     eps_high: float | None = None
-    """Upper clip range (clip-higher); None = the variant's default."""
+    """Upper clip range (clip-higher); None = the variant's default; ignored by a variant
+    without one (reinforce)."""
     agg: str | None = None
     """Aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
     seq-mean-token-sum-norm."""
@@ -223,6 +232,17 @@ class RewardsConfig:
     """Judge model name sent to the endpoint."""
     judge_api_key_env: str = "RLVR_JUDGE_API_KEY"
     """Environment variable holding the judge's API key (never logged)."""
+    rubric_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible endpoint scoring `rubric` criteria (default: `rlvr-serve` here); its
+    API key comes from `judge_api_key_env`."""
+    rubric_model: str | None = None
+    """Model name sent to the rubric judge (None = the first model its `/models` lists)."""
+    rubric_timeout_s: float = 30.0
+    """Bound on each rubric judge request attempt (connecting and each wait for the server)."""
+    rubric_max_concurrency: int = 16
+    """Rubric judge requests in flight at once."""
+    rubric_cache_size: int = 100_000
+    """Criterion scores cached by (prompt, response, criterion); 0 = no cache."""
 
 
 @dataclass(frozen=True)
@@ -258,11 +278,17 @@ class TrainConfig:
     remat: bool = False
     """Rematerialise each layer in the backward pass (activation memory ~ one layer)."""
     attn_chunk: int = 0
-    """Attention computed this many queries at a time (0 = all): N·chunk·S scores live at
-    once instead of N·S² (long-context training)."""
+    """Deprecated (use `model.attention_impl`): with `xla` attention, queries per chunk
+    (N·chunk·S scores live at once instead of N·S²); with `blockwise`, its tile size
+    (0 = 512); cudnn/splash ignore it."""
     logits_chunk: int = 0
     """LM head + log-softmax computed this many positions at a time (0 = all): never holds the
     B×T×V fp32 logits at once."""
+    max_tokens_per_micro_batch: int = 0
+    """Pack sequences (prompt + completion) several to a row and size micro-batches by tokens:
+    rows of the batch's length bucket, as many per micro-batch as this many tokens allow, the
+    number of micro-batches following the batch's tokens (a few compiled shapes). 0 = one
+    sequence per row, `micro_batch_size` rows per micro-batch."""
     bucket_min_len: int = 32
     """Learner rows are padded to the batch's longest prompt + completion rounded up to
     bucket_min_len·2^k (a multiple of the chunk sizes; at most max_prompt_len +
@@ -299,6 +325,10 @@ class CheckpointConfig:
     """Resume from the latest complete checkpoint in `train.output_dir`."""
     export_hf: bool = True
     """Export the final policy as an HF checkpoint."""
+    verify: Literal["checksum", "size", "off"] = "checksum"
+    """File check of each checkpoint: a manifest of every file's size and CRC-32 is written
+    after the save (in the background) and checked before a resume, naming a damaged file;
+    `size`: sizes only (catches cut-short files, reads nothing); `off`: no manifest."""
 
 
 @dataclass(frozen=True)
@@ -325,6 +355,9 @@ class LogConfig:
     """Completions logged as text per step."""
     plots: bool = True
     """PNG plots of the main curves at the end."""
+    log_level: Literal["debug", "info", "warning", "error"] = "warning"
+    """Level of the libraries' own logs (absl, orbax, JAX, JetStream, TensorFlow): "warning"
+    keeps their INFO lines off; rlvr_jax's one-line messages always show. `--verbose` = "info"."""
 
 
 @dataclass(frozen=True)

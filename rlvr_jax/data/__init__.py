@@ -5,7 +5,13 @@ Importing this package is light: transformers, tokenizers, pyarrow and TensorFlo
 inside the functions that use them (TensorFlow always through `tf_utils.import_tensorflow`).
 """
 
-from rlvr_jax.data.formatting import TEMPLATES, format_prompt, prompt_length_fn
+from rlvr_jax.data.formatting import (
+    TEMPLATES,
+    format_prompt,
+    prompt_encoder,
+    prompt_ids,
+    prompt_length_fn,
+)
 from rlvr_jax.data.mixture import PromptIterator, build_prompt_iterator, load_eval_rows
 from rlvr_jax.data.rows import BadRow, DataError, PromptRow, UnknownVerifier, row_from_record
 from rlvr_jax.data.sources import PromptSource, load_source, load_sources
@@ -38,6 +44,8 @@ __all__ = [
     "load_source",
     "load_sources",
     "load_tokenizer",
+    "prompt_encoder",
+    "prompt_ids",
     "prompt_length_fn",
     "reference_response",
     "row_from_record",

@@ -74,3 +74,34 @@ def prompt_length_fn(tokenizer: Any, template: str) -> Callable[[PromptRow], int
     if template not in TEMPLATES:
         raise ValueError(f"unknown prompt template {template!r}; expected one of {list(TEMPLATES)}")
     return lambda row: len(format_prompt(row, tokenizer, template))
+
+
+def prompt_encoder(tokenizer: Any, template: str) -> Callable[[PromptRow], list[int]]:
+    """`row -> format_prompt(row, tokenizer, template)`: the sources' `encode` (a row's prompt
+    is tokenized once, when its source loads, and kept as `row.prompt_ids`)."""
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown prompt template {template!r}; expected one of {list(TEMPLATES)}")
+    return lambda row: format_prompt(row, tokenizer, template)
+
+
+def prompt_ids(row: PromptRow, tokenizer: Any, template: str) -> list[int]:
+    """The row's prompt token ids: those computed when its source loaded, else encoded now."""
+    if row.prompt_ids is not None:
+        return [int(t) for t in row.prompt_ids]
+    return format_prompt(row, tokenizer, template)
+
+
+RESPONSE_SEPARATORS = {"plain": "\n", "r1": " ", "chat": ""}
+"""Text between a prompt (under each template) and its response: an SFT response (and the
+demo corpus) starts with it, as the policy's completions do."""
+
+
+def encode_response(response: str, tokenizer: Any, template: str) -> list[int]:
+    """The ids of a response as it follows a `template` prompt: separator, text, EOS id."""
+    if template not in RESPONSE_SEPARATORS:
+        raise ValueError(f"unknown prompt template {template!r}; expected one of {list(TEMPLATES)}")
+    if tokenizer.eos_token_id is None:
+        raise ValueError("a response ends with EOS: the tokenizer has no EOS token")
+    text = RESPONSE_SEPARATORS[template] + response
+    ids = [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
+    return [*ids, int(tokenizer.eos_token_id)]

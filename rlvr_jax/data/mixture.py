@@ -128,8 +128,9 @@ def build_prompt_iterator(
     known_verifiers: Collection[str] | None = None,
     seed: int | None = None,
 ) -> PromptIterator:
-    """Loads `cfg.sources` and mixes them. With a tokenizer, prompts longer than
-    `cfg.max_prompt_len` tokens under `cfg.prompt_template` are skipped and counted.
+    """Loads `cfg.sources` and mixes them. With a tokenizer, each prompt is tokenized once under
+    `cfg.prompt_template` (kept as `row.prompt_ids`) and those longer than `cfg.max_prompt_len`
+    tokens are skipped and counted.
     `seed` defaults to `cfg.seed`."""
     if not cfg.sources:
         raise DataError("data.sources is empty: configure at least one prompt source")
@@ -155,9 +156,9 @@ def load_eval_rows(
 def _length_filter(cfg: DataConfig, tokenizer: Any) -> dict[str, Any]:
     if tokenizer is None:
         return {}
-    from rlvr_jax.data.formatting import prompt_length_fn
+    from rlvr_jax.data.formatting import prompt_encoder
 
     return {
-        "token_length": prompt_length_fn(tokenizer, cfg.prompt_template),
+        "encode": prompt_encoder(tokenizer, cfg.prompt_template),
         "max_prompt_len": cfg.max_prompt_len,
     }

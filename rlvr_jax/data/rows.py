@@ -59,6 +59,9 @@ class PromptRow:
     """Position of the row in its source (0-based; for JSONL, the line)."""
     response: str | None = None
     """Target response of an SFT example (None for a prompt-only row)."""
+    prompt_ids: Any = field(default=None, compare=False, repr=False)
+    """The prompt's token ids under the run's template (an int32 array), set once when the
+    source is loaded with an encoder (`load_source(..., encode=...)`); None otherwise."""
 
     def messages(self) -> list[dict[str, str]]:
         """The prompt as chat messages (a text prompt is one user message)."""
@@ -234,6 +237,18 @@ def _ifeval_truth(value: Any) -> dict:
     return {"instruction_id": list(ids), "kwargs": kwargs}
 
 
+def _rubric_truth(value: Any) -> list:
+    """A non-empty list of `{"criterion", "weight"}` (or its JSON text; see
+    `rlvr_jax.rewards.rubric.parse_rubric`), normalised to explicit float weights."""
+    from rlvr_jax.rewards.rubric import parse_rubric
+
+    try:
+        criteria = parse_rubric(value)
+    except ValueError as e:
+        raise BadRow("wrong_type", str(e)) from None
+    return [{"criterion": c.text, "weight": c.weight} for c in criteria]
+
+
 def _decoded(value: Any, kind: type, verifier: str) -> Any:
     """`value`, decoded from JSON text if it is a string, checked to be a `kind`."""
     if isinstance(value, str):
@@ -254,6 +269,7 @@ GROUND_TRUTH_CHECKS: dict[str, Callable[[Any], Any]] = {
     "ifeval": _ifeval_truth,
     "code": _code_truth,
     "judge": _judge_truth,
+    "rubric": _rubric_truth,
 }
 """Shape checks of the built-in verifiers' ground truths: each returns the normalised value or
 raises BadRow. Structured ground truths may arrive as JSON text (common in Parquet exports)."""

@@ -13,6 +13,7 @@ an `UnknownVerifier` error naming the row.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import gzip
 import json
 import logging
@@ -20,6 +21,8 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from rlvr_jax.config.schema import SourceConfig
 from rlvr_jax.data.rows import BadRow, DataError, PromptRow, row_from_record
@@ -122,11 +125,14 @@ def load_source(
     token_length: Callable[[PromptRow], int] | None = None,
     max_prompt_len: int | None = None,
     response: Callable[[Mapping[str, Any]], str] | None = None,
+    encode: Callable[[PromptRow], Sequence[int]] | None = None,
 ) -> PromptSource:
     """Reads and validates one source.
 
-    `known_verifiers`: names rows may use (None = no check). `token_length(row)`: the row's
-    prompt length in tokens once formatted; rows longer than `max_prompt_len` are skipped.
+    `known_verifiers`: names rows may use (None = no check). `encode(row)`: the row's prompt
+    token ids under the run's template, computed once here and kept as `row.prompt_ids`
+    (`formatting.prompt_encoder`); rows longer than `max_prompt_len` tokens are skipped.
+    `token_length(row)`: the length alone, when no encoder is given.
     `response(record)`: each row's SFT response (see `row_from_record`); records it rejects
     with BadRow are skipped and counted.
     """
@@ -149,10 +155,16 @@ def load_source(
             known_verifiers=known_verifiers,
             response=response,
         )
-        if token_length is not None and max_prompt_len is not None:
+        n = None
+        if encode is not None:
+            ids = np.asarray(encode(row), np.int32)
+            ids.setflags(write=False)
+            row = dataclasses.replace(row, prompt_ids=ids)
+            n = len(ids)
+        elif token_length is not None:
             n = token_length(row)
-            if n > max_prompt_len:
-                raise BadRow("too_long", f"prompt is {n} tokens > max_prompt_len {max_prompt_len}")
+        if n is not None and max_prompt_len is not None and n > max_prompt_len:
+            raise BadRow("too_long", f"prompt is {n} tokens > max_prompt_len {max_prompt_len}")
         return row
 
     skips = SkipLog(label)
@@ -180,6 +192,7 @@ def load_sources(
     token_length: Callable[[PromptRow], int] | None = None,
     max_prompt_len: int | None = None,
     response: Callable[[Mapping[str, Any]], str] | None = None,
+    encode: Callable[[PromptRow], Sequence[int]] | None = None,
 ) -> list[PromptSource]:
     """`load_source` for each config; source names must be distinct."""
     names = collections.Counter(source_name(c) for c in cfgs)
@@ -191,6 +204,7 @@ def load_sources(
         "token_length": token_length,
         "max_prompt_len": max_prompt_len,
         "response": response,
+        "encode": encode,
     }
     return [load_source(c, **kwargs) for c in cfgs]
 

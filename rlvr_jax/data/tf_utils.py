@@ -29,19 +29,22 @@ def import_tensorflow() -> ModuleType:
     runtime was already initialised elsewhere (its devices can then no longer be hidden), a
     warning says so and the module is returned anyway.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    from rlvr_jax.logs import quiet_native_import
 
-    for device_type in HIDDEN_DEVICE_TYPES:
-        try:
-            tf.config.set_visible_devices([], device_type)
-        except RuntimeError as e:  # the runtime was initialised before we got here
-            logger.warning(
-                "TensorFlow was initialised before rlvr_jax could hide %s devices from it; "
-                "it may hold accelerator memory that JAX needs (%s)",
-                device_type,
-                e,
-            )
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with quiet_native_import():  # its native INFO lines bypass TF_CPP_MIN_LOG_LEVEL
+        import tensorflow as tf
+
+        for device_type in HIDDEN_DEVICE_TYPES:
+            try:
+                tf.config.set_visible_devices([], device_type)
+            except RuntimeError as e:  # the runtime was initialised before we got here
+                logger.warning(
+                    "TensorFlow was initialised before rlvr_jax could hide %s devices from "
+                    "it; it may hold accelerator memory that JAX needs (%s)",
+                    device_type,
+                    e,
+                )
     return tf
 
 

@@ -27,6 +27,7 @@ import jax
 
 from rlvr_jax import models
 from rlvr_jax.config.schema import Config, TrainConfig
+from rlvr_jax.data.formatting import RESPONSE_SEPARATORS
 from rlvr_jax.data.rng import stream
 from rlvr_jax.data.tokenizer import load_tokenizer, train_tokenizer
 from rlvr_jax.demo import corpus
@@ -101,9 +102,9 @@ class PretrainRecipe:
     """Corpus documents the tokenizer is trained on."""
 
     def __post_init__(self) -> None:
-        if self.template not in corpus.RESPONSE_SEPARATORS:
+        if self.template not in RESPONSE_SEPARATORS:
             raise ValueError(
-                f"PretrainRecipe.template must be one of {list(corpus.RESPONSE_SEPARATORS)}, "
+                f"PretrainRecipe.template must be one of {list(RESPONSE_SEPARATORS)}, "
                 f"got {self.template!r}"
             )
         for name in ("problems", "steps", "batch_rows", "seq_len", "tokenizer_documents"):
@@ -157,7 +158,7 @@ def _train_tokenizer(
     recipe: PretrainRecipe, rows: list[dict], vocab_size: int, out_dir: Path
 ) -> Any:
     rng = stream(recipe.seed, "demo-tokenizer")
-    sep = corpus.RESPONSE_SEPARATORS[recipe.template]
+    sep = RESPONSE_SEPARATORS[recipe.template]
     texts = []
     for i in range(recipe.tokenizer_documents):
         row = rows[i % len(rows)]

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.data import synthetic
-from rlvr_jax.data.formatting import TEMPLATES, format_prompt
+from rlvr_jax.data.formatting import encode_response, format_prompt
 from rlvr_jax.data.rng import stream
 from rlvr_jax.data.rows import row_from_record
 from rlvr_jax.data.tasks_arithmetic import ArithmeticSpec, Node, evaluate, parse
@@ -198,24 +198,10 @@ def styled_response(
     return style, ifeval_response(row, style, rng)
 
 
-RESPONSE_SEPARATORS = {"plain": "\n", "r1": " ", "chat": ""}
-"""Text between a prompt (under each template) and its response in the corpus: the policy's
-completions start with it."""
-
-
 def encode_prompt(row: Mapping[str, Any], tokenizer: Any, template: str) -> list[int]:
     """The prompt ids of a demo row under `template` (what the trainer prompts with)."""
     record = row_from_record(row, source="demo", index=0, where="demo corpus row")
     return format_prompt(record, tokenizer, template)
-
-
-def encode_response(response: str, tokenizer: Any, template: str) -> list[int]:
-    """The ids of a response as it follows a `template` prompt, ending with the EOS id."""
-    if template not in RESPONSE_SEPARATORS:
-        raise ValueError(f"unknown prompt template {template!r}; expected one of {TEMPLATES}")
-    text = RESPONSE_SEPARATORS[template] + response
-    ids = [int(i) for i in tokenizer.encode(text, add_special_tokens=False)]
-    return [*ids, int(tokenizer.eos_token_id)]
 
 
 def styled_examples(

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.logs import setup_logging
+
 log = logging.getLogger("rlvr_jax.demo")
 
 
@@ -34,9 +36,10 @@ def _evaluate(model_path: Path, cfg: Any, rewards: Any) -> dict[str, float]:
 
 def run_demo(cfg: Any) -> dict[str, Any]:
     """Runs the demo for `cfg`; returns the report (also written next to the metrics)."""
+    from rlvr_jax.models.bootstrap import ensure_model
     from rlvr_jax.rewards import RewardService
-    from rlvr_jax.training.rl_loop import RLTrainer
-    from rlvr_jax.training.run import StopFlag, ensure_model
+    from rlvr_jax.training.loop import Trainer
+    from rlvr_jax.training.run import StopFlag
 
     out = Path(cfg.train.output_dir)
     base = ensure_model(cfg)  # the shipped / cached base model, or pretrained now
@@ -47,7 +50,7 @@ def run_demo(cfg: Any) -> dict[str, Any]:
     log.info("base model: %s", _fmt(before))
     stop = StopFlag()
     stop.install()
-    trainer = RLTrainer(cfg, stop=stop)
+    trainer = Trainer(cfg, stop=stop)
     try:
         trainer.run()
         steps = int(trainer.steps_done)
@@ -125,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlvr_jax.demo.pipeline", description=__doc__)
     p.add_argument("--config", default="configs/demo.yaml")
     p.add_argument("overrides", nargs="*", metavar="key.sub=value")
+    p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = load(args.config, args.overrides)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    setup_logging(cfg.log.log_level, verbose=args.verbose)
     if Path(cfg.train.output_dir, "checkpoints").exists():
         # the demo is a fresh run each time: an old run would be resumed, not repeated
         import shutil

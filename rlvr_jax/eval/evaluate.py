@@ -202,7 +202,7 @@ def load_policy(cfg: Any) -> tuple[Any, Any]:
 
     from rlvr_jax import models, sharding
     from rlvr_jax.data import load_tokenizer
-    from rlvr_jax.training.run import ensure_model
+    from rlvr_jax.models.bootstrap import ensure_model
 
     path = ensure_model(cfg)
     _, devices = sharding.split_devices(jax.devices(), cfg.mesh.actor_devices)
@@ -229,7 +229,7 @@ def build_sampler(model: Any, tokenizer: Any, cfg: Any, longest_prompt: int) -> 
       ValueError: the longest prompt plus the budget exceeds the model's
         max_position_embeddings (the message gives both).
     """
-    from rlvr_jax.rollout import EngineCore
+    from rlvr_jax.rollout import EngineCore, engine_kwargs
 
     new = cfg.rollout.max_new_tokens
     limit = model.config.max_position_embeddings
@@ -248,7 +248,7 @@ def build_sampler(model: Any, tokenizer: Any, cfg: Any, longest_prompt: int) -> 
         max_slots=cfg.rollout.max_slots,
         max_len=max_len,
         mesh=model.mesh,
-        chunk=cfg.rollout.decode_chunk,
+        **engine_kwargs(cfg.rollout),
     )
     stops = stop_token_ids(model.config, tokenizer, cfg.rollout.stop_strings)
     return PolicySampler(engine, tokenizer, new, stops)

@@ -17,6 +17,8 @@ Three registries resolve a registered name or `module:function`: `get_loss` (= `
 from rlvr_jax.losses.advantage import advantages, get_advantage, register_advantage
 from rlvr_jax.losses.aggregation import AGGREGATIONS, aggregate, loss_denominator
 from rlvr_jax.losses.kl import KL_ESTIMATORS, get_kl_estimator, kl_reward_penalty
+from rlvr_jax.losses.masked import masked_mean
+from rlvr_jax.losses.metrics import token_entropy
 from rlvr_jax.losses.objective import policy_loss
 from rlvr_jax.losses.presets import (
     LossSettings,
@@ -50,10 +52,12 @@ __all__ = [
     "kl_reward_penalty",
     "loss_denominator",
     "loss_settings_from_config",
+    "masked_mean",
     "policy_loss",
     "register_advantage",
     "register_loss",
     "register_preset",
     "resolve_loss_settings",
     "tis_kept_mask",
+    "token_entropy",
 ]

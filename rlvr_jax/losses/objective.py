@@ -101,6 +101,37 @@ def check_variant_params(
     return params
 
 
+CLIP_ARGS = ("eps_low", "eps_high")
+"""`policy_loss` arguments handed to the variants that take them (ignored by the others)."""
+
+
+def variant_call_params(
+    fn: Callable[..., Any],
+    name: str,
+    clip: dict[str, float | None],
+    variant_kwargs: dict[str, Any],
+) -> dict[str, Any]:
+    """The keyword parameters a variant is called with: the clip ranges in `clip` (`eps_low`,
+    `eps_high`; None = the variant's default) that it takes, plus `variant_kwargs`, checked.
+
+    The clip ranges are part of `policy_loss`'s own signature, so every variant accepts them:
+    one without clipping (`reinforce`) ignores them. Only `variant_kwargs` must all be
+    parameters of the variant.
+
+    Raises:
+      ValueError: a clip range below 0, or `check_variant_params`'s errors.
+    """
+    own = variant_parameters(fn)
+    takes_any = any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()
+    )
+    for key, value in clip.items():
+        if isinstance(value, int | float) and not value >= 0:
+            raise ValueError(f"{key} must be >= 0, got {value}")
+    taken = {k: v for k, v in clip.items() if v is not None and (k in own or takes_any)}
+    return check_variant_params(fn, name, taken | dict(variant_kwargs))
+
+
 def _split_output(out: Any, name: str, shape: tuple[int, ...]) -> tuple[jax.Array, dict]:
     loss_BxT, aux = out if isinstance(out, tuple) else (out, {})
     if not isinstance(aux, dict):
@@ -150,7 +181,8 @@ def policy_loss(
       mask: [B, T] 1 on the completion tokens that count (bool or float).
       sampler_logp: [B, T] log-probs reported by the rollout engine (TIS and its metrics).
       ref_logp: [B, T] log-probs under the frozen reference policy (needed when kl_coef > 0).
-      eps_low, eps_high: clip ranges; None = the variant's own defaults.
+      eps_low, eps_high: clip ranges; None = the variant's own defaults. Every variant
+        accepts them: those without a clip range (`reinforce`) ignore them.
       agg: `token-mean`, `seq-mean-token-mean`, `seq-mean-token-sum`, `seq-mean-token-sum-norm`.
       tis_cap: TIS truncation C; None = no TIS weighting.
       tis_mode: `token`, `sequence`, `geometric` or `mask`.
@@ -163,14 +195,15 @@ def policy_loss(
       max_len: the generation budget T_max (`seq-mean-token-sum-norm`).
       logits: [B, T, V] logits of the sampled positions, for the entropy metric.
       ratio_denominator: `old` (recomputed old_logp) or `sampler` (sampler_logp).
-      **variant_kwargs: extra parameters of the variant (e.g. `dual_clip=3.0`).
+      **variant_kwargs: extra parameters of the variant (e.g. `dual_clip=3.0`); a name the
+        variant does not take is an error.
 
     Returns:
       (loss, metrics): a float32 scalar and a dict of float32 scalars (see `metrics.py`).
 
     Raises:
       ValueError: shapes that disagree, a missing input the settings need, bad settings, or
-        parameters the variant does not take.
+        `variant_kwargs` the variant does not take.
     """
     name = display_name(variant)
     fn = get_loss(variant)
@@ -182,14 +215,13 @@ def policy_loss(
     tis = TisConfig(mode=tis_mode, cap=tis_cap, low=tis_low, high=tis_high)
     w_BxT, loss_mask_BxT, metrics = _tis(tis, given, mask_BxT, ratio_denominator)
 
-    params = {"eps_low": eps_low, "eps_high": eps_high}
-    params = {k: v for k, v in params.items() if v is not None} | variant_kwargs
+    clip = {"eps_low": eps_low, "eps_high": eps_high}
     out = fn(
         logp=logp_BxT,
         old_logp=denom_BxT,
         advantages=adv_BxT,
         mask=loss_mask_BxT,
-        **check_variant_params(fn, name, params),
+        **variant_call_params(fn, name, clip, variant_kwargs),
     )
     policy_BxT, aux = _split_output(out, name, mask_BxT.shape)
     total_BxT = w_BxT * policy_BxT

@@ -25,14 +25,17 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
 from rlvr_jax.losses import aggregation
+
+if TYPE_CHECKING:
+    from rlvr_jax.config.schema import LossConfig
 from rlvr_jax.losses.advantage import get_advantage
 from rlvr_jax.losses.kl import get_kl_estimator
-from rlvr_jax.losses.objective import RATIO_DENOMINATORS, check_variant_params, policy_loss
+from rlvr_jax.losses.objective import RATIO_DENOMINATORS, policy_loss, variant_call_params
 from rlvr_jax.losses.registry import Registry, display_name
 from rlvr_jax.losses.tis import TisConfig, tis_kept_mask
 from rlvr_jax.losses.variants import get_loss
@@ -63,9 +66,9 @@ class LossSettings:
     advantage: str | Callable[..., Any] = "grpo"
     """Advantage estimator: registered name, `module:function`, or a callable."""
     eps_low: float | None = None
-    """Lower clip range; None = the variant's default."""
+    """Lower clip range; None = the variant's default (ignored by a variant without one)."""
     eps_high: float | None = None
-    """Upper clip range; None = the variant's default."""
+    """Upper clip range; None = the variant's default (ignored by a variant without one)."""
     agg: str = "token-mean"
     """Aggregation mode."""
     tis_cap: float | None = None
@@ -114,12 +117,11 @@ class LossSettings:
                 f"loss.variant_kwargs: {', '.join(clash)} are loss settings, not variant "
                 f"parameters; set them as loss.{clash[0]}"
             )
-        params = {"eps_low": self.eps_low, "eps_high": self.eps_high}
-        params = {k: v for k, v in params.items() if v is not None} | self.variant_kwargs
+        clip = {"eps_low": self.eps_low, "eps_high": self.eps_high}
         self._check(
             "variant_kwargs",
-            lambda: check_variant_params(
-                get_loss(self.variant), display_name(self.variant), params
+            lambda: variant_call_params(
+                get_loss(self.variant), display_name(self.variant), clip, self.variant_kwargs
             ),
         )
 
@@ -242,7 +244,7 @@ def resolve_loss_settings(
     return LossSettings(**{**values, **explicit, "variant_kwargs": kwargs})
 
 
-def loss_settings_from_config(loss_config: Any) -> LossSettings:
+def loss_settings_from_config(loss_config: LossConfig) -> LossSettings:
     """LossSettings from a `rlvr_jax.config.schema.LossConfig` (its `preset` plus every key)."""
     values = {f.name: getattr(loss_config, f.name) for f in dataclasses.fields(loss_config)}
     return resolve_loss_settings(values.pop("preset"), **values)

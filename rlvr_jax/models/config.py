@@ -7,12 +7,12 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from rlvr_jax.models import hf_config as hf
 from rlvr_jax.models import rope
 from rlvr_jax.models.errors import ModelConfigError, UnsupportedArchitectureError
+from rlvr_jax.models.hf_config import ARCHS, FULL, QK_NORMS, SLIDING
 
-FULL, SLIDING = "full_attention", "sliding_attention"
-QK_NORMS = (None, "head", "full")
-ARCHS = ("llama", "qwen2", "qwen3", "olmo2", "olmo3")
+__all__ = ["ARCHS", "FULL", "QK_NORMS", "SLIDING", "ArchConfig"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,13 +146,9 @@ class ArchConfig:
     def from_hf(cls, hf_config: Mapping[str, Any], *, source: str | None = None) -> ArchConfig:
         """Reads an HF `config.json` dict as transformers 5.23 does (defaults included);
         `source` (e.g. the file) prefixes error messages."""
-        from rlvr_jax.models import hf_config as hf
-
         return cls(**hf.fields_from_hf(hf_config, source=source))
 
     def to_hf(self) -> dict[str, Any]:
         """The transformers 5 `config.json` dict of this architecture (raises
         `ModelConfigError` if a field cannot be expressed in the HF class of `arch`)."""
-        from rlvr_jax.models import hf_config as hf
-
         return hf.config_to_hf(self)

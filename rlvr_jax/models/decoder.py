@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 
 from rlvr_jax import sharding
 from rlvr_jax.models import rope
+from rlvr_jax.models.attention import attention, resolve_impl
 from rlvr_jax.models.config import FULL, SLIDING, ArchConfig
 from rlvr_jax.models.layers import (
     Mlp,
@@ -44,9 +45,17 @@ class LayerContext:
     sin_full_BxTxH2: jax.Array
     cos_sliding_BxTxH2: jax.Array | None
     sin_sliding_BxTxH2: jax.Array | None
-    mask_full_BxTxS: jax.Array
+    mask_full_BxTxS: jax.Array | None
+    """[B, T, S] masks: decode mode and the `xla` kernel only."""
     mask_sliding_BxTxS: jax.Array | None
     write_pos_B: jax.Array | None
+    segment_ids_BxT: jax.Array | None = None
+    """Forward / prefill with a fused kernel: the kernel builds its masks from these."""
+
+
+def all_sliding(config: ArchConfig) -> bool:
+    """Every layer is a sliding-window layer (no per-layer choice needed)."""
+    return all(t == SLIDING for t in config.layer_types)
 
 
 def _pick(is_sliding: jax.Array, sliding: jax.Array | None, full: jax.Array) -> jax.Array:
@@ -82,6 +91,8 @@ class DecoderLayer(nn.Module):
     mesh: Mesh | None = None
     rules: sharding.Rules | None = None
     attn_chunk: int = 0
+    attention_kernel: str = "xla"
+    max_segments: int = 0
 
     @nn.compact
     def __call__(
@@ -118,10 +129,19 @@ class DecoderLayer(nn.Module):
             keys_BxSxKxH, values_BxSxKxH = k_BxTxKxH, v_BxTxKxH
             if self.mode == "prefill":
                 ys = (k_BxTxKxH.astype(self.cache_dtype), v_BxTxKxH.astype(self.cache_dtype))
-        mask_BxTxS = _pick(is_sliding, ctx.mask_sliding_BxTxS, ctx.mask_full_BxTxS)
-        attn_BxTxNxH = attend(
-            q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, q_chunk=self.attn_chunk
-        )
+        if ctx.segment_ids_BxT is None:  # decode, or the materialised-mask `xla` kernel
+            mask_BxTxS = _pick(is_sliding, ctx.mask_sliding_BxTxS, ctx.mask_full_BxTxS)
+            attn_BxTxNxH = attend(
+                q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, mask_BxTxS, q_chunk=self.attn_chunk
+            )
+        else:
+            attn_BxTxNxH = attention(
+                q_BxTxNxH, keys_BxSxKxH, values_BxSxKxH, ctx.segment_ids_BxT,
+                impl=self.attention_kernel,
+                sliding_window=cfg.sliding_window if cfg.has_sliding else None,
+                is_sliding=is_sliding if cfg.has_sliding and not all_sliding(cfg) else None,
+                chunk=self.attn_chunk, max_segments=self.max_segments, **shard,
+            )  # fmt: skip
         out_BxTxD = OutProjection(cfg, name="attn_out", **dtypes)(attn_BxTxNxH)
         if cfg.post_norm:
             out_BxTxD = attn_norm(out_BxTxD)
@@ -161,7 +181,13 @@ class Decoder(nn.Module):
     rules: sharding.Rules | None = None
     remat: bool = False
     attn_chunk: int = 0
-    """Queries per attention chunk in forward/prefill (0 = all at once; see `attend`)."""
+    """Queries per attention chunk of the `xla` kernel (0 = all at once; see `attend`); the
+    tile size of `blockwise` when > 0."""
+    attention_impl: str = "xla"
+    """Attention in forward/prefill (`rlvr_jax.models.attention`: auto | xla | blockwise |
+    cudnn | splash); decode always attends to its cache with masks."""
+    max_segments: int = 0
+    """Sequences per row at most (0 = unknown); cuDNN's packed layout needs it."""
 
     @nn.compact
     def __call__(
@@ -190,7 +216,13 @@ class Decoder(nn.Module):
         x_BxTxD = sharding.constrain(
             x_BxTxD, ("batch", "activation_length", "activation_embed"), **shard
         )
-        ctx = self._context(positions_BxT, segment_ids_BxT, cache)
+        kernel = "xla"
+        if self.mode != "decode":
+            kernel = resolve_impl(
+                self.attention_impl, compute_dtype=self.compute_dtype, head_dim=cfg.head_dim,
+                max_segments=self.max_segments,
+            )  # fmt: skip
+        ctx = self._context(positions_BxT, segment_ids_BxT, cache, kernel)
 
         layer_cls = nn.remat(DecoderLayer, prevent_cse=False) if self.remat else DecoderLayer
         layers = nn.scan(
@@ -208,6 +240,8 @@ class Decoder(nn.Module):
             self.cache_dtype,
             name="layers",
             attn_chunk=self.attn_chunk if self.mode != "decode" else 0,
+            attention_kernel=kernel,
+            max_segments=self.max_segments,
             **shard,
         )
         layer_idx_L = jnp.arange(cfg.n_layers, dtype=jnp.int32)
@@ -232,23 +266,28 @@ class Decoder(nn.Module):
         positions_BxT: jax.Array,
         segment_ids_BxT: jax.Array | None,
         cache: tuple[jax.Array, jax.Array] | None,
+        kernel: str,
     ) -> LayerContext:
         cfg = self.config
         window = cfg.sliding_window if cfg.has_sliding else None
+        write_pos_B = kernel_segments_BxT = None
         if self.mode == "decode":
             if cache is None:
                 raise ValueError("decode mode needs a cache")
             write_pos_B = positions_BxT[:, 0]
             mask_full, mask_sliding = cache_masks(write_pos_B, cache[0].shape[2], window)
-        else:
-            if segment_ids_BxT is None:
-                raise ValueError(f"{self.mode} mode needs segment ids")
-            write_pos_B = None
+        elif segment_ids_BxT is None:
+            raise ValueError(f"{self.mode} mode needs segment ids")
+        elif kernel == "xla":
             mask_full, mask_sliding = segment_masks(segment_ids_BxT, window)
+        else:  # the kernel builds its masks from the segment ids, tile by tile
+            mask_full = mask_sliding = None
+            kernel_segments_BxT = segment_ids_BxT
         cos_full, sin_full, cos_sliding, sin_sliding = rope_tables(cfg, positions_BxT)
         return LayerContext(
-            cos_full, sin_full, cos_sliding, sin_sliding, mask_full, mask_sliding, write_pos_B
-        )
+            cos_full, sin_full, cos_sliding, sin_sliding, mask_full, mask_sliding, write_pos_B,
+            kernel_segments_BxT,
+        )  # fmt: skip
 
     def _lm_head(self, h_BxTxD: jax.Array, embedding_VxD: jax.Array) -> jax.Array:
         """Logits in fp32 (hidden states and weights upcast), whatever the compute dtype."""

@@ -11,11 +11,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rlvr_jax.models import rope
-from rlvr_jax.models.config import ARCHS, FULL, SLIDING
 from rlvr_jax.models.errors import ModelConfigError, UnsupportedArchitectureError
 
 if TYPE_CHECKING:
     from rlvr_jax.models.config import ArchConfig
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+"""HF layer types: full causal attention, or a sliding window."""
+QK_NORMS = (None, "head", "full")
+ARCHS = ("llama", "qwen2", "qwen3", "olmo2", "olmo3")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -314,7 +314,9 @@ def load_params(path: str | Path, config: ArchConfig, *, dtype: Any, shardings: 
 # ---- writing ---------------------------------------------------------------------------
 
 
-def _to_host(x: jax.Array) -> np.ndarray:
+def _to_host(x: jax.Array | np.ndarray) -> np.ndarray:
+    if not isinstance(x, jax.Array):  # already gathered to the host
+        return np.asarray(x)
     if x.is_fully_addressable:
         return np.asarray(jax.device_get(x))
     from jax.experimental import multihost_utils

@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 from rlvr_jax import sharding
 from rlvr_jax.models import rope
 from rlvr_jax.models.config import ArchConfig
+from rlvr_jax.models.swiglu import swiglu_hidden
 
 Dtype = Any
 
@@ -81,26 +82,33 @@ class Einsum(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.param(
-            "kernel",
-            nn.with_logical_partitioning(nn.initializers.normal(self.init_std), self.axes),
-            self.shape,
-            self.param_dtype,
-        )
+        kernel, bias = _projection_params(self, self.out_dims)
         y = jnp.einsum(
             self.equation, x.astype(self.compute_dtype), kernel.astype(self.compute_dtype)
         )
-        if self.use_bias:
-            bias = self.param(
-                "bias",
-                nn.with_logical_partitioning(
-                    nn.initializers.zeros_init(), self.axes[-self.out_dims :]
-                ),
-                self.shape[-self.out_dims :],
-                self.param_dtype,
-            )
+        if bias is not None:
             y = y + _lead(bias.astype(self.compute_dtype), y.ndim)
         return y
+
+
+def _projection_params(module: Any, out_dims: int) -> tuple[jax.Array, jax.Array | None]:
+    """ "kernel" ~ N(0, init_std) of `module.shape` and, with `module.use_bias`, a zero "bias"
+    over the trailing `out_dims` dims (names and logical axes of every projection)."""
+    kernel = module.param(
+        "kernel",
+        nn.with_logical_partitioning(nn.initializers.normal(module.init_std), module.axes),
+        module.shape,
+        module.param_dtype,
+    )
+    if not module.use_bias:
+        return kernel, None
+    bias = module.param(
+        "bias",
+        nn.with_logical_partitioning(nn.initializers.zeros_init(), module.axes[-out_dims:]),
+        module.shape[-out_dims:],
+        module.param_dtype,
+    )
+    return kernel, bias
 
 
 def segment_masks(
@@ -270,8 +278,24 @@ class OutProjection(nn.Module):
         )(attn_BxTxNxH)
 
 
+class Projection(nn.Module):
+    """The params of one projection (kernel of `shape`, optional bias on its last dim), for
+    callers that do the math themselves; same names and init as `Einsum`."""
+
+    shape: tuple[int, ...]
+    axes: tuple[str, ...]
+    use_bias: bool
+    init_std: float
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self) -> tuple[jax.Array, jax.Array | None]:
+        return _projection_params(self, 1)
+
+
 class Mlp(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate and up as one stacked matmul with a custom
+    backward (`rlvr_jax.models.swiglu`)."""
 
     config: ArchConfig
     compute_dtype: Dtype
@@ -282,26 +306,32 @@ class Mlp(nn.Module):
     @nn.compact
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
         cfg = self.config
-        common = dict(
-            out_dims=1,
+        d, f, cdt = cfg.d_model, cfg.d_ff, self.compute_dtype
+        proj = dict(
+            shape=(d, f),
+            axes=("embed", "mlp"),
             use_bias=cfg.mlp_bias,
             init_std=cfg.init_std,
-            compute_dtype=self.compute_dtype,
             param_dtype=self.param_dtype,
         )
-        d, f = cfg.d_model, cfg.d_ff
-        gate_BxTxF = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), name="gate_proj", **common)(
-            x_BxTxD
-        )
-        up_BxTxF = Einsum("BTD,DF->BTF", (d, f), ("embed", "mlp"), name="up_proj", **common)(
-            x_BxTxD
-        )
+        w_gate, b_gate = Projection(name="gate_proj", **proj)()
+        w_up, b_up = Projection(name="up_proj", **proj)()
+        w_CxDxF = jnp.stack([w_gate, w_up]).astype(cdt)
+        b_CxF = None if b_gate is None else jnp.stack([b_gate, b_up]).astype(cdt)
         hidden_BxTxF = sharding.constrain(
-            jax.nn.silu(gate_BxTxF) * up_BxTxF,
+            swiglu_hidden(x_BxTxD.astype(cdt), w_CxDxF, b_CxF),
             ("batch", "activation_length", "activation_mlp"),
             self.mesh,
             self.rules,
         )
-        return Einsum("BTF,FD->BTD", (f, d), ("mlp", "embed"), name="down_proj", **common)(
-            hidden_BxTxF
-        )
+        return Einsum(
+            "BTF,FD->BTD",
+            (f, d),
+            ("mlp", "embed"),
+            out_dims=1,
+            use_bias=cfg.mlp_bias,
+            init_std=cfg.init_std,
+            compute_dtype=cdt,
+            param_dtype=self.param_dtype,
+            name="down_proj",
+        )(hidden_BxTxF)

@@ -148,10 +148,21 @@ def segments_from_positions(positions_BxT: np.ndarray, mask_BxT: np.ndarray) -> 
 
 
 @functools.partial(
-    jax.jit, static_argnames=("config", "compute_dtype", "mesh", "rules", "return_hidden")
+    jax.jit,
+    static_argnames=("config", "compute_dtype", "mesh", "rules", "return_hidden", "attention_impl"),
 )
 def _apply_jit(
-    params, tokens, positions, segments, *, config, compute_dtype, mesh, rules, return_hidden
+    params,
+    tokens,
+    positions,
+    segments,
+    *,
+    config,
+    compute_dtype,
+    mesh,
+    rules,
+    return_hidden,
+    attention_impl,
 ):
     return apply(
         params,
@@ -163,6 +174,7 @@ def _apply_jit(
         mesh=mesh,
         rules=rules,
         return_hidden=return_hidden,
+        attention_impl=attention_impl,
     )
 
 
@@ -173,13 +185,15 @@ def forward(
     positions_BxT: Any = None,
     mask_BxT: Any = None,
     return_hidden: bool = False,
+    attention_impl: str = "auto",
 ) -> jax.Array:
     """Logits fp32 [B, T, V] (or final hidden states) of a batch.
 
     `mask_BxT` (1 real, 0 padding; default all real) handles padding on either side;
     `positions_BxT` default to counting real tokens from 0. A row whose positions restart
     (e.g. at 0) holds packed sequences: tokens attend only within their own segment.
-    Logits at padding are finite and meaningless.
+    Logits at padding are finite and meaningless. `attention_impl`: the attention kernel
+    (`rlvr_jax.models.attention`).
     """
     tokens_BxT = np.asarray(tokens_BxT, dtype=np.int32)
     if tokens_BxT.ndim != 2:
@@ -207,4 +221,5 @@ def forward(
         mesh=model.mesh,
         rules=rules,
         return_hidden=return_hidden,
+        attention_impl=attention_impl,
     )

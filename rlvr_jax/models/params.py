@@ -119,6 +119,8 @@ def apply(
     return_hidden: bool = False,
     remat: bool = False,
     attn_chunk: int = 0,
+    attention_impl: str = "auto",
+    max_segments: int = 0,
 ) -> jax.Array:
     """Logits fp32 [B, T, V] of a packed / padded batch (pure; jit with `config` static).
 
@@ -126,7 +128,10 @@ def apply(
     a pad row position still gets finite logits). `positions_BxT` feed RoPE only.
     `return_hidden` gives the final-norm hidden states [B, T, D] instead (see `lm_head`).
     `mesh`/`rules` add activation sharding constraints; `remat` rematerialises each layer;
-    `attn_chunk` computes attention that many queries at a time (long sequences).
+    `attention_impl` picks the attention kernel (`rlvr_jax.models.attention`: auto | xla |
+    blockwise | cudnn | splash; auto = splash on TPU, cuDNN on GPU where it applies, else
+    blockwise); `attn_chunk` is the query chunk of `xla` / the tile of `blockwise`;
+    `max_segments` bounds the sequences per row (0 = unknown; cuDNN needs it).
     """
     module = Decoder(
         config,
@@ -137,6 +142,8 @@ def apply(
         rules=rules,
         remat=remat,
         attn_chunk=attn_chunk,
+        attention_impl=attention_impl,
+        max_segments=max_segments,
     )
     out, _ = module.apply(
         {"params": params},

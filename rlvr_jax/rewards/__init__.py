@@ -3,8 +3,9 @@ imported from its module on first use.
 
 Verifiers (`reward(response, ground_truth, **verifier_kwargs) -> float` in [0, 1]), by
 registry name: "math" (`rlvr_jax.rewards.math`), "code" (`rlvr_jax.rewards.code`), "ifeval"
-(`rlvr_jax.rewards.ifeval`), "judge" (`rlvr_jax.rewards.judge`), plus user verifiers added with
-`register_verifier` or named as "module:function".
+(`rlvr_jax.rewards.ifeval`), "judge" (`rlvr_jax.rewards.judge`), "rubric"
+(`rlvr_jax.rewards.rubric`), plus user verifiers added with `register_verifier` or named as
+"module:function".
 
     RewardService, ScoreResult          batch scoring in killable worker processes
     register_verifier, get_verifier, known_verifiers, verifier_target

@@ -1,6 +1,6 @@
 """Verifier registry: names → "module:function" targets, resolved lazily.
 
-Built-in names: "math", "code", "ifeval", "judge". Users add their own with
+Built-in names: "math", "code", "ifeval", "judge", "rubric". Users add their own with
 `@register_verifier("name")` on a module-level function, or name any importable function
 directly as "package.module:function" in a data row's `verifier` field.
 
@@ -23,6 +23,7 @@ BUILTIN_VERIFIERS: dict[str, str] = {
     "code": "rlvr_jax.rewards.code:reward",
     "ifeval": "rlvr_jax.rewards.ifeval:reward",
     "judge": "rlvr_jax.rewards.judge:reward",
+    "rubric": "rlvr_jax.rewards.rubric:reward",
 }
 _USER_VERIFIERS: dict[str, str] = {}
 _NAME = re.compile(r"^[A-Za-z_][\w\-.]*$")

@@ -6,9 +6,12 @@ sized to the machine, each under the configured timeout and a 4 GiB address-spac
 verifier that raises, hangs, exhausts memory or kills its process costs that one sample a reward
 of 0 (counted in `rewards/errors` or
 `rewards/timeouts`), never the run. The code sandbox starts its own processes from inside a
-worker; they die with it. Rows of the LLM judge, which is I/O bound, go to its batch API
-(`rlvr_jax.rewards.judge.score_batch`) on a thread instead, and fall back to per-row calls in
-the pool if the batch as a whole fails.
+worker; they die with it. Rows of the I/O-bound LLM judges (`BATCHED`: "judge", "rubric") go to
+their module's batch API (`score_rows`, one call per distinct settings) on a thread instead;
+their failed rows keep the status and reason the module gives, and their batch counters become
+`rewards/<verifier>/<counter>` metrics. If a judge batch as a whole raises, its rows fall back
+to per-row calls in the pool; a rubric batch's rows become errors (its cache lives in this
+process).
 
 The reward of sample i is
 
@@ -41,6 +44,10 @@ from rlvr_jax.rewards.timeout import WORKER_MEMORY_MB, CallResult, WorkerPool, d
 logger = logging.getLogger(__name__)
 
 JUDGE = "judge"
+RUBRIC = "rubric"
+BATCHED: dict[str, bool] = {JUDGE: True, RUBRIC: False}
+"""Verifiers scored through `rlvr_jax.rewards.<name>.score_rows` on a thread, and whether a
+batch that raises falls back to per-row calls in the worker pool."""
 _PRELOAD = ("rlvr_jax.rewards.math", "rlvr_jax.rewards.math.compare")
 """Imported by each worker before its first call (SymPy import time never counts)."""
 _MAX_LOGGED_ERRORS = 5
@@ -65,7 +72,8 @@ class ScoreResult:
     metrics: dict[str, float] = field(default_factory=dict)
     """`reward/mean`, `reward/<domain>`, `rewards/<verifier>/{mean,count,timeouts,errors}`,
     `rewards/timeouts`, `rewards/errors`, `rewards/format/mean`, `rewards/overlong/{mean,
-    fraction}`, `rewards/judge/{parse_failures,request_errors}`, `time/reward_s`."""
+    fraction}`, `rewards/judge/{parse_failures,request_errors}`, `rewards/rubric/<counter>`
+    (`rlvr_jax.rewards.rubric.COUNTERS`), `time/reward_s`."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,15 @@ def _config_kwargs(verifier: str, config: RewardsConfig) -> dict[str, Any]:
             "model": config.judge_model,
             "api_key_env": config.judge_api_key_env,
         }
+    if verifier == RUBRIC:
+        return {
+            "base_url": config.rubric_url,
+            "model": config.rubric_model,
+            "api_key_env": config.judge_api_key_env,
+            "timeout_s": config.rubric_timeout_s,
+            "max_concurrency": config.rubric_max_concurrency,
+            "cache_size": config.rubric_cache_size,
+        }
     return {}
 
 
@@ -109,17 +126,28 @@ def _plan(index: int, row: Any, config: RewardsConfig) -> _Job:
     if not isinstance(row_kwargs, Mapping):
         raise ValueError(f"row {index}: verifier_kwargs must be a mapping, got {row_kwargs!r}")
     kwargs = {**_config_kwargs(name, config), **row_kwargs}
-    if name == JUDGE:
-        if not kwargs.get("base_url") or not kwargs.get("model"):
-            raise ValueError(
-                f"row {index}: the judge verifier needs rewards.judge_url and rewards.judge_model "
-                "(or base_url and model in the row's verifier_kwargs)"
-            )
+    if name == JUDGE and not (kwargs.get("base_url") and kwargs.get("model")):
+        raise ValueError(
+            f"row {index}: the judge verifier needs rewards.judge_url and rewards.judge_model "
+            "(or base_url and model in the row's verifier_kwargs)"
+        )
+    if name == RUBRIC:
+        rubric = importlib.import_module("rlvr_jax.rewards.rubric")
+        try:
+            rubric.parse_rubric(row["ground_truth"])
+        except ValueError as e:
+            raise ValueError(f"row {index}: {e}") from None
+    if name in BATCHED:
         kwargs.setdefault("prompt", row.get("prompt", ""))
     domain = row.get("domain") or name
     if not isinstance(domain, str):
         raise ValueError(f"row {index}: domain must be a string, got {domain!r}")
     return _Job(index, name, target, row["ground_truth"], kwargs, domain)
+
+
+def _options(job: _Job) -> dict[str, Any]:
+    """A batched job's verifier settings (its kwargs without the row's prompt)."""
+    return {k: v for k, v in job.kwargs.items() if k != "prompt"}
 
 
 def _checked_score(result: CallResult) -> tuple[float, str, str]:
@@ -133,15 +161,6 @@ def _checked_score(result: CallResult) -> tuple[float, str, str]:
     if not (math.isfinite(value) and 0.0 <= value <= 1.0):
         return 0.0, "error", f"verifier returned {value}, outside [0, 1]"
     return value, "ok", ""
-
-
-def _judge_batch_api() -> Any | None:
-    """`rlvr_jax.rewards.judge.score_batch` when that module exists, else None."""
-    try:
-        judge = importlib.import_module("rlvr_jax.rewards.judge")
-    except ImportError:
-        return None
-    return judge.score_batch
 
 
 class RewardService:
@@ -177,10 +196,21 @@ class RewardService:
         bad_weights = {k: v for k, v in self.config.domain_weights.items() if not math.isfinite(v)}
         if bad_weights:
             raise ValueError(f"rewards.domain_weights must be finite, got {bad_weights}")
+        cfg = self.config
+        if not (
+            cfg.rubric_timeout_s > 0
+            and cfg.rubric_max_concurrency >= 1
+            and cfg.rubric_cache_size >= 0
+        ):
+            raise ValueError(
+                "rewards.rubric_timeout_s must be > 0, rewards.rubric_max_concurrency >= 1 and "
+                f"rewards.rubric_cache_size >= 0; got {cfg.rubric_timeout_s}, "
+                f"{cfg.rubric_max_concurrency}, {cfg.rubric_cache_size}"
+            )
         self.overlong_buffer = overlong_buffer
         self.num_workers = n
         self._pool = WorkerPool(n, preload=_PRELOAD, memory_mb=WORKER_MEMORY_MB)
-        self._threads = ThreadPoolExecutor(n + 1, thread_name_prefix="rlvr-reward")
+        self._threads = ThreadPoolExecutor(n + len(BATCHED), thread_name_prefix="rlvr-reward")
         self._closed = False
 
     # -- scoring -------------------------------------------------------------------------
@@ -248,34 +278,38 @@ class RewardService:
     def _verify(
         self, jobs: list[_Job], responses: Sequence[str]
     ) -> tuple[np.ndarray, list[str], dict[int, str], dict[str, float]]:
-        """Runs every job's verifier: (scores_N, statuses, errors by index, judge metrics)."""
+        """Runs every job's verifier: (scores_N, statuses, errors by index, batch metrics)."""
         n = len(jobs)
         scores_N = np.zeros(n, np.float32)
         statuses = ["ok"] * n
         errors: dict[int, str] = {}
-        judge_jobs = [j for j in jobs if j.verifier == JUDGE]
-        batch_api = _judge_batch_api() if judge_jobs else None
-        judge_future = None
-        if batch_api is not None:
-            judge_future = self._threads.submit(
-                self._judge_batches, batch_api, judge_jobs, responses
-            )
-        pooled = [j for j in jobs if j.verifier != JUDGE or batch_api is None]
-        futures = {j.index: self._submit(j, responses[j.index]) for j in pooled}
-        judge_metrics: dict[str, float] = {}
-        if judge_future is not None:
-            judged, failed, judge_metrics = judge_future.result()
-            for index, score in judged.items():
-                scores_N[index] = score
+        batched: dict[str, list[_Job]] = defaultdict(list)
+        for job in jobs:
+            if job.verifier in BATCHED:
+                batched[job.verifier].append(job)
+        batch_futures = [
+            self._threads.submit(self._score_batched, name, group, responses)
+            for name, group in batched.items()
+        ]
+        futures = {
+            j.index: self._submit(j, responses[j.index]) for j in jobs if j.verifier not in BATCHED
+        }
+        batch_metrics: dict[str, float] = {}
+        results: dict[int, CallResult] = {}
+        for batch_future in batch_futures:
+            done, failed, metrics = batch_future.result()
+            results |= done
+            batch_metrics |= metrics
             futures |= {j.index: self._submit(j, responses[j.index]) for j in failed}
-        for index, future in futures.items():
-            score, status, error = _checked_score(future.result())
+        results |= {index: future.result() for index, future in futures.items()}
+        for index, result in results.items():
+            score, status, error = _checked_score(result)
             scores_N[index] = score
             statuses[index] = status
             if status != "ok":
                 errors[index] = f"{jobs[index].verifier}: {error}"
         self._log_errors(errors)
-        return scores_N, statuses, errors, judge_metrics
+        return scores_N, statuses, errors, batch_metrics
 
     def _submit(self, job: _Job, response: str) -> Future[CallResult]:
         return self._threads.submit(
@@ -286,50 +320,44 @@ class RewardService:
             timeout_s=self.timeout_s,
         )
 
-    def _judge_batches(
-        self,
-        score_batch: Any,
-        jobs: list[_Job],
-        responses: Sequence[str],
-    ) -> tuple[dict[int, float], list[_Job], dict[str, float]]:
-        """Scores judge rows through the batch API, one call per distinct kwargs.
+    def _score_batched(
+        self, name: str, jobs: list[_Job], responses: Sequence[str]
+    ) -> tuple[dict[int, CallResult], list[_Job], dict[str, float]]:
+        """Scores the rows of batched verifier `name`, one `score_rows` call per distinct kwargs.
 
-        Returns scores by sample index, the jobs whose batch failed (to retry one by one in the
-        pool), and the judge's parse failures and failed requests (each scored 0) as metrics.
+        Returns results by sample index, the jobs to retry one by one in the pool (a judge
+        batch that raised), and the batch counters as `rewards/<name>/<counter>` metrics.
         """
-        judge = importlib.import_module("rlvr_jax.rewards.judge")
+        module = importlib.import_module(f"rlvr_jax.rewards.{name}")
         groups: dict[str, list[_Job]] = defaultdict(list)
         for job in jobs:
-            options = {k: v for k, v in job.kwargs.items() if k != "prompt"}
-            groups[repr(sorted(options.items()))].append(job)
-        scores: dict[int, float] = {}
+            groups[repr(sorted(_options(job).items()))].append(job)
+        results: dict[int, CallResult] = {}
         failed: list[_Job] = []
-        counts = {"parse_failures": 0, "errors": 0}
+        counts = dict.fromkeys(module.COUNTERS, 0)
         for group in groups.values():
-            options = {k: v for k, v in group[0].kwargs.items() if k != "prompt"}
             try:
-                client = judge.client_for(**options)
-                before = client.counters()
-                values = score_batch(
+                rows = module.score_rows(
                     [responses[j.index] for j in group],
                     [j.ground_truth for j in group],
                     prompts=[j.kwargs["prompt"] for j in group],
-                    **options,
+                    **_options(group[0]),
                 )
-                after = client.counters()
             except Exception as e:
-                logger.warning("judge batch of %d failed (%s); scoring one by one", len(group), e)
-                failed.extend(group)
+                logger.warning("%s batch of %d failed: %s", name, len(group), e)
+                if BATCHED[name]:
+                    failed.extend(group)
+                else:
+                    error = f"batch failed: {type(e).__name__}: {e}"
+                    results |= {j.index: CallResult("error", error=error) for j in group}
                 continue
-            for key in counts:
-                counts[key] += after[key] - before[key]
-            for job, value in zip(group, values):
-                scores[job.index] = float(value)
-        metrics = {
-            "rewards/judge/parse_failures": float(counts["parse_failures"]),
-            "rewards/judge/request_errors": float(counts["errors"]),
-        }
-        return scores, failed, metrics
+            for key, value in rows.counts.items():
+                counts[key] = counts.get(key, 0) + value
+            for job, score, status, error in zip(group, rows.scores, rows.statuses, rows.errors):
+                ok = status == "ok"
+                results[job.index] = CallResult(status, score if ok else None, "" if ok else error)
+        metrics = {f"rewards/{name}/{key}": float(value) for key, value in counts.items()}
+        return results, failed, metrics
 
     @staticmethod
     def _log_errors(errors: dict[int, str]) -> None:

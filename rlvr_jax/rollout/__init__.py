@@ -39,7 +39,10 @@ as soon as all their samples finish, weights swapped in flight)::
                                             # swapped at the next chunk boundary, KV kept
     stream.stop()
 
-`submit_future(...)` returns a `concurrent.futures.Future` instead of queueing for `get`.
+`submit_future(...)` returns a `concurrent.futures.Future` instead of queueing for `get`;
+its `on_tokens=fn` streams: `fn(sample_index, tokens, logprobs)` is called on the driver thread
+after every decode chunk with each live sample's new tokens (`GroupRequest.on_tokens`, called
+by the `Scheduler`; the stop token included; quick and never raising).
 A driver-thread failure is re-raised by `get` / `submit` / `step` as `RolloutError` (the
 original as `__cause__`). Without `start()`, `stream.step()` drives one chunk on the
 caller's thread and returns the groups it completed: multi-process runs must do this in
@@ -47,8 +50,8 @@ lockstep (every process issues the same device computations in the same order).
 
 Other backends and front ends: `rlvr_jax.rollout.vllm_backend.VllmRollout` (GPU, extra
 `vllm`; `hf_weights` exports params under HF names), `rlvr-serve` (`serve.py`: JetStream
-gRPC + OpenAI HTTP). Importing this package imports neither TensorFlow, JetStream, torch
-nor vLLM.
+gRPC + OpenAI HTTP with streaming, `openai_http.py` on aiohttp). Importing this package
+imports neither TensorFlow, JetStream, torch nor vLLM.
 """
 
 from rlvr_jax.rollout.core import EngineSpec

@@ -45,6 +45,7 @@ from rlvr_jax.rollout.state import (
     constrain,
     kv_shape,
     named,
+    replicated,
     start_slots,
     state_shardings,
 )
@@ -289,7 +290,9 @@ def generate(
             mode=mode,
         )
         merged = {f: getattr(state, f).at[:rows].set(getattr(sub, f)) for f in _SLOT_FIELDS}
-        return constrain(sub.replace(**merged), state_shardings(spec)), out
+        return constrain(sub.replace(**merged), state_shardings(spec)), constrain(
+            out, replicated(spec)
+        )
     b = state.tokens_B.shape[0]
     out = ChunkOutput(
         tokens_BxC=jnp.zeros((b, n_steps), jnp.int32),
@@ -320,7 +323,9 @@ def generate(
     out = out.replace(active_B=state.active_B, generated_B=state.generated_B)
     if b < spec.max_slots:  # the rows of a bucketed call: merged by the caller
         return state, out
-    return constrain(state, state_shardings(spec)), out
+    # the host reads the chunk's output: replicated, so that every process of a multi-process
+    # run can (it is B x C tokens)
+    return constrain(state, state_shardings(spec)), constrain(out, replicated(spec))
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))

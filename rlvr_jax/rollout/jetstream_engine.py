@@ -13,11 +13,19 @@ Mapping of the JetStream contract onto the core:
   of the slot as its budget (the orchestrator enforces `max_tokens` itself).
 - `generate(params, state)` → one decode step of every slot; `ResultTokens` rows are
   (token, valid, generated length).
+
+The tokenizer is built once per engine (`build_tokenizer` caches it) and must be built on
+the main thread before JetStream's orchestrator starts (`rlvr-serve` does): the orchestrator's
+prefill and detokenize threads each call `build_tokenizer` at once, and building it there
+would import transformers (and, through it, sympy and torch) concurrently from several
+threads, which fails with ImportErrors. The one `HFTokenizer` is shared by those threads;
+its `encode`/`decode` hold a lock.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,7 +54,9 @@ def tokenizer_class() -> type:
 
         `bos_id` is the tokenizer's BOS, or its pad id when it has none (JetStream prepends
         `bos_id` to token requests; the engine drops that placeholder again). `stop_tokens`
-        are the EOS ids (the model's and the tokenizer's), not the pad id.
+        are the EOS ids (the model's and the tokenizer's), not the pad id. Thread-safe:
+        `encode` and `decode` take a lock (JetStream's prefill and detokenize threads share
+        one instance).
         """
 
         def __init__(self, path: str, stop_ids: Sequence[int] = ()):
@@ -55,6 +65,8 @@ def tokenizer_class() -> type:
             self.hf = load_tokenizer(path)
             eos = [] if self.hf.eos_token_id is None else [self.hf.eos_token_id]
             self._stop = frozenset([*stop_ids, *eos])
+            self._lock = threading.Lock()
+            self.decode([*self._stop][:1])  # decoding imports nothing lazily from now on
 
         @property
         def has_bos(self) -> bool:
@@ -63,14 +75,16 @@ def tokenizer_class() -> type:
 
         def encode(self, s: str, **kwargs: Any) -> tuple[Any, int]:
             """(padded ids, true length); `is_bos` adds the tokenizer's special tokens."""
-            ids = self.hf.encode(s, add_special_tokens=kwargs.pop("is_bos", True))
+            with self._lock:
+                ids = self.hf.encode(s, add_special_tokens=kwargs.pop("is_bos", True))
             return token_utils.pad_tokens(
                 np.asarray(ids, np.int32), self.bos_id, self.pad_id, is_bos=False, **kwargs
             )
 
         def decode(self, token_ids: list[int], **kwargs: Any) -> str:
             """Text of `token_ids` (special tokens kept)."""
-            return self.hf.decode(list(token_ids))
+            with self._lock:
+                return self.hf.decode(list(token_ids))
 
         @property
         def pad_id(self) -> int:
@@ -125,6 +139,8 @@ def engine_class() -> type:
             self._inserts = 0
             self._strip_bos_placeholder = False  # set by build_tokenizer
             self._placeholder = -1
+            self._tokenizers: dict[str, Any] = {}
+            self._tokenizer_lock = threading.Lock()
 
         # ---- device work ------------------------------------------------------------------
 
@@ -197,12 +213,18 @@ def engine_class() -> type:
             return tokenizer_pb2.TokenizerParameters(path=self.tokenizer_path)
 
         def build_tokenizer(self, metadata: Any) -> Any:
-            """An `HFTokenizer` of `metadata.path`, stopping on the engine's stop ids."""
-            stops = (*self.stop_token_ids, *self.core.config.eos_token_id)
-            tokenizer = tokenizer_class()(metadata.path, stops)
-            self._strip_bos_placeholder = not tokenizer.has_bos
-            self._placeholder = tokenizer.bos_id
-            return tokenizer
+            """The `HFTokenizer` of `metadata.path`, stopping on the engine's stop ids: built
+            on the first call, the same instance after (call it once before JetStream's
+            threads start; see the module docstring)."""
+            with self._tokenizer_lock:
+                tokenizer = self._tokenizers.get(metadata.path)
+                if tokenizer is None:
+                    stops = (*self.stop_token_ids, *self.core.config.eos_token_id)
+                    tokenizer = tokenizer_class()(metadata.path, stops)
+                    self._tokenizers[metadata.path] = tokenizer
+                self._strip_bos_placeholder = not tokenizer.has_bos
+                self._placeholder = tokenizer.bos_id
+                return tokenizer
 
         # ---- properties ---------------------------------------------------------------------
 

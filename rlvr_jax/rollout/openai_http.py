@@ -1,66 +1,67 @@
-"""An OpenAI-compatible HTTP endpoint over a `RolloutStream` (stdlib `http.server`).
+"""An OpenAI-compatible HTTP endpoint over a `RolloutStream`, served by aiohttp.
 
-Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`,
-`GET /health`. Requests carry the usual OpenAI fields: `prompt` (a string, a list of
-token ids, or a list of either) or `messages` (rendered with the tokenizer's chat
-template), `max_tokens` (`max_completion_tokens`), `temperature`, `top_p`, `n`, `stop`,
-`seed`, `logprobs`; `top_k` is accepted as an extension. The model's EOS always stops.
-A stop string that is one token stops generation there; a longer one cuts the text after
-generation. Unsupported options (`stream`, `echo`, `suffix`, penalties, `logit_bias`,
-`best_of` > n) are rejected with a 400 naming them. Log-probs are those of the sampled
-tokens (ALGORITHMS.md convention); `top_logprobs` lists only the sampled token.
+Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true` as
+server-sent events, tokens sent as each decode chunk produces them, a final `usage` chunk
+with `stream_options.include_usage`, then `data: [DONE]`), `GET /v1/models`, `GET /health`.
+Request fields and response shapes: `rlvr_jax.rollout.openai_api`.
+
+aiohttp runs on one asyncio event loop in a background thread: HTTP/1.1 keep-alive, any
+number of concurrent requests (each waits on the engine without holding a thread), chunked
+streaming, and a graceful stop (the listening socket closes, open streams get an error event
+saying the server is shutting down, in-flight answers get `stop(grace)` seconds). The engine's
+driver thread hands tokens to the loop with `call_soon_threadsafe` (the stream's `on_tokens`
+hook). Tokenizing and detokenizing happen on the loop thread only, so the HF tokenizer is never
+used from two threads at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import itertools
 import json
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from aiohttp import web
+
 from rlvr_jax.rollout.engine import RequestError
-from rlvr_jax.rollout.sampling import SamplingParams
-from rlvr_jax.rollout.stream import CompletedGroup, RolloutError, RolloutStream
+from rlvr_jax.rollout.openai_api import (
+    BadRequest,
+    ChoiceText,
+    Delta,
+    Kind,
+    ParsedRequest,
+    choice_object,
+    chunk_choice,
+    envelope,
+    logprobs_object,
+    new_id,
+    parse_request,
+    usage,
+)
+from rlvr_jax.rollout.stream import RolloutError, RolloutStream
 
-_REJECTED = {
-    "stream": False,
-    "echo": False,
-    "suffix": None,
-    "presence_penalty": 0,
-    "frequency_penalty": 0,
-    "logit_bias": None,
-}
+__all__ = ["BadRequest", "OpenAIServer"]
+
+_SHUTDOWN = ("shutdown",)
 
 
-class BadRequest(ValueError):
-    """A request the endpoint refuses (HTTP 400); `param` names the offending field."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.param = param
-
-
-def _field(body: dict, name: str, kinds: tuple[type, ...], default: Any) -> Any:
-    """`body[name]` checked against `kinds` (absent or null: `default`)."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-        names = " or ".join(k.__name__ for k in kinds)
-        raise BadRequest(f"{name!r} must be {names}, got {value!r}", name)
-    return value
+class _Busy(RuntimeError):
+    """The stream's queue is full (HTTP 429)."""
 
 
 class OpenAIServer:
-    """Serves `stream` (started here if not yet) over HTTP on `host:port` (port 0 = any).
+    """Serves `stream` (already started) over HTTP on `host:port` (port 0 = any).
 
     Args:
       stream: the engine's request stream. tokenizer: the HF tokenizer of the model.
       model_name: the id `/v1/models` reports. stop_token_ids: always stop (the EOS ids).
-      request_timeout: seconds a request may wait for its completions.
+      request_timeout: seconds a plain (non-streamed) request may wait for its completions.
+      shutdown_grace: seconds `stop` gives in-flight answers before it cancels them.
     """
 
     def __init__(
@@ -73,274 +74,389 @@ class OpenAIServer:
         host: str = "127.0.0.1",
         port: int = 0,
         request_timeout: float = 600.0,
+        shutdown_grace: float = 3.0,
     ):
         self.stream = stream
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.stop_token_ids = tuple(stop_token_ids)
         self.request_timeout = request_timeout
+        self.shutdown_grace = shutdown_grace
+        self.host = host
+        self._port = port
         self._seeds = itertools.count(int(time.time()))
-        self._httpd = ThreadingHTTPServer((host, port), _handler_class(self))
-        self._httpd.daemon_threads = True
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._runner: Any = None
+        self._streams: set[asyncio.Queue] = set()
 
     @property
     def url(self) -> str:
         """Base URL, e.g. `http://127.0.0.1:8000`."""
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{self.host}:{self._port}"
 
     @property
     def port(self) -> int:
         """The bound port."""
-        return self._httpd.server_address[1]
+        return self._port
+
+    # ---- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> OpenAIServer:
-        """Serves in a background thread; returns self."""
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="openai-http", daemon=True
-        )
+        """Binds and serves on a background event-loop thread; returns self. Raises OSError
+        when the port cannot be bound."""
+        self._loop = asyncio.new_event_loop()
+        bound: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            try:
+                self._loop.run_until_complete(self._bind())
+            except BaseException as e:
+                bound.set_exception(e)
+                self._loop.close()
+                return
+            bound.set_result(None)
+            self._loop.run_forever()
+            self._loop.close()
+
+        self._thread = threading.Thread(target=run, name="openai-http", daemon=True)
         self._thread.start()
+        bound.result()
         return self
 
-    def stop(self) -> None:
-        """Stops serving (the stream is left to its owner)."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    # ---- request handling -----------------------------------------------------------------
-
-    def _sampling(self, body: dict) -> tuple[SamplingParams, int, int, tuple, list[str], int]:
-        for name, neutral in _REJECTED.items():
-            if body.get(name, neutral) not in (neutral, None, False, 0, {}):
-                raise BadRequest(f"{name!r} is not supported by this server", name)
-        n = _field(body, "n", (int,), 1)
-        if _field(body, "best_of", (int,), n) != n:
-            raise BadRequest("'best_of' other than n is not supported", "best_of")
-        try:
-            sampling = SamplingParams(
-                temperature=float(_field(body, "temperature", (int, float), 1.0)),
-                top_p=float(_field(body, "top_p", (int, float), 1.0)),
-                top_k=_field(body, "top_k", (int,), 0),
-            )
-        except ValueError as e:
-            raise BadRequest(str(e)) from None
-        max_tokens = _field(body, "max_tokens", (int,), None)
-        max_tokens = _field(
-            body, "max_completion_tokens", (int,), 16 if max_tokens is None else max_tokens
+    async def _bind(self) -> None:
+        app = web.Application(client_max_size=16 * 2**20, middlewares=[_json_errors])
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.on_shutdown.append(self._close_streams)
+        self._runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=self.shutdown_grace
         )
-        stop = _field(body, "stop", (str, list), [])
-        stop = [stop] if isinstance(stop, str) else stop
-        if not all(isinstance(s, str) and s for s in stop):
-            raise BadRequest("'stop' must be a string or a list of non-empty strings", "stop")
-        stop_ids = list(self.stop_token_ids)
-        for s in stop:  # a one-token stop string stops generation on that token
-            ids = self.tokenizer.encode(s, add_special_tokens=False)
-            if len(ids) == 1:
-                stop_ids.append(ids[0])
-        seed = _field(body, "seed", (int,), None)
-        seed = next(self._seeds) % 2**32 if seed is None else seed
-        return sampling, n, max_tokens, tuple(dict.fromkeys(stop_ids)), stop, seed
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self._port)
+        await site.start()
+        self._port = self._runner.addresses[0][1]
 
-    def _run(self, prompts: list[list[int]], body: dict) -> list[tuple[CompletedGroup, list[str]]]:
-        sampling, n, max_tokens, stop_ids, stop_strings, seed = self._sampling(body)
-        futures = []
-        try:
-            for i, prompt in enumerate(prompts):
-                futures.append(
-                    self.stream.submit_future(
-                        uuid.uuid4().hex,
-                        prompt,
-                        n,
-                        (seed + i) % 2**32,
-                        max_new_tokens=max_tokens,
-                        sampling=sampling,
-                        stop_token_ids=stop_ids,
-                    )
-                )
-        except RequestError as e:
-            raise BadRequest(str(e)) from None
-        return [(f.result(timeout=self.request_timeout), stop_strings) for f in futures]
+    def stop(self) -> None:
+        """Stops serving: no new connections, open streams told the server is shutting
+        down, in-flight answers get `shutdown_grace` seconds. The stream is left to its
+        owner."""
+        if self._loop is None or not self._loop.is_running():
+            return
+        done = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        with contextlib.suppress(concurrent.futures.TimeoutError, RuntimeError):
+            done.result(timeout=self.shutdown_grace + 2.0)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
 
-    def _choice(self, completion: Any, stop_strings: list[str]) -> tuple[str, str, list, list]:
-        """(text, finish_reason, tokens, logprobs) with the stop token / string removed."""
-        tokens, logprobs = list(completion.tokens), list(completion.logprobs)
-        reason = completion.finish_reason
-        if reason == "stop":
-            tokens, logprobs = tokens[:-1], logprobs[:-1]
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        cut = [text.index(s) for s in stop_strings if s in text]
-        if cut:
-            text, reason = text[: min(cut)], "stop"
-        return text, reason, tokens, logprobs
+    async def _close_streams(self, app: Any) -> None:
+        for queue in list(self._streams):
+            queue.put_nowait(_SHUTDOWN)
 
-    def _logprobs(self, tokens: list[int], logprobs: list[float]) -> dict:
-        pieces = [self.tokenizer.decode([t]) for t in tokens]
-        offsets = list(itertools.accumulate([0, *map(len, pieces)]))[:-1]
-        return {
-            "tokens": pieces,
-            "token_logprobs": logprobs,
-            "top_logprobs": [{p: lp} for p, lp in zip(pieces, logprobs)],
-            "text_offset": offsets,
-        }
+    # ---- synchronous use (tests, scripts) -----------------------------------------------
 
     def completions(self, body: dict) -> dict:
-        """The `/v1/completions` response of `body`."""
-        prompt = body.get("prompt")
-        if isinstance(prompt, str) or (
-            isinstance(prompt, list) and prompt and isinstance(prompt[0], int)
-        ):
-            prompt = [prompt]
-        if not isinstance(prompt, list) or not prompt:
-            raise BadRequest(
-                "'prompt' must be a string, a token list, or a non-empty list of them", "prompt"
-            )
-        ids = [self._encode(p) for p in prompt]
-        want_logprobs = _field(body, "logprobs", (int,), None) is not None
-        choices, used = [], 0
-        for group, stops in self._run(ids, body):
-            for c in group.completions:
-                text, reason, tokens, logprobs = self._choice(c, stops)
-                used += len(c.tokens)
-                choices.append(
-                    {
-                        "index": len(choices),
-                        "text": text,
-                        "finish_reason": reason,
-                        "logprobs": self._logprobs(tokens, logprobs) if want_logprobs else None,
-                    }
-                )
-        return self._envelope("text_completion", choices, sum(map(len, ids)), used)
+        """The `/v1/completions` answer to `body` (not streamed); raises `BadRequest`."""
+        return self._call("completion", body)
 
     def chat_completions(self, body: dict) -> dict:
-        """The `/v1/chat/completions` response of `body`."""
-        from rlvr_jax.data.tokenizer import apply_chat_template
+        """The `/v1/chat/completions` answer to `body` (not streamed); raises `BadRequest`."""
+        return self._call("chat", body)
 
-        messages = body.get("messages")
-        if (
-            not isinstance(messages, list)
-            or not messages
-            or not all(
-                isinstance(m, dict)
-                and isinstance(m.get("role"), str)
-                and isinstance(m.get("content"), str)
-                for m in messages
-            )
-        ):
-            raise BadRequest(
-                "'messages' must be a non-empty list of {role, content} strings", "messages"
-            )
+    def _call(self, kind: Kind, body: dict) -> dict:
+        async def answer() -> dict:
+            request = self._parse(kind, {**body, "stream": False})
+            return await self._answer(request, self._submit(request, None))
+
+        return asyncio.run_coroutine_threadsafe(answer(), self._loop).result()
+
+    # ---- handlers ---------------------------------------------------------------------------
+
+    async def _models(self, request: Any) -> Any:
+        model = {"id": self.model_name, "object": "model", "owned_by": "rlvr_jax"}
+        return web.json_response({"object": "list", "data": [model]})
+
+    async def _health(self, request: Any) -> Any:
         try:
-            ids = apply_chat_template(self.tokenizer, messages, add_generation_prompt=True)
-        except ValueError as e:
-            raise BadRequest(str(e), "messages") from None
-        want_logprobs = bool(_field(body, "logprobs", (bool,), False))
-        choices, used = [], 0
-        for group, stops in self._run([ids], body):
-            for c in group.completions:
-                text, reason, tokens, logprobs = self._choice(c, stops)
-                used += len(c.tokens)
-                lp = self._logprobs(tokens, logprobs)
-                choices.append(
-                    {
-                        "index": len(choices),
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": reason,
-                        "logprobs": {
-                            "content": [
-                                {
-                                    "token": t,
-                                    "logprob": v,
-                                    "top_logprobs": [{"token": t, "logprob": v}],
-                                }
-                                for t, v in zip(lp["tokens"], lp["token_logprobs"])
-                            ]
-                        }
-                        if want_logprobs
-                        else None,
-                    }
-                )
-        return self._envelope("chat.completion", choices, len(ids), used)
+            self.stream.check()
+        except RolloutError as e:
+            return _error(503, str(e), "engine_error")
+        return web.json_response({"status": "ok"})
 
-    def _encode(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, str):
-            return [int(t) for t in self.tokenizer.encode(prompt)]
-        if isinstance(prompt, list) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            return prompt
-        raise BadRequest("each prompt must be a string or a list of token ids", "prompt")
+    async def _completions(self, request: Any) -> Any:
+        return await self._handle("completion", request)
 
-    def _envelope(
-        self, kind: str, choices: list, prompt_tokens: int, completion_tokens: int
-    ) -> dict:
-        return {
-            "id": f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}",
-            "object": kind,
-            "created": int(time.time()),
-            "model": self.model_name,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
-        }
+    async def _chat_completions(self, request: Any) -> Any:
+        return await self._handle("chat", request)
 
-
-def _handler_class(server: OpenAIServer) -> type:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            return
-
-        def _send(self, status: int, payload: dict) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _error(self, status: int, message: str, kind: str, param: str | None = None) -> None:
-            self._send(status, {"error": {"message": message, "type": kind, "param": param}})
-
-        def do_GET(self) -> None:
-            if self.path == "/v1/models":
-                model = {"id": server.model_name, "object": "model", "owned_by": "rlvr_jax"}
-                self._send(200, {"object": "list", "data": [model]})
-            elif self.path == "/health":
-                try:
-                    server.stream.check()
-                except RolloutError as e:
-                    self._error(503, str(e), "engine_error")
-                    return
-                self._send(200, {"status": "ok"})
-            else:
-                self._error(404, f"no route GET {self.path}", "not_found")
-
-        def do_POST(self) -> None:
-            routes = {
-                "/v1/completions": server.completions,
-                "/v1/chat/completions": server.chat_completions,
-            }
-            if self.path not in routes:
-                self._error(404, f"no route POST {self.path}", "not_found")
-                return
+    async def _handle(self, kind: Kind, http_request: Any) -> Any:
+        try:
+            body = json.loads(await http_request.read() or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return _error(400, f"invalid JSON: {e}", "invalid_request_error")
+        try:
+            request = self._parse(kind, body)
+            queue: asyncio.Queue | None = asyncio.Queue() if request.stream else None
+            futures = self._submit(request, queue)
+        except BadRequest as e:
+            return _error(400, str(e), "invalid_request_error", e.param)
+        except _Busy as e:
+            return _error(429, str(e), "rate_limit_error")
+        except RolloutError as e:
+            return _error(503, str(e), "engine_error")
+        if queue is None:
             try:
-                length = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(length) or b"{}")
-                if not isinstance(body, dict):
-                    raise BadRequest("the request body must be a JSON object")
-                self._send(200, routes[self.path](body))
-            except json.JSONDecodeError as e:
-                self._error(400, f"invalid JSON: {e}", "invalid_request_error")
-            except BadRequest as e:
-                self._error(400, str(e), "invalid_request_error", e.param)
+                return web.json_response(await self._answer(request, futures))
             except RolloutError as e:
-                self._error(503, str(e), "engine_error")
+                return _error(503, str(e), "engine_error")
             except TimeoutError:
-                self._error(504, "generation timed out", "timeout")
+                return _error(504, "generation timed out", "timeout")
+        return await self._stream_answer(request, futures, queue, http_request)
 
-    return Handler
+    def _parse(self, kind: Kind, body: Any) -> ParsedRequest:
+        return parse_request(kind, body, self.tokenizer, self.stop_token_ids, self._seeds)
+
+    def _submit(
+        self, request: ParsedRequest, queue: asyncio.Queue | None
+    ) -> list[concurrent.futures.Future]:
+        """One stream request per prompt (n samples each); with `queue`, token and done
+        events of each prompt go to it through the loop."""
+        loop = asyncio.get_running_loop()
+        futures = []
+        for i, prompt in enumerate(request.prompts):
+            hook = None if queue is None else _TokenHook(loop, queue, i)
+            try:
+                future = self.stream.submit_future(
+                    uuid.uuid4().hex,
+                    prompt,
+                    request.n,
+                    (request.seed + i) % 2**32,
+                    timeout=0,
+                    max_new_tokens=request.max_tokens,
+                    sampling=request.sampling,
+                    stop_token_ids=request.stop_token_ids,
+                    on_tokens=hook,
+                )
+            except RequestError as e:
+                raise BadRequest(str(e), _param_of(str(e))) from None
+            except TimeoutError:
+                raise _Busy(
+                    f"{self.stream.max_pending_groups} requests are waiting; retry later"
+                ) from None
+            if hook is not None:
+                future.add_done_callback(hook.done)
+            futures.append(future)
+        return futures
+
+    async def _answer(self, request: ParsedRequest, futures: list) -> dict:
+        waits = [_awaitable(f) for f in futures]
+        groups = await asyncio.wait_for(asyncio.gather(*waits), self.request_timeout)
+        choices, used = [], 0
+        for group in groups:
+            for c in group.completions:
+                text = ChoiceText(self.tokenizer, request.stop_token_ids, request.stop)
+                delta = _merge(text.feed(c.tokens, c.logprobs), text.finish(c.finish_reason))
+                used += len(c.tokens)
+                lp = self._logprobs(request, delta, 0)
+                choices.append(
+                    choice_object(request.kind, len(choices), delta, text.finish_reason, lp)
+                )
+        prompt_tokens = sum(map(len, request.prompts))
+        return envelope(
+            request.kind,
+            new_id(request.kind),
+            self.model_name,
+            choices,
+            chunk=False,
+            usage=usage(prompt_tokens, used),
+        )
+
+    def _logprobs(self, request: ParsedRequest, delta: Delta, offset: int) -> dict | None:
+        if not request.logprobs:
+            return None
+        return logprobs_object(request.kind, self.tokenizer, delta, offset)
+
+    async def _stream_answer(
+        self, request: ParsedRequest, futures: list, queue: asyncio.Queue, http_request: Any
+    ) -> Any:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(http_request)
+        sse = _SSE(request, self.model_name, response)
+        texts = [
+            ChoiceText(self.tokenizer, request.stop_token_ids, request.stop)
+            for _ in range(request.num_choices)
+        ]
+        self._streams.add(queue)
+        try:
+            if request.kind == "chat":  # each chat choice opens with the assistant role
+                for i in range(len(texts)):  # one choice per chunk, as OpenAI sends them
+                    await sse.send([chunk_choice("chat", i, None, None, None)])
+            used, left = 0, len(futures)
+            while left:
+                event = await queue.get()
+                if event is _SHUTDOWN:
+                    return await sse.error("the server is shutting down", "server_shutdown")
+                if event[0] == "tokens":
+                    _, prompt, sample, tokens, logprobs = event
+                    index = prompt * request.n + sample
+                    await self._send_delta(sse, request, index, texts[index], tokens, logprobs)
+                    continue
+                _, prompt, future = event
+                left -= 1
+                try:
+                    group = future.result()
+                except (RolloutError, concurrent.futures.CancelledError) as e:
+                    return await sse.error(f"generation failed: {e}", "engine_error")
+                for c in group.completions:
+                    index = prompt * request.n + c.sample_index
+                    used += len(c.tokens)
+                    await self._send_delta(sse, request, index, texts[index], None, c.finish_reason)
+            if request.include_usage:
+                await sse.send([], usage=usage(sum(map(len, request.prompts)), used))
+            await sse.done()
+        except ConnectionResetError:
+            pass  # the client went away: its samples finish unseen
+        finally:
+            self._streams.discard(queue)
+        return response
+
+    async def _send_delta(
+        self,
+        sse: _SSE,
+        request: ParsedRequest,
+        index: int,
+        text: ChoiceText,
+        tokens: list[int] | None,
+        extra: Any,
+    ) -> None:
+        """Sends what `tokens` (or, with None, the end: `extra` is the finish reason) add."""
+        if text.finish_reason is not None and not sse.open_choice(index):
+            return
+        offset = len(text.text)
+        delta = text.finish(extra) if tokens is None else text.feed(tokens, extra)
+        finish = text.finish_reason
+        if not delta.text and not delta.tokens and finish is None:
+            return
+        sse.close_choice(index, finish)
+        lp = self._logprobs(request, delta, offset)
+        await sse.send([chunk_choice(request.kind, index, delta.text, finish, lp)])
+
+
+class _TokenHook:
+    """The stream's `on_tokens` for prompt `prompt`: events onto the loop's queue."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, prompt: int):
+        self.loop, self.queue, self.prompt = loop, queue, prompt
+
+    def _put(self, event: tuple) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server stopped
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+    def __call__(self, sample_index: int, tokens: list[int], logprobs: list[float]) -> None:
+        self._put(("tokens", self.prompt, sample_index, tokens, logprobs))
+
+    def done(self, future: concurrent.futures.Future) -> None:
+        self._put(("done", self.prompt, future))
+
+
+class _SSE:
+    """Writes one request's server-sent events (`data: {json}\\n\\n`)."""
+
+    def __init__(self, request: ParsedRequest, model: str, response: Any):
+        self.request = request
+        self.model = model
+        self.response = response
+        self.id = new_id(request.kind)
+        self._finished: set[int] = set()
+
+    def open_choice(self, index: int) -> bool:
+        """Whether choice `index` has not sent its finish reason yet."""
+        return index not in self._finished
+
+    def close_choice(self, index: int, finish_reason: str | None) -> None:
+        if finish_reason is not None:
+            self._finished.add(index)
+
+    async def send(self, choices: list, **extra: Any) -> None:
+        if self.request.include_usage:
+            extra.setdefault("usage", None)
+        chunk = envelope(self.request.kind, self.id, self.model, choices, chunk=True, **extra)
+        await self.response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+    async def error(self, message: str, kind: str) -> Any:
+        error = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+        await self.response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+        await self.response.write_eof()
+        return self.response
+
+    async def done(self) -> None:
+        await self.response.write(b"data: [DONE]\n\n")
+        await self.response.write_eof()
+
+
+@web.middleware
+async def _json_errors(request: Any, handler: Any) -> Any:
+    """Unknown routes and methods answer in the API's JSON error shape."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        message = (
+            f"no route {request.method} {request.path}" if e.status in (404, 405) else e.reason
+        )
+        return _error(
+            e.status, message, "not_found" if e.status == 404 else "invalid_request_error"
+        )
+
+
+def _awaitable(future: concurrent.futures.Future) -> asyncio.Future:
+    """An asyncio future with `future`'s outcome. Unlike `asyncio.wrap_future`, cancelling it
+    (a timed-out or stopped request) does not cancel `future`: the stream resolves it later,
+    and resolving a cancelled future would raise on the engine's driver thread."""
+    loop = asyncio.get_running_loop()
+    out = loop.create_future()
+
+    def copy(done: concurrent.futures.Future) -> None:
+        if out.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(done.result())
+
+    def on_done(done: concurrent.futures.Future) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: the server stopped
+            loop.call_soon_threadsafe(copy, done)
+
+    future.add_done_callback(on_done)
+    return out
+
+
+def _merge(a: Delta, b: Delta) -> Delta:
+    return Delta(a.text + b.text, a.tokens + b.tokens, a.logprobs + b.logprobs)
+
+
+def _param_of(message: str) -> str | None:
+    """The request parameter an engine `RequestError` is about."""
+    if "max_new_tokens" in message or "max_len" in message:
+        return "max_tokens"
+    if "prompt" in message:
+        return "prompt"
+    if "seed" in message:
+        return "seed"
+    if "stop" in message:
+        return "stop"
+    return None
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> Any:
+    payload = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    return web.json_response(payload, status=status)

@@ -36,6 +36,11 @@ from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingPar
 Batching = Literal["continuous", "static"]
 BATCHING = ("continuous", "static")
 
+TokenHook = Callable[[int, list[int], list[float]], None]
+"""`on_tokens(sample_index, tokens, logprobs)`: the new tokens of one live sample (the stop
+token included when one ends it) and their log-probs, called on the thread that drives the
+scheduler right after each decode chunk. It must be quick and must not raise."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
@@ -73,9 +78,8 @@ class GroupRequest:
     sampling: SamplingParams = DEFAULT_SAMPLING
     stop_token_ids: tuple[int, ...] = ()
     meta: Any = None
-    on_tokens: Callable[[int, list[int], list[float]], None] | None = None
-    """Called on the driver thread after every decode chunk that gave sample i new tokens,
-    as `on_tokens(i, tokens, logprobs)` (streaming); it must not block."""
+    on_tokens: TokenHook | None = dataclasses.field(default=None, compare=False)
+    """Optional streaming hook (`TokenHook`): sees every sample's tokens as they are made."""
 
     def slot_request(self, sample_index: int) -> SlotRequest:
         """What the slot running sample `sample_index` generates for."""
@@ -199,12 +203,22 @@ class Scheduler:
 
     # ---- queue ----------------------------------------------------------------------------
 
-    def add(self, request: GroupRequest) -> None:
-        """Queues a request (validated against the engine's limits now, not at admission)."""
+    def check(self, request: GroupRequest) -> None:
+        """Raises `RequestError` unless the engine can run `request` (prompt fits a slot,
+        seed and stop ids valid): called when a request is queued, never at admission."""
         if request.num_samples < 1:
             raise RequestError(f"num_samples must be >= 1, got {request.num_samples}")
         self.core.check_request(request.prompt, request.max_new_tokens)
         self.core.settings([0], [request.slot_request(0)])  # seed / stop-id checks
+
+    def prepare(self, params: Any) -> DecodeParams:
+        """Policy params (models layout, any mesh) in this engine's decode layout."""
+        return self.core.prepare(params)
+
+    def add(self, request: GroupRequest, *, checked: bool = False) -> None:
+        """Queues a request, validated now (`check`) unless its submitter already did."""
+        if not checked:
+            self.check(request)
         self._waiting.append(_Group(request))
 
     @property
@@ -316,13 +330,14 @@ class Scheduler:
         for slot_id, slot in list(self._slots.items()):
             valid = np.asarray(out.valid_BxC[slot_id, :steps])
             new = out.tokens_BxC[slot_id, :steps][valid].tolist()
+            new_logprobs = out.logprobs_BxC[slot_id, :steps][valid].tolist()
             slot.tokens.extend(new)
-            slot.logprobs.extend(out.logprobs_BxC[slot_id, :steps][valid].tolist())
+            slot.logprobs.extend(new_logprobs)
             slot.versions.extend([version] * len(new))
             self.stats.tokens += len(new)
             req = slot.group.request
             if new and req.on_tokens is not None:
-                req.on_tokens(slot.sample_index, new, slot.logprobs[-len(new) :])
+                req.on_tokens(slot.sample_index, new, new_logprobs)
             if out.active_B[slot_id]:
                 continue
             del self._slots[slot_id]

@@ -1,11 +1,16 @@
 """`rlvr-serve --model PATH`: the policy behind JetStream's orchestrator + gRPC server and
-an OpenAI-compatible HTTP endpoint (`/v1/completions`, `/v1/chat/completions`).
+an OpenAI-compatible HTTP endpoint (`/v1/completions`, `/v1/chat/completions`, streaming).
 
 Both front ends share the model's params; each has its own decode slots (the gRPC side
 runs JetStream's orchestrator over `make_engine`'s adapter, the HTTP side our scheduler
-through a `RolloutStream`, which adds per-request sampling and log-probs). Both bind to
-`--host` (loopback by default). A failed JetStream thread or engine stops the server with
-exit status 1 and the error on stderr.
+through a `RolloutStream`, which adds per-request sampling, log-probs and token streaming).
+Both bind to `--host` (loopback by default).
+
+Start-up happens on the main thread, in this order, before any server thread exists: the
+model, the tokenizers (transformers, its chat templates and JetStream's tokenizer wrapper
+imported and built once), the HTTP stack. Then the servers start and the ready file is
+written. SIGTERM / SIGINT stop it cleanly (exit 0) within 10 s in any state; a failed engine
+thread stops it with exit status 1 and the failure on stderr.
 """
 
 from __future__ import annotations
@@ -13,19 +18,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import signal
-import socket
+import logging
+import os
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rlvr_jax.rollout.sampling import SamplingParams
 
+logger = logging.getLogger(__name__)
+PROG = "rlvr-serve"
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The `rlvr-serve` command line."""
-    p = argparse.ArgumentParser(prog="rlvr-serve", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="local HF checkpoint directory")
     p.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     p.add_argument("--model-name", help="id reported by /v1/models (default: directory name)")
@@ -38,17 +48,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=2048, help="positions per slot")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--chunk", type=int, default=8, help="decode steps per engine call (HTTP)")
+    p.add_argument(
+        "--max-queue", type=int, default=1024, help="HTTP prompts waiting for slots (then 429)"
+    )
     p.add_argument("--temperature", type=float, default=1.0, help="gRPC sampling temperature")
     p.add_argument("--top-p", type=float, default=1.0, help="gRPC nucleus threshold")
     p.add_argument("--top-k", type=int, default=0, help="gRPC top-k (0 = off)")
-    p.add_argument("--ready-file", help="write {http_port, grpc_port} here once serving")
+    p.add_argument("--ready-file", help="write {http_port, grpc_port, ready_s} here once serving")
+    p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs")
     return p
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @dataclasses.dataclass
@@ -58,42 +66,59 @@ class Servers:
     http: Any = None
     stream: Any = None
     grpc: Any = None
+    """The `JetStreamFrontEnd` (gRPC server over the orchestrator)."""
     driver: Any = None
     """The JetStream orchestrator `Driver` behind the gRPC server."""
     grpc_port: int | None = None
 
     def stop(self) -> None:
-        """Stops the front ends, then the engine threads."""
+        """Stops the front ends, then the engines; each step is bounded (≈ 8 s in all)."""
         if self.http is not None:
             self.http.stop()
         if self.stream is not None:
-            self.stream.stop(timeout=30)
+            self.stream.stop(timeout=2.0)
         if self.grpc is not None:
-            self.grpc.stop()  # stops the driver too
+            self.grpc.stop()  # stops the driver first
         elif self.driver is not None:
             self.driver.stop()
 
 
-def start(args: argparse.Namespace, servers: Servers) -> None:
-    """Loads the model and starts the requested front ends, recording them in `servers`."""
+def start(args: argparse.Namespace, servers: Servers, stop: threading.Event) -> None:
+    """Loads the model and starts the requested front ends, recording them in `servers`;
+    returns early when `stop` is set."""
     from rlvr_jax.models import load_pretrained
 
     model = load_pretrained(args.model, dtype=args.dtype)
     tokenizer_dir = args.tokenizer or args.model
-    if not args.no_grpc:
+    tokenizer = _load_tokenizer(tokenizer_dir)
+    eos = [*model.config.eos_token_id]
+    if tokenizer.eos_token_id is not None:
+        eos.append(tokenizer.eos_token_id)
+    stop_ids = tuple(dict.fromkeys(eos))
+    if not args.no_grpc and not stop.is_set():
         _start_grpc(model, tokenizer_dir, args, servers)
-    if not args.no_http:
-        servers.stream, servers.http = _start_http(model, tokenizer_dir, args)
+    if not args.no_http and not stop.is_set():
+        servers.stream, servers.http = _start_http(model, tokenizer, stop_ids, args)
+
+
+def _load_tokenizer(path: str) -> Any:
+    """The HF tokenizer, exercised once here so that nothing it uses (transformers' lazy
+    modules, the chat template's jinja2) is first imported by a server thread."""
+    from rlvr_jax.data.tokenizer import apply_chat_template, load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    tokenizer.decode(tokenizer.encode("warm up"), skip_special_tokens=True)
+    if tokenizer.chat_template:
+        apply_chat_template(tokenizer, [{"role": "user", "content": "warm up"}])
+    return tokenizer
 
 
 def _start_grpc(model: Any, tokenizer_dir: str, args: argparse.Namespace, servers: Servers) -> None:
-    """JetStream's interleaved-mode orchestrator over our engine, behind its gRPC server."""
-    import grpc
-
+    """JetStream's interleaved-mode orchestrator over our engine, behind a gRPC server."""
     from rlvr_jax.rollout import jetstream_compat
     from rlvr_jax.rollout.jetstream_engine import make_engine
+    from rlvr_jax.rollout.jetstream_server import JetStreamFrontEnd
 
-    lib = jetstream_compat.server_lib()
     engine = make_engine(
         model,
         max_slots=args.max_slots,
@@ -101,6 +126,7 @@ def _start_grpc(model: Any, tokenizer_dir: str, args: argparse.Namespace, server
         tokenizer_path=tokenizer_dir,
         sampling=SamplingParams(args.temperature, args.top_p, args.top_k),
     )
+    engine.build_tokenizer(engine.get_tokenizer())  # now, before the driver's threads
     params = engine.load_params()
     servers.driver = jetstream_compat.orchestrator().Driver(
         prefill_engines=[engine],
@@ -109,46 +135,49 @@ def _start_grpc(model: Any, tokenizer_dir: str, args: argparse.Namespace, server
         generate_params=[params],
         interleaved_mode=True,
     )
-    servers.grpc_port = args.grpc_port or _free_port(args.host)
-    lib._HOST = args.host  # 0.2.2 hard-codes "[::]" (every interface) in this module global
-    servers.grpc = lib.JetStreamServer(
-        servers.driver,
-        max(args.max_slots, 8),
-        servers.grpc_port,
-        grpc.insecure_server_credentials(),
-    )
-    servers.grpc.start()
+    servers.grpc = JetStreamFrontEnd(
+        servers.driver, host=args.host, port=args.grpc_port, threads=max(args.max_slots, 8)
+    ).start()
+    servers.grpc_port = servers.grpc.port
 
 
-def _start_http(model: Any, tokenizer_dir: str, args: argparse.Namespace) -> tuple[Any, Any]:
-    from rlvr_jax.data.tokenizer import load_tokenizer
+def _start_http(
+    model: Any, tokenizer: Any, stop_ids: tuple[int, ...], args: argparse.Namespace
+) -> tuple[Any, Any]:
     from rlvr_jax.rollout.engine import EngineCore
     from rlvr_jax.rollout.openai_http import OpenAIServer
     from rlvr_jax.rollout.stream import RolloutStream
 
-    tokenizer = load_tokenizer(tokenizer_dir)
-    eos = [*model.config.eos_token_id]
-    if tokenizer.eos_token_id is not None:
-        eos.append(tokenizer.eos_token_id)
-    stop_ids = tuple(dict.fromkeys(eos))
     core = EngineCore(model, max_slots=args.max_slots, max_len=args.max_len, chunk=args.chunk)
-    stream = RolloutStream(core, max_new_tokens=16, stop_token_ids=stop_ids).start()
-    http = OpenAIServer(
-        stream,
-        tokenizer,
-        model_name=args.model_name or Path(args.model).resolve().name,
-        stop_token_ids=stop_ids,
-        host=args.host,
-        port=args.http_port,
+    stream = RolloutStream(
+        core, max_new_tokens=16, stop_token_ids=stop_ids, max_pending_groups=args.max_queue
     ).start()
+    try:
+        http = OpenAIServer(
+            stream,
+            tokenizer,
+            model_name=args.model_name or Path(args.model).resolve().name,
+            stop_token_ids=stop_ids,
+            host=args.host,
+            port=args.http_port,
+        ).start()
+    except BaseException:
+        stream.stop(timeout=2.0)
+        raise
     return stream, http
 
 
-def serve(args: argparse.Namespace, stop_event: threading.Event) -> int:
-    """Serves until `stop_event` is set (0) or an engine thread fails (1)."""
+def serve(
+    args: argparse.Namespace,
+    stop_event: threading.Event,
+    on_ready: Callable[[], None] | None = None,
+) -> int:
+    """Serves until `stop_event` is set (0) or an engine thread fails (1); `on_ready` is
+    called once both front ends serve."""
     from rlvr_jax.rollout import jetstream_compat
     from rlvr_jax.rollout.stream import RolloutError
 
+    t0 = time.monotonic()
     failures: list[str] = []
     failed = threading.Event()
     servers = Servers()
@@ -161,14 +190,21 @@ def serve(args: argparse.Namespace, stop_event: threading.Event) -> int:
 
     unregister = jetstream_compat.on_thread_error(on_error)
     try:
-        start(args, servers)
-        if args.ready_file:
-            http_port = None if servers.http is None else servers.http.port
-            ready = {"http_port": http_port, "grpc_port": servers.grpc_port}
-            Path(args.ready_file).write_text(json.dumps(ready))
-        print(f"rlvr-serve: serving ({describe(servers)})", file=sys.stderr, flush=True)
+        print(f"{PROG}: loading {args.model}", file=sys.stderr, flush=True)
+        start(args, servers, stop_event)
+        if on_ready is not None:
+            on_ready()
+        if not stop_event.is_set():
+            ready_s = time.monotonic() - t0
+            if args.ready_file:
+                _write_ready(args.ready_file, servers, ready_s)
+            print(
+                f"{PROG}: serving ({describe(servers)}), ready in {ready_s:.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
         while not stop_event.is_set() and not failed.is_set():
-            stop_event.wait(0.5)
+            stop_event.wait(0.2)
             if servers.stream is not None:
                 try:
                     servers.stream.check()
@@ -179,8 +215,17 @@ def serve(args: argparse.Namespace, stop_event: threading.Event) -> int:
         unregister()
         servers.stop()
     for message in failures:
-        print(f"rlvr-serve: {message}", file=sys.stderr)
+        print(f"{PROG}: {message}", file=sys.stderr, flush=True)
     return 1 if failures else 0
+
+
+def _write_ready(path: str, servers: Servers, ready_s: float) -> None:
+    """Writes the ready file atomically (a reader never sees it half written)."""
+    http_port = None if servers.http is None else servers.http.port
+    ready = {"http_port": http_port, "grpc_port": servers.grpc_port, "ready_s": round(ready_s, 2)}
+    tmp = Path(f"{path}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(ready))
+    tmp.replace(path)
 
 
 def describe(servers: Servers) -> str:
@@ -191,13 +236,27 @@ def describe(servers: Servers) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`rlvr-serve` entry point: SIGINT/SIGTERM stop it cleanly."""
+    """`rlvr-serve` entry point: SIGINT/SIGTERM stop it cleanly within 10 s."""
+    from rlvr_jax.logs import setup_logging
+    from rlvr_jax.shutdown import Interrupted, SignalStop
+
     args = build_parser().parse_args(argv)
-    stop_event = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop_event.set())
+    setup_logging(verbose=args.verbose)
+    # a signal during start-up interrupts it (what was started is stopped on the way out);
+    # once serving, it only sets the event the serving loop waits on
+    signals = SignalStop(PROG, grace_s=8.0, raise_in_main=True).install()
+
+    def serving() -> None:
+        signals.raise_in_main = False
+
     try:
-        return serve(args, stop_event)
+        rc = serve(args, signals.event, on_ready=serving)
+    except Interrupted as e:
+        print(f"{PROG}: stopped by {e} while starting", file=sys.stderr)
+        rc = 0
     except (OSError, ValueError) as e:  # unreadable checkpoint / tokenizer, port in use
-        print(f"rlvr-serve: error: {e}", file=sys.stderr)
-        return 2
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        rc = 2
+    finally:
+        signals.uninstall()
+    return rc

@@ -296,6 +296,13 @@ def state_shardings(spec: EngineSpec) -> Any:
     return DecodeState(layers, layers, *(slot,) * 10, stop)
 
 
+def replicated(spec: EngineSpec) -> NamedSharding | None:
+    """Every device holds the whole array (None without a mesh)."""
+    if spec.mesh is None:
+        return None
+    return NamedSharding(spec.mesh, PartitionSpec())
+
+
 def constrain(tree: Any, shardings: Any) -> Any:
     """`with_sharding_constraint`, or the identity without shardings."""
     return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)

@@ -24,10 +24,10 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from rlvr_jax import dispatch
-from rlvr_jax.rollout.engine import EngineCore, RequestError
+from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
-from rlvr_jax.rollout.scheduler import Batching, Completion, GroupRequest, Scheduler
+from rlvr_jax.rollout.scheduler import Batching, Completion, GroupRequest, Scheduler, TokenHook
 from rlvr_jax.timeline import Timeline
 
 
@@ -66,6 +66,9 @@ class RolloutStream:
       max_ready_groups: completed groups waiting for `get` before admission pauses.
       num_slots: slots used (default all). batching: "continuous" (default) or "static".
       version: policy version of the engine's current params.
+      scheduler: drive this scheduler instead of our engine's (`engine` is then unused): an
+        object with `Scheduler`'s `check`, `prepare`, `add`, `set_params`, `step`, `waiting`,
+        `live`, `idle` — e.g. `vllm_backend.VllmScheduler`.
       timeline: when given, each decode chunk the driver thread runs is recorded in it as a
         "rollout" span (`rlvr_jax.timeline`; `rlvr-bench e2e` measures overlap with it).
     """
@@ -83,16 +86,18 @@ class RolloutStream:
         batching: Batching = "continuous",
         version: int = 0,
         timeline: Timeline | None = None,
+        scheduler: Any = None,
     ):
         if max_pending_groups < 1 or max_ready_groups < 1:
             raise ValueError("max_pending_groups and max_ready_groups must be >= 1")
-        self.core = _core_of(engine)
         self.defaults = (max_new_tokens, sampling, tuple(int(t) for t in stop_token_ids))
         self.max_pending_groups = max_pending_groups
         self.max_ready_groups = max_ready_groups
-        self.scheduler = Scheduler(
-            self.core, batching=batching, num_slots=num_slots, version=version
-        )
+        if scheduler is None:
+            scheduler = Scheduler(
+                _core_of(engine), batching=batching, num_slots=num_slots, version=version
+            )
+        self.scheduler = scheduler
         self._cond = threading.Condition()
         self._incoming: deque[GroupRequest] = deque()
         self._ready: deque[CompletedGroup] = deque()
@@ -147,8 +152,12 @@ class RolloutStream:
         max_new_tokens: int | None = None,
         sampling: SamplingParams | None = None,
         stop_token_ids: Sequence[int] | None = None,
+        on_tokens: TokenHook | None = None,
     ) -> concurrent.futures.Future:
-        """Like `submit`, but the result goes to the returned future instead of `get`."""
+        """Like `submit`, but the result goes to the returned future instead of `get`.
+        `on_tokens(sample_index, tokens, logprobs)`, when given, is called on the driver
+        thread after every decode chunk with each live sample's new tokens (streaming; see
+        `scheduler.TokenHook`): quick, never raising, e.g. a `call_soon_threadsafe`."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._enqueue(
             request_id,
@@ -161,6 +170,7 @@ class RolloutStream:
             sampling,
             stop_token_ids,
             future=future,
+            on_tokens=on_tokens,
         )
         return future
 
@@ -177,6 +187,7 @@ class RolloutStream:
         stop_token_ids,
         *,
         future,
+        on_tokens=None,
     ) -> None:
         d_max_new, d_sampling, d_stop = self.defaults
         prompt = tuple(int(t) for t in prompt_tokens)
@@ -190,11 +201,9 @@ class RolloutStream:
             sampling=d_sampling if sampling is None else sampling,
             stop_token_ids=d_stop if stop_token_ids is None else tuple(stop_token_ids),
             meta=meta,
+            on_tokens=on_tokens,
         )
-        if num_samples < 1:
-            raise RequestError(f"num_samples must be >= 1, got {num_samples}")
-        self.core.check_request(prompt, request.max_new_tokens)
-        self.core.settings([0], [request.slot_request(0)])
+        self.scheduler.check(request)  # the one validation: bad requests fail their caller
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._raise_if_failed()
@@ -219,7 +228,7 @@ class RolloutStream:
         actor devices and re-laid now, and swapped in at the next boundary between decode
         chunks; the KV cache is kept (PipelineRL) and tokens record `version`."""
         with dispatch.LOCK:
-            prepared = self.core.prepare(params)
+            prepared = self.scheduler.prepare(params)
         with self._cond:
             self._weights = (prepared, version)
             self._cond.notify_all()
@@ -269,7 +278,7 @@ class RolloutStream:
     def _boundary_locked(self) -> bool:
         """Moves submissions to the scheduler and swaps weights; returns whether to admit."""
         while self._incoming:
-            self.scheduler.add(self._incoming.popleft())
+            self.scheduler.add(self._incoming.popleft(), checked=True)
         if self._weights is not None:
             self.scheduler.set_params(*self._weights)
             self._weights = None

@@ -134,3 +134,73 @@ class VllmRollout:
                     )
                 )
         return completions
+
+
+class VllmScheduler:
+    """`VllmRollout` behind `Scheduler`'s interface, so that a `RolloutStream` drives it
+    (`RolloutStream(None, scheduler=VllmScheduler(engine), ...)`) and the trainer's rollout
+    source runs on either backend (`rollout.backend: vllm`).
+
+    vLLM batches continuously inside each `generate` call; a step hands it every request waiting
+    at that moment, so a weight update reaches vLLM between two such calls (not mid-call, as our
+    engine's in-flight updates do), and every token of a call records the version it ran with.
+    """
+
+    def __init__(self, engine: Any, *, version: int = 0) -> None:
+        self.engine = engine
+        self.engine.version = version
+        self._waiting: list[Any] = []
+
+    def check(self, request: Any) -> None:
+        if request.num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {request.num_samples}")
+        if not request.prompt or request.max_new_tokens < 1:
+            raise ValueError("a request needs a non-empty prompt and max_new_tokens >= 1")
+
+    def prepare(self, params: Any) -> Any:
+        return params  # vLLM takes the HF-named tensors when they are loaded (`set_params`)
+
+    def add(self, request: Any, *, checked: bool = False) -> None:
+        if not checked:
+            self.check(request)
+        self._waiting.append(request)
+
+    def set_params(self, params: Any, version: int) -> None:
+        self.engine.update_weights(params, version)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    live = 0
+    """Nothing generates between steps: a step runs its requests to completion."""
+
+    @property
+    def idle(self) -> bool:
+        return not self._waiting
+
+    def step(self, *, admit: bool = True) -> list[tuple[Any, list[Completion]]]:
+        """Every waiting request through vLLM (one call per distinct sampling setting)."""
+        if not admit:
+            return []
+        batch, self._waiting = self._waiting, []
+        finished = []
+        settings = {(r.num_samples, r.max_new_tokens, r.sampling, r.stop_token_ids) for r in batch}
+        for n, max_new, sampling, stop_ids in sorted(settings, key=repr):
+            part = [
+                r
+                for r in batch
+                if (r.num_samples, r.max_new_tokens, r.sampling, r.stop_token_ids)
+                == (n, max_new, sampling, stop_ids)
+            ]
+            completions = self.engine.generate_completions(
+                [r.prompt for r in part],
+                max_new_tokens=max_new,
+                sampling=sampling,
+                num_samples=n,
+                stop_token_ids=stop_ids,
+                seeds=[r.seed for r in part],
+            )
+            for i, request in enumerate(part):
+                finished.append((request, [c for c in completions if c.prompt_index == i]))
+        return finished

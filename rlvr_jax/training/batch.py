@@ -1,20 +1,107 @@
-"""Rollout groups → learner arrays of a few fixed shapes (one compile per length bucket).
+"""The learner's typed batches and the one collation that lays sequences out in them.
 
-A row is prompt + completion, right-padded to S (at most max_prompt_len + max_new_tokens + 1;
-the trainer picks S per batch with `bucket_length`). The learner predicts token t+1 from
-positions ≤ t, so the arrays live on the shifted grid of T = S − 1: `input_ids[t] = row[t]`,
-`target_ids[t] = row[t+1]`; `mask[t] = 1` where `target_ids[t]` is a completion token (the stop
-token included: it is trained on); `sampler_logp[t]` is the engine's log-prob of
-`target_ids[t]`. Rows beyond the real ones (an under-filled batch) are all-masked and contribute
-nothing to the loss or its denominator.
+A sequence is a prompt followed by a completion (RL) or a response (SFT). Rows hold S tokens
+before the shift; the learner predicts token t+1 from positions ≤ t, so the arrays live on the
+shifted grid of T = S − 1: `input_ids[t] = row[t]`, `target_ids[t] = row[t+1]`; `mask[t] = 1`
+where `target_ids[t]` is a trained completion/response token (the stop token included).
+`segment_ids` number the sequences of a row from 1 (0 = padding) and `positions` restart at 0
+for each, so tokens attend only within their own sequence. Rows beyond the real ones (an
+under-filled batch) are all padding and all-masked: they contribute nothing to the loss or to
+its denominator.
+
+`collate` (RL samples → `RLBatch`) and `collate_sft` (prompt/response pairs → `TokenBatch`)
+share one layout function over a `packing.Layout` (one sequence per row, packed in order, or
+packed to a token budget per micro-batch).
+
+Letters: B rows, T positions (S − 1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import flax.struct
+import jax
 import numpy as np
+
+from rlvr_jax.training.packing import Layout, in_order, one_per_row, pack_examples, pack_tokens
+
+__all__ = [
+    "RLBatch",
+    "Sample",
+    "TokenBatch",
+    "bucket_length",
+    "collate",
+    "collate_packed",
+    "collate_sft",
+    "mini_batch",
+    "pack_examples",
+    "sequence_view",
+    "take_rows",
+]
+
+
+@flax.struct.dataclass
+class TokenBatch:
+    """What every learner step reads: tokens, their targets and layout, and the loss mask."""
+
+    input_ids_BxT: Any
+    target_ids_BxT: Any
+    positions_BxT: Any
+    segment_ids_BxT: Any
+    mask_BxT: Any
+    """1.0 where `target_ids_BxT` is trained on (float32)."""
+    n_micro: int = flax.struct.field(pytree_node=False, default=0)
+    """Micro-batches the rows are laid out for (token-budget packing); 0 = any split."""
+
+    @property
+    def rows(self) -> int:
+        return int(self.mask_BxT.shape[0])
+
+    @property
+    def length(self) -> int:
+        return int(self.mask_BxT.shape[1])
+
+
+@flax.struct.dataclass
+class RLBatch:
+    """A policy-gradient batch: the packed rows the model reads (`tokens`, R rows), and the
+    per-completion arrays the loss reads as if each completion had a row of its own (B slots:
+    `mask_BxT` etc. are exactly an unpacked batch's). `gather_BxT` maps completion slot b's
+    position t to its place in the packed rows (flat index r·T + t', counted within the
+    micro-batch: `sequence_view`), so every aggregation, TIS and KL mode keeps its exact
+    per-sequence meaning and global denominator however the rows are packed."""
+
+    tokens: TokenBatch
+    """The model's input, [R, T] (several completions per row when packed)."""
+    gather_BxT: Any
+    """int32 [B, T]: where completion b's position t sits in the packed rows."""
+    mask_BxT: Any = None
+    """1.0 on completion b's trained tokens (the stop token included)."""
+    sampler_logp_BxT: Any = None
+    """The rollout engine's log-prob of each target token (0 off the completions)."""
+    advantages_B: Any = None
+    """One advantage per completion slot; 0 on empty slots."""
+    old_logp_BxT: Any = None
+    """log π_θold(target) recomputed by the learner (several updates per batch, TIS mask
+    mode, reward-KL); None: the step uses stop_gradient(logp)."""
+    ref_logp_BxT: Any = None
+    """log π_ref(target) under the frozen reference policy (KL on); None otherwise."""
+
+    @property
+    def n_micro(self) -> int:
+        return self.tokens.n_micro
+
+
+def sequence_view(x_RxT: Any, gather_BxT: Any) -> Any:
+    """Per-token values of packed rows [R, T] (or [R, T, V]) as completion slots [B, T] (or
+    [B, T, V]); `gather_BxT` indices are taken modulo the R·T positions given (a micro-batch's
+    own rows)."""
+    R, T = x_RxT.shape[:2]
+    flat = x_RxT.reshape(R * T, *x_RxT.shape[2:])
+    return flat[gather_BxT % (R * T)]
 
 
 @dataclass(frozen=True)
@@ -27,6 +114,27 @@ class Sample:
     advantage: float
     train: bool = True
     """False masks the completion out of the loss (overlong filtering)."""
+
+
+def take_rows(batch: Any, start: int, stop: int) -> Any:
+    """Rows [start, stop) of every array of a batch pytree."""
+    return jax.tree.map(lambda x: x[start:stop], batch)
+
+
+def mini_batch(batch: Any, u: int, updates: int) -> Any:
+    """Part u of `updates` equal parts along every leading axis (rows and completion slots);
+    a packed batch's micro-batch count is split with it."""
+
+    def part(x: Any) -> Any:
+        n = x.shape[0] // updates
+        return x[u * n : (u + 1) * n]
+
+    out = jax.tree.map(part, batch)
+    tokens = out.tokens if isinstance(out, RLBatch) else out
+    if tokens.n_micro:
+        tokens = tokens.replace(n_micro=tokens.n_micro // updates)
+        out = out.replace(tokens=tokens) if isinstance(out, RLBatch) else tokens
+    return out
 
 
 def bucket_length(longest: int, *, full: int, min_len: int, multiple: int = 1) -> int:
@@ -45,50 +153,195 @@ def bucket_length(longest: int, *, full: int, min_len: int, multiple: int = 1) -
     return min(bucket, full)
 
 
+def _lay_out(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    trained: Sequence[bool],
+    layout: Layout,
+    *,
+    seq_len: int,
+    pad_id: int,
+) -> TokenBatch:
+    """The packed rows of `layout` (shifted grid of T = seq_len − 1)."""
+    rows = layout.rows
+    ids_BxS = np.full((rows, seq_len), pad_id, np.int32)
+    seg_BxS = np.zeros((rows, seq_len), np.int32)
+    pos_BxS = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (rows, seq_len)).copy()
+    mask_BxT = np.zeros((rows, seq_len - 1), np.float32)
+    for i, (p, r, train) in enumerate(zip(prompts, responses, trained)):
+        row, start = layout.row(i), layout.places[i][2]
+        n_p, end = len(p), start + len(p) + len(r)
+        ids_BxS[row, start : start + n_p] = p
+        ids_BxS[row, start + n_p : end] = r
+        seg_BxS[row, start:end] = seg_BxS[row, :start].max(initial=0) + 1
+        pos_BxS[row, start:end] -= start
+        # response token j sits at row index start + n_p + j, i.e. shifted index one less
+        if train:
+            mask_BxT[row, start + n_p - 1 : end - 1] = 1.0
+    return TokenBatch(
+        input_ids_BxT=ids_BxS[:, :-1],
+        target_ids_BxT=ids_BxS[:, 1:],
+        positions_BxT=pos_BxS[:, :-1],
+        segment_ids_BxT=seg_BxS[:, :-1],
+        mask_BxT=mask_BxT,
+        n_micro=layout.n_micro if layout.packed else 0,
+    )
+
+
 def collate(
     samples: Sequence[Sample],
     *,
     rows: int,
     seq_len: int,
     pad_id: int,
-) -> dict[str, np.ndarray]:
-    """Builds the learner batch: `input_ids`, `target_ids`, `positions`, `segment_ids`, `mask`,
-    `sampler_logp` ([rows, seq_len − 1]) and `advantages` ([rows])."""
-    if len(samples) > rows:
-        raise ValueError(f"collate: {len(samples)} samples do not fit in {rows} rows")
-    T = seq_len - 1
-    ids_BxS = np.full((rows, seq_len), pad_id, np.int32)
-    seg_BxS = np.zeros((rows, seq_len), np.int32)
-    mask_BxT = np.zeros((rows, T), np.float32)
-    slogp_BxT = np.zeros((rows, T), np.float32)
-    adv_B = np.zeros((rows,), np.float32)
+    layout: Layout | None = None,
+) -> RLBatch:
+    """The RL batch of `samples` (numpy): packed rows by `layout` (default `one_per_row` in
+    `rows` rows) and the per-completion arrays [slots, seq_len − 1].
+
+    Raises ValueError naming the sample when its prompt is empty, its log-probs do not match
+    its tokens, or it does not fit."""
     for i, s in enumerate(samples):
-        n_p, n_c = len(s.prompt_tokens), len(s.tokens)
-        if n_p == 0:
+        if len(s.prompt_tokens) == 0:
             raise ValueError(f"collate: sample {i} has an empty prompt")
-        if n_p + n_c > seq_len:
+        if len(s.sampler_logp) != len(s.tokens):
             raise ValueError(
-                f"collate: sample {i} has {n_p} prompt + {n_c} completion tokens > {seq_len}"
+                f"collate: sample {i}: {len(s.sampler_logp)} log-probs for {len(s.tokens)} tokens"
             )
-        if len(s.sampler_logp) != n_c:
+        if len(s.prompt_tokens) + len(s.tokens) > seq_len:
             raise ValueError(
-                f"collate: sample {i}: {len(s.sampler_logp)} log-probs for {n_c} tokens"
+                f"collate: sample {i} has {len(s.prompt_tokens)} prompt + {len(s.tokens)} "
+                f"completion tokens > {seq_len}"
             )
-        ids_BxS[i, :n_p] = s.prompt_tokens
-        ids_BxS[i, n_p : n_p + n_c] = s.tokens
-        seg_BxS[i, : n_p + n_c] = 1
-        # completion token j sits at row index n_p + j, i.e. shifted index n_p + j - 1
-        if s.train and n_c:
-            mask_BxT[i, n_p - 1 : n_p - 1 + n_c] = 1.0
-        slogp_BxT[i, n_p - 1 : n_p - 1 + n_c] = s.sampler_logp
-        adv_B[i] = s.advantage
-    positions = np.broadcast_to(np.arange(T, dtype=np.int32), (rows, T))
+    if layout is None:
+        if len(samples) > rows:
+            raise ValueError(
+                f"collate: {len(samples)} samples do not fit one per row in {rows} rows"
+            )
+        layout = one_per_row(len(samples), rows)
+    tokens = _lay_out(
+        [s.prompt_tokens for s in samples],
+        [s.tokens for s in samples],
+        [s.train and len(s.tokens) > 0 for s in samples],
+        layout,
+        seq_len=seq_len,
+        pad_id=pad_id,
+    )
+    T, B = seq_len - 1, layout.slots
+    gather_BxT = np.zeros((B, T), np.int32)
+    mask_BxT = np.zeros((B, T), np.float32)
+    slogp_BxT = np.zeros((B, T), np.float32)
+    adv_B = np.zeros((B,), np.float32)
+    arange_T = np.arange(T, dtype=np.int32)
+    for i, s in enumerate(samples):
+        b, row, offset = layout.slot(i), layout.row(i), layout.places[i][2]
+        n = len(s.prompt_tokens) + len(s.tokens) - 1  # its positions on the shifted grid
+        gather_BxT[b, :n] = row * T + offset + arange_T[:n]
+        first = len(s.prompt_tokens) - 1
+        if s.train and s.tokens:
+            mask_BxT[b, first : first + len(s.tokens)] = 1.0
+        slogp_BxT[b, first : first + len(s.tokens)] = s.sampler_logp
+        adv_B[b] = s.advantage
+    return RLBatch(
+        tokens=tokens,
+        gather_BxT=gather_BxT,
+        mask_BxT=mask_BxT,
+        sampler_logp_BxT=slogp_BxT,
+        advantages_B=adv_B,
+    )
+
+
+def collate_packed(
+    samples: Sequence[Sample],
+    *,
+    rows: int,
+    seq_len: int,
+    pad_id: int,
+    max_tokens: int,
+    updates: int = 1,
+    row_multiple: int = 1,
+) -> tuple[RLBatch, np.ndarray]:
+    """`collate` with the completions packed to a token budget per micro-batch
+    (`packing.pack_tokens`, rows of `seq_len`), separately for each of `updates` mini-batches
+    of `rows // updates` samples (in sample order), all given one shape. Returns the batch and
+    each sample's completion slot."""
+    mini = rows // updates
+    parts = [samples[u * mini : (u + 1) * mini] for u in range(updates)]
+    lengths = [[len(s.prompt_tokens) + len(s.tokens) for s in part] for part in parts]
+    kwargs = dict(row_len=seq_len, max_tokens=max_tokens, row_multiple=row_multiple)
+    first = [pack_tokens(n, **kwargs) for n in lengths]
+    shape = dict(
+        n_micro=max(x.n_micro for x in first), seqs_per_micro=max(x.seqs_per_micro for x in first)
+    )
+    layouts = [pack_tokens(n, **kwargs, **shape) for n in lengths]
+    batches = [
+        collate(part, rows=0, seq_len=seq_len, pad_id=pad_id, layout=layout)
+        for part, layout in zip(parts, layouts)
+    ]
+    full = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *batches)
+    full = full.replace(tokens=full.tokens.replace(n_micro=shape["n_micro"] * updates))
+    slots = [u * layouts[u].slots + layouts[u].slot(i) for u in range(updates) for i in
+             range(len(parts[u]))]  # fmt: skip
+    return full, np.asarray(slots, np.int64)
+
+
+def collate_sft(
+    prompt_ids_list: Sequence[Sequence[int]],
+    response_ids_list: Sequence[Sequence[int]],
+    *,
+    rows: int,
+    seq_len: int,
+    pad_id: int,
+    pack: bool = False,
+    layout: Layout | None = None,
+) -> TokenBatch:
+    """The SFT batch of prompt/response pairs, each array [rows, seq_len − 1] (one example per
+    row, unused rows all padding and masked). With `pack`, examples share rows in order
+    (`packing.pack_examples`): example k of a row has segment id k + 1 and positions 0, 1, ...
+    from its first token; with a `layout` (`packing.pack_tokens`), they go where it says.
+
+    Raises ValueError naming the example when a prompt is empty, a response is empty, the lists
+    differ in length, or the examples do not fit.
+    """
+    if len(prompt_ids_list) != len(response_ids_list):
+        raise ValueError(
+            f"collate_sft: {len(prompt_ids_list)} prompts but {len(response_ids_list)} responses"
+        )
+    for i, (p, r) in enumerate(zip(prompt_ids_list, response_ids_list)):
+        if len(p) == 0 or len(r) == 0:
+            raise ValueError(
+                f"collate_sft: example {i} has {len(p)} prompt and {len(r)} response tokens; "
+                "both must be non-empty"
+            )
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids_list, response_ids_list)]
+    too_long = [i for i, n in enumerate(lengths) if n > seq_len]
+    if too_long and not pack:
+        i = too_long[0]
+        raise ValueError(f"collate_sft: example {i} has {lengths[i]} tokens > {seq_len}")
+    if layout is None and pack:
+        layout = in_order(lengths, rows=rows, seq_len=seq_len)
+        if len(layout.places) < len(lengths):
+            raise ValueError(
+                f"collate_sft: {len(lengths)} examples do not fit packed into {rows} rows"
+            )
+    elif layout is None:
+        if len(lengths) > rows:
+            raise ValueError(
+                f"collate_sft: {len(lengths)} examples do not fit one per row in {rows} rows"
+            )
+        layout = one_per_row(len(lengths), rows)
+    return _lay_out(
+        prompt_ids_list, response_ids_list, [True] * len(lengths), layout,
+        seq_len=seq_len, pad_id=pad_id,
+    )  # fmt: skip
+
+
+def vars_of(batch: TokenBatch) -> dict[str, Any]:
+    """The array fields of `batch` as keyword arguments (to rebuild a `TokenBatch`)."""
     return {
-        "input_ids": ids_BxS[:, :-1],
-        "target_ids": ids_BxS[:, 1:],
-        "positions": np.ascontiguousarray(positions),
-        "segment_ids": seg_BxS[:, :-1],
-        "mask": mask_BxT,
-        "sampler_logp": slogp_BxT,
-        "advantages": adv_B,
+        "input_ids_BxT": batch.input_ids_BxT,
+        "target_ids_BxT": batch.target_ids_BxT,
+        "positions_BxT": batch.positions_BxT,
+        "segment_ids_BxT": batch.segment_ids_BxT,
+        "mask_BxT": batch.mask_BxT,
     }

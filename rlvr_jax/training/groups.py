@@ -1,8 +1,10 @@
-"""From completed rollout groups to a learner batch: rewards, staleness, zero-variance
-filtering, active sampling (fill accounting), advantages, overlong masking.
+"""From completed rollout groups to the learner's batch: rewards (and verifier scores),
+staleness, zero-variance filtering, active sampling (fill accounting), advantages, overlong
+masking.
 
 Host-side and model-free: a group is the G completions of one prompt; the learner batch is
-`prompts_per_batch` kept groups (ALGORITHMS.md, Sampling-side techniques).
+`prompts_per_batch` kept groups (ALGORITHMS.md, Sampling-side techniques). Advantages are
+computed once, here, where the batch is built.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.training.batch import Sample
+from rlvr_jax import losses
+from rlvr_jax.training.batch import RLBatch, Sample, collate, collate_packed
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScoredGroup:
-    """The G completions of one prompt with their rewards."""
+    """The G completions of one prompt with their rewards and verifier scores."""
 
     row: Any
     """The prompt's data row (`rlvr_jax.data.PromptRow`)."""
@@ -26,6 +29,10 @@ class ScoredGroup:
     completions: list[Any]
     """`rlvr_jax.rollout.Completion`s, ordered by sample index."""
     rewards_G: np.ndarray
+    """The RL reward of each completion (verifier score × domain weight + format + length)."""
+    scores_G: np.ndarray
+    """The verifier's score of each completion in [0, 1] (correctness, before the weights and
+    extra terms): what expert iteration selects by."""
     domain: str
     texts: list[str] = field(default_factory=list)
 
@@ -40,39 +47,40 @@ class ScoredGroup:
         return bool(np.ptp(self.rewards_G) < 1e-6)
 
 
-def group_rows(row: Any) -> dict[str, Any]:
-    """The reward service's row dict for a PromptRow."""
-    return row.to_dict() if hasattr(row, "to_dict") else dict(row)
-
-
 def score_groups(
-    groups: Sequence[tuple[Any, list[int], list[Any]]], service, tokenizer, *, max_len: int
+    groups: Sequence[Any], service: Any, tokenizer: Any, *, max_len: int
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
-    """Scores every completion of `groups` ((row, prompt_tokens, completions) triples) in one
-    call to the reward service; returns the scored groups and the service's metrics."""
+    """Scores every completion of `groups` (`rollout.CompletedGroup`s whose `meta` is the
+    prompt's `PromptRow`) in one call to the reward service; returns the scored groups and the
+    service's metrics."""
     rows, texts, lengths, spans = [], [], [], []
-    for row, _, comps in groups:
+    for g in groups:
         start = len(texts)
-        for c in comps:
-            rows.append(group_rows(row))
+        row = g.meta.to_dict()
+        for c in g.completions:
+            rows.append(row)
             texts.append(tokenizer.decode(c.tokens, skip_special_tokens=True))
             lengths.append(len(c.tokens))
         spans.append((start, len(texts)))
     if not texts:
         return [], {}
     result = service.score(rows, texts, lengths=lengths, max_len=max_len)
-    scored = []
-    for (row, prompt, comps), (a, b) in zip(groups, spans):
-        scored.append(
-            ScoredGroup(
-                row=row,
-                prompt_tokens=list(prompt),
-                completions=list(comps),
-                rewards_G=np.asarray(result.rewards[a:b], np.float32),
-                domain=result.domains[a] if b > a else "unknown",
-                texts=texts[a:b],
-            )
+    if len(result.verifier_scores) != len(texts):
+        raise RuntimeError(
+            f"the reward service scored {len(result.verifier_scores)} of {len(texts)} completions"
         )
+    scored = [
+        ScoredGroup(
+            row=g.meta,
+            prompt_tokens=list(g.prompt_tokens),
+            completions=list(g.completions),
+            rewards_G=np.asarray(result.rewards[a:b], np.float32),
+            scores_G=np.asarray(result.verifier_scores[a:b], np.float32),
+            domain=result.domains[a] if b > a else "unknown",
+            texts=texts[a:b],
+        )
+        for g, (a, b) in zip(groups, spans)
+    ]
     return scored, dict(result.metrics)
 
 
@@ -130,25 +138,55 @@ class BatchAssembler:
         return out
 
 
-def build_samples(
-    groups: Sequence[ScoredGroup], *, overlong_filter: bool = False
-) -> tuple[list[Sample], np.ndarray]:
-    """Learner samples of the kept groups (advantages filled in later, on device) and their
-    rewards [P, G]; overlong completions are masked out if asked."""
-    if not groups:
-        return [], np.zeros((0, 0), np.float32)
+def build_batch(
+    groups: Sequence[ScoredGroup],
+    settings: losses.LossSettings,
+    *,
+    rows: int,
+    seq_len: int,
+    pad_id: int,
+    overlong_filter: bool = False,
+    max_tokens: int = 0,
+    updates: int = 1,
+    row_multiple: int = 1,
+) -> tuple[RLBatch, np.ndarray]:
+    """The learner batch of the kept `groups` (numpy) and each completion's slot in it: each
+    completion with its group's advantage (`settings.advantage` over the rewards [P, G]),
+    overlong completions masked out when asked; one completion per row, or packed to
+    `max_tokens` per micro-batch (`batch.collate_packed`). With `loss.kl_mode: reward` the
+    advantages need the learner's log-probs and are completed on the learner; here they
+    are 0."""
     sizes = {len(g.rewards_G) for g in groups}
-    if len(sizes) != 1:
+    if len(sizes) > 1:
         raise ValueError(f"groups of different sizes {sorted(sizes)} in one batch")
+    adv_N = np.zeros(0, np.float32)
+    if groups and settings.reward_kl_coef == 0:
+        rewards_PxG = np.stack([g.rewards_G for g in groups])
+        adv_N = np.asarray(losses.advantages(settings.advantage, rewards_PxG)).reshape(-1)
     samples = [
         Sample(
             prompt_tokens=g.prompt_tokens,
             tokens=list(c.tokens),
             sampler_logp=list(c.logprobs),
-            advantage=0.0,
+            advantage=float(adv_N[i * len(g.completions) + j]) if adv_N.size else 0.0,
             train=not (overlong_filter and c.finish_reason == "length"),
         )
-        for g in groups
-        for c in g.completions
+        for i, g in enumerate(groups)
+        for j, c in enumerate(g.completions)
     ]
-    return samples, np.stack([g.rewards_G for g in groups])
+    if max_tokens:
+        return collate_packed(
+            samples,
+            rows=rows,
+            seq_len=seq_len,
+            pad_id=pad_id,
+            max_tokens=max_tokens,
+            updates=updates,
+            row_multiple=row_multiple,
+        )
+    return collate(samples, rows=rows, seq_len=seq_len, pad_id=pad_id), np.arange(len(samples))
+
+
+def rewards_N(groups: Sequence[ScoredGroup]) -> np.ndarray:
+    """The rewards of the batch's completions, in row order."""
+    return np.asarray([r for g in groups for r in g.rewards_G.tolist()], np.float32)

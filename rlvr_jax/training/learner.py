@@ -1,92 +1,86 @@
-"""The learner: a pure jitted train step (nanodo style) with global-batch loss normalisation.
+"""The RL learner: per-token log-probs of a batch under the policy, and the pure RL train step.
 
-`make_train_step(...)` returns `step(state, batch) -> (state, metrics)`, jitted once with
-explicit shardings and the state donated. One call is one optimizer step over a mini-batch,
-accumulating gradients over `n_micro` micro-batches with a `lax.scan`; the loss denominator
-(token count, row count or rows × max_len, by aggregation mode) is computed once over the whole
-mini-batch — and, because the arrays are globally sharded, over every data-parallel shard — so
-the accumulated gradient equals the full-batch gradient (ALGORITHMS.md, Aggregation).
+`make_train_step(...)` returns `step(state, batch) -> (state, metrics)`: one optimizer step
+over an `RLBatch`, composed of `update.accumulate_grads` (micro-batches, each divided by the
+denominator of the whole batch: token count, row count or rows × max_len by aggregation mode,
+computed once over the global batch, so the accumulated gradient equals the full-batch
+gradient — ALGORITHMS.md, Aggregation) and `update.apply_update`. Jit it with
+`update.jit_train_step` (explicit shardings, state donated).
 
-Old log-probs (the ratio's denominator): with one optimizer step per rollout batch, θ_old is
-the current θ, so `old_logp = stop_gradient(logp)` (exact, no extra forward); with several, the
-caller computes them once with `make_logprob_fn` before the first mini-batch; with
-`ratio_denominator: sampler` the engine's log-probs are used.
+Old log-probs (θ_old): the batch's `old_logp_BxT` when the caller computed them before the
+first update (`make_logprob_fn`: several updates per batch, TIS mask mode, reward-KL), else
+stop_gradient(logp) — exact with one update per batch, and no extra forward. Which log-probs
+the ratio divides by (`loss.ratio_denominator`: old or sampler) is chosen once, in
+`losses.policy_loss`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
 from rlvr_jax import losses, models
+from rlvr_jax.training.batch import RLBatch, TokenBatch, sequence_view
+from rlvr_jax.training.update import (
+    TrainState,
+    accumulate_grads,
+    apply_update,
+    init_state,
+    jit_train_step,
+    micro_count,
+    split_micro,
+)
 
-OldFrom = Literal["self", "batch", "sampler"]
-
-
-@flax.struct.dataclass
-class TrainState:
-    step: jax.Array
-    """Optimizer steps completed (= the policy version)."""
-    params: Any
-    opt_state: Any
-    skipped: jax.Array
-    """Steps skipped because the loss or the gradient was not finite."""
-
-
-def init_state(params: Any, optimizer: optax.GradientTransformation, mesh=None) -> TrainState:
-    """A fresh state. With a `mesh`, the optimizer moments follow the params' shardings and
-    the scalars are replicated over the mesh, so that the whole state lives on it."""
-    if mesh is None:
-        return TrainState(
-            step=jnp.zeros((), jnp.int32),
-            params=params,
-            opt_state=optimizer.init(params),
-            skipped=jnp.zeros((), jnp.int32),
-        )
-    state = jax.jit(lambda p: init_state(p, optimizer))(params)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.tree_util.tree_map(
-        lambda x: (
-            x
-            if set(x.sharding.device_set) == set(mesh.devices.flat)
-            else jax.device_put(x, replicated)
-        ),
-        state,
-    )
+__all__ = [
+    "MemoryOptions",
+    "TrainState",
+    "init_state",
+    "jit_train_step",
+    "make_logprob_fn",
+    "make_train_step",
+    "token_logprobs",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class MemoryOptions:
-    """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`)."""
+    """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`,
+    `model.attention_impl`)."""
 
     remat: bool = False
     attn_chunk: int = 0
     logits_chunk: int = 0
+    attention_impl: str = "auto"
 
 
 def token_logprobs(
     params: Any,
     arch: models.ArchConfig,
-    batch: dict[str, jax.Array],
+    batch: TokenBatch,
     *,
     compute_dtype: Any,
     temperature: float,
     return_logits: bool = False,
     memory: MemoryOptions = MemoryOptions(),
 ):
-    """log π(target_t | inputs_≤t) in fp32, as log-softmax(logits / τ) over the full vocabulary.
+    """log π(target_t | inputs_≤t) [B, T] in fp32, as log-softmax(logits / τ) over the full
+    vocabulary (with `return_logits`, also the logits / τ [B, T, V]).
 
     With `memory.logits_chunk` (and no logits asked for) the LM head and log-softmax run a
     chunk of positions at a time, each chunk rematerialised in the backward pass."""
-    common = dict(compute_dtype=compute_dtype, remat=memory.remat, attn_chunk=memory.attn_chunk)
-    inputs = (batch["input_ids"], batch["positions"], batch["segment_ids"])
-    targets_BxT = batch["target_ids"]
+    common = dict(
+        compute_dtype=compute_dtype,
+        remat=memory.remat,
+        attn_chunk=memory.attn_chunk,
+        attention_impl=memory.attention_impl,
+    )
+    inputs = (batch.input_ids_BxT, batch.positions_BxT, batch.segment_ids_BxT)
+    targets_BxT = batch.target_ids_BxT
     T = targets_BxT.shape[1]
     chunk = memory.logits_chunk
     if chunk and not return_logits and chunk < T and T % chunk == 0:
@@ -118,28 +112,131 @@ def _pick_logp(logits_BxTxV: jax.Array, targets_BxT: jax.Array, temperature: flo
     return picked_BxT - logz_BxT
 
 
+def sequence_logprobs(
+    params: Any,
+    arch: models.ArchConfig,
+    batch: RLBatch,
+    *,
+    compute_dtype: Any,
+    temperature: float,
+    with_entropy: bool = False,
+    memory: MemoryOptions = MemoryOptions(),
+):
+    """`token_logprobs` of an RL batch's packed rows, seen per completion slot [B, T] (and,
+    `with_entropy`, the sampling distribution's entropy per token [B, T])."""
+    out = token_logprobs(
+        params,
+        arch,
+        batch.tokens,
+        compute_dtype=compute_dtype,
+        temperature=temperature,
+        return_logits=with_entropy,
+        memory=memory,
+    )
+    if with_entropy:
+        logp_RxT, logits_RxTxV = out
+        entropy_RxT = jax.lax.stop_gradient(losses.token_entropy(logits_RxTxV))
+        return (
+            sequence_view(logp_RxT, batch.gather_BxT),
+            sequence_view(entropy_RxT, batch.gather_BxT),
+        )
+    return sequence_view(out, batch.gather_BxT)
+
+
 def make_logprob_fn(
     arch, *, compute_dtype, temperature: float, memory: MemoryOptions = MemoryOptions()
 ) -> Callable:
-    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole batch."""
+    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole RL
+    batch, one micro-batch at a time (`lax.map`) when its rows are packed for several."""
+
+    def one(params, mb):
+        return sequence_logprobs(
+            params, arch, mb, compute_dtype=compute_dtype, temperature=temperature, memory=memory
+        )
 
     def fn(params, batch):
-        return token_logprobs(
-            params, arch, batch, compute_dtype=compute_dtype, temperature=temperature, memory=memory
-        )
+        n = micro_count(batch, None)
+        if n == 1:
+            return one(params, batch)
+        logp_MxbxT = jax.lax.map(lambda mb: one(params, mb), split_micro(batch, n))
+        return logp_MxbxT.reshape(-1, logp_MxbxT.shape[-1])
 
     return jax.jit(fn)
 
 
-def _split_micro(batch: dict[str, jax.Array], n_micro: int) -> dict[str, jax.Array]:
-    def split(x):
-        if x.shape[0] % n_micro:
-            raise ValueError(
-                f"batch of {x.shape[0]} rows does not split into {n_micro} micro-batches"
-            )
-        return x.reshape(n_micro, x.shape[0] // n_micro, *x.shape[1:])
+def rl_objective(
+    arch: models.ArchConfig,
+    settings: losses.LossSettings,
+    *,
+    max_len: int,
+    compute_dtype: Any = jnp.float32,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    memory: MemoryOptions = MemoryOptions(),
+) -> Callable[[RLBatch], tuple[Callable, Callable]]:
+    """`for_batch(batch) -> (loss_fn, metrics_fn)`.
 
-    return {k: split(v) for k, v in batch.items()}
+    `loss_fn(params, micro_batch)`: the policy loss of a micro-batch of `batch`, divided by the
+    denominator of the whole `batch` (computed once here); its aux is the micro-batch's
+    log-probs (and entropies). `metrics_fn(aux_M)`: the policy loss's metrics over the whole
+    batch from those, so they are exact whatever the micro-batches and the packing."""
+    loss_kwargs = settings.policy_loss_kwargs()
+
+    def for_batch(batch: RLBatch):
+        if settings.tis_mode == "mask" and batch.old_logp_BxT is None:
+            raise ValueError(
+                "TIS mask mode counts kept tokens over the whole batch: the batch needs "
+                "precomputed old log-probs (old_logp_BxT, from make_logprob_fn)"
+            )
+        denominator = settings.loss_denominator(
+            batch.mask_BxT,
+            max_len=max_len,
+            old_logp=batch.old_logp_BxT,
+            sampler_logp=batch.sampler_logp_BxT,
+        )
+
+        def objective(logp: jax.Array, b: RLBatch) -> tuple[jax.Array, dict]:
+            old = jax.lax.stop_gradient(logp) if b.old_logp_BxT is None else b.old_logp_BxT
+            return losses.policy_loss(
+                logp=logp,
+                old_logp=old,
+                advantages=b.advantages_B,
+                mask=b.mask_BxT,
+                sampler_logp=b.sampler_logp_BxT,
+                ref_logp=b.ref_logp_BxT,
+                loss_denominator=denominator,
+                max_len=max_len,
+                **loss_kwargs,
+            )
+
+        def loss_fn(params, mb: RLBatch):
+            out = sequence_logprobs(
+                params,
+                arch,
+                mb,
+                compute_dtype=compute_dtype,
+                temperature=temperature,
+                with_entropy=with_entropy,
+                memory=memory,
+            )
+            logp, entropy = out if with_entropy else (out, None)
+            loss, _ = objective(logp, mb)
+            aux = {"logp": jax.lax.stop_gradient(logp)}
+            if entropy is not None:
+                aux["entropy"] = entropy
+            return loss, aux
+
+        def metrics_fn(aux_M: dict[str, jax.Array]) -> dict[str, jax.Array]:
+            shape = batch.mask_BxT.shape
+            _, metrics = objective(aux_M["logp"].reshape(shape), batch)
+            if "entropy" in aux_M:
+                entropy_BxT = aux_M["entropy"].reshape(shape)
+                metrics["entropy"] = losses.masked_mean(entropy_BxT, batch.mask_BxT)
+            return metrics
+
+        return loss_fn, metrics_fn
+
+    return for_batch
 
 
 def make_train_step(
@@ -148,102 +245,34 @@ def make_train_step(
     settings: losses.LossSettings,
     *,
     max_len: int,
-    n_micro: int = 1,
+    n_micro: int | None = None,
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
-    old_from: OldFrom = "self",
     with_entropy: bool = False,
     memory: MemoryOptions = MemoryOptions(),
-) -> Callable[[TrainState, dict[str, jax.Array]], tuple[TrainState, dict[str, jax.Array]]]:
-    """Builds the (un-jitted) pure step; `jit_train_step` adds shardings and donation."""
-    if settings.tis_mode == "mask" and old_from == "self":
-        raise ValueError(
-            "TIS mask mode counts kept tokens over the whole batch: pass precomputed old "
-            "log-probs (old_from='batch')"
-        )
-    loss_kwargs = settings.policy_loss_kwargs()
+) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
+    """The pure RL step (un-jitted): `accumulate_grads` of `rl_objective` then `apply_update`,
+    over `n_micro` micro-batches (a packed batch's own count when it has one; default 1).
+    Metrics: the policy loss's over the whole batch, `loss`, `grad_norm`, `step_ok`."""
+    objective = rl_objective(
+        arch,
+        settings,
+        max_len=max_len,
+        compute_dtype=compute_dtype,
+        temperature=temperature,
+        with_entropy=with_entropy,
+        memory=memory,
+    )
 
-    def loss_fn(params, mb, denominator):
-        out = token_logprobs(
-            params,
-            arch,
-            mb,
-            compute_dtype=compute_dtype,
-            temperature=temperature,
-            return_logits=with_entropy,
-            memory=memory,
+    def step(state: TrainState, batch: RLBatch):
+        loss_fn, metrics_fn = objective(batch)
+        n = micro_count(batch, n_micro)
+        grads, loss, aux_M = accumulate_grads(loss_fn, state.params, batch, n)
+        new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
+        metrics = metrics_fn(aux_M)
+        metrics.update(
+            loss=loss, grad_norm=optax.global_norm(grads), step_ok=ok.astype(jnp.float32)
         )
-        logp, logits = out if with_entropy else (out, None)
-        if old_from == "self":
-            old_logp = jax.lax.stop_gradient(logp)
-        elif old_from == "batch":
-            old_logp = mb["old_logp"]
-        else:
-            old_logp = mb["sampler_logp"]
-        return losses.policy_loss(
-            logp=logp,
-            old_logp=old_logp,
-            advantages=mb["advantages"],
-            mask=mb["mask"],
-            sampler_logp=mb["sampler_logp"],
-            ref_logp=mb.get("ref_logp"),
-            loss_denominator=denominator,
-            max_len=max_len,
-            logits=logits,
-            **loss_kwargs,
-        )
-
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-
-    def step(state: TrainState, batch: dict[str, jax.Array]):
-        denominator = settings.loss_denominator(
-            batch["mask"],
-            max_len=max_len,
-            old_logp=batch.get("old_logp"),
-            sampler_logp=batch["sampler_logp"],
-        )
-        micro = _split_micro(batch, n_micro)
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, state.params)
-
-        def body(acc, mb):
-            grads_acc, loss_acc = acc
-            (loss, metrics), grads = grad_fn(state.params, mb, denominator)
-            grads_acc = jax.tree_util.tree_map(jnp.add, grads_acc, grads)
-            return (grads_acc, loss_acc + loss), metrics
-
-        (grads, loss), metrics_M = jax.lax.scan(body, (zeros, jnp.zeros((), jnp.float32)), micro)
-        grad_norm = optax.global_norm(grads)
-        ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
-        keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
-        new_state = TrainState(
-            step=state.step + ok.astype(jnp.int32),
-            params=keep(new_params, state.params),
-            opt_state=keep(new_opt, state.opt_state),
-            skipped=state.skipped + (~ok).astype(jnp.int32),
-        )
-        metrics = {k: _combine(k, v) for k, v in metrics_M.items()}
-        metrics.update(loss=loss, grad_norm=grad_norm, step_ok=ok.astype(jnp.float32))
         return new_state, metrics
 
     return step
-
-
-def _combine(name: str, values_M: jax.Array) -> jax.Array:
-    """Micro-batch metrics → one value (min/max stay extremes; others are averaged)."""
-    if name.endswith("min"):
-        return values_M.min()
-    if name.endswith("max"):
-        return values_M.max()
-    return values_M.mean()
-
-
-def jit_train_step(step: Callable, state_shardings: Any, batch_shardings: Any) -> Callable:
-    """The step jitted with explicit shardings; the old state is donated."""
-    return jax.jit(
-        step,
-        in_shardings=(state_shardings, batch_shardings),
-        out_shardings=(state_shardings, None),
-        donate_argnums=(0,),
-    )

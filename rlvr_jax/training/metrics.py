@@ -71,13 +71,25 @@ def _clean(v: Any) -> Any:
 class MetricsWriter:
     """Appends one JSON line per step (flushed + fsync'ed) and mirrors scalars to TensorBoard."""
 
-    def __init__(self, output_dir: str | Path, *, tensorboard: bool = True, resume_step: int = 0):
+    def __init__(
+        self,
+        output_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        resume_step: int = 0,
+        enabled: bool = True,
+    ):
+        """`enabled=False` writes nothing (the processes of a multi-process run but one)."""
         self.dir = Path(output_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "metrics.jsonl"
+        self.enabled = enabled
+        self._f = None
+        self._tb = None
+        if not enabled:
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
         truncate_after(self.path, resume_step)
         self._f = open(self.path, "a")  # noqa: SIM115 (held open for the run; see close())
-        self._tb = None
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter
@@ -87,6 +99,8 @@ class MetricsWriter:
                 log.warning("tensorboardX is not installed; TensorBoard output is off")
 
     def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
         row = {"step": int(step), **{k: _clean(v) for k, v in metrics.items() if k != "step"}}
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
@@ -98,13 +112,16 @@ class MetricsWriter:
 
     def text(self, step: int, tag: str, text: str) -> None:
         """Sample completions as text (TensorBoard and a samples.jsonl)."""
+        if not self.enabled:
+            return
         with open(self.dir / "samples.jsonl", "a") as f:
             f.write(json.dumps({"step": step, "tag": tag, "text": text}) + "\n")
         if self._tb is not None:
             self._tb.add_text(tag, text, step)
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
         if self._tb is not None:
             self._tb.close()
 

@@ -7,10 +7,12 @@ Estimates (documented, deliberately simple):
 - learner: params + grads (param dtype) + AdamW mu/nu (param dtype, as optax keeps them) +
   activations of one micro-batch (its rows split over data × fsdp): per token and layer
   (12·D + 3·F) values in the compute dtype (with `train.remat`, only the layer inputs D of
-  every layer plus one layer's worth); attention scores N·q·S·4 bytes per row, q = S or
-  `train.attn_chunk` (every layer's without remat or chunking, one layer's otherwise); the
-  fp32 logits and log-softmax 2·V·4 bytes per position, for all positions or
-  `train.logits_chunk` of them.
+  every layer plus one layer's worth); the fp32 logits and log-softmax 2·V·4 bytes per
+  position, for all positions or `train.logits_chunk` of them; and, as its own line,
+  attention's memory for the kernel `model.attention_impl` resolves to on the planned
+  hardware (`rlvr_jax.models.attention.activation_bytes`: `xla`'s [B, T, T] masks and
+  N·q·S·4 probabilities per row, q = S or `train.attn_chunk`; blockwise's O(T · block)
+  tiles; the fused kernels' log-sum-exp).
 - actor: the decode params exactly as the engine lays them out (`rlvr_jax.rollout.kernel.
   prepare_params`: matmul weights in the compute dtype, the embedding in the param dtype,
   the LM head in fp32), split by the engine's logical axes (`rollout.core.
@@ -64,6 +66,8 @@ class Plan:
     kv: dict[str, Any] = dataclasses.field(default_factory=dict)
     """The actor's KV cache: layout, page size, pages, tokens held, per-device bytes, and
     the concurrent sequences it buys (at max and at mean length, capped by the slots)."""
+    attention: str = ""
+    """The learner's attention kernel on the planned hardware (`model.attention_impl`)."""
 
     @property
     def learner_total(self) -> float:
@@ -225,18 +229,43 @@ def _sharded_bytes(shapes, axes, rules, sizes, itemsize: int) -> float:
 
 
 def _activation_bytes(cfg: Config, arch: Any, rows_dev: float, seq: int, cbytes: int) -> float:
-    """Learner activation memory per device for one micro-batch (module docstring)."""
+    """Learner activation memory per device for one micro-batch, attention excluded (module
+    docstring)."""
     t = cfg.train
     tokens = rows_dev * seq
     layer = (12 * arch.d_model + 3 * arch.d_ff) * cbytes * tokens
     saved = arch.n_layers * (arch.d_model * cbytes * tokens if t.remat else layer)
     peak_layer = layer if t.remat else 0.0
-    q = t.attn_chunk if 0 < t.attn_chunk < seq else seq
-    scores = rows_dev * arch.n_heads * q * seq * 4
-    attention = scores if (t.remat or q < seq) else arch.n_layers * scores
     positions = t.logits_chunk if 0 < t.logits_chunk < seq else seq
     logits = rows_dev * positions * arch.vocab_size * 4 * 2
-    return saved + peak_layer + attention + logits
+    return saved + peak_layer + logits
+
+
+def attention_kernel(cfg: Config, arch: Any) -> str:
+    """The kernel `model.attention_impl` means on the planned hardware (`mesh.hardware`, else
+    this process's platform). PlanError when an explicit choice cannot run there."""
+    from rlvr_jax.models import attention
+
+    try:
+        return attention.resolve_impl(
+            cfg.model.attention_impl,
+            compute_dtype=cfg.model.compute_dtype,
+            head_dim=arch.head_dim,
+            platform=attention.platform_of(cfg.mesh.hardware),
+            check_library=False,
+        )
+    except attention.AttentionConfigError as e:
+        raise PlanError(str(e)) from None
+
+
+def _attention_bytes(cfg: Config, arch: Any, kernel: str, rows_dev: float, seq: int) -> float:
+    from rlvr_jax.models import attention
+
+    return attention.activation_bytes(
+        kernel, rows=rows_dev, seq=seq, n_heads=arch.n_heads, head_dim=arch.head_dim,
+        n_layers=arch.n_layers, sliding=arch.has_sliding, remat=cfg.train.remat,
+        chunk=cfg.train.attn_chunk,
+    )  # fmt: skip
 
 
 def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
@@ -262,11 +291,13 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
     rows = cfg.train.micro_batch_size or cfg.train.prompts_per_batch * cfg.rollout.num_samples
     rows_dev = rows / (learner_axes["data"] * learner_axes["fsdp"])
+    kernel = attention_kernel(cfg, arch)
     learner_bytes = {
         "params": params_l,
         "grads": params_l,
         "optimizer": 2 * params_l,
         "activations": _activation_bytes(cfg, arch, rows_dev, seq, cbytes),
+        "attention": _attention_bytes(cfg, arch, kernel, rows_dev, seq),
     }
     kv = kv_plan(cfg, arch, actor_axes)
     actor_bytes = {
@@ -287,6 +318,7 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
         hardware=cfg.mesh.hardware,
         shared=shared,
         kv=kv,
+        attention=kernel,
     )
 
 
@@ -304,6 +336,7 @@ def format_plan(plan: Plan) -> str:
         f"learner sub-mesh:  {plan.learner_devices} devices {plan.learner_axes}",
         f"actor sub-mesh:    {plan.actor_devices} devices {plan.actor_axes}"
         + ("  (shares the learner's devices)" if plan.shared else ""),
+        f"learner attention: {plan.attention}",
         "per-device memory (estimate):",
     ]
     for k, v in plan.learner_bytes.items():

@@ -3,15 +3,15 @@ graceful shutdown on SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 import signal
 import threading
-from pathlib import Path
-from typing import Any
 
-from rlvr_jax.config.schema import Config
+from rlvr_jax.config.schema import Config, MeshConfig
+from rlvr_jax.models.bootstrap import ensure_model, resolve_function
 from rlvr_jax.training.distributed import init_distributed
+
+__all__ = ["StopFlag", "ensure_model", "main", "resolve_function", "train", "used_devices"]
 
 log = logging.getLogger("rlvr_jax")
 
@@ -44,64 +44,21 @@ class StopFlag:
         signal.signal(signal.SIGTERM, handler)
 
 
-def resolve_function(ref: str, what: str) -> Any:
-    """`module:function` → the function, with an error naming `what` when it cannot be found."""
-    module, _, name = ref.partition(":")
-    if not module or not name:
-        raise ValueError(f"{what}: expected 'module:function', got {ref!r}")
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"{what}: cannot import module {module!r}: {e}") from None
-    try:
-        return getattr(mod, name)
-    except AttributeError:
-        raise ValueError(f"{what}: module {module!r} has no attribute {name!r}") from None
-
-
-def ensure_model(cfg: Config) -> Path:
-    """The policy directory; built by `model.create_if_missing` when absent."""
-    path = Path(cfg.model.path)
-    if (path / "config.json").is_file():
-        return path
-    if cfg.model.create_if_missing:
-        builder = resolve_function(cfg.model.create_if_missing, "model.create_if_missing")
-        log.info("model.path %s is absent: building it with %s", path, cfg.model.create_if_missing)
-        builder(path, cfg)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.create_if_missing ({cfg.model.create_if_missing}) did not write "
-                f"{path / 'config.json'}"
-            )
-        return path
-    raise FileNotFoundError(
-        f"model.path {str(path)!r} has no config.json (and model.create_if_missing is not set)"
-    )
-
-
-TRAINERS: dict[str, str] = {
-    "rl": "rlvr_jax.training.rl_loop:RLTrainer",
-    "sft": "rlvr_jax.training.recipes:SFTTrainer",
-    "expert_iteration": "rlvr_jax.training.recipes:ExpertIterationTrainer",
-    "rl_sft_parallel": "rlvr_jax.training.recipes:ParallelTrainer",
-}
-"""The trainer class of each `algorithm` (`module:Class`; imported when used)."""
-
-
 def train(cfg: Config, *, stop: StopFlag | None = None) -> None:
     """Builds the trainer of `cfg.algorithm`, runs it to `train.max_steps` (or until `stop` is
     set), and closes it."""
-    if cfg.algorithm not in TRAINERS:
-        raise ValueError(f"algorithm: unknown {cfg.algorithm!r}; expected one of {list(TRAINERS)}")
-    trainer_cls = resolve_function(TRAINERS[cfg.algorithm], "algorithm")
-    trainer = trainer_cls(cfg, stop=stop)
+    from rlvr_jax.training.algorithms import get_algorithm
+    from rlvr_jax.training.loop import Trainer
+
+    get_algorithm(cfg.algorithm)  # an unknown algorithm is an error before anything is built
+    trainer = Trainer(cfg, stop=stop)
     try:
         trainer.run()
     finally:
         trainer.close()
 
 
-def used_devices(mesh_cfg) -> list:
+def used_devices(mesh_cfg: MeshConfig) -> list:
     """The devices a run uses: the first `mesh.num_devices` (all when 0)."""
     import jax
 

@@ -6,27 +6,14 @@
 
 - `sft_data`: SFT examples (rows with a response, or the synthetic reference solution) and
   their batches.
-- `expert`: verifying sampled completions and keeping the correct ones.
-- `parallel`: the jitted pure parallel-averaging step over a state with two optimizer states.
-- `trainers`: `SFTTrainer`, `ExpertIterationTrainer`, `ParallelTrainer` — `RLTrainer`s with
-  their own data, learner and loop pieces (same metrics, checkpoints, resume, eval, export).
+- `expert`: keeping the verified-correct sampled completions.
+- `parallel`: the pure parallel-averaging step (two optimizers' updates averaged).
+
+The loop, sources and steps that run them are `rlvr_jax.training.loop`'s.
 """
 
-from rlvr_jax.training.recipes.expert import (
-    VerifiedGroup,
-    expert_examples,
-    expert_metrics,
-    kept_mask,
-    score_verified,
-)
-from rlvr_jax.training.recipes.parallel import (
-    ParallelState,
-    gradient_probe,
-    init_parallel_state,
-    make_parallel_step,
-    probe_gradients,
-    update_geometry,
-)
+from rlvr_jax.training.recipes.expert import expert_examples, expert_metrics, kept_mask
+from rlvr_jax.training.recipes.parallel import init_parallel_state, make_parallel_step
 from rlvr_jax.training.recipes.sft_data import (
     SFTBatcher,
     build_sft_iterator,
@@ -34,30 +21,16 @@ from rlvr_jax.training.recipes.sft_data import (
     encode_response,
     response_reader,
 )
-from rlvr_jax.training.recipes.trainers import (
-    ExpertIterationTrainer,
-    ParallelTrainer,
-    SFTTrainer,
-)
 
 __all__ = [
-    "ExpertIterationTrainer",
-    "ParallelState",
-    "ParallelTrainer",
     "SFTBatcher",
-    "SFTTrainer",
-    "VerifiedGroup",
     "build_sft_iterator",
     "encode_example",
     "encode_response",
     "expert_examples",
     "expert_metrics",
-    "gradient_probe",
     "init_parallel_state",
     "kept_mask",
     "make_parallel_step",
-    "probe_gradients",
     "response_reader",
-    "score_verified",
-    "update_geometry",
 ]

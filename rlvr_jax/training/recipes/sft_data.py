@@ -5,7 +5,7 @@ response is its `sft.response_field`; with `sft.synthetic_reference`, a row with
 gets the synthetic task's reference solution (`rlvr_jax.data.synthetic.reference_response`,
 which needs the synthetic rows' `expression` / `topic` fields). A response is trained on as the
 policy writes it after the prompt — the template's separator, the text, then EOS
-(`rlvr_jax.demo.corpus.encode_response`) — and must fit the generation budget
+(`rlvr_jax.data.formatting.encode_response`) — and must fit the generation budget
 `rollout.max_new_tokens`, as the prompt must fit `data.max_prompt_len`: rows that do not fit,
 or have no response, are skipped and counted when the sources load (the first few are logged
 with their file and line).
@@ -20,23 +20,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from rlvr_jax.config.schema import Config, SFTConfig
 from rlvr_jax.data import synthetic
-from rlvr_jax.data.formatting import format_prompt, prompt_length_fn
+from rlvr_jax.data.formatting import encode_response, prompt_encoder, prompt_ids
 from rlvr_jax.data.mixture import PromptIterator
 from rlvr_jax.data.rows import BadRow, DataError, PromptRow
 from rlvr_jax.data.sources import load_sources
-from rlvr_jax.demo import corpus
-from rlvr_jax.training.sft import collate_sft
+from rlvr_jax.training.batch import TokenBatch, collate_sft
 
-
-def encode_response(text: str, tokenizer: Any, template: str) -> list[int]:
-    """Token ids of a response as it follows a `template` prompt: separator, text, EOS."""
-    if tokenizer.eos_token_id is None:
-        raise ValueError("SFT needs a tokenizer with an EOS token (responses end with it)")
-    return corpus.encode_response(text, tokenizer, template)
+__all__ = [
+    "SFTBatcher",
+    "build_sft_iterator",
+    "encode_example",
+    "encode_response",
+    "response_reader",
+]
 
 
 def response_reader(
@@ -100,7 +98,7 @@ def build_sft_iterator(cfg: Config, tokenizer: Any, *, seed: int) -> PromptItera
     loaded = load_sources(
         sources,
         known_verifiers=known_verifiers(),
-        token_length=prompt_length_fn(tokenizer, template),
+        encode=prompt_encoder(tokenizer, template),
         max_prompt_len=cfg.data.max_prompt_len,
         response=read,
     )
@@ -113,8 +111,7 @@ def encode_example(row: PromptRow, tokenizer: Any, template: str) -> tuple[list[
         raise ValueError(
             f"row {row.index} of source {row.source!r} has no response: it is not an SFT example"
         )
-    prompt_ids = format_prompt(row, tokenizer, template)
-    return prompt_ids, encode_response(row.response, tokenizer, template)
+    return prompt_ids(row, tokenizer, template), encode_response(row.response, tokenizer, template)
 
 
 @dataclass(frozen=True)
@@ -138,8 +135,8 @@ class SFTBatcher:
         if self.rows < 1:
             raise ValueError(f"sft.batch_size must be >= 1, got {self.rows}")
 
-    def next_arrays(self) -> dict[str, np.ndarray]:
-        """The next batch: `input_ids`, `target_ids`, `positions`, `segment_ids`, `mask`."""
+    def next_arrays(self) -> TokenBatch:
+        """The next batch (numpy arrays [rows, seq_len − 1])."""
         pairs = [
             encode_example(row, self.tokenizer, self.template)
             for row in self.examples.next_batch(self.rows)

@@ -8,7 +8,7 @@ rate above `--max-pass-rate` (0.625) are dropped and the others written to `--ou
 as they are in the input. The model, tokenizer, prompt template, `rollout.max_new_tokens`,
 decode slots, `data.max_prompt_len` and verifier settings come from the config; `--model
 PATH` replaces `model.path`. Exit status 2 on bad arguments, config or input (the message
-names it). The logic lives in `rlvr_jax.data.difficulty`.
+names it). The logic lives in `rlvr_jax.eval.difficulty`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
-from rlvr_jax.data.difficulty import DEFAULT_MAX_PASS_RATE, DEFAULT_SAMPLES, OUTPUT_SUFFIXES
+from rlvr_jax.eval.difficulty import DEFAULT_MAX_PASS_RATE, DEFAULT_SAMPLES, OUTPUT_SUFFIXES
 from rlvr_jax.eval.evaluate import DEFAULT_CHUNK_PROMPTS
 
 PROG = "rlvr-filter"
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
-    from rlvr_jax.data.difficulty import filter_source, plot_histogram
+    from rlvr_jax.eval.difficulty import filter_source, plot_histogram
     from rlvr_jax.eval.evaluate import resolve_config
 
     logging.basicConfig(

@@ -1,0 +1,153 @@
+"""`rlvr-bench learner --workload attention-memory`: peak memory of one learner micro-batch
+per attention kernel (`model.attention_impl`) as the row length T grows to 8K tokens.
+
+What is measured: the real train step (`rlvr_jax.training.learner.make_train_step`, one
+micro-batch of `rows` rows × T tokens, the bench model and the config's remat/logits chunking)
+compiled ahead of time for each kernel that runs on this platform (xla and blockwise
+everywhere; splash on TPU; cuDNN on a CUDA GPU in bf16), from abstract shapes (nothing is
+allocated, so the quadratic path can be sized at 8K on a small machine). The figure is XLA's
+buffer assignment of the compiled program (`memory_analysis()`): `temp_bytes` (activations,
+gradients and workspace: what grows with T) and `peak_bytes` = temp + arguments + outputs.
+
+How attention grows: besides the peaks, `growth` = Δ(T/2 → T) / Δ(T/4 → T/2) at the largest T
+— every other part of the step is linear in T, so this second-difference ratio is ≈ 2 where
+the kernel's memory is linear in T and ≈ 4 where it is quadratic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from rlvr_jax import losses, models
+from rlvr_jax.bench import common
+from rlvr_jax.models import attention
+
+SEQS = (1024, 2048, 4096, 8192)
+"""Row lengths T measured (the figure is at the last)."""
+
+
+def kernels_here(compute_dtype: Any, head_dim: int) -> list[str]:
+    """The attention kernels that can run on this process's platform, reference first."""
+    out = ["xla", "blockwise"]
+    for impl in ("splash", "cudnn"):
+        with contextlib.suppress(attention.AttentionConfigError):
+            kw = dict(compute_dtype=compute_dtype, head_dim=head_dim, max_segments=1)
+            out.append(attention.resolve_impl(impl, **kw))
+    return out
+
+
+def micro_batch_memory(cfg: Any, kernel: str, seq: int, rows: int) -> dict[str, float]:
+    """XLA's memory of the train step of one `rows` × `seq` micro-batch with `kernel`
+    (compiled from abstract shapes; `cfg` a `LearnerBenchConfig`)."""
+    from rlvr_jax.bench.learner import synthetic_batch
+    from rlvr_jax.config.schema import TrainConfig
+    from rlvr_jax.training import learner
+    from rlvr_jax.training.optimizer import make_optimizer
+
+    arch = cfg.arch()
+    settings = losses.resolve_loss_settings(cfg.loss)
+    old_from = "batch" if settings.tis_mode == "mask" else "self"
+    optimizer = make_optimizer(TrainConfig())
+    memory = dataclasses.replace(cfg.memory(), attention_impl=kernel)
+    # chunk sizes must divide T; they never exceed it
+    memory = dataclasses.replace(
+        memory,
+        logits_chunk=memory.logits_chunk if seq % max(memory.logits_chunk, 1) == 0 else 0,
+        attn_chunk=memory.attn_chunk if seq % max(memory.attn_chunk, 1) == 0 else 0,
+    )
+    step = learner.make_train_step(
+        arch, optimizer, settings, max_len=seq, n_micro=1, compute_dtype=jnp.dtype(cfg.dtype),
+        old_from=old_from, memory=memory,
+    )  # fmt: skip
+    params = models.abstract_params(arch)
+    state = jax.eval_shape(lambda p: learner.init_state(p, optimizer), params)
+    arrays = synthetic_batch(arch, rows=rows, seq=seq, seed=0, with_old_logp=old_from == "batch")
+    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in arrays.items()}
+    compiled, compile_s = common.compile_ahead(step, state, batch, donate=(0,))
+    stats = common.compiled_memory(compiled)
+    if stats is None:
+        raise RuntimeError(f"the {jax.default_backend()} backend reports no memory analysis")
+    peak = stats["temp_bytes"] + stats["argument_bytes"] + stats["output_bytes"]
+    return {**stats, "peak_bytes": peak, "compile_s": compile_s}
+
+
+def measure(
+    cfg: Any, *, seqs: tuple[int, ...] = SEQS, rows: int = 1, progress=print
+) -> dict[str, Any]:
+    """Every kernel here × every T in `seqs`; the JSON-able result (module docstring)."""
+    if len(seqs) < 3 or list(seqs) != sorted(seqs):
+        raise ValueError(f"seqs must be at least 3 increasing lengths, got {seqs}")
+    arch = cfg.arch()
+    kernels = kernels_here(jnp.dtype(cfg.dtype), arch.head_dim)
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for kernel in kernels:
+        table[kernel] = {}
+        for seq in seqs:
+            one = table[kernel][str(seq)] = micro_batch_memory(cfg, kernel, seq, rows)
+            progress(
+                f"  {kernel:9s} T={seq:6d}: temp {one['temp_bytes'] / 2**30:8.3f} GiB "
+                f"(compiled in {one['compile_s']:.1f} s)",
+                flush=True,
+            )
+    last = [str(s) for s in seqs[-3:]]
+    temp = {k: [table[k][s]["temp_bytes"] for s in last] for k in kernels}
+    growth = {k: (t[2] - t[1]) / max(t[1] - t[0], 1) for k, t in temp.items()}
+    top = str(seqs[-1])
+    return {
+        "rows": rows,
+        "seqs": list(seqs),
+        "kernels": kernels,
+        "memory": table,
+        "peak_bytes": {k: table[k][top]["peak_bytes"] for k in kernels},
+        "temp_bytes": {k: table[k][top]["temp_bytes"] for k in kernels},
+        "growth": growth,
+        "over_blockwise": {
+            k: table[k][top]["temp_bytes"] / table["blockwise"][top]["temp_bytes"] for k in kernels
+        },
+    }
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The table `rlvr-bench learner --workload attention-memory` prints."""
+    seqs = [str(s) for s in result["seqs"]]
+    rows = []
+    for k in result["kernels"]:
+        rows.append(
+            [k, *(result["memory"][k][s]["temp_bytes"] / 2**30 for s in seqs),
+             result["growth"][k], result["over_blockwise"][k]]
+        )  # fmt: skip
+    head = ["kernel", *(f"T={s} GiB" for s in seqs), "growth", "vs blockwise"]
+    return (
+        f"peak memory of one micro-batch ({result['rows']} row(s) × T tokens), XLA temp "
+        "buffers; growth = Δ at the largest T / Δ before it (2 linear, 4 quadratic)\n"
+        + common.format_table(head, rows)
+    )
+
+
+def run(cfg: Any, *, seqs: tuple[int, ...] = SEQS, rows: int = 1) -> dict[str, Any]:
+    """`measure` plus where and how it ran (machine, load, the bench config)."""
+    load_before = common.machine_info()["loadavg"]
+    result = measure(cfg, seqs=seqs, rows=rows)
+    return {
+        "attention_memory": result,
+        "machine": {**common.machine_info(), "loadavg_before": load_before},
+        "config": {**dataclasses.asdict(cfg), "model": cfg.arch().to_hf()},
+    }
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Temp memory against T, one line per kernel."""
+    r = result["attention_memory"]
+    lines = {
+        k: (r["seqs"], [r["memory"][k][str(s)]["temp_bytes"] / 2**30 for s in r["seqs"]])
+        for k in r["kernels"]
+    }
+    panel = common.Panel(
+        "one micro-batch: XLA temp memory", "GiB", lines=lines, xlabel="T (tokens)", logx=True
+    )
+    common.save_plot(path, [panel], "rlvr-bench learner --workload attention-memory")

@@ -1,0 +1,50 @@
+"""Progress of a benchmark on stderr: one line per phase, a bar (or a line per step) inside
+long phases. Results stay on stdout, so `rlvr-bench X > result.txt` keeps them apart.
+
+    from rlvr_jax.bench import progress
+    progress.line("timing continuous vs static (2 rounds)")   # rlvr-bench decode [  12.3 s] ...
+    for r in progress.steps(range(rounds), "round"): ...      # a bar on a terminal
+
+`begin(prog)` names the benchmark and restarts its clock (`rlvr-bench` and `rlvr-bench all`
+call it before each benchmark); the elapsed time on every line tells where the time went.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
+
+_state = {"prog": "rlvr-bench", "t0": time.perf_counter()}
+
+
+def begin(prog: str) -> None:
+    """Names the benchmark whose progress follows and restarts its clock."""
+    _state.update(prog=prog, t0=time.perf_counter())
+
+
+def elapsed() -> float:
+    """Seconds since `begin`."""
+    return time.perf_counter() - float(_state["t0"])
+
+
+def line(message: str) -> None:
+    """One progress line: `{prog} [elapsed] message`."""
+    print(f"{_state['prog']} [{elapsed():7.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+def steps(items: Iterable[T], what: str, total: int | None = None) -> Iterator[T]:
+    """`items`, showing progress: a tqdm bar on a terminal, else a line per item."""
+    items = list(items) if total is None and not hasattr(items, "__len__") else items
+    n = len(items) if total is None else total  # type: ignore[arg-type]
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        yield from tqdm(items, desc=f"{_state['prog']} {what}", total=n, file=sys.stderr)
+        return
+    for i, item in enumerate(items, 1):
+        line(f"{what} {i}/{n}")
+        yield item

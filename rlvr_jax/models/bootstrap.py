@@ -1,0 +1,48 @@
+"""The policy directory of a run: `model.path`, built first by `model.create_if_missing` when
+it holds no checkpoint (the demo builds its tiny base model this way)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import Any
+
+from rlvr_jax.config.schema import Config
+
+log = logging.getLogger("rlvr_jax")
+
+
+def resolve_function(ref: str, what: str) -> Any:
+    """`module:function` → the function, with an error naming `what` when it cannot be found."""
+    module, _, name = ref.partition(":")
+    if not module or not name:
+        raise ValueError(f"{what}: expected 'module:function', got {ref!r}")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"{what}: cannot import module {module!r}: {e}") from None
+    try:
+        return getattr(mod, name)
+    except AttributeError:
+        raise ValueError(f"{what}: module {module!r} has no attribute {name!r}") from None
+
+
+def ensure_model(cfg: Config) -> Path:
+    """The policy directory; built by `model.create_if_missing` when absent."""
+    path = Path(cfg.model.path)
+    if (path / "config.json").is_file():
+        return path
+    if cfg.model.create_if_missing:
+        builder = resolve_function(cfg.model.create_if_missing, "model.create_if_missing")
+        log.info("model.path %s is absent: building it with %s", path, cfg.model.create_if_missing)
+        builder(path, cfg)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.create_if_missing ({cfg.model.create_if_missing}) did not write "
+                f"{path / 'config.json'}"
+            )
+        return path
+    raise FileNotFoundError(
+        f"model.path {str(path)!r} has no config.json (and model.create_if_missing is not set)"
+    )

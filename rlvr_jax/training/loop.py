@@ -1,0 +1,281 @@
+"""The training loop, one for every algorithm (`algorithm` picks the source and the update from
+`algorithms.ALGORITHMS`).
+
+Each step: take the next batch from the source (host work: rollouts, rewards, filtering,
+collation), compile what its shapes need outside the dispatch lock, dispatch the update (the
+device trains while the host goes on), write step N−1's metrics (fetched now: step N is already
+queued), push the new weights to the actors, checkpoint `{train state, source.state()}` every
+`checkpoint.every_steps`, evaluate every `eval.every_steps`, stop on SIGINT/SIGTERM. The policy
+version (optimizer updates dispatched) is counted on the host: no device sync per step.
+
+Weights reach the actors right after the update is dispatched when the source is on-policy (sync
+mode, expert iteration: the next batch must come from them), and otherwise once the update has
+completed (async mode: the actors keep decoding with the previous weights meanwhile, and swap
+at the next chunk boundary — in-flight updates, KV cache kept).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from rlvr_jax import dispatch, losses, models, sharding
+from rlvr_jax.config.schema import Config
+from rlvr_jax.models.bootstrap import ensure_model
+from rlvr_jax.timeline import Timeline
+from rlvr_jax.training import checkpoint as ckpt
+from rlvr_jax.training.algorithms import Context, get_algorithm
+from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
+from rlvr_jax.training.run import StopFlag, used_devices
+
+log = logging.getLogger("rlvr_jax.train")
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A dispatched step whose metrics are not written yet."""
+
+    step: int
+    host: dict[str, Any]
+    device: list[Any]
+    texts: list[str]
+    dispatched: float
+    tokens: int
+    version: int
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    finished: float = 0.0
+    written: bool = False
+
+
+class Trainer:
+    """Builds the meshes, the policy, the source and the update of `cfg.algorithm`, resumes
+    from the newest intact checkpoint, and runs the loop (`run`); `close` releases it all."""
+
+    def __init__(
+        self, cfg: Config, *, stop: StopFlag | None = None, timeline: Timeline | None = None
+    ):
+        """`timeline`: when given, each optimizer update is recorded as a "train" span (from
+        dispatch to completion), the rollout driver's decode chunks as "rollout" spans, and
+        the end of every step as a "step" mark (`rlvr-bench e2e`)."""
+        from rlvr_jax.data import load_tokenizer
+
+        self.cfg, self.timeline = cfg, timeline
+        self.stop = stop if stop is not None else StopFlag()
+        self.out = Path(cfg.train.output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.algorithm = get_algorithm(cfg.algorithm)
+        learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh, used_devices(cfg.mesh))
+        path = ensure_model(cfg)
+        model = models.load_pretrained(
+            path, dtype=cfg.model.param_dtype, mesh=learner_mesh, rules=sharding.LEARNER_RULES
+        )
+        self.ctx = Context(
+            cfg=cfg,
+            model=model,
+            tokenizer=load_tokenizer(cfg.model.tokenizer or path),
+            learner_mesh=learner_mesh,
+            actor_mesh=actor_mesh,
+            settings=losses.loss_settings_from_config(cfg.loss),
+            stop=lambda: bool(self.stop),
+            timeline=timeline,
+        )
+        self.update = self.algorithm.update(self.ctx)
+        self.state = self.update.init_state(model.params)
+        self.checkpointer = ckpt.Checkpointer(
+            self.out, keep=cfg.checkpoint.keep, verify=cfg.checkpoint.verify
+        )
+        self.start_step, self.version, source_state = 0, 0, None
+        if cfg.checkpoint.resume:
+            restored = self.checkpointer.restore_latest(ckpt.abstract_like(self.state))
+            if restored is not None:
+                step, self.state, meta = restored
+                self.start_step, self.version = int(meta["step"]), int(meta["version"])
+                source_state = meta["source"]
+                log.info("resumed from checkpoint %d (policy version %d)", step, self.version)
+        self.steps_done = self.start_step
+        self.source = self.algorithm.source(self.ctx, self.state.params, self.version)
+        if source_state is not None:
+            self.source.restore(source_state)
+        self.metrics = MetricsWriter(
+            self.out,
+            tensorboard=cfg.log.tensorboard,
+            resume_step=self.start_step,
+            enabled=jax.process_index() == 0,  # one process writes the run's files
+        )
+        self._pusher: threading.Thread | None = None
+        self._last_reward = math.nan
+        self._saved: int | None = None
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> None:
+        cfg = self.cfg
+        self.source.start()
+        pending: _Pending | None = None
+        bar = _progress(cfg, self.start_step)
+        step = self.start_step
+        try:
+            while step < cfg.train.max_steps and not self.stop:
+                batch = self.source.next(self.version)
+                if batch is None:  # stopped while collecting: nothing was consumed
+                    break
+                step += 1
+                current = self._dispatch(step, batch)
+                if pending is not None:
+                    self._write(pending)
+                pending = current
+                self._maybe_eval_and_checkpoint(step, pending)
+                if self.timeline is not None:
+                    self.timeline.mark("step")
+                if bar is not None:
+                    bar.update(1)
+                    reward = batch.metrics.get("reward/mean", math.nan)
+                    if math.isfinite(reward):
+                        self._last_reward = reward
+                    bar.set_postfix(reward=f"{self._last_reward:.3f}")
+        finally:
+            if pending is not None:
+                self._write(pending)
+            if bar is not None:
+                bar.close()
+        self._finish(step)
+
+    def _dispatch(self, step: int, batch: Any) -> _Pending:
+        """Compiles (outside the lock), dispatches the update (under it), and sends the new
+        weights to the actors; returns the step's pending metrics."""
+        self._wait_push()  # the previous weights are on their way: the state may be donated
+        self.update.compile(self.state, batch)
+        t0 = time.perf_counter()
+        with dispatch.LOCK:
+            self.state, device, n = self.update.update(self.state, batch)
+        self.version += n
+        pending = _Pending(
+            step, dict(batch.metrics), device, batch.texts, t0, batch.tokens, self.version
+        )
+        watched = (self.state.params, device) if n else device
+        if n and self.source.on_policy:
+            self._push(self.state.params, self.version)
+            self._watch(pending, watched, push=None)
+        else:
+            self._watch(pending, watched, push=(self.state.params, self.version) if n else None)
+        return pending
+
+    def _watch(self, pending: _Pending, arrays: Any, push: tuple[Any, int] | None) -> None:
+        """A thread that waits for the step's results (no sync on the loop's thread), records
+        when they were ready, and pushes the weights then when asked."""
+
+        def wait() -> None:
+            try:
+                jax.block_until_ready(arrays)
+                pending.finished = time.perf_counter()
+                if self.timeline is not None:
+                    self.timeline.add("train", pending.dispatched, pending.finished)
+                if push is not None:
+                    self._push(*push)
+            finally:
+                pending.done.set()
+
+        self._pusher = threading.Thread(target=wait, name=f"step-{pending.step}", daemon=True)
+        self._pusher.start()
+
+    def _push(self, params: Any, version: int) -> None:
+        with dispatch.LOCK:
+            self.source.push_weights(params, version)
+
+    def _wait_push(self) -> None:
+        if self._pusher is not None:
+            self._pusher.join()
+            self._pusher = None
+
+    def _write(self, p: _Pending) -> None:
+        """Fetches the step's device metrics and writes its row (once)."""
+        if p.written:
+            return
+        p.written = True
+        p.done.wait()
+        fetched = jax.device_get(p.device)
+        row = dict(p.host)
+        for k in fetched[0] if fetched else {}:
+            row[k] = float(np.mean([m[k] for m in fetched]))
+        train_s = max(p.finished - p.dispatched, 0.0)
+        row["time/train_s"] = train_s
+        row["throughput/tokens"] = p.tokens
+        busy_s = row.get("time/rollout_s", row.get("time/data_s", 0.0)) + train_s
+        row["throughput/tokens_per_s"] = p.tokens / max(busy_s, 1e-9)
+        row["policy_version"] = p.version
+        if "tis/mean" not in row and "tis_weight/mean" in row:
+            row["tis/mean"] = row["tis_weight/mean"]
+        self.metrics.write(p.step, row)
+        for i, text in enumerate(p.texts[: self.cfg.log.sample_completions]):
+            self.metrics.text(p.step, f"samples/{i}", text)
+
+    def _maybe_eval_and_checkpoint(self, step: int, pending: _Pending) -> None:
+        cfg = self.cfg
+        if cfg.eval.every_steps and step % cfg.eval.every_steps == 0:
+            pending.host.update(self.evaluate())
+        if cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0:
+            self._write(pending)  # metrics up to `step` land before its checkpoint
+            self._checkpoint(step)
+
+    def _checkpoint(self, step: int) -> None:
+        meta = {"step": step, "version": self.version, "source": self.source.state()}
+        self.checkpointer.save(step, self.state, meta)
+        self._saved = step
+
+    def evaluate(self) -> dict[str, float]:
+        """Held-out pass@k with the current policy (keys `eval/pass@k`, `eval/<domain>/pass@k`)."""
+        from rlvr_jax.eval.evaluate import evaluate_policy
+        from rlvr_jax.rewards import RewardService
+
+        model = dataclasses.replace(self.ctx.model, params=self.state.params)
+        rewards = getattr(getattr(self.source, "rollouts", None), "rewards", None)
+        with contextlib.ExitStack() as stack:
+            if rewards is None:
+                rewards = stack.enter_context(RewardService(self.cfg.rewards))
+            return evaluate_policy(
+                model, self.ctx.tokenizer, self.cfg, reward_service=rewards, prefix="eval/"
+            )
+
+    def _finish(self, step: int) -> None:
+        self.steps_done = step
+        self._wait_push()
+        if self._saved != step:
+            self._checkpoint(step)
+        self.checkpointer.wait()
+        cfg = self.cfg
+        if cfg.log.plots and self.metrics.enabled:
+            plot_curves(read_jsonl(self.metrics.path), self.out / "curves.png")
+        if cfg.checkpoint.export_hf and not self.stop:
+            params = self.state.params
+            if jax.process_count() > 1:  # every process takes part in the gather
+                from jax.experimental import multihost_utils
+
+                params = multihost_utils.process_allgather(params, tiled=True)
+            if jax.process_index() == 0:
+                final = dataclasses.replace(self.ctx.model, params=params)
+                models.save_pretrained(final, self.out / "final")
+                log.info("exported the final policy to %s", self.out / "final")
+
+    def close(self) -> None:
+        self._wait_push()
+        for closer in (self.source.close, self.checkpointer.close, self.metrics.close):
+            try:
+                closer()
+            except Exception:  # keep closing the rest
+                log.exception("while closing")
+
+
+def _progress(cfg: Config, start: int):
+    if not cfg.log.progress_bar:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.train.max_steps, initial=start, desc=cfg.algorithm, unit="step")

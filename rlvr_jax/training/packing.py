@@ -1,0 +1,177 @@
+"""Where each sequence of a batch goes: packed rows and token-budget micro-batches.
+
+A `Layout` places sequences (prompt + completion, or prompt + response) on rows of `row_len`
+tokens, several per row, and groups the rows into `n_micro` micro-batches of `rows_per_micro`
+rows each: sequence i goes to micro-batch m, row r of it, offset o, and is the s-th of the
+`seqs_per_micro` sequence slots of that micro-batch. Every micro-batch has the same shapes, so
+one compiled step serves them all, and a sequence never straddles rows or micro-batches.
+
+- `one_per_row`: today's unpacked layout (sequence i alone in row i; one micro-batch shape
+  decided later by `train.micro_batch_size`).
+- `pack_tokens`: first-fit-decreasing bin packing into rows of the batch's length bucket, and as
+  many rows per micro-batch as `train.max_tokens_per_micro_batch` allows; the number of
+  micro-batches follows the batch's tokens, rounded up on a short ladder (1, 2, 3, 4, 6, 8,
+  12, 16, ...: a few compiled shapes, at most a third of a micro-batch of padding rows).
+- `pack_examples`: the in-order packing `scripts/pretrain_tiny.py` uses (next-fit), kept for
+  the shipped base model's bit-identical recipe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from collections.abc import Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    n_micro: int
+    """M: micro-batches."""
+    rows_per_micro: int
+    """R_mb: rows of each micro-batch."""
+    seqs_per_micro: int
+    """N_mb: sequence slots of each micro-batch (unused slots are empty, all-masked)."""
+    places: tuple[tuple[int, int, int, int], ...]
+    """(micro-batch, row within it, offset in the row, slot within it) of each sequence."""
+    packed: bool = True
+    """False for `one_per_row` (any micro-batch split of it is valid)."""
+
+    @property
+    def rows(self) -> int:
+        return self.n_micro * self.rows_per_micro
+
+    @property
+    def slots(self) -> int:
+        return self.n_micro * self.seqs_per_micro
+
+    def row(self, i: int) -> int:
+        """Global row index of sequence i."""
+        m, r, _, _ = self.places[i]
+        return m * self.rows_per_micro + r
+
+    def slot(self, i: int) -> int:
+        """Global sequence slot of sequence i."""
+        m, _, _, s = self.places[i]
+        return m * self.seqs_per_micro + s
+
+
+def one_per_row(n: int, rows: int) -> Layout:
+    """Sequence i alone at the start of row i (rows ≥ n; the rest empty)."""
+    if n > rows:
+        raise ValueError(f"{n} sequences do not fit one per row in {rows} rows")
+    return Layout(1, rows, rows, tuple((0, i, 0, i) for i in range(n)), packed=False)
+
+
+def ladder(n: int) -> int:
+    """The smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (2^k and 3·2^k) that is ≥ n."""
+    p = 1
+    while p < n:
+        if p >= 2 and p * 3 // 2 >= n:
+            return p * 3 // 2
+        p *= 2
+    return p
+
+
+def _ffd_rows(lengths: Sequence[int], row_len: int) -> list[list[int]]:
+    """First-fit-decreasing bin packing of sequences into rows of `row_len` tokens."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[i]
+        for r, room in enumerate(free):
+            if n <= room:
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            rows.append([i])
+            free.append(row_len - n)
+    return rows
+
+
+def pack_tokens(
+    lengths: Sequence[int],
+    *,
+    row_len: int,
+    max_tokens: int,
+    row_multiple: int = 1,
+    what: str = "sequence",
+    n_micro: int = 1,
+    seqs_per_micro: int = 1,
+) -> Layout:
+    """Sequences of `lengths` tokens packed into rows of `row_len`, micro-batches of at most
+    `max_tokens` tokens (rows × row_len), rows per micro-batch and slots a multiple of
+    `row_multiple` (the devices a batch's rows are split over); at least `n_micro`
+    micro-batches of at least `seqs_per_micro` slots (to give several layouts one shape).
+    Raises ValueError naming a sequence longer than a row or than the budget, and the key to
+    raise."""
+    for i, n in enumerate(lengths):
+        if n > row_len or n > max_tokens:
+            raise ValueError(
+                f"{what} {i} has {n} tokens, more than a micro-batch of "
+                f"train.max_tokens_per_micro_batch={max_tokens} (rows of {row_len}) holds: "
+                "raise train.max_tokens_per_micro_batch"
+            )
+    rows_per_micro = (max_tokens // row_len) // row_multiple * row_multiple
+    if rows_per_micro < 1:
+        raise ValueError(
+            f"train.max_tokens_per_micro_batch={max_tokens} holds no {row_multiple} row(s) of "
+            f"{row_len} tokens: raise train.max_tokens_per_micro_batch"
+        )
+    rows = _ffd_rows(lengths, row_len)
+    n_micro = max(n_micro, ladder(max(1, -(-len(rows) // rows_per_micro))))
+    # deal the rows (longest first) to the micro-batch with the fewest tokens that has room
+    load = [(0, m) for m in range(n_micro)]
+    count = [0] * n_micro
+    members: list[list[list[int]]] = [[] for _ in range(n_micro)]
+    for row in sorted(rows, key=lambda r: -sum(lengths[i] for i in r)):
+        skipped = []
+        while True:
+            tokens, m = heapq.heappop(load)
+            if count[m] < rows_per_micro:
+                break
+            skipped.append((tokens, m))
+        members[m].append(row)
+        count[m] += 1
+        heapq.heappush(load, (tokens + sum(lengths[i] for i in row), m))
+        for item in skipped:
+            heapq.heappush(load, item)
+    places: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)] * len(lengths)
+    most = max(seqs_per_micro, 1)
+    for m, micro_rows in enumerate(members):
+        slot = 0
+        for r, row in enumerate(micro_rows):
+            offset = 0
+            for i in sorted(row):
+                places[i] = (m, r, offset, slot)
+                offset += lengths[i]
+                slot += 1
+        most = max(most, slot)
+    seqs_per_micro = -(-most // row_multiple) * row_multiple
+    return Layout(n_micro, rows_per_micro, seqs_per_micro, tuple(places))
+
+
+def pack_examples(lengths: Sequence[int], *, rows: int, seq_len: int) -> list[tuple[int, int]]:
+    """(row, offset) of each example of the longest prefix of `lengths` that fits `rows` rows
+    of `seq_len` tokens, filling rows in order: an example goes after the previous one when it
+    fits there, else at the start of the next row. Raises ValueError for an example longer than
+    `seq_len` or shorter than 2 tokens (nothing to predict)."""
+    placements: list[tuple[int, int]] = []
+    row, offset = 0, 0
+    for i, n in enumerate(lengths):
+        if n < 2 or n > seq_len:
+            raise ValueError(f"pack_examples: example {i} has {n} tokens; need 2..{seq_len}")
+        if offset + n > seq_len:
+            row, offset = row + 1, 0
+        if row >= rows:
+            break
+        placements.append((row, offset))
+        offset += n
+    return placements
+
+
+def in_order(lengths: Sequence[int], *, rows: int, seq_len: int) -> Layout:
+    """`pack_examples` as a one-micro-batch `Layout` (slots in example order)."""
+    placements = pack_examples(lengths, rows=rows, seq_len=seq_len)
+    places = tuple((0, r, o, s) for s, (r, o) in enumerate(placements))
+    return Layout(1, rows, max(len(placements), 1), places)

@@ -1,0 +1,180 @@
+"""The parts every train step is made of (nanodo style): a train state, gradient accumulation
+over micro-batches against the whole batch's loss denominator, and the optimizer update that
+skips non-finite steps. The RL, SFT and parallel-averaging steps are short compositions of
+`accumulate_grads` and `apply_update`, jitted once per batch shape by `jit_train_step`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+LossFn = Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
+"""`loss_fn(params, micro_batch) -> (loss, metrics)`; the loss already divided by the whole
+optimizer batch's denominator, so micro-batch losses (and gradients) sum to the full batch's."""
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    """Optimizer steps applied (skipped non-finite steps not counted)."""
+    params: Any
+    opt_state: Any
+    skipped: jax.Array
+    """Steps skipped because the loss or the gradient was not finite."""
+
+
+def init_state(params: Any, optimizer: optax.GradientTransformation, mesh=None) -> TrainState:
+    """A fresh state. With a `mesh`, the optimizer moments follow the params' shardings and
+    the scalars are replicated over the mesh, so that the whole state lives on it."""
+    if mesh is None:
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            params=params,
+            opt_state=optimizer.init(params),
+            skipped=jnp.zeros((), jnp.int32),
+        )
+    state = jax.jit(lambda p: init_state(p, optimizer))(params)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.tree_util.tree_map(
+        lambda x: (
+            x
+            if set(x.sharding.device_set) == set(mesh.devices.flat)
+            else jax.device_put(x, replicated)
+        ),
+        state,
+    )
+
+
+def split_micro(batch: Any, n_micro: int) -> Any:
+    """Every array of a batch pytree as [n_micro, rows / n_micro, ...]."""
+
+    def split(x):
+        if x.shape[0] % n_micro:
+            raise ValueError(
+                f"batch of {x.shape[0]} rows does not split into {n_micro} micro-batches"
+            )
+        return x.reshape(n_micro, x.shape[0] // n_micro, *x.shape[1:])
+
+    return jax.tree.map(split, batch)
+
+
+def micro_count(batch: Any, n_micro: int | None) -> int:
+    """Micro-batches to split `batch` into: the count its rows were packed for (token-budget
+    layouts carry it, static), else `n_micro` (default 1). Both given and different is an
+    error: a packed micro-batch's completions live in its own rows."""
+    packed = getattr(batch, "n_micro", 0)
+    if packed and n_micro is not None and n_micro != packed:
+        raise ValueError(f"the batch is packed for {packed} micro-batches, not {n_micro}")
+    return packed or n_micro or 1
+
+
+def accumulate_grads(
+    loss_fn: LossFn, params: Any, batch: Any, n_micro: int
+) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
+    """(Σ gradients, Σ losses, per-micro-batch metrics [n_micro]) of `loss_fn` over `batch`
+    split into `n_micro` micro-batches (a `lax.scan`: one micro-batch's activations live at a
+    time)."""
+    if n_micro < 1:
+        raise ValueError(f"n_micro must be >= 1, got {n_micro}")
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    zeros = jax.tree.map(jnp.zeros_like, params)
+
+    def body(acc, micro_batch):
+        grads_acc, loss_acc = acc
+        (loss, metrics), grads = grad_fn(params, micro_batch)
+        return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss), metrics
+
+    init = (zeros, jnp.zeros((), jnp.float32))
+    (grads, loss), metrics_M = jax.lax.scan(body, init, split_micro(batch, n_micro))
+    return grads, loss, metrics_M
+
+
+def apply_update(
+    state: TrainState, grads: Any, optimizer: optax.GradientTransformation, *, finite: Any = True
+) -> tuple[TrainState, jax.Array]:
+    """One optimizer update of `state` by `grads`, unless the gradient (or `finite`, e.g. the
+    loss's finiteness) is not finite: then params and optimizer state are kept and the step is
+    counted in `skipped`. Returns (new state, ok)."""
+    ok = jnp.isfinite(optax.global_norm(grads)) & finite
+    updates, new_opt = optimizer.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+
+    def keep(new: Any, old: Any) -> Any:
+        return jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+    return (
+        TrainState(
+            step=state.step + ok.astype(jnp.int32),
+            params=keep(new_params, state.params),
+            opt_state=keep(new_opt, state.opt_state),
+            skipped=state.skipped + (~ok).astype(jnp.int32),
+        ),
+        ok,
+    )
+
+
+def summed(metrics_M: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Per-micro-batch values already divided by the whole batch's denominator, summed."""
+    return {k: v.sum() for k, v in metrics_M.items()}
+
+
+class PairState(NamedTuple):
+    """`pair_optimizer`'s state: each half's own state and the last update's geometry."""
+
+    rl: Any
+    sft: Any
+    rl_update_norm: jax.Array
+    sft_update_norm: jax.Array
+    update_cosine: jax.Array
+
+
+def pair_optimizer(
+    rl: optax.GradientTransformation, sft: optax.GradientTransformation
+) -> optax.GradientTransformation:
+    """RL + SFT parallel averaging as one optax transformation over gradient pairs
+    (the RL-during-pretraining paper, Figure 8; ALGORITHMS.md):
+
+        (Δ_RL, s_RL)   ← OptUpdate(g_RL,  s_RL)      # independent moments
+        (Δ_SFT, s_SFT) ← OptUpdate(g_SFT, s_SFT)
+        update = ½(Δ_RL + Δ_SFT)
+
+    `update((g_RL, g_SFT), state, params)`; the state keeps ‖Δ_RL‖, ‖Δ_SFT‖ and their cosine
+    (negative when the two objectives pull apart) for the step's metrics."""
+
+    def init(params: Any) -> PairState:
+        zero = jnp.zeros((), jnp.float32)
+        return PairState(rl.init(params), sft.init(params), zero, zero, zero)
+
+    def update(grads: tuple[Any, Any], state: PairState, params: Any = None):
+        g_rl, g_sft = grads
+        d_rl, s_rl = rl.update(g_rl, state.rl, params)
+        d_sft, s_sft = sft.update(g_sft, state.sft, params)
+        avg = jax.tree.map(lambda a, b: 0.5 * (a + b), d_rl, d_sft)
+        return avg, PairState(s_rl, s_sft, *update_geometry(d_rl, d_sft))
+
+    return optax.GradientTransformation(init, update)
+
+
+def update_geometry(d_a: Any, d_b: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(‖a‖, ‖b‖, cos(a, b)) over all leaves (cosine 0 when either is zero)."""
+    dot = sum(
+        jnp.vdot(a.astype(jnp.float32), b.astype(jnp.float32))
+        for a, b in zip(jax.tree.leaves(d_a), jax.tree.leaves(d_b))
+    )
+    n_a, n_b = optax.global_norm(d_a), optax.global_norm(d_b)
+    denom = n_a * n_b
+    return n_a, n_b, jnp.where(denom > 0, dot / jnp.where(denom > 0, denom, 1.0), 0.0)
+
+
+def jit_train_step(step: Callable, state_shardings: Any, batch_shardings: Any = None) -> Callable:
+    """The step jitted with explicit shardings (the batch's inferred when None); the old state
+    is donated."""
+    in_shardings = (state_shardings, batch_shardings) if batch_shardings is not None else None
+    kwargs = {"in_shardings": in_shardings} if in_shardings is not None else {}
+    return jax.jit(step, out_shardings=(state_shardings, None), donate_argnums=(0,), **kwargs)

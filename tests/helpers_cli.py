@@ -1,0 +1,118 @@
+"""Starting the installed console scripts the way a user does: a fresh interpreter running
+the entry point from the virtualenv's `bin/`, nothing pre-imported, output to files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SERVE_VOCAB = 320
+SERVE_CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a plus b equals c",
+    "hello world",
+] * 20
+FAULTS = Path(__file__).with_name("serve_faults")
+"""PYTHONPATH entry whose sitecustomize injects engine faults (see its docstring)."""
+
+
+def script(name: str) -> str:
+    """The installed console script `name` (next to this interpreter)."""
+    path = Path(sys.executable).with_name(name)
+    assert path.exists(), f"{name} is not installed in {path.parent} (pip install -e .)"
+    return str(path)
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment a user's shell has after `source scripts/setup_env.sh` (no test-only
+    XLA device count), plus `extra`; `RLVR_TEST_*` variables put `FAULTS` on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    env.update(JAX_PLATFORMS="cpu", **extra)
+    if any(k.startswith("RLVR_TEST_") for k in extra):
+        env["PYTHONPATH"] = str(FAULTS)
+    return env
+
+
+class Proc:
+    """One console-script process; stdout/stderr go to files in `workdir` (also its working
+    directory unless `cwd` is given)."""
+
+    def __init__(
+        self, name: str, args: list[str], workdir: Path, *, cwd: Path | None = None, **env: str
+    ):
+        self.name = name
+        self.workdir = workdir
+        self.out_path = workdir / f"{name}.stdout"
+        self.err_path = workdir / f"{name}.stderr"
+        self.started = time.monotonic()
+        with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
+            self.popen = subprocess.Popen(
+                [script(name), *args],
+                stdout=out,
+                stderr=err,
+                env=user_env(**env),
+                cwd=workdir if cwd is None else cwd,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stdout(self) -> str:
+        return self.out_path.read_text()
+
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; fails the test (with stderr) if it runs longer than `timeout`."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"{self.name} still running after {timeout} s:\n{self.stderr()[-3000:]}"
+            ) from None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> tuple[int, float]:
+        """Sends `sig`; returns (exit code, seconds it took to exit)."""
+        t0 = time.monotonic()
+        with contextlib.suppress(ProcessLookupError):  # it may have exited already
+            self.popen.send_signal(sig)
+        rc = self.wait(timeout)
+        return rc, time.monotonic() - t0
+
+    def kill(self) -> None:
+        if self.alive():
+            self.popen.kill()
+            self.popen.wait(30)
+
+    def wait_for_file(self, path: Path, timeout: float) -> dict:
+        """The JSON in `path` once the process has written it."""
+        deadline = self.started + timeout
+        while not path.exists():
+            assert self.alive(), f"{self.name} exited:\n{self.stderr()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {path.name} after {timeout} s"
+            time.sleep(0.05)
+        return json.loads(path.read_text())
+
+
+def build_serve_model(path: Path) -> Path:
+    """A tiny random Qwen2 checkpoint with a trained 320-token BPE tokenizer (EOS id 1, a
+    ChatML chat template) at `path`: what the rlvr-serve tests serve."""
+    import helpers_models as H
+
+    from rlvr_jax.data.tokenizer import train_tokenizer
+
+    H.build_hf_checkpoint("qwen2", path, seed=4, vocab_size=SERVE_VOCAB)
+    train_tokenizer(SERVE_CORPUS, vocab_size=SERVE_VOCAB, path=path, min_frequency=1)
+    return path

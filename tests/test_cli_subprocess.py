@@ -1,0 +1,128 @@
+"""`rlvr-train`, `rlvr-eval`, `rlvr-filter` and `rlvr-bench` started as a user starts them
+(the installed console scripts, fresh processes): they run, stay quiet (no absl/orbax INFO),
+show progress, and stop within 10 s on SIGTERM / SIGINT."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from pathlib import Path
+
+import helpers_cli as C
+import pytest
+from helpers_train import tiny_run
+
+pytestmark = pytest.mark.slow
+
+TESTS = str(Path(__file__).parent)  # helpers_train:word_parity, the runs' verifier
+ROOT = Path(__file__).parent.parent
+STOP_S = 10.0
+LIBRARY_INFO = re.compile(r"^(I\d{4} |.* INFO (absl|orbax|jax)\b)", re.M)
+
+
+def _quiet(stderr: str) -> None:
+    noisy = LIBRARY_INFO.findall(stderr)
+    assert not noisy, f"library INFO lines on stderr: {stderr[:2000]}"
+
+
+def _steps(out: Path) -> list[int]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_rlvr_train_runs_a_few_steps(tmp_path):
+    cfg = tiny_run(tmp_path)
+    proc = C.Proc("rlvr-train", ["--config", str(cfg)], tmp_path, PYTHONPATH=TESTS)
+    assert proc.wait(900) == 0, proc.stderr()[-3000:]
+    out = tmp_path / "out"
+    assert _steps(out) == [1, 2, 3]
+    assert (out / "checkpoints" / "2").is_dir() and (out / "final").is_dir()
+    _quiet(proc.stderr())
+
+
+SYNC_STOP_IS_SLOW = pytest.mark.xfail(
+    strict=True,
+    reason="rlvr-train in sync mode runs two more steps after the signal (14.8-15.9 s to exit "
+    "at load 14, rc 0, checkpoint of the last step written); the trainer loop is being "
+    "redesigned: remove this mark once it passes",
+)
+
+
+@pytest.mark.parametrize(
+    ("sig", "mode"),
+    [
+        (signal.SIGTERM, "async"),
+        pytest.param(signal.SIGINT, "sync", marks=SYNC_STOP_IS_SLOW),
+        pytest.param(signal.SIGTERM, "sync", marks=SYNC_STOP_IS_SLOW),
+    ],
+    ids=["term-async", "int-sync", "term-sync"],
+)
+def test_rlvr_train_stops_on_a_signal_with_its_checkpoint(tmp_path, sig, mode):
+    cfg = tiny_run(tmp_path)
+    out = tmp_path / "out"
+    args = ["--config", str(cfg), f"rollout.mode={mode}", "train.max_steps=500"]
+    args += ["checkpoint.every_steps=1000"]  # the only checkpoint is the one the signal writes
+    proc = C.Proc("rlvr-train", args, tmp_path, PYTHONPATH=TESTS)
+    deadline = time.monotonic() + 900
+    while len(_steps(out)) < 2:
+        assert proc.alive(), proc.stderr()[-3000:]
+        assert time.monotonic() < deadline, "no training step within 900 s"
+        time.sleep(0.2)
+    at_signal = _steps(out)[-1]
+    rc, seconds = proc.stop(sig, STOP_S)
+    done = _steps(out)
+    print(
+        f"{signal.Signals(sig).name} after step {at_signal}: exit {rc} in {seconds:.1f} s, "
+        f"last step {done[-1]}"
+    )
+    assert done[-1] <= at_signal + 1, f"steps {at_signal + 1}..{done[-1]} ran after the signal"
+    assert seconds < STOP_S and rc in (0, 128 + sig), (rc, proc.stderr()[-3000:])
+    checkpoints = sorted(int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit())
+    assert checkpoints and checkpoints[-1] == done[-1], (checkpoints, done)
+
+
+def test_rlvr_eval_and_rlvr_filter(tmp_path):
+    cfg = tiny_run(tmp_path)
+    report = tmp_path / "eval.json"
+    args = ["--config", str(cfg), "--input", str(tmp_path / "test.jsonl"), "--ks", "1", "2"]
+    proc = C.Proc("rlvr-eval", [*args, "--max-prompts", "4", "--json", str(report)], tmp_path)
+    assert proc.wait(600) == 0, proc.stderr()[-3000:]
+    assert json.loads(report.read_text())["prompts"] == 4 and "pass@" in proc.stdout()
+    _quiet(proc.stderr())
+
+    kept, stats = tmp_path / "kept.jsonl", tmp_path / "filter.json"
+    args = ["--config", str(cfg), "--input", str(tmp_path / "test.jsonl"), "--output", str(kept)]
+    proc = C.Proc("rlvr-filter", [*args, "--samples", "2", "--json", str(stats)], tmp_path)
+    assert proc.wait(600) == 0, proc.stderr()[-3000:]
+    assert kept.exists() and json.loads(stats.read_text())
+    _quiet(proc.stderr())
+
+
+def test_rlvr_bench_all_quick(tmp_path):
+    result = tmp_path / "all.json"
+    args = ["all", "--quick", "--json", str(result)]
+    proc = C.Proc("rlvr-bench", args, tmp_path, cwd=ROOT)  # e2e reads configs/demo.yaml
+    assert proc.wait(1800) == 0, proc.stderr()[-5000:]
+    status = json.loads(result.read_text())["status"]
+    assert {n for n, s in status.items() if s["status"] == "ok"} == set(status), status
+    err = proc.stderr()
+    for name in ("roofline", "losses", "verifiers", "decode", "learner", "waste", "e2e"):
+        assert re.search(rf"^rlvr-bench {name} \[ *\d+\.\d s\] ", err, re.M), name
+    _quiet(err)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["term", "int"])
+def test_rlvr_bench_stops_on_a_signal(tmp_path, sig):
+    proc = C.Proc("rlvr-bench", ["decode", "--quick"], tmp_path)
+    deadline = time.monotonic() + 600
+    while "throughput workload" not in proc.stderr():  # inside the work, past the imports
+        assert proc.alive(), proc.stderr()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    rc, seconds = proc.stop(sig, STOP_S)
+    assert rc == 128 + sig and seconds < STOP_S, proc.stderr()[-3000:]
+    assert f"interrupted by {signal.Signals(sig).name}" in proc.stderr()
