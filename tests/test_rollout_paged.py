@@ -9,6 +9,8 @@ loop iterations.
 
 from __future__ import annotations
 
+import dataclasses
+
 import helpers_models as H
 import jax
 import numpy as np
@@ -127,13 +129,33 @@ def test_preempted_sequences_resume_identically(qwen):
     roomy = EngineCore(qwen, max_slots=6, max_len=40, **SMALL)
     tight = EngineCore(qwen, max_slots=6, max_len=40, kv_pages=24, **SMALL)
     sched = Scheduler(tight)
+    streamed = {i: ([], []) for i in range(len(prompts))}  # on_tokens, per prompt
+
+    def hook(i):
+        def on_tokens(sample_index, tokens, logprobs):
+            assert sample_index == 0
+            streamed[i][0].extend(tokens)
+            streamed[i][1].extend(logprobs)
+
+        return on_tokens
+
     for i, p in enumerate(prompts):
-        sched.add(GroupRequest(i, i, tuple(p), 1, seed=request_seed(8, i), max_new_tokens=24))
+        seed = request_seed(8, i)
+        sched.add(GroupRequest(i, i, tuple(p), 1, seed, max_new_tokens=24, on_tokens=hook(i)))
     done = sorted((c for _, g in sched.run() for c in g), key=lambda c: c.prompt_index)
     assert sched.stats.preemptions > 0 and sched.stats.recomputed_tokens > 0
     assert sched.pages_in_use == 0
     sched._paged.allocator.check_invariants()
     _same(done, generate(roomy, prompts, **kw))
+    metrics = sched.kv_metrics()  # what the trainer logs (over an interval: since a snapshot)
+    assert metrics["rollout/preemptions"] == sched.stats.preemptions
+    assert metrics["rollout/recomputed_tokens"] == sched.stats.recomputed_tokens
+    assert 0.0 < metrics["rollout/kv_utilisation"] <= 1.0
+    assert metrics["rollout/kv_pages_in_use"] == 0
+    assert sched.kv_metrics(since=dataclasses.replace(sched.stats))["rollout/preemptions"] == 0
+    # a preempted and resumed sample streams each token once: nothing recomputed is re-sent
+    for c in done:
+        assert streamed[c.prompt_index] == (c.tokens, c.logprobs)
 
 
 def test_weight_update_keeps_pages_and_versions(qwen):

@@ -241,9 +241,20 @@ class Scheduler:
         """Pages of the pool in use now (0 on a contiguous engine)."""
         return 0 if self._paged is None else self._paged.allocator.in_use
 
-    def kv_metrics(self) -> dict[str, float]:
-        """KV-cache metrics (slash-separated keys, for metrics.jsonl / TensorBoard)."""
+    def kv_metrics(self, since: SchedulerStats | None = None) -> dict[str, float]:
+        """KV-cache metrics (slash-separated keys, for metrics.jsonl / TensorBoard): pages in
+        use now; utilisation, preemptions, recomputed tokens and concurrency since the
+        snapshot `since` (a copy of an earlier `stats`), or since the start."""
         s = self.stats
+        if since is not None:
+            s = SchedulerStats(
+                **{
+                    f.name: getattr(s, f.name) - getattr(since, f.name)
+                    for f in dataclasses.fields(s)
+                    if f.name != "kv_capacity"
+                },
+                kv_capacity=s.kv_capacity,
+            )
         return {
             "rollout/kv_pages_in_use": float(self.pages_in_use),
             "rollout/kv_utilisation": s.kv_utilisation,
