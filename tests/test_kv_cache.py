@@ -1,8 +1,11 @@
-"""KV-cache decode: prefill + one token at a time gives the full forward's logits.
+"""The engine's KV cache (both layouts): prefill + one token at a time gives the full
+forward's logits.
 
-Reference: transformers' full forward over each row's whole sequence (prompt + continuation),
-unpadded. The decode loop runs the way the rollout engine will: jitted, cache donated,
-several steps inside one `lax.scan`, rows at different positions.
+Reference: transformers' full forward over each row's whole sequence (prompt +
+continuation), unpadded. Prompts are cached through the engine's own API (`prefill` +
+`insert`; the paged engine writes them into its static page assignment), then a jitted,
+cache-donating scan feeds the true continuation one token per step, rows at different
+positions — the decode functions the engine's `generate` runs.
 """
 
 from __future__ import annotations
@@ -16,143 +19,130 @@ import numpy as np
 import pytest
 
 from rlvr_jax import models
+from rlvr_jax.rollout import EngineCore, SlotRequest, kernel, paged_core
+from rlvr_jax.rollout.state import kv_shape, kv_sharding
 
 TOL = 1e-4
+LAYOUTS = ["contiguous", "paged"]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "compute_dtype"), donate_argnames=("cache",))
-def _decode_scan(params, config, cache, tokens_BxN, start_B, compute_dtype=jnp.float32):
-    """Teacher-forced decode of N steps: step j feeds tokens_BxN[:, j] at start_B + j."""
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def _decode_scan(dp, state, work, feed_BxN, start_B, *, spec):
+    """Teacher-forced decode of N steps: step j feeds feed_BxN[:, j] at start_B + j."""
+    active_B = jnp.ones(start_B.shape, jnp.bool_)
 
-    def step(cache, inputs):
+    def step(kv, inputs):
         tokens_B, j = inputs
-        logits_BxV, cache = models.decode_step(
-            params, config, tokens_B, start_B + j, cache, compute_dtype=compute_dtype
-        )
-        return cache, logits_BxV
+        if spec.kv_layout == "paged":
+            logits, k, v = paged_core.decode_logits(
+                dp, spec, tokens_B, start_B + j, active_B, *kv, work
+            )
+        else:
+            logits, k, v = kernel.decode_logits(dp, spec.config, tokens_B, start_B + j, *kv)
+        return (k, v), logits
 
-    steps = jnp.arange(tokens_BxN.shape[1], dtype=jnp.int32)
-    cache, logits_NxBxV = jax.lax.scan(step, cache, (tokens_BxN.T, steps))
-    return jnp.transpose(logits_NxBxV, (1, 0, 2)), cache
+    steps = jnp.arange(feed_BxN.shape[1], dtype=jnp.int32)
+    kv, logits_NxBxV = jax.lax.scan(step, (state.k, state.v), (feed_BxN.T, steps))
+    return jnp.transpose(logits_NxBxV, (1, 0, 2)), state.replace(k=kv[0], v=kv[1])
 
 
-_prefill = jax.jit(models.prefill, static_argnames=("config", "compute_dtype", "cache_dtype"))
+def _engine(model, layout, max_len, **kw):
+    paged = dict(page_size=4, geometry_tokens=(8, 16, 8)) if layout == "paged" else {}
+    return EngineCore(model, max_slots=4, max_len=max_len, kv_layout=layout, **paged, **kw)
 
 
-def _prefill_then_decode(
-    model, full_BxT, lengths_B, prompt_len, n_steps, max_len, cache_dtype=jnp.float32
-):
-    """Prefill right-padded prompts into a cache of `max_len` positions, then decode the
-    next n_steps tokens of each row (teacher forcing). Returns numpy logits and the cache."""
+def _prefill_then_decode(core, full_BxT, lengths_B, n_steps):
+    """Caches row b's prompt `full_BxT[b, :lengths_B[b]]` in slot b, then decodes the next
+    n_steps true tokens. Returns numpy logits [B, N, V] and the state."""
     rows = np.arange(full_BxT.shape[0])
-    prompts_BxT = np.where(np.arange(prompt_len) < lengths_B[:, None], full_BxT[:, :prompt_len], 0)
-    dtype = jnp.dtype(model.compute_dtype)
-    logits_BxTxV, prefix = _prefill(
-        model.params,
-        model.config,
-        prompts_BxT,
-        lengths_B,
-        compute_dtype=dtype,
-        cache_dtype=cache_dtype,
-    )
-    cache = models.init_cache(model.config, len(rows), max_len, cache_dtype)
-    cache = models.insert(cache, prefix, 0)
-    feed_BxN = np.stack([full_BxT[rows, lengths_B + j] for j in range(n_steps)], axis=1)
-    decoded_BxNxV, cache = _decode_scan(
-        model.params, model.config, cache, feed_BxN, lengths_B, compute_dtype=dtype
-    )
-    return np.asarray(logits_BxTxV), np.asarray(decoded_BxNxV), cache
+    state = core.init_decode_state()
+    for b in rows:
+        prefix = core.prefill(core.params, full_BxT[b, : lengths_B[b]].tolist())
+        state = core.insert(prefix, state, [int(b)], [SlotRequest(0, 0, n_steps)])
+    # the prompt's last token is the first input, at position length - 1
+    feed_BxN = np.zeros((core.spec.max_slots, n_steps), np.int32)  # idle slots feed 0 at 0
+    start_B = np.zeros((core.spec.max_slots,), np.int32)
+    feed_BxN[rows] = np.stack([full_BxT[rows, lengths_B - 1 + j] for j in range(n_steps)], 1)
+    start_B[rows] = lengths_B - 1
+    work = core.static_work() if core.paged else None
+    logits, state = _decode_scan(core.params, state, work, feed_BxN, start_B, spec=core.spec)
+    return np.asarray(logits)[rows], state
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "olmo3"])
-def test_prefill_and_decode_match_full_forward(tmp_path, arch):
+def test_prefill_and_decode_match_full_forward(tmp_path, arch, layout):
     hf_model = H.build_hf_checkpoint(arch, tmp_path, seed=7)
-    model = models.load_pretrained(tmp_path)
-    n_steps, prompt_len = 7, 6
-    lengths_B = np.array([6, 3, 1], np.int32)  # right-padded prompts of different lengths
-    full_BxT = H.random_tokens(3, prompt_len + n_steps, seed=8)
-    prefill_BxTxV, decoded_BxNxV, cache = _prefill_then_decode(
-        model, full_BxT, lengths_B, prompt_len, n_steps, max_len=16
-    )
-    assert cache.k.shape == (model.config.n_layers, 3, 16, 2, model.config.head_dim)
+    core = _engine(models.load_pretrained(tmp_path), layout, max_len=16)
+    n_steps = 7
+    lengths_B = np.array([6, 3, 1], np.int32)  # prompts of different lengths
+    full_BxT = H.random_tokens(3, 6 + n_steps, seed=8)
+    decoded_BxNxV, _ = _prefill_then_decode(core, full_BxT, lengths_B, n_steps)
     for b, n in enumerate(lengths_B):
         ref_TxV = H.hf_logits(hf_model, full_BxT[b : b + 1, : n + n_steps])[0]
-        np.testing.assert_allclose(prefill_BxTxV[b, :n], ref_TxV[:n], rtol=0, atol=TOL)
-        np.testing.assert_allclose(decoded_BxNxV[b], ref_TxV[n : n + n_steps], rtol=0, atol=TOL)
+        np.testing.assert_allclose(
+            decoded_BxNxV[b], ref_TxV[n - 1 : n - 1 + n_steps], rtol=0, atol=TOL
+        )
 
 
-def test_sliding_window_decode_beyond_window(tmp_path):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sliding_window_decode_beyond_window(tmp_path, layout):
     """OLMo 3 with W=3 decoding 12 steps past a 2-token prompt: sliding layers must forget
     keys older than 3 positions, the full layer must not."""
     hf_model = H.build_hf_checkpoint("olmo3", tmp_path, seed=9)
-    model = models.load_pretrained(tmp_path)
-    assert model.config.sliding_window == 3
+    core = _engine(models.load_pretrained(tmp_path), layout, max_len=16)
+    assert core.config.sliding_window == 3
     full_BxT = H.random_tokens(2, 14, seed=10)
-    lengths_B = np.array([2, 2], np.int32)
-    _, decoded_BxNxV, _ = _prefill_then_decode(
-        model, full_BxT, lengths_B, prompt_len=2, n_steps=12, max_len=14
-    )
+    decoded_BxNxV, _ = _prefill_then_decode(core, full_BxT, np.array([2, 2], np.int32), 12)
     ref_BxTxV = H.hf_logits(hf_model, full_BxT)
-    np.testing.assert_allclose(decoded_BxNxV, ref_BxTxV[:, 2:], rtol=0, atol=TOL)
+    np.testing.assert_allclose(decoded_BxNxV, ref_BxTxV[:, 1:13], rtol=0, atol=TOL)
 
 
-def test_insert_into_slots_leaves_other_rows(tmp_path):
-    """Two prompts inserted at slots 1-2 of a 4-slot cache decode correctly; slots 0 and 3
-    keep their contents except where their own decode steps wrote."""
-    hf_model = H.build_hf_checkpoint("qwen2", tmp_path, seed=11)
-    model = models.load_pretrained(tmp_path)
-    full_BxT = H.random_tokens(2, 9, seed=12)
-    lengths_B = np.array([4, 5], np.int32)
-    cfg = model.config
-    _, prefix = _prefill(
-        model.params, cfg, full_BxT[:, :5] * (np.arange(5) < lengths_B[:, None]), lengths_B
-    )
-    sentinel = models.KVCache(
-        k=jnp.full((cfg.n_layers, 4, 12, cfg.n_kv_heads, cfg.head_dim), 7.0),
-        v=jnp.full((cfg.n_layers, 4, 12, cfg.n_kv_heads, cfg.head_dim), -7.0),
-    )
-    cache = models.insert(sentinel, prefix, 1)
-    k = np.asarray(cache.k)
-    np.testing.assert_array_equal(k[:, 1:3, :5], np.asarray(prefix.k))
-    assert (k[:, [0, 3]] == 7.0).all() and (k[:, 1:3, 5:] == 7.0).all()
-    # decode 4 tokens for slots 1-2 (slots 0 and 3 decode garbage at position 0)
-    feed = np.zeros((4, 4), np.int32)
-    start = np.zeros(4, np.int32)
-    feed[1:3] = np.stack([full_BxT[[0, 1], lengths_B + j] for j in range(4)], axis=1)
-    start[1:3] = lengths_B
-    decoded, cache = _decode_scan(model.params, cfg, cache, feed, start)
-    for row, b in ((1, 0), (2, 1)):
-        n = lengths_B[b]
-        ref = H.hf_logits(hf_model, full_BxT[b : b + 1, : n + 4])[0]
-        np.testing.assert_allclose(np.asarray(decoded)[row], ref[n:], rtol=0, atol=TOL)
-    k = np.asarray(cache.k)  # idle slots 0 and 3 wrote positions 0..3 only
-    assert (k[:, [0, 3], 4:] == 7.0).all() and not (k[:, [0, 3], :4] == 7.0).any()
+def test_paged_prefill_writes_only_its_own_pages(tmp_path):
+    """A prompt extended into pages [5, 2] of a pool full of sentinels changes those pages
+    (padding goes to the trash page 0) and nothing else."""
+    H.build_hf_checkpoint("qwen2", tmp_path, seed=11)
+    core = _engine(models.load_pretrained(tmp_path), "paged", max_len=16)
+    state = core.init_decode_state()
+    state = state.replace(k=tuple(jnp.full_like(k, 7.0) for k in state.k))
+    row = np.zeros((core.spec.max_pages,), np.int32)
+    row[:2] = [5, 2]
+    state = core.extend(core.params, state, H.random_tokens(1, 6, seed=12)[0].tolist(), 0, row)
+    k = np.asarray(state.k[0])
+    changed = {p for p in range(k.shape[1]) if (k[:, p] != 7.0).any()}
+    assert changed == {0, 5, 2}
+    assert (k[:, 2, 2:] == 7.0).all() and not (k[:, 2, :2] == 7.0).any()  # tokens 4-5 only
 
 
-def test_bfloat16_params_compute_and_cache(tmp_path):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bfloat16_params_compute_and_cache(tmp_path, layout):
     """bf16 params, compute and cache: the cache really is bf16, logits stay fp32 and within
     bf16 noise of transformers' fp32 logits (but are not bit-equal to the fp32 path)."""
     hf_model = H.build_hf_checkpoint("olmo2", tmp_path, seed=13)
-    model = models.load_pretrained(tmp_path, dtype="bfloat16")
+    core = _engine(models.load_pretrained(tmp_path, dtype="bfloat16"), layout, max_len=12)
     full_BxT = H.random_tokens(2, 10, seed=14)
     lengths_B = np.array([6, 4], np.int32)
-    prefill_BxTxV, decoded_BxNxV, cache = _prefill_then_decode(
-        model, full_BxT, lengths_B, 6, 4, max_len=12, cache_dtype=jnp.bfloat16
-    )
-    assert cache.k.dtype == cache.v.dtype == jnp.bfloat16
-    assert prefill_BxTxV.dtype == decoded_BxNxV.dtype == np.float32
+    decoded_BxNxV, state = _prefill_then_decode(core, full_BxT, lengths_B, 4)
+    assert state.k[0].dtype == state.v[0].dtype == jnp.bfloat16
+    assert decoded_BxNxV.dtype == np.float32
     for b, n in enumerate(lengths_B):
         ref_TxV = H.hf_logits(hf_model, full_BxT[b : b + 1, : n + 4])[0]
-        err = np.abs(decoded_BxNxV[b] - ref_TxV[n:]).max()
+        err = np.abs(decoded_BxNxV[b] - ref_TxV[n - 1 : n + 3]).max()
         assert 1e-4 < err < 0.05 * np.abs(ref_TxV).max()
 
 
-def test_cache_shapes_and_axes():
-    cfg = models.ArchConfig.from_hf({**H.BASE["llama"], "model_type": "llama"})
-    cache = models.init_cache(cfg, 5, 32, "bfloat16")
-    assert cache.k.shape == cache.v.shape == (2, 5, 32, 2, 16)
-    assert cache.k.dtype == jnp.bfloat16 and (cache.batch, cache.max_len) == (5, 32)
-    axes = models.cache_logical_axes()
-    assert axes.k == ("layers", "cache_batch", "cache_sequence", "cache_kv_heads", "head_dim")
-    with pytest.raises(ValueError, match="prefix of 40 positions > cache of 32"):
-        models.insert(cache, models.init_cache(cfg, 1, 40, "bfloat16"), 0)
+def test_cache_shapes_and_axes(tmp_path):
+    H.build_hf_checkpoint("llama", tmp_path, seed=15)
+    model = models.load_pretrained(tmp_path)
+    contiguous = _engine(model, "contiguous", max_len=32, cache_dtype="bfloat16")
+    assert kv_shape(contiguous.spec) == (4, 2, 32, 16)  # [B, K, S, H]
+    paged = _engine(model, "paged", max_len=32, kv_pages=20)
+    assert kv_shape(paged.spec) == (2, 21, 4, 16)  # [K, P, Z, H], trash page included
+    assert paged.kv_capacity == 80 and contiguous.kv_capacity == 128
+    state = paged.init_decode_state()
+    assert len(state.k) == model.config.n_layers and state.k[0].dtype == jnp.float32
+    # default budget: what the contiguous rows would take (+ the trash page)
+    assert _engine(model, "paged", max_len=32).spec.num_pages == 4 * 8 + 1
+    with pytest.raises(ValueError, match="kv_pages or kv_cache_gib, not both"):
+        _engine(model, "paged", max_len=32, kv_pages=4, kv_cache_gib=1.0)
+    assert kv_sharding.__doc__  # shardings: see tests/test_rollout_mesh.py

@@ -10,7 +10,6 @@ import functools
 
 import helpers_models as H
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding
@@ -204,30 +203,22 @@ def test_learner_to_actor_reshard_and_sharded_decode(tmp_path_factory):
     assert up.sharding.spec == P(None, None, "tensor")  # ACTOR_RULES: no fsdp, mlp over tensor
     assert up.addressable_shards[0].data.shape == (4, 64, 96 // 2)
 
-    # prefill + decode on the actor mesh equal the single-device result
-    config, rules = learner.config, sharding.ACTOR_RULES
-    tokens_BxT = H.random_tokens(2, 6, seed=24)
-    lengths_B = np.array([6, 4], np.int32)
-    next_B = np.array([3, 4], np.int32)
+    # the engine on the actor mesh (tensor-parallel decode) equals the single-device one
+    from rlvr_jax.rollout import EngineCore, generate
 
-    def run(params, mesh):
-        _, prefix = models.prefill(params, config, tokens_BxT, lengths_B, mesh=mesh, rules=rules)
-        cache = models.insert(models.init_cache(config, 2, 8, jnp.float32), prefix, 0)
-        if mesh is not None:
-            cache_sh = sharding.logical_to_sharding(models.cache_logical_axes(), mesh, rules, cache)
-            cache = jax.device_put(cache, cache_sh)
-        logits_BxV, cache = models.decode_step(
-            params, config, next_B, jnp.asarray(lengths_B), cache, mesh=mesh, rules=rules
-        )
-        return logits_BxV, cache
-
-    ref_logits, _ = jax.jit(lambda p: run(p, None))(
-        jax.device_put(learner.params, jax.devices()[0])
+    prompts = H.random_tokens(2, 6, seed=24).tolist()
+    kw = dict(max_new_tokens=5, temperature=1.0, num_samples=2, seed=3)
+    sharded_core = EngineCore(learner, max_slots=4, max_len=16, mesh=actor_mesh)
+    k0 = sharded_core.init_decode_state().k[0]
+    assert _device_ids(k0) == {6, 7}
+    assert k0.sharding.spec[0] == "tensor"  # the page pool's KV heads over the tensor axis
+    sharded = generate(sharded_core, prompts, **kw)
+    single = models.load_pretrained(path)
+    reference = generate(EngineCore(single, max_slots=4, max_len=16), prompts, **kw)
+    assert [c.tokens for c in sharded] == [c.tokens for c in reference]
+    np.testing.assert_allclose(
+        np.concatenate([c.logprobs for c in sharded]),
+        np.concatenate([c.logprobs for c in reference]),
+        rtol=0,
+        atol=TOL,
     )
-    logits, cache = jax.jit(lambda p: run(p, actor_mesh))(actor_params)
-    assert _device_ids(cache.k) == {6, 7}
-    # KV heads over the actor's tensor axis (batch rule: data × fsdp are size 1 here)
-    assert cache.k.sharding.is_equivalent_to(
-        NamedSharding(actor_mesh, P(None, None, None, "tensor")), 5
-    )
-    np.testing.assert_allclose(np.asarray(logits), np.asarray(ref_logits), rtol=0, atol=TOL)

@@ -51,6 +51,10 @@ def test_sync_run_then_resume_continues(tmp_path):
         assert key in rows[-1], key
     assert rows[-1]["staleness/mean"] == 0.0  # sync: trained on the current policy
     assert rows[-1]["policy_version"] == 2
+    # the paged engine's KV metrics reach the trainer's metrics
+    assert 0.0 < rows[-1]["rollout/kv_utilisation"] <= 1.0
+    assert rows[-1]["rollout/preemptions"] >= 0 and rows[-1]["rollout/recomputed_tokens"] >= 0
+    assert rows[-1]["rollout/kv_pages_in_use"] >= 0
     assert (out / "final" / "config.json").is_file() and (
         out / "final" / "tokenizer.json"
     ).is_file()

@@ -9,6 +9,11 @@ to `long_new`) have mean/max ~ 0.45 (as OLMo 3's ~14K of 32K; prompts short next
 generations, as in RL), on `batch` slots; static batching pays 1 - mean/max of its
 slot-steps, continuous only the final drain.
 
+Workload 3 (`--workload long`, `rlvr_jax.bench.decode_long`): the paged KV cache against
+the contiguous one at equal KV memory on long, LogNormal-length rollouts, and decode step
+time against live tokens. `--workload short` (the default) runs workloads 1 and 2, `all`
+all three.
+
 `roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
 token, plus attention) per second, over this machine's measured fp32 matmul throughput
 (`rlvr-bench roofline`). `profile` splits our engine's time into prefill, decode steps and
@@ -351,20 +356,44 @@ def plot(result: dict, path: str) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench decode [--json FILE] [--plot FILE.png] [--quick] [--repeats N] [--skip-hf]`."""
+    """`rlvr-bench decode [--workload short|long|all] [--json FILE] [--plot FILE.png]
+    [--quick] [--repeats N] [--skip-hf]`."""
     p = argparse.ArgumentParser(prog="rlvr-bench decode", description=__doc__.split("\n")[0])
     p.add_argument("--json", help="write the results here as JSON")
     p.add_argument("--plot", help="write a PNG plot here")
     p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
     p.add_argument("--repeats", type=int, help="timed repeats per measurement (best is kept)")
     p.add_argument("--skip-hf", action="store_true", help="do not time transformers' generate")
+    p.add_argument(
+        "--workload",
+        choices=("short", "long", "all"),
+        default="short",
+        help="short: throughput + long-tail (default); long: paged vs contiguous KV; all",
+    )
+    p.add_argument("--long-requests", type=int, help="long workload: requests (default 64)")
+    p.add_argument("--paged-slots", type=int, help="long workload: paged engine slots (64)")
     args = p.parse_args(argv)
     cfg = QUICK if args.quick else BenchConfig()
+    long_sizes = {
+        k: v
+        for k, v in (("requests", args.long_requests), ("paged_slots", args.paged_slots))
+        if v is not None
+    }
+    if any(v < 2 for v in long_sizes.values()):
+        p.error("--long-requests and --paged-slots must be >= 2")
     if args.repeats is not None:
         if args.repeats < 1:
             p.error("--repeats must be >= 1")
         cfg = dataclasses.replace(cfg, repeats=args.repeats)
+    if args.workload == "long":
+        from rlvr_jax.bench import decode_long
+
+        return _write(decode_long.main_result(cfg, args.quick, **long_sizes), args, with_plot=False)
     result = run(cfg, skip_hf=args.skip_hf)
+    if args.workload == "all":
+        from rlvr_jax.bench import decode_long
+
+        result["long"] = decode_long.main_result(cfg, args.quick, **long_sizes)["long"]
     for mode, tps in result["tokens_per_s"].items():
         print(f"tokens/s {mode:12s} {tps:10.1f}")
     for mode, s in result["wall_s"].items():
@@ -378,10 +407,14 @@ def main(argv: list[str] | None = None) -> int:
         f"continuous / static long-tail wall  {ratios['continuous_over_static_wall_long_tail']:.2f}"
     )
     print(f"roofline fraction (continuous)      {result['roofline_fraction']:.3f}")
+    return _write(result, args)
+
+
+def _write(result: dict, args: argparse.Namespace, with_plot: bool = True) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)
         print(f"wrote {args.json}", file=sys.stderr)
-    if args.plot:
+    if args.plot and with_plot:
         print(f"wrote {plot(result, args.plot)}", file=sys.stderr)
     return 0

@@ -146,6 +146,19 @@ class RolloutConfig:
     """Extra stop strings (converted to token ids); the EOS token always stops."""
     decode_chunk: int = 8
     """Decode steps per jitted call (host polls between chunks)."""
+    kv_layout: Literal["paged", "contiguous"] = "paged"
+    """KV cache: `paged` (a pool of pages; decode reads only the pages in use, slots are
+    not tied to `max_slots × max_len` of memory) or `contiguous` (a fixed row of the full
+    length per slot; the baseline)."""
+    page_size: int = 16
+    """Tokens per KV page (paged)."""
+    kv_pages: int | None = None
+    """KV pool size in pages, all actor devices together (paged; set this or
+    `kv_cache_gib`; neither = the memory `max_slots` contiguous rows would take)."""
+    kv_cache_gib: float | None = None
+    """KV pool size in GiB per actor device (paged; set this or `kv_pages`)."""
+    prefill_chunk: int = 512
+    """Prompt tokens prefilled per chunk, interleaved with decode chunks (paged)."""
 
 
 @dataclass(frozen=True)

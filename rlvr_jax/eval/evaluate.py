@@ -230,7 +230,7 @@ def build_sampler(model: Any, tokenizer: Any, cfg: Any, longest_prompt: int) -> 
       ValueError: the longest prompt plus the budget exceeds the model's
         max_position_embeddings (the message gives both).
     """
-    from rlvr_jax.rollout import EngineCore
+    from rlvr_jax.rollout import EngineCore, engine_kwargs
 
     new = cfg.rollout.max_new_tokens
     limit = model.config.max_position_embeddings
@@ -249,7 +249,7 @@ def build_sampler(model: Any, tokenizer: Any, cfg: Any, longest_prompt: int) -> 
         max_slots=cfg.rollout.max_slots,
         max_len=max_len,
         mesh=model.mesh,
-        chunk=cfg.rollout.decode_chunk,
+        **engine_kwargs(cfg.rollout),
     )
     stops = stop_token_ids(model.config, tokenizer, cfg.rollout.stop_strings)
     return PolicySampler(engine, tokenizer, new, stops)

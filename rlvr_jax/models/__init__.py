@@ -28,19 +28,10 @@ variant. How HF fields map onto `ArchConfig`:
 
 Entry points: `load_pretrained` / `save_pretrained` (HF directories), `forward` (a `Model`
 on a padded or packed batch), `apply` (the pure jittable forward the learner uses),
-`init_cache` / `prefill` / `insert` / `decode_step` (the KV-cache path of the rollout
-engine), `init_params` / `abstract_params` / `param_logical_axes` (params without a
+`init_params` / `abstract_params` / `param_logical_axes` (params without a
 checkpoint). Logits are float32 whatever the compute dtype.
 """
 
-from rlvr_jax.models.cache import (
-    KVCache,
-    cache_logical_axes,
-    decode_step,
-    init_cache,
-    insert,
-    prefill,
-)
 from rlvr_jax.models.config import ArchConfig
 from rlvr_jax.models.errors import (
     CheckpointError,
@@ -72,7 +63,6 @@ from rlvr_jax.models.params import (
 __all__ = [
     "ArchConfig",
     "CheckpointError",
-    "KVCache",
     "MissingTensorError",
     "Model",
     "ModelConfigError",
@@ -81,18 +71,13 @@ __all__ = [
     "UnsupportedRopeError",
     "abstract_params",
     "apply",
-    "cache_logical_axes",
-    "decode_step",
     "forward",
-    "init_cache",
     "init_params",
-    "insert",
     "lm_head",
     "load_pretrained",
     "param_logical_axes",
     "param_shardings",
     "positions_from_mask",
-    "prefill",
     "read_config",
     "save_pretrained",
     "segments_from_positions",

@@ -2,11 +2,15 @@
 
 Device half (plain JAX, runs without TensorFlow or JetStream):
 - `EngineCore(model, *, max_slots, max_len, mesh=None, rules=None, chunk=8,
-  cache_dtype=None, max_stop_ids=8)` (or `make_engine_core(...)`): the policy's params in
-  decode layout on the actor mesh, a fixed-shape per-slot KV cache, and jitted `prefill`
-  (length buckets), `insert` (one prefix into G slots: group prefix sharing), `generate`
-  (up to `chunk` decode steps per call in a `while_loop`, cache donated, sampling in-step:
-  greedy / temperature / top-k / top-p, keyed by (request seed, sample index, position)).
+  cache_dtype=None, max_stop_ids=8, kv_layout="paged", page_size=16, kv_pages=None,
+  kv_cache_gib=None, prefill_chunk=512, attention="auto")` (or `make_engine_core(...)`;
+  `engine_kwargs(cfg.rollout)` maps the config's keys): the policy's params in decode layout,
+  tensor-parallel on the actor mesh; a paged KV cache (a pool of pages with its own budget,
+  decode reading only live pages, chunked prefill, copy-on-write prefix sharing, preemption
+  by recompute; `kv_layout="contiguous"` keeps a fixed row per slot) or the contiguous one;
+  `generate` runs up to `chunk` decode steps per call in a `while_loop`, state donated,
+  sampling in-step: greedy / temperature / top-k / top-p, keyed by (request seed, sample
+  index, position). `compile_ahead()` compiles every program before first use.
 - `make_engine(model, *, max_slots, max_len, mesh=None, tokenizer_path=None, sampling=...,
   stop_token_ids=None, seed=0, **core_kwargs)`: the same core behind JetStream 0.2.2's
   `engine_api.Engine` (imports JetStream then, behind `jetstream_compat`'s shim); its
@@ -54,6 +58,7 @@ from rlvr_jax.rollout.core import EngineSpec
 from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest, make_engine_core
 from rlvr_jax.rollout.generation import generate, request_seed
 from rlvr_jax.rollout.jetstream_engine import make_engine
+from rlvr_jax.rollout.kv_budget import engine_kwargs
 from rlvr_jax.rollout.sampling import SamplingParams
 from rlvr_jax.rollout.scheduler import Completion, GroupRequest, Scheduler, SchedulerStats
 from rlvr_jax.rollout.stream import CompletedGroup, RolloutError, RolloutStream
@@ -71,6 +76,7 @@ __all__ = [
     "Scheduler",
     "SchedulerStats",
     "SlotRequest",
+    "engine_kwargs",
     "generate",
     "make_engine",
     "make_engine_core",

@@ -1,14 +1,19 @@
-"""The engine's device half: a fixed-shape decode state over `max_slots` slots and four
-jitted pure functions over it (prepare params, prefill, insert, generate).
+"""The engine's device half: a fixed-shape decode state over `max_slots` slots and jitted
+pure functions over it (prepare params, prefill, insert, generate). The paged layout's own
+functions (chunked prefill into pages, slot activation, page copies) are in
+`rlvr_jax.rollout.paged_core`; `generate` serves both layouts.
 
-- `prefill` runs one prompt (all but its last token) padded to a length bucket, so the
-  number of compiles is bounded by the number of buckets; it computes no LM head.
-- `insert` copies one prefix into any number of slots (group prefix sharing: G samples of
-  a prompt are prefilled once) and sets each slot's request (seed, sample index, budget,
-  sampling parameters, stop ids).
+- `prepare` re-lays the policy's params for decoding, tensor-parallel on the actor mesh
+  (weights split by heads / mlp / vocab as `ACTOR_RULES` says; see `decode_param_shardings`).
+- `prefill` (contiguous) runs one prompt (all but its last token) padded to a length
+  bucket, so the number of compiles is bounded by the number of buckets; no LM head.
+- `insert` (contiguous) copies one prefix into any number of slots (group prefix sharing:
+  G samples of a prompt are prefilled once) and sets each slot's request (seed, sample
+  index, budget, sampling parameters, stop ids).
 - `generate` runs up to `n_steps` decode steps in a `lax.while_loop` with the state
   donated, sampling in-step; it stops early once `exit_after` slots have finished in it
-  (the host refills them). Every slot decodes every step; finished slots are masked out.
+  (the host refills them). Contiguous: every slot attends over its whole row. Paged: the
+  host's `PagedWork` says which pages each slot reads.
 
 The first generated token is sampled by the first decode step, which feeds the prompt's
 last token; prefill and decode therefore share one sampler, keyed by (seed, sample index,
@@ -20,156 +25,114 @@ specs share compiled code. `rlvr_jax.rollout.engine.EngineCore` is the host-side
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, NamedSharding
 
-from rlvr_jax import sharding
-from rlvr_jax.models import ArchConfig
-from rlvr_jax.rollout import kernel
+from rlvr_jax.rollout import kernel, paged_core
+from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.sampling import SamplerMode, sample_tokens
+from rlvr_jax.rollout.state import (
+    CACHE_AXES,
+    SLOT_AXES,
+    ChunkOutput,
+    DecodeState,
+    EngineSpec,
+    Prefix,
+    SlotSettings,
+    constrain,
+    kv_shape,
+    named,
+    replicated,
+    start_slots,
+    state_shardings,
+)
 
-CACHE_AXES = ("cache_batch", "cache_kv_heads", "cache_sequence", "head_dim")
-"""Logical axes of one layer's K or V cache [B, K, S, H]."""
-SLOT_AXES = ("cache_batch",)
-"""Logical axes of a per-slot vector [B]."""
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineSpec:
-    """Everything static about an engine (hashable: the jitted functions' static arg)."""
-
-    config: ArchConfig
-    """The policy's architecture."""
-    max_slots: int
-    """B: decode slots."""
-    max_len: int
-    """S: positions per slot (prompt + generated tokens)."""
-    compute_dtype: str = "float32"
-    """Dtype of the decode weights and activations (the LM head and softmax stay fp32)."""
-    cache_dtype: str = "float32"
-    """Dtype of the KV cache."""
-    max_stop_ids: int = 8
-    """E: stop token ids per request."""
-    mesh: Mesh | None = None
-    """The actor mesh (None: one device)."""
-    rules: sharding.Rules | None = None
-    """Logical-axis rules on `mesh` (ACTOR_RULES when None)."""
-
-    def __post_init__(self) -> None:
-        if self.max_slots < 1:
-            raise ValueError(f"max_slots must be >= 1, got {self.max_slots}")
-        if self.max_len < 2:
-            raise ValueError(
-                f"max_len must be >= 2 (a prompt token and a new one), got {self.max_len}"
-            )
-        if self.max_stop_ids < 1:
-            raise ValueError(f"max_stop_ids must be >= 1, got {self.max_stop_ids}")
-
-    @property
-    def prefill_buckets(self) -> tuple[int, ...]:
-        """Padded prefix lengths: powers of two from 16, capped by (and ending at) S."""
-        buckets, b = [], 16
-        while b < self.max_len:
-            buckets.append(b)
-            b *= 2
-        return (*buckets, self.max_len)
-
-    def bucket(self, length: int) -> int:
-        """The smallest bucket holding `length` cached tokens."""
-        return next(b for b in self.prefill_buckets if b >= length)
-
-
-@flax.struct.dataclass
-class DecodeState:
-    """All slots' device state. A slot is live while `active_B`."""
-
-    k: tuple[jax.Array, ...]  # per layer [B, K, S, H]
-    v: tuple[jax.Array, ...]
-    tokens_B: jax.Array  # int32: the next input token (last sampled, or the prompt's last)
-    positions_B: jax.Array  # int32: position of tokens_B
-    active_B: jax.Array  # bool
-    generated_B: jax.Array  # int32: tokens generated for the slot's request
-    max_new_B: jax.Array  # int32
-    seed_B: jax.Array  # uint32
-    sample_B: jax.Array  # int32
-    temperature_B: jax.Array  # float32
-    top_k_B: jax.Array  # int32
-    top_p_B: jax.Array  # float32
-    stop_ids_BxE: jax.Array  # int32, -1 padded
-
-
-@flax.struct.dataclass
-class Prefix:
-    """A prefilled prompt: K/V of its first `length` tokens, and its last token."""
-
-    k: tuple[jax.Array, ...]  # per layer [1, K, T, H]
-    v: tuple[jax.Array, ...]
-    tokens_T: jax.Array  # int32: the cached tokens, right-padded
-    length: jax.Array  # int32 []: cached tokens (prompt length - 1)
-    last_token: jax.Array  # int32 []
-
-
-@flax.struct.dataclass
-class ChunkOutput:
-    """What one `generate` call produced: column c holds decode step c of the chunk."""
-
-    tokens_BxC: jax.Array
-    logprobs_BxC: jax.Array
-    valid_BxC: jax.Array  # a token was produced by slot b at step c
-    active_B: jax.Array  # after the chunk
-    generated_B: jax.Array
-    steps: jax.Array  # int32 []: decode steps run
-
-
-def _state_shardings(spec: EngineSpec) -> Any:
-    """NamedSharding tree of a `DecodeState` on the actor mesh (None without a mesh)."""
-    if spec.mesh is None:
-        return None
-    rules = spec.rules if spec.rules is not None else sharding.ACTOR_RULES
-    cfg = spec.config
-    cache_shape = (spec.max_slots, cfg.n_kv_heads, spec.max_len, cfg.head_dim)
-
-    def named(names: tuple, shape: tuple) -> NamedSharding:
-        return NamedSharding(spec.mesh, sharding.logical_to_spec(names, rules, spec.mesh, shape))
-
-    cache = named(CACHE_AXES, cache_shape)
-    slot = named(SLOT_AXES, (spec.max_slots,))
-    stop = named((*SLOT_AXES, None), (spec.max_slots, spec.max_stop_ids))
-    layers = (cache,) * cfg.n_layers
-    return DecodeState(layers, layers, *(slot,) * 10, stop)
-
-
-def _constrain(tree: Any, shardings: Any) -> Any:
-    return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)
-
-
-def _replicated(spec: EngineSpec) -> NamedSharding | None:
-    if spec.mesh is None:
-        return None
-    return NamedSharding(spec.mesh, jax.sharding.PartitionSpec())
+__all__ = [
+    "CACHE_AXES",
+    "SLOT_AXES",
+    "ChunkOutput",
+    "DecodeState",
+    "EngineSpec",
+    "PagedWork",
+    "Prefix",
+    "SlotSettings",
+]
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
 def prepare(params: Any, *, spec: EngineSpec) -> kernel.DecodeParams:
-    """`params` (models layout, already on the engine's devices) in decode layout."""
-    dp = kernel.prepare_params(params, spec.config, spec.compute_dtype)
-    return _constrain(dp, _replicated(spec))
+    """`params` (models layout, already on the engine's devices) in decode layout, split
+    tensor-parallel on the actor mesh (`decode_param_shardings`)."""
+    tensor = 1 if spec.mesh is None else spec.mesh.shape["tensor"]
+    dp = kernel.prepare_params(
+        params, spec.config, spec.compute_dtype, kernel.fused_tp(spec.config, tensor)
+    )
+    return constrain(dp, decode_param_shardings(spec, dp))
+
+
+def decode_param_axes(dp: kernel.DecodeParams) -> Any:
+    """Logical axes of decode params (a tree like `dp`, name tuples at the leaves): the
+    embedding and LM head split over vocab, the fused q|k|v and o over heads, gate|up and
+    down over mlp (the fused ones only when grouped by shard, `kernel.fused_tp`), norms
+    and the remaining biases replicated. The dry-run plan sizes the actor with these."""
+    tp = dp.layers[0].tp
+    heads, mlp = ("heads" if tp > 1 else None), ("mlp" if tp > 1 else None)
+
+    def names(*axes: str | None) -> Any:
+        return lambda x: None if x is None else axes[: x.ndim] + (None,) * (x.ndim - len(axes))
+
+    rep = names()
+    layers = tuple(
+        kernel.LayerWeights(
+            attn_norm=rep(w.attn_norm),
+            mlp_norm=rep(w.mlp_norm),
+            qkv=names(None, heads)(w.qkv),
+            qkv_bias=names(heads)(w.qkv_bias),
+            q_norm=rep(w.q_norm),
+            k_norm=rep(w.k_norm),
+            o=names("heads", None)(w.o),
+            o_bias=rep(w.o_bias),
+            gate_up=names(None, mlp)(w.gate_up),
+            gate_up_bias=names(mlp)(w.gate_up_bias),
+            down=names("mlp", None)(w.down),
+            down_bias=rep(w.down_bias),
+            tp=tp,
+        )
+        for w in dp.layers
+    )
+    return kernel.DecodeParams(
+        embedding=names("vocab", "embed")(dp.embedding),
+        layers=layers,
+        final_norm=rep(dp.final_norm),
+        head=names("embed", "vocab")(dp.head),
+    )
+
+
+def _is_names(x: Any) -> bool:
+    return isinstance(x, tuple) and all(n is None or isinstance(n, str) for n in x)
+
+
+def decode_param_shardings(spec: EngineSpec, dp: kernel.DecodeParams) -> Any:
+    """NamedSharding tree of decode params on the actor mesh (None without one), from
+    `decode_param_axes` and the engine's rules."""
+    if spec.mesh is None:
+        return None
+    return jax.tree.map(
+        lambda axes, x: named(spec, axes, x.shape),
+        decode_param_axes(dp),
+        dp,
+        is_leaf=_is_names,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
 def init_state(*, spec: EngineSpec) -> DecodeState:
-    """An all-empty decode state, placed on the actor mesh."""
+    """An all-empty decode state (contiguous cache rows or page pools), on the actor mesh."""
     cfg, b = spec.config, spec.max_slots
-    cache = [
-        jnp.zeros((b, cfg.n_kv_heads, spec.max_len, cfg.head_dim), spec.cache_dtype)
-        for _ in range(cfg.n_layers)
-    ]
+    cache = [jnp.zeros(kv_shape(spec), spec.cache_dtype) for _ in range(cfg.n_layers)]
     zeros_i = jnp.zeros((b,), jnp.int32)
     state = DecodeState(
         k=tuple(cache),
@@ -186,7 +149,7 @@ def init_state(*, spec: EngineSpec) -> DecodeState:
         top_p_B=jnp.ones((b,), jnp.float32),
         stop_ids_BxE=jnp.full((b, spec.max_stop_ids), -1, jnp.int32),
     )
-    return _constrain(state, _state_shardings(spec))
+    return constrain(state, state_shardings(spec))
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
@@ -198,30 +161,16 @@ def prefill(
     *,
     spec: EngineSpec,
 ) -> Prefix:
-    """K/V of `tokens_T[:length]` (one prompt minus its last token, bucket-padded)."""
-    ks, vs = kernel.prefill_kv(dp, spec.config, tokens_T[None, :], length[None])
-    cache_dtype = jnp.dtype(spec.cache_dtype)
+    """K/V of `tokens_T[:length]` (one prompt minus its last token, bucket-padded) as a
+    dense prefix (the contiguous engine's, and the JetStream adapter's in both layouts)."""
+    ks, vs = kernel.prefill_kv(dp, spec.config, tokens_T[None, :], length[None], spec.cache_dtype)
     return Prefix(
-        k=tuple(k.astype(cache_dtype) for k in ks),
-        v=tuple(v.astype(cache_dtype) for v in vs),
+        k=ks,
+        v=vs,
         tokens_T=tokens_T,
         length=length,
         last_token=last_token,
     )
-
-
-@flax.struct.dataclass
-class SlotSettings:
-    """Per-slot request settings of one insert, padded to [B] (slot index B = unused)."""
-
-    slots_B: jax.Array
-    seed_B: jax.Array
-    sample_B: jax.Array
-    max_new_B: jax.Array
-    temperature_B: jax.Array
-    top_k_B: jax.Array
-    top_p_B: jax.Array
-    stop_ids_BxE: jax.Array
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
@@ -244,36 +193,28 @@ def insert(
         return k, v
 
     k, v = jax.lax.fori_loop(0, count, copy_prefix, (state.k, state.v))
-    slots_B = settings.slots_B
-
-    def put(x_B: jax.Array, value: Any) -> jax.Array:
-        return x_B.at[slots_B].set(value, mode="drop")
-
-    state = state.replace(
-        k=k,
-        v=v,
-        tokens_B=put(state.tokens_B, prefix.last_token),
-        positions_B=put(state.positions_B, prefix.length),
-        active_B=put(state.active_B, True),
-        generated_B=put(state.generated_B, 0),
-        max_new_B=put(state.max_new_B, settings.max_new_B),
-        seed_B=put(state.seed_B, settings.seed_B),
-        sample_B=put(state.sample_B, settings.sample_B),
-        temperature_B=put(state.temperature_B, settings.temperature_B),
-        top_k_B=put(state.top_k_B, settings.top_k_B),
-        top_p_B=put(state.top_p_B, settings.top_p_B),
-        stop_ids_BxE=state.stop_ids_BxE.at[slots_B].set(settings.stop_ids_BxE, mode="drop"),
-    )
-    return _constrain(state, _state_shardings(spec))
+    state = start_slots(state.replace(k=k, v=v), settings, prefix.last_token, prefix.length)
+    return constrain(state, state_shardings(spec))
 
 
 def _decode_one(
-    dp: kernel.DecodeParams, state: DecodeState, spec: EngineSpec, mode: SamplerMode
+    dp: kernel.DecodeParams,
+    state: DecodeState,
+    work: PagedWork | None,
+    spec: EngineSpec,
+    mode: SamplerMode,
 ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array, jax.Array]:
     """One decode step of every slot: (state, tokens_B, logprobs_B, produced_B, done_B)."""
-    logits_BxV, k, v = kernel.decode_logits(
-        dp, spec.config, state.tokens_B, state.positions_B, state.k, state.v
-    )
+    if spec.kv_layout == "paged":
+        logits_BxV, k, v = paged_core.decode_logits(
+            dp, spec, state.tokens_B, state.positions_B, state.active_B, state.k, state.v, work
+        )
+    else:
+        logits_BxV, k, v = kernel.decode_logits(
+            dp, spec.config, state.tokens_B, state.positions_B, state.k, state.v
+        )
+    if spec.mesh is not None:  # the sampler reads whole rows: gather the vocab shards
+        logits_BxV = constrain(logits_BxV, named(spec, ("cache_batch", None), logits_BxV.shape))
     next_pos_B = state.positions_B + 1
     tokens_B, logprobs_B = sample_tokens(
         logits_BxV,
@@ -302,19 +243,57 @@ def _decode_one(
     return state, tokens_B, logprobs_B, produced_B, done_B
 
 
-@functools.partial(jax.jit, static_argnames=("spec", "n_steps", "mode"), donate_argnames=("state",))
+_SLOT_FIELDS = (
+    "tokens_B",
+    "positions_B",
+    "active_B",
+    "generated_B",
+    "max_new_B",
+    "seed_B",
+    "sample_B",
+    "temperature_B",
+    "top_k_B",
+    "top_p_B",
+    "stop_ids_BxE",
+)
+
+
+@functools.partial(
+    jax.jit, static_argnames=("spec", "n_steps", "mode", "rows"), donate_argnames=("state",)
+)
 def generate(
     dp: kernel.DecodeParams,
     state: DecodeState,
     exit_after: jax.Array,
+    work: PagedWork | None = None,
     *,
     spec: EngineSpec,
     n_steps: int,
     mode: SamplerMode,
+    rows: int | None = None,
 ) -> tuple[DecodeState, ChunkOutput]:
     """Up to `n_steps` decode steps of every live slot (`state` donated); stops early when
-    no slot is live or `exit_after` slots have finished during this call."""
-    b = spec.max_slots
+    no slot is live or `exit_after` slots have finished during this call. Paged: `work`
+    lists the pages each live slot reads (its pages must hold `n_steps` more tokens), and
+    `rows` (one of `spec.row_buckets`) decodes only slots [0, rows): the scheduler keeps
+    live slots packed there, so a half-empty engine pays half the matmuls. The output then
+    has `rows` rows."""
+    if rows is not None and rows < spec.max_slots:
+        head = {f: getattr(state, f)[:rows] for f in _SLOT_FIELDS}
+        sub, out = generate.__wrapped__(
+            dp,
+            state.replace(**head),
+            exit_after,
+            work.replace(table_BxM=work.table_BxM[:rows]),
+            spec=spec,
+            n_steps=n_steps,
+            mode=mode,
+        )
+        merged = {f: getattr(state, f).at[:rows].set(getattr(sub, f)) for f in _SLOT_FIELDS}
+        return constrain(sub.replace(**merged), state_shardings(spec)), constrain(
+            out, replicated(spec)
+        )
+    b = state.tokens_B.shape[0]
     out = ChunkOutput(
         tokens_BxC=jnp.zeros((b, n_steps), jnp.int32),
         logprobs_BxC=jnp.zeros((b, n_steps), jnp.float32),
@@ -330,7 +309,7 @@ def generate(
 
     def body(carry):
         state, out, finished = carry
-        state, tokens_B, logprobs_B, produced_B, done_B = _decode_one(dp, state, spec, mode)
+        state, tokens_B, logprobs_B, produced_B, done_B = _decode_one(dp, state, work, spec, mode)
         col = out.steps
         out = out.replace(
             tokens_BxC=out.tokens_BxC.at[:, col].set(tokens_B),
@@ -342,6 +321,26 @@ def generate(
 
     state, out, _ = jax.lax.while_loop(cond, body, (state, out, jnp.zeros((), jnp.int32)))
     out = out.replace(active_B=state.active_B, generated_B=state.generated_B)
+    if b < spec.max_slots:  # the rows of a bucketed call: merged by the caller
+        return state, out
     # the host reads the chunk's output: replicated, so that every process of a multi-process
     # run can (it is B x C tokens)
-    return _constrain(state, _state_shardings(spec)), _constrain(out, _replicated(spec))
+    return constrain(state, state_shardings(spec)), constrain(out, replicated(spec))
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def move_slots(
+    state: DecodeState, src_B: jax.Array, dst_B: jax.Array, *, spec: EngineSpec
+) -> DecodeState:
+    """`state` (donated) with slot `src_B[i]`'s request moved to slot `dst_B[i]` (B =
+    unused) and the source slots idle: a paged slot's K/V stay in its pages, so a move is
+    only its per-slot vectors (the host moves its block-table row)."""
+    moved = {}
+    for f in _SLOT_FIELDS:
+        x = getattr(state, f)
+        moved[f] = x.at[dst_B].set(jnp.take(x, src_B, axis=0, mode="clip"), mode="drop")
+    moved["active_B"] = moved["active_B"].at[src_B].set(False, mode="drop")
+    moved["active_B"] = (
+        moved["active_B"].at[dst_B].set(jnp.take(state.active_B, src_B, mode="clip"), mode="drop")
+    )
+    return constrain(state.replace(**moved), state_shardings(spec))

@@ -1,6 +1,12 @@
 """`EngineCore`: the plain-JAX engine for one policy — its params in decode layout on the
-actor mesh and the jitted device functions of `rlvr_jax.rollout.core` behind a host API
-that validates requests (no TensorFlow, no JetStream)."""
+actor mesh and the jitted device functions of `rlvr_jax.rollout.core` / `paged_core` behind
+a host API that validates requests (no TensorFlow, no JetStream).
+
+KV memory: `kv_layout="paged"` (default) keeps one pool of pages; its size is a budget of
+its own — `kv_pages` (allocatable pages, all shards) or `kv_cache_gib` (per actor device),
+by default what `max_slots` contiguous rows of `max_len` would take, so that no request
+is ever preempted unless a smaller budget (or more slots) is asked for. The host half
+that hands out pages is `rlvr_jax.rollout.scheduler`."""
 
 from __future__ import annotations
 
@@ -15,9 +21,13 @@ from jax.sharding import Mesh
 
 from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig, Model, param_shardings
-from rlvr_jax.rollout import core
+from rlvr_jax.rollout import core, paged_attention
 from rlvr_jax.rollout.core import ChunkOutput, DecodeState, EngineSpec, Prefix, SlotSettings
+from rlvr_jax.rollout.engine_paged import PagedOps
 from rlvr_jax.rollout.kernel import DecodeParams
+from rlvr_jax.rollout.kv_budget import pool_pages
+from rlvr_jax.rollout.paged_core import PagedWork
+from rlvr_jax.rollout.pages import pages_for
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, UNFILTERED, SamplerMode, SamplingParams
 
 
@@ -36,19 +46,27 @@ class SlotRequest:
     stop_token_ids: tuple[int, ...] = ()
 
 
-class EngineCore:
+class EngineCore(PagedOps):
     """The plain-JAX engine for one policy: params in decode layout on the actor mesh, and
     the jitted prefill / insert / generate over a `DecodeState` (no TensorFlow, no JetStream).
 
     Args:
       model: the policy (`rlvr_jax.models.Model`).
-      max_slots: B, decode slots. max_len: S, positions per slot (prompt + new tokens).
-      mesh: the actor mesh (slots and KV cache sharded by `rules`, params replicated);
-        None = the first device.
+      max_slots: B, decode slots. max_len: S, positions per sequence (prompt + new tokens).
+      mesh: the actor mesh (params split tensor-parallel by `rules`, slots and KV cache
+        over its data axes, KV heads over its tensor axis); None = the first device.
       rules: logical-axis rules (default `sharding.ACTOR_RULES`).
       chunk: decode steps per `generate` call (the host polls between chunks).
       cache_dtype: KV cache dtype (default: the model's compute dtype).
       max_stop_ids: stop token ids a request may carry.
+      kv_layout: "paged" (default) or "contiguous" (fixed [S] rows per slot; the baseline).
+      page_size: tokens per page. prefill_chunk: tokens per prefill chunk (paged).
+      kv_pages / kv_cache_gib: the pool's budget, in allocatable pages (all shards) or in
+        GiB per actor device; at most one (default: the contiguous layout's memory).
+      attention: decode attention of full layers, "auto" | "xla" | "pallas_tpu" |
+        "pallas_gpu" (`paged_attention.select_impl`).
+      geometry_tokens: (decode block, decode iteration, prefill block) in tokens (paged;
+        default `paged_attention.GEOMETRY_TOKENS`).
     """
 
     def __init__(
@@ -62,11 +80,18 @@ class EngineCore:
         chunk: int = 8,
         cache_dtype: Any = None,
         max_stop_ids: int = 8,
+        kv_layout: str = "paged",
+        page_size: int = 16,
+        kv_pages: int | None = None,
+        kv_cache_gib: float | None = None,
+        prefill_chunk: int = 512,
+        attention: str = "auto",
+        geometry_tokens: tuple[int, int, int] | None = None,
     ):
         if chunk < 1:
             raise ValueError(f"chunk (decode steps per call) must be >= 1, got {chunk}")
         compute = jnp.dtype(model.compute_dtype).name
-        self.spec = EngineSpec(
+        spec = EngineSpec(
             config=model.config,
             max_slots=max_slots,
             max_len=max_len,
@@ -76,6 +101,22 @@ class EngineCore:
             mesh=mesh,
             rules=(sharding.ACTOR_RULES if rules is None else rules) if mesh else None,
         )
+        if kv_layout == "paged":
+            platform = (mesh.devices.flat[0] if mesh else jax.devices()[0]).platform
+            spec = dataclasses.replace(
+                spec,
+                kv_layout="paged",
+                page_size=page_size,
+                num_pages=_pool_pages(spec, page_size, kv_pages, kv_cache_gib),
+                prefill_chunk=prefill_chunk,
+                attention=paged_attention.select_impl(
+                    attention, platform, page_size=page_size, head_dim=model.config.head_dim
+                ),
+                geometry_tokens=geometry_tokens or paged_attention.GEOMETRY_TOKENS,
+            )
+        elif kv_layout != "contiguous":
+            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {kv_layout!r}")
+        self.spec = spec
         self.chunk = chunk
         self.model = model
         self.params = self.prepare(model.params)
@@ -99,13 +140,38 @@ class EngineCore:
         return core.prepare(params, spec=self.spec)
 
     def init_decode_state(self) -> DecodeState:
-        """All slots empty."""
-        return core.init_state(spec=self.spec)
+        """All slots empty (committed to the engine's devices, as every later state is)."""
+        state = core.init_state(spec=self.spec)
+        if self.spec.mesh is None:
+            state = jax.device_put(state, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+        return state
+
+    @property
+    def paged(self) -> bool:
+        """Whether the KV cache is the page pool."""
+        return self.spec.kv_layout == "paged"
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of the KV cache (all layers, K and V, all devices together)."""
+        from rlvr_jax.rollout.state import kv_shape
+
+        n = int(np.prod(kv_shape(self.spec)))
+        return 2 * self.config.n_layers * n * jnp.dtype(self.spec.cache_dtype).itemsize
+
+    @property
+    def kv_capacity(self) -> int:
+        """Tokens the KV cache can hold (the trash pages excluded)."""
+        s = self.spec
+        if not self.paged:
+            return s.max_slots * s.max_len
+        return (s.num_pages - s.shards) * s.page_size
 
     def check_request(self, prompt: Sequence[int], max_new_tokens: int) -> None:
         """Raises `RequestError` unless `prompt` (token ids) with `max_new_tokens` new
-        tokens fits in a slot. Called when a request is queued, so a bad request fails its
-        caller, never the thread that drives the engine."""
+        tokens fits in a slot (and, paged, in the page pool on its own). Called when a
+        request is queued, so a bad request fails its caller, never the thread that drives
+        the engine."""
         self._check_prompt(np.asarray(prompt, dtype=np.int64).reshape(-1))
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -113,6 +179,15 @@ class EngineCore:
             raise RequestError(
                 f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} exceeds "
                 f"the engine's max_len={self.spec.max_len} positions per slot"
+            )
+        s = self.spec
+        need = pages_for(len(prompt) + max_new_tokens, s.page_size)
+        if self.paged and need > s.pages_per_shard - 1:
+            raise RequestError(
+                f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} needs "
+                f"{need} pages of {s.page_size} tokens, more than the whole KV pool "
+                f"({s.pages_per_shard - 1} pages per slot shard; raise rollout.kv_pages or "
+                "rollout.kv_cache_gib)"
             )
 
     def _check_prompt(self, tokens_T: np.ndarray) -> None:
@@ -154,6 +229,7 @@ class EngineCore:
             "top_k_B": np.zeros((b,), np.int32),
             "top_p_B": np.ones((b,), np.float32),
             "stop_ids_BxE": np.full((b, e), -1, np.int32),
+            "generated_B": np.zeros((b,), np.int32),
         }
         for i, (slot, r) in enumerate(zip(slots, requests)):
             if not 0 <= r.seed < 2**32:
@@ -187,6 +263,8 @@ class EngineCore:
     ) -> DecodeState:
         """`state` (donated) with `prefix` copied into each of `slots`, which start
         generating for the matching `requests`."""
+        if self.paged:
+            return self._insert_static(prefix, state, slots, requests)
         settings = self.settings(slots, requests)
         return core.insert(state, prefix, settings, np.int32(len(slots)), spec=self.spec)
 
@@ -198,14 +276,61 @@ class EngineCore:
         mode: SamplerMode = UNFILTERED,
         n_steps: int | None = None,
         exit_after: int | None = None,
+        work: PagedWork | None = None,
+        rows: int | None = None,
     ) -> tuple[DecodeState, ChunkOutput]:
         """Up to `n_steps` (default `chunk`) decode steps of every live slot; stops early when
-        no slot is live or `exit_after` slots have finished in this call. `state` is donated."""
+        no slot is live or `exit_after` slots have finished in this call. `state` is donated.
+        Paged: `work` lists the pages each live slot reads (the Scheduler's); without it,
+        the static assignment (`static_work`) is read whole. `rows` (a `spec.row_buckets`
+        entry) decodes slots [0, rows) only; the output then has `rows` rows."""
         n_steps = self.chunk if n_steps is None else n_steps
         exit_after = self.spec.max_slots + 1 if exit_after is None else exit_after
+        if self.paged and work is None:
+            work = self.static_work()
+        if rows is not None and rows not in self.spec.row_buckets:
+            raise ValueError(f"rows must be one of {self.spec.row_buckets}, got {rows}")
+        rows = None if rows == self.spec.max_slots else rows
         return core.generate(
-            dp, state, np.int32(exit_after), spec=self.spec, n_steps=n_steps, mode=mode
+            dp,
+            state,
+            np.int32(exit_after),
+            work,
+            spec=self.spec,
+            n_steps=n_steps,
+            mode=mode,
+            rows=rows,
         )
+
+    def compile_ahead(self, modes: Sequence[SamplerMode] = (UNFILTERED,)) -> int:
+        """Compiles every program the engine runs — prefill buckets (dense, or the paged
+        chunk buckets), insert / activate / copy / deactivate, and `generate` for each of
+        `modes` at `chunk` steps and at 1 step — without running them, so that the first
+        real call finds them compiled (call it before taking `rlvr_jax.dispatch.LOCK`).
+        Returns the number of programs compiled."""
+        from rlvr_jax.rollout import compile_ahead
+
+        return compile_ahead.compile_all(self, modes)
+
+
+def _pool_pages(
+    spec: EngineSpec, page_size: int, kv_pages: int | None, kv_cache_gib: float | None
+) -> int:
+    """P, the pool's pages (trash pages included, a multiple of the slot shards)."""
+    if spec.max_slots % spec.shards:
+        raise ValueError(f"max_slots={spec.max_slots} must split over {spec.shards} slot shards")
+    tensor = 1 if spec.mesh is None else spec.mesh.shape["tensor"]
+    return pool_pages(
+        spec.config,
+        max_slots=spec.max_slots,
+        max_len=spec.max_len,
+        shards=spec.shards,
+        tensor=tensor,
+        cache_dtype=spec.cache_dtype,
+        page_size=page_size,
+        kv_pages=kv_pages,
+        kv_cache_gib=kv_cache_gib,
+    )
 
 
 def make_engine_core(model: Model, *, max_slots: int, max_len: int, **kwargs: Any) -> EngineCore:

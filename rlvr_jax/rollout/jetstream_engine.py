@@ -230,8 +230,8 @@ def engine_class() -> type:
 
         @property
         def max_concurrent_decodes(self) -> int:
-            """Decode slots."""
-            return self.core.spec.max_slots
+            """Decode slots (paged engines: those the static page assignment serves)."""
+            return self.core.static_slots if self.core.paged else self.core.spec.max_slots
 
         @property
         def samples_per_slot(self) -> int:

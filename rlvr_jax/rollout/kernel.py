@@ -4,13 +4,19 @@
 weight update into `DecodeParams`:
 - one set of arrays per layer: slicing the [L, ...] stacks inside a decode step makes
   XLA:CPU copy every weight on every step (96 MB/step on the bench model, ~3x slower);
-- q|k|v fused into one [D, (N+2K)H] matmul and gate|up into one [D, 2F] matmul;
+- q|k|v fused into one [D, (N+2K)H] matmul and gate|up into one [D, 2F] matmul, their
+  columns grouped by tensor-parallel shard (`tp`): shard t holds its own q, k and v heads
+  (and gate and up columns) side by side, so the fused matmuls split over the actor mesh's
+  tensor axis with no resharding (with tp = 1 the layout is plain q|k|v, gate|up);
 - weights pre-cast to the compute dtype; the LM head as a [D, V] fp32 matrix.
 
 The math is the model's own: `rms_norm`, `attend`, the masks and RoPE tables come from
 `rlvr_jax.models`, so the engine computes what `rlvr_jax.models.forward` computes (the
-tests check both against transformers). The KV cache is one [B, K, S, H] array per layer
-(keys after RoPE): attention over slot b reads one contiguous [K, S, H] block.
+tests check both against transformers). `run_layers` is the layer loop; what a layer's
+attention reads and writes is a callback, so the contiguous cache (one [B, K, S, H] array
+per layer, attended here by `attend_contiguous`) and the paged pool
+(`rlvr_jax.rollout.paged_attention`) share every other line. Decode attention runs in fp32
+(cached K/V are upcast), so the layouts agree to fp32 rounding whatever the cache dtype.
 
 Letters: B slots, P prompts, T prompt time, S cache positions, D model, N query heads,
 K kv heads, G = N/K, H head dim, E = (N+2K)·H fused q|k|v width, F mlp, V vocab.
@@ -18,6 +24,7 @@ K kv heads, G = N/K, H head dim, E = (N+2K)·H fused q|k|v width, F mlp, V vocab
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
@@ -30,7 +37,7 @@ from rlvr_jax.models.decoder import rope_tables
 from rlvr_jax.models.layers import attend, cache_masks, rms_norm, segment_masks
 from rlvr_jax.models.rope import apply_rope
 
-_NEG_INF = float(jnp.finfo(jnp.float32).min)
+NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 
 @flax.struct.dataclass
@@ -39,16 +46,18 @@ class LayerWeights:
 
     attn_norm: jax.Array  # [D]
     mlp_norm: jax.Array  # [D]
-    qkv: jax.Array  # [D, E]
+    qkv: jax.Array  # [D, E], columns grouped by tensor shard
     qkv_bias: jax.Array | None  # [E]
     q_norm: jax.Array | None  # [N, H] (OLMo) or [H] (Qwen3)
     k_norm: jax.Array | None  # [K, H] or [H]
     o: jax.Array  # [N*H, D]
     o_bias: jax.Array | None  # [D]
-    gate_up: jax.Array  # [D, 2F]
+    gate_up: jax.Array  # [D, 2F], columns grouped by tensor shard
     gate_up_bias: jax.Array | None  # [2F]
     down: jax.Array  # [F, D]
     down_bias: jax.Array | None  # [D]
+    tp: int = flax.struct.field(pytree_node=False, default=1)
+    """Tensor shards the fused columns are grouped by."""
 
 
 @flax.struct.dataclass
@@ -61,12 +70,31 @@ class DecodeParams:
     head: jax.Array  # [D, V] float32
 
 
+def fused_tp(config: ArchConfig, tensor: int) -> int:
+    """Tensor shards the fused q|k|v and gate|up columns can be grouped by: `tensor` when it
+    divides the query heads, the KV heads and the MLP width, else 1 (those matmuls then stay
+    whole on every device; the rest of the tensor split still applies)."""
+    ok = all(x % tensor == 0 for x in (config.n_heads, config.n_kv_heads, config.d_ff))
+    return tensor if tensor > 1 and ok else 1
+
+
+def _grouped(parts: list[jax.Array], tp: int) -> jax.Array:
+    """[..., a_i] column blocks concatenated shard by shard: shard t holds the t-th 1/tp of
+    every block, in order (plain concatenation when tp = 1)."""
+    lead = parts[0].shape[:-1]
+    split = [p.reshape(*lead, tp, p.shape[-1] // tp) for p in parts]
+    return jnp.concatenate(split, axis=-1).reshape(*lead, -1)
+
+
 def _flat_bias(layer: dict, name: str, i: int, compute: Any) -> jax.Array | None:
     return layer[name]["bias"][i].reshape(-1).astype(compute) if "bias" in layer[name] else None
 
 
-def prepare_params(params: Any, config: ArchConfig, compute_dtype: Any) -> DecodeParams:
-    """`params` (models layout, leaves stacked over layers) in decode layout. Jittable."""
+def prepare_params(
+    params: Any, config: ArchConfig, compute_dtype: Any, tp: int = 1
+) -> DecodeParams:
+    """`params` (models layout, leaves stacked over layers) in decode layout, fused columns
+    grouped by `tp` tensor shards (see `fused_tp`). Jittable."""
     compute = jnp.dtype(compute_dtype)
     stack = params["layers"]
     attn, out, mlp = stack["attn"], stack["attn_out"], stack["mlp"]
@@ -81,16 +109,17 @@ def prepare_params(params: Any, config: ArchConfig, compute_dtype: Any) -> Decod
             LayerWeights(
                 attn_norm=stack["attn_norm"]["scale"][i],
                 mlp_norm=stack["mlp_norm"]["scale"][i],
-                qkv=jnp.concatenate(proj, axis=1).astype(compute),
-                qkv_bias=None if biases[0] is None else jnp.concatenate(biases),
+                qkv=_grouped(proj, tp).astype(compute),
+                qkv_bias=None if biases[0] is None else _grouped(biases, tp),
                 q_norm=attn["q_norm"]["scale"][i] if "q_norm" in attn else None,
                 k_norm=attn["k_norm"]["scale"][i] if "k_norm" in attn else None,
                 o=out["o_proj"]["kernel"][i].reshape(-1, d).astype(compute),
                 o_bias=_flat_bias(out, "o_proj", i, compute),
-                gate_up=jnp.concatenate(gate_up, axis=1).astype(compute),
-                gate_up_bias=None if gu_biases[0] is None else jnp.concatenate(gu_biases),
+                gate_up=_grouped(gate_up, tp).astype(compute),
+                gate_up_bias=None if gu_biases[0] is None else _grouped(gu_biases, tp),
                 down=mlp["down_proj"]["kernel"][i].astype(compute),
                 down_bias=_flat_bias(mlp, "down_proj", i, compute),
+                tp=tp,
             )
         )
     head = params["embedding"].T if config.tie_embeddings else params["lm_head"]
@@ -112,6 +141,17 @@ def _project(x: jax.Array, kernel: jax.Array, bias: jax.Array | None) -> jax.Arr
     return y if bias is None else y + bias.reshape((1,) * (y.ndim - 1) + bias.shape)
 
 
+def _ungroup(x_BxTxE: jax.Array, widths: tuple[int, ...], tp: int) -> list[jax.Array]:
+    """Inverse of `_grouped` on activations: the column blocks, each [B, T, width]."""
+    b, t, _ = x_BxTxE.shape
+    x = x_BxTxE.reshape(b, t, tp, -1)
+    out, start = [], 0
+    for w in widths:
+        out.append(x[..., start : start + w // tp].reshape(b, t, w))
+        start += w // tp
+    return out
+
+
 def _qkv(
     w: LayerWeights, config: ArchConfig, x_BxTxD: jax.Array, cos: jax.Array, sin: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -120,9 +160,10 @@ def _qkv(
     n, k, h = config.n_heads, config.n_kv_heads, config.head_dim
     h_BxTxD = x_BxTxD if config.post_norm else _norm(config, x_BxTxD, w.attn_norm)
     qkv_BxTxE = _project(h_BxTxD, w.qkv, w.qkv_bias)
-    q_BxTxNxH = qkv_BxTxE[..., : n * h].reshape(b, t, n, h)
-    k_BxTxKxH = qkv_BxTxE[..., n * h : (n + k) * h].reshape(b, t, k, h)
-    v_BxTxKxH = qkv_BxTxE[..., (n + k) * h :].reshape(b, t, k, h)
+    q_BxTxNH, k_BxTxKH, v_BxTxKH = _ungroup(qkv_BxTxE, (n * h, k * h, k * h), w.tp)
+    q_BxTxNxH = q_BxTxNH.reshape(b, t, n, h)
+    k_BxTxKxH = k_BxTxKH.reshape(b, t, k, h)
+    v_BxTxKxH = v_BxTxKH.reshape(b, t, k, h)
     if w.q_norm is not None:
         q_BxTxNxH = _norm(config, q_BxTxNxH, w.q_norm)
         k_BxTxKxH = _norm(config, k_BxTxKxH, w.k_norm)
@@ -140,7 +181,8 @@ def _finish_layer(
     h_BxTxD = x_BxTxD if config.post_norm else _norm(config, x_BxTxD, w.mlp_norm)
     gate_up_BxTx2F = _project(h_BxTxD, w.gate_up, w.gate_up_bias)
     f = config.d_ff
-    hidden_BxTxF = jax.nn.silu(gate_up_BxTx2F[..., :f]) * gate_up_BxTx2F[..., f:]
+    gate_BxTxF, up_BxTxF = _ungroup(gate_up_BxTx2F, (f, f), w.tp)
+    hidden_BxTxF = jax.nn.silu(gate_BxTxF) * up_BxTxF
     out_BxTxD = _project(hidden_BxTxF, w.down, w.down_bias)
     if config.post_norm:
         out_BxTxD = _norm(config, out_BxTxD, w.mlp_norm)
@@ -158,48 +200,90 @@ def _rope_for_layers(config: ArchConfig, positions_BxT: jax.Array) -> list[tuple
     return [sliding if t == SLIDING else (cos_f, sin_f) for t in config.layer_types]
 
 
+Attention = Callable[[int, Any, jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
+"""`(layer, cache_layer, q_BxTxNxH, k_BxTxKxH, v_BxTxKxH) -> (attn_BxTxNxH, cache_layer)`:
+one layer's attention for the new tokens, reading (and writing) that layer's cache."""
+
+
+def run_layers(
+    dp: DecodeParams,
+    config: ArchConfig,
+    tokens_BxT: jax.Array,
+    positions_BxT: jax.Array,
+    caches: tuple,
+    attention: Attention,
+) -> tuple[jax.Array, tuple]:
+    """The decoder over new tokens at `positions_BxT`, each layer's attention delegated to
+    `attention`; returns (final hidden states [B, T, D] before the final norm, caches)."""
+    compute = dp.layers[0].qkv.dtype
+    b, t = tokens_BxT.shape
+    x_BxTxD = _embed(dp, tokens_BxT, compute)
+    new = []
+    for i, (w, (cos, sin)) in enumerate(zip(dp.layers, _rope_for_layers(config, positions_BxT))):
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = _qkv(w, config, x_BxTxD, cos, sin)
+        attn_BxTxNxH, cache = attention(i, caches[i], q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
+        x_BxTxD = _finish_layer(w, config, x_BxTxD, attn_BxTxNxH.reshape(b, t, -1))
+        new.append(cache)
+    return x_BxTxD, tuple(new)
+
+
+def logits(dp: DecodeParams, config: ArchConfig, x_BxD: jax.Array) -> jax.Array:
+    """fp32 next-token logits [B, V] of final hidden states [B, D]."""
+    h_BxD = _norm(config, x_BxD, dp.final_norm)
+    return jnp.einsum("BD,DV->BV", h_BxD.astype(jnp.float32), dp.head)
+
+
 def prefill_kv(
-    dp: DecodeParams, config: ArchConfig, tokens_PxT: jax.Array, lengths_P: jax.Array
+    dp: DecodeParams,
+    config: ArchConfig,
+    tokens_PxT: jax.Array,
+    lengths_P: jax.Array,
+    cache_dtype: Any = None,
 ) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-    """K and V of right-padded prompts, per layer [P, K, T, H] (rotated keys).
+    """K and V of right-padded prompts, per layer [P, K, T, H] (rotated keys) in
+    `cache_dtype` (default: the compute dtype). Queries attend to K/V as cached (rounded to
+    `cache_dtype`), as decode steps and the paged engine's chunked prefill do.
 
     Row p's real tokens are `tokens_PxT[p, :lengths_P[p]]`; entries past the length are
     finite padding that decode never reads before overwriting. No LM head is computed.
     """
-    compute = dp.layers[0].qkv.dtype
+    cache = jnp.dtype(dp.layers[0].qkv.dtype if cache_dtype is None else cache_dtype)
     p, t = tokens_PxT.shape
     positions_PxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (p, t))
     segments_PxT = (positions_PxT < lengths_P[:, None]).astype(jnp.int32)
     window = config.sliding_window if config.has_sliding else None
-    mask_full_PxTxT, mask_sliding_PxTxT = segment_masks(segments_PxT, window)
-    x_PxTxD = _embed(dp, tokens_PxT, compute)
-    ks, vs = [], []
-    for w, (cos, sin), kind in zip(
-        dp.layers, _rope_for_layers(config, positions_PxT), config.layer_types
-    ):
-        q_PxTxNxH, k_PxTxKxH, v_PxTxKxH = _qkv(w, config, x_PxTxD, cos, sin)
-        mask_PxTxT = mask_sliding_PxTxT if kind == SLIDING else mask_full_PxTxT
-        attn_PxTxNxH = attend(q_PxTxNxH, k_PxTxKxH, v_PxTxKxH, mask_PxTxT)
-        x_PxTxD = _finish_layer(w, config, x_PxTxD, attn_PxTxNxH.reshape(p, t, -1))
-        ks.append(jnp.einsum("PTKH->PKTH", k_PxTxKxH))
-        vs.append(jnp.einsum("PTKH->PKTH", v_PxTxKxH))
-    return tuple(ks), tuple(vs)
+    masks = segment_masks(segments_PxT, window)
+
+    def dense(i, _, q_PxTxNxH, k_PxTxKxH, v_PxTxKxH):
+        mask_PxTxT = masks[1] if config.layer_types[i] == SLIDING else masks[0]
+        k_PxTxKxH, v_PxTxKxH = k_PxTxKxH.astype(cache), v_PxTxKxH.astype(cache)
+        attn = attend(
+            q_PxTxNxH.astype(jnp.float32),
+            k_PxTxKxH.astype(jnp.float32),
+            v_PxTxKxH.astype(jnp.float32),
+            mask_PxTxT,
+        ).astype(q_PxTxNxH.dtype)
+        return attn, (jnp.einsum("PTKH->PKTH", k_PxTxKxH), jnp.einsum("PTKH->PKTH", v_PxTxKxH))
+
+    _, kv = run_layers(dp, config, tokens_PxT, positions_PxT, (None,) * config.n_layers, dense)
+    return tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
 
-def _attend_cache(
+def attend_contiguous(
     q_BxNxH: jax.Array, k_BxKxSxH: jax.Array, v_BxKxSxH: jax.Array, mask_BxS: jax.Array
 ) -> jax.Array:
-    """One query per row against its cache row (GQA; fp32 softmax as `models.attend`)."""
+    """One query per row against its cache row (GQA), in fp32 whatever the cache dtype;
+    returns [B, N, H] fp32."""
     b, n, h = q_BxNxH.shape
     k = k_BxKxSxH.shape[1]
-    q_BxKxGxH = q_BxNxH.reshape(b, k, n // k, h).astype(k_BxKxSxH.dtype)
-    scores_BxKxGxS = jnp.einsum(
-        "BKGH,BKSH->BKGS", q_BxKxGxH, k_BxKxSxH, preferred_element_type=jnp.float32
-    ) * (h**-0.5)
-    scores_BxKxGxS = jnp.where(mask_BxS[:, None, None, :], scores_BxKxGxS, _NEG_INF)
-    probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1).astype(v_BxKxSxH.dtype)
-    out_BxKxGxH = jnp.einsum("BKGS,BKSH->BKGH", probs_BxKxGxS, v_BxKxSxH)
-    return out_BxKxGxH.reshape(b, n * h)
+    q_BxKxGxH = q_BxNxH.reshape(b, k, n // k, h).astype(jnp.float32)
+    scores_BxKxGxS = jnp.einsum("BKGH,BKSH->BKGS", q_BxKxGxH, k_BxKxSxH.astype(jnp.float32)) * (
+        h**-0.5
+    )
+    scores_BxKxGxS = jnp.where(mask_BxS[:, None, None, :], scores_BxKxGxS, NEG_INF)
+    probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1)
+    out_BxKxGxH = jnp.einsum("BKGS,BKSH->BKGH", probs_BxKxGxS, v_BxKxSxH.astype(jnp.float32))
+    return out_BxKxGxH.reshape(b, n, h)
 
 
 def decode_logits(
@@ -210,30 +294,33 @@ def decode_logits(
     k_cache: tuple[jax.Array, ...],
     v_cache: tuple[jax.Array, ...],
 ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-    """One token per row: writes its K/V at `positions_B` of its row, attends to positions
-    <= `positions_B` (the last W on sliding layers). Returns (logits fp32 [B, V], k, v)."""
-    compute = dp.layers[0].qkv.dtype
+    """One token per row of the contiguous cache: writes its K/V at `positions_B` of its row,
+    attends to positions <= `positions_B` (the last W on sliding layers). Returns (logits
+    fp32 [B, V], k, v)."""
     b = tokens_B.shape[0]
     s = k_cache[0].shape[2]
     rows_B = jnp.arange(b)
     window = config.sliding_window if config.has_sliding else None
     mask_full_Bx1xS, mask_sliding_Bx1xS = cache_masks(positions_B, s, window)
-    x_Bx1xD = _embed(dp, tokens_B[:, None], compute)
-    new_k, new_v = [], []
-    layers = zip(dp.layers, _rope_for_layers(config, positions_B[:, None]), config.layer_types)
-    for (w, (cos, sin), kind), k_BxKxSxH, v_BxKxSxH in zip(layers, k_cache, v_cache):
-        q_Bx1xNxH, k_Bx1xKxH, v_Bx1xKxH = _qkv(w, config, x_Bx1xD, cos, sin)
+
+    def contiguous(i, kv, q_Bx1xNxH, k_Bx1xKxH, v_Bx1xKxH):
+        k_BxKxSxH, v_BxKxSxH = kv
         k_BxKxSxH = k_BxKxSxH.at[rows_B, :, positions_B].set(
             k_Bx1xKxH[:, 0].astype(k_BxKxSxH.dtype)
         )
         v_BxKxSxH = v_BxKxSxH.at[rows_B, :, positions_B].set(
             v_Bx1xKxH[:, 0].astype(v_BxKxSxH.dtype)
         )
-        mask_Bx1xS = mask_sliding_Bx1xS if kind == SLIDING else mask_full_Bx1xS
-        attn_BxNH = _attend_cache(q_Bx1xNxH[:, 0], k_BxKxSxH, v_BxKxSxH, mask_Bx1xS[:, 0])
-        x_Bx1xD = _finish_layer(w, config, x_Bx1xD, attn_BxNH[:, None, :])
-        new_k.append(k_BxKxSxH)
-        new_v.append(v_BxKxSxH)
-    h_BxD = _norm(config, x_Bx1xD, dp.final_norm)[:, 0]
-    logits_BxV = jnp.einsum("BD,DV->BV", h_BxD.astype(jnp.float32), dp.head)
-    return logits_BxV, tuple(new_k), tuple(new_v)
+        mask = mask_sliding_Bx1xS if config.layer_types[i] == SLIDING else mask_full_Bx1xS
+        attn_BxNxH = attend_contiguous(q_Bx1xNxH[:, 0], k_BxKxSxH, v_BxKxSxH, mask[:, 0])
+        return attn_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (k_BxKxSxH, v_BxKxSxH)
+
+    x_Bx1xD, kv = run_layers(
+        dp,
+        config,
+        tokens_B[:, None],
+        positions_B[:, None],
+        tuple(zip(k_cache, v_cache)),
+        contiguous,
+    )
+    return logits(dp, config, x_Bx1xD[:, 0]), tuple(k for k, _ in kv), tuple(v for _, v in kv)

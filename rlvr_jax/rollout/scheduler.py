@@ -1,5 +1,5 @@
 """The engine's host half: admit requests into free slots, run decode chunks, collect
-tokens, release finished slots.
+tokens, release finished slots (and, on a paged engine, their pages).
 
 Continuous batching refills a finished slot at the next decode step: while requests are
 waiting, a decode chunk stops as soon as one slot finishes, and the next one starts after
@@ -8,7 +8,13 @@ free, so a batch lasts as long as its longest member. Both drive the same jitted
 calls and the same per-request randomness, so greedy tokens are identical either way.
 
 Groups: the G samples of one prompt share one prefill (the prefix is inserted into G
-slots, or into as many as are free, the rest later from the same prefix).
+slots, or into as many as are free, the rest later from the same prefix; on a paged engine
+they share its pages).
+
+Paged engines (`rlvr_jax.rollout.paged_scheduler`): admission also needs pages; prompts are
+prefilled in chunks interleaved with decode chunks; when running sequences outgrow the
+pool, the most recently admitted are preempted and later resumed by recomputation, ending
+with the tokens they would have had (sampling is keyed by seed, sample and position).
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ class _Group:
     next_sample: int = 0
     prefix: Prefix | None = None
     done: dict[int, Completion] = dataclasses.field(default_factory=dict)
+    prefill: Any = None  # paged: the prompt's pages being (or once) prefilled
 
 
 @dataclasses.dataclass
@@ -97,6 +104,13 @@ class _Slot:
     tokens: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     versions: list[int] = dataclasses.field(default_factory=list)
+    pages: list[int] = dataclasses.field(default_factory=list)  # paged: logical order
+    admitted: int = 0  # admission order (paged preemption takes the newest first)
+
+    @property
+    def position(self) -> int:
+        """Position of the slot's next input token (prompt and generated tokens before it)."""
+        return len(self.group.request.prompt) - 1 + len(self.tokens)
 
 
 @dataclasses.dataclass
@@ -109,11 +123,40 @@ class SchedulerStats:
     """decode steps × slots the scheduler uses."""
     tokens: int = 0
     prefills: int = 0
+    preemptions: int = 0
+    """Sequences preempted (paged: the pool ran out mid-decode)."""
+    recomputed_tokens: int = 0
+    """Positions prefilled again to resume preempted sequences."""
+    kv_token_steps: int = 0
+    """Σ over decode steps of the tokens cached for live sequences."""
+    page_steps: int = 0
+    """Σ over decode steps of the pages in use (paged)."""
+    row_steps: int = 0
+    """Σ over decode steps of the slot rows computed (paged engines decode only the packed
+    live rows, rounded up to a row bucket)."""
+    kv_capacity: int = 0
+    """Tokens the KV cache holds (slots × max_len, or the pool's pages × page size)."""
 
     @property
     def waste(self) -> float:
         """Fraction of slot-steps that produced no token (ALGORITHMS.md's batching waste)."""
         return 1.0 - self.tokens / self.slot_steps if self.slot_steps else 0.0
+
+    @property
+    def mean_concurrent(self) -> float:
+        """Sequences decoding per decode step, on average."""
+        return self.tokens / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def kv_utilisation(self) -> float:
+        """Fraction of the KV cache holding live tokens, averaged over decode steps."""
+        den = self.decode_steps * self.kv_capacity
+        return self.kv_token_steps / den if den else 0.0
+
+    @property
+    def mean_pages_in_use(self) -> float:
+        """Pages in use per decode step, on average (paged)."""
+        return self.page_steps / self.decode_steps if self.decode_steps else 0.0
 
 
 class Scheduler:
@@ -147,10 +190,16 @@ class Scheduler:
         self.num_slots = num_slots
         self.params = core.params if params is None else params
         self.version = version
-        self.stats = SchedulerStats()
+        self.stats = SchedulerStats(kv_capacity=core.kv_capacity)
         self._state = core.init_decode_state()
-        self._waiting: deque[_Group] = deque()
+        self._waiting: deque[Any] = deque()  # _Group, or (paged) a preempted sample
         self._slots: dict[int, _Slot] = {}
+        self._admissions = 0
+        self._paged = None
+        if core.paged:
+            from rlvr_jax.rollout.paged_scheduler import PagedKV
+
+            self._paged = PagedKV(self)
 
     # ---- queue ----------------------------------------------------------------------------
 
@@ -187,6 +236,33 @@ class Scheduler:
         """Nothing waiting and nothing generating."""
         return not self._waiting and not self._slots
 
+    @property
+    def pages_in_use(self) -> int:
+        """Pages of the pool in use now (0 on a contiguous engine)."""
+        return 0 if self._paged is None else self._paged.allocator.in_use
+
+    def kv_metrics(self, since: SchedulerStats | None = None) -> dict[str, float]:
+        """KV-cache metrics (slash-separated keys, for metrics.jsonl / TensorBoard): pages in
+        use now; utilisation, preemptions, recomputed tokens and concurrency since the
+        snapshot `since` (a copy of an earlier `stats`), or since the start."""
+        s = self.stats
+        if since is not None:
+            s = SchedulerStats(
+                **{
+                    f.name: getattr(s, f.name) - getattr(since, f.name)
+                    for f in dataclasses.fields(s)
+                    if f.name != "kv_capacity"
+                },
+                kv_capacity=s.kv_capacity,
+            )
+        return {
+            "rollout/kv_pages_in_use": float(self.pages_in_use),
+            "rollout/kv_utilisation": s.kv_utilisation,
+            "rollout/preemptions": float(s.preemptions),
+            "rollout/recomputed_tokens": float(s.recomputed_tokens),
+            "rollout/mean_concurrent": s.mean_concurrent,
+        }
+
     def set_params(self, params: DecodeParams, version: int) -> None:
         """Decode with `params` (decode layout, actor devices) from the next chunk on."""
         self.params, self.version = params, version
@@ -198,6 +274,9 @@ class Scheduler:
 
     def _admit(self) -> None:
         if self.batching == "static" and self._slots:
+            return
+        if self._paged is not None:
+            self._paged.admit()
             return
         free = self._free_slots()
         while free and self._waiting:
@@ -213,11 +292,15 @@ class Scheduler:
                 group.prefix, self._state, slots, [req.slot_request(i) for i in samples]
             )
             for slot, i in zip(slots, samples):
-                self._slots[slot] = _Slot(group, i)
+                self._slots[slot] = self._new_slot(group, i)
             group.next_sample += n
             if group.next_sample == req.num_samples:
                 group.prefix = None
                 self._waiting.popleft()
+
+    def _new_slot(self, group: _Group, sample_index: int) -> _Slot:
+        self._admissions += 1
+        return _Slot(group, sample_index, admitted=self._admissions)
 
     def step(self, *, admit: bool = True) -> list[tuple[GroupRequest, list[Completion]]]:
         """One boundary: admit waiting requests (unless `admit` is False), run one decode
@@ -228,17 +311,29 @@ class Scheduler:
         if not self._slots:
             return []
         mode = SamplerMode.for_params([s.group.request.sampling for s in self._slots.values()])
-        refill_soon = self.batching == "continuous" and admit and bool(self._waiting)
         version = self.version
+        work, rows = None, None
         with dispatch.LOCK:
+            if self._paged is not None:  # pages for the chunk (may preempt), packed rows
+                work, rows = self._paged.prepare_decode(self.core.chunk)
+            refill_soon = self.batching == "continuous" and admit and bool(self._waiting)
+            live = sum(s.position for s in self._slots.values())
             self._state, out = self.core.generate(
-                self.params, self._state, mode=mode, exit_after=1 if refill_soon else None
+                self.params,
+                self._state,
+                mode=mode,
+                exit_after=1 if refill_soon else None,
+                work=work,
+                rows=rows,
             )
         out = jax.device_get(out)  # waits outside the lock: other threads may enqueue
         steps = int(out.steps)
         self.stats.decode_calls += 1
         self.stats.decode_steps += steps
         self.stats.slot_steps += steps * self.num_slots
+        self.stats.kv_token_steps += steps * live
+        self.stats.page_steps += steps * self.pages_in_use
+        self.stats.row_steps += steps * (rows or self.core.spec.max_slots)
         return self._collect(out, steps, version)
 
     def _collect(self, out: Any, steps: int, version: int) -> list:
@@ -257,6 +352,8 @@ class Scheduler:
             if out.active_B[slot_id]:
                 continue
             del self._slots[slot_id]
+            if self._paged is not None:
+                self._paged.release(slot, slot_id)
             stopped = bool(slot.tokens) and slot.tokens[-1] in req.stop_token_ids
             slot.group.done[slot.sample_index] = Completion(
                 prompt_index=req.prompt_index,

@@ -15,9 +15,16 @@ Estimates (documented, deliberately simple):
   tiles; the fused kernels' log-sum-exp).
 - PPO's separate critic (`loss.advantage: gae`): its trunk's params, grads and AdamW moments,
   and its activations (as the policy's, without the logits; attention as the policy's).
-- actor: params in the compute dtype + the per-slot KV cache
-  2·L·slots·S·K·H in the compute dtype (S = max prompt + max new tokens), slots split over
-  the actor's data axis and KV heads over its tensor axis.
+- actor: the decode params exactly as the engine lays them out (`rlvr_jax.rollout.kernel.
+  prepare_params`: matmul weights in the compute dtype, the embedding in the param dtype,
+  the LM head in fp32), split by the engine's logical axes (`rollout.core.
+  decode_param_axes`) and `ACTOR_RULES`; plus the KV cache in the compute dtype: paged, the
+  pool `rollout.kv_pages` / `kv_cache_gib` buys (by default what the contiguous rows would
+  take), or contiguous, 2·L·slots·S·K·H (S = max prompt + max new tokens); slots and pages
+  split over the actor's data axes and KV heads over its tensor axis (when they divide).
+  The KV budget is reported with the concurrency it buys: sequences that fit at the
+  maximum length (never preempted) and at a mean length of prompt + 0.45 × max new tokens
+  (OLMo 3's mean/max response length, ALGORITHMS.md), at most `rollout.max_slots`.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +43,8 @@ from rlvr_jax.config.schema import Config, MeshAxes
 
 GiB = 1024**3
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+MEAN_OVER_MAX = 0.45
+"""OLMo 3's mean / max response length (≈ 14.7K of 32K, ALGORITHMS.md's waste section)."""
 
 
 class PlanError(ValueError):
@@ -55,6 +65,9 @@ class Plan:
     device_memory_gib: float
     hardware: str | None
     shared: bool
+    kv: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The actor's KV cache: layout, page size, pages, tokens held, per-device bytes, and
+    the concurrent sequences it buys (at max and at mean length, capped by the slots)."""
     attention: str = ""
     """The learner's attention kernel on the planned hardware (`model.attention_impl`)."""
 
@@ -133,6 +146,83 @@ def _critic_arch(cfg: Config, policy: Any) -> Any:
     if cfg.critic.path and (Path(cfg.critic.path) / "config.json").is_file():
         return models.read_config(cfg.critic.path)
     return policy
+
+
+def _sharded_factor(logical: tuple, rules: Any, sizes: dict[str, int], shape: tuple) -> int:
+    """Devices one array is split over, as the engine splits it (`logical_to_spec` with the
+    divisibility fallback)."""
+    from rlvr_jax.sharding import logical_to_spec
+
+    spec = logical_to_spec(logical, rules, types.SimpleNamespace(shape=sizes), shape)
+    axes = [a for entry in spec if entry for a in ((entry,) if isinstance(entry, str) else entry)]
+    return math.prod(sizes[a] for a in axes)
+
+
+def _actor_params_bytes(cfg: Config, arch: Any, sizes: dict[str, int]) -> float:
+    """Per-device bytes of the engine's decode params (module docstring)."""
+    from rlvr_jax import models, sharding
+    from rlvr_jax.rollout import core, kernel
+
+    tp = kernel.fused_tp(arch, sizes["tensor"])
+    shapes = models.abstract_params(arch, cfg.model.param_dtype)
+    dp = jax.eval_shape(
+        lambda p: kernel.prepare_params(p, arch, cfg.model.compute_dtype, tp), shapes
+    )
+    axes = jax.tree_util.tree_leaves(core.decode_param_axes(dp), is_leaf=core._is_names)
+    leaves = jax.tree_util.tree_leaves(dp)
+    return sum(
+        math.prod(x.shape)
+        * x.dtype.itemsize
+        / _sharded_factor(ax, sharding.ACTOR_RULES, sizes, x.shape)
+        for x, ax in zip(leaves, axes)
+    )
+
+
+def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
+    """The actor's KV cache per device and the concurrency it buys (module docstring)."""
+    from rlvr_jax import sharding
+    from rlvr_jax.rollout.kv_budget import pool_pages
+
+    r = cfg.rollout
+    seq = cfg.data.max_prompt_len + r.max_new_tokens
+    cbytes = _DTYPE_BYTES[cfg.model.compute_dtype]
+    shards = _sharded_factor(("cache_batch",), sharding.ACTOR_RULES, sizes, (r.max_slots,))
+    k = arch.n_kv_heads
+    heads = k // sizes["tensor"] if k % sizes["tensor"] == 0 else k
+    per_token = 2 * arch.n_layers * heads * arch.head_dim * cbytes  # per device
+    if r.kv_layout == "paged":
+        try:
+            pages = pool_pages(
+                arch,
+                max_slots=r.max_slots,
+                max_len=seq,
+                shards=shards,
+                tensor=sizes["tensor"],
+                cache_dtype=cfg.model.compute_dtype,
+                page_size=r.page_size,
+                kv_pages=r.kv_pages,
+                kv_cache_gib=r.kv_cache_gib,
+            )
+        except ValueError as e:
+            raise PlanError(f"rollout: {e}") from None
+        tokens = (pages - shards) * r.page_size
+        device_bytes = pages // shards * r.page_size * per_token
+    else:
+        pages, tokens = 0, r.max_slots * seq
+        device_bytes = r.max_slots // shards * seq * per_token
+    mean = cfg.data.max_prompt_len + MEAN_OVER_MAX * r.max_new_tokens
+    return {
+        "layout": r.kv_layout,
+        "page_size": r.page_size,
+        "pages": pages,
+        "tokens": tokens,
+        "bytes_per_device": device_bytes,
+        "max_slots": r.max_slots,
+        "max_length": seq,
+        "mean_length": mean,
+        "concurrent_at_max_length": min(r.max_slots, tokens // seq),
+        "concurrent_at_mean_length": min(r.max_slots, int(tokens // mean)),
+    }
 
 
 def _shard_factor(logical: tuple, rules: dict, sizes: dict[str, int]) -> int:
@@ -240,10 +330,11 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
             + _activation_bytes(cfg, critic, rows_dev, seq, cbytes, logits=False)
             + _attention_bytes(cfg, critic, kernel, rows_dev, seq)
         )
-    params_a = _sharded_bytes(shapes, axes, sharding.ACTOR_RULES, actor_axes, cbytes)
-    kv_split = actor_axes["data"] * min(actor_axes["tensor"], arch.n_kv_heads)
-    kv = 2 * arch.n_layers * cfg.rollout.max_slots * seq * arch.n_kv_heads * arch.head_dim
-    actor_bytes = {"params": params_a, "kv_cache": kv * cbytes / kv_split}
+    kv = kv_plan(cfg, arch, actor_axes)
+    actor_bytes = {
+        "params": _actor_params_bytes(cfg, arch, actor_axes),
+        "kv_cache": kv["bytes_per_device"],
+    }
     return Plan(
         arch=arch.arch,
         n_params=n_params,
@@ -257,6 +348,7 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
         device_memory_gib=cfg.mesh.device_memory_gib,
         hardware=cfg.mesh.hardware,
         shared=shared,
+        kv=kv,
         attention=kernel,
     )
 
@@ -285,6 +377,16 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"  actor   {k:12s} {gib(v)}")
     lines.append(f"  actor   total        {gib(plan.actor_total)}")
     lines.append(f"  peak per device      {gib(plan.peak_per_device)}")
+    kv = plan.kv
+    if kv:
+        pages = f"{kv['pages']:,} pages of {kv['page_size']}, " if kv["layout"] == "paged" else ""
+        lines += [
+            f"rollout KV cache:  {kv['layout']}, {pages}{kv['tokens']:,} tokens "
+            f"({kv['bytes_per_device'] / GiB:.3f} GiB per actor device)",
+            f"concurrent seqs:   {kv['concurrent_at_max_length']} at max length "
+            f"{kv['max_length']:,}, {kv['concurrent_at_mean_length']} at mean length "
+            f"{kv['mean_length']:,.0f} (max_slots {kv['max_slots']})",
+        ]
     if plan.fits is None:
         lines.append("fits: unknown (set mesh.device_memory_gib to check)")
     else:

@@ -19,6 +19,7 @@ caller's thread, so that every process issues the same device computations in on
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -83,6 +84,7 @@ class Rollouts:
         self._generating: set[int] = set()  # submitted, not returned by the stream yet
         self._consumed: set[int] = set()  # trained on
         self._skip: set[int] = set()  # trained on before the restart
+        self._kv_mark: Any = None  # the scheduler's stats at the last `kv_metrics`
 
     # -- requests -------------------------------------------------------------------------
     @property
@@ -137,6 +139,17 @@ class Rollouts:
 
     def score(self, groups: list[Any]) -> tuple[list[ScoredGroup], dict[str, float]]:
         return score_groups(groups, self.rewards, self.tokenizer, max_len=self.max_new_tokens)
+
+    def kv_metrics(self) -> dict[str, float]:
+        """The engine's KV metrics since the previous call (`Scheduler.kv_metrics`: pages in
+        use, KV utilisation, preemptions, recomputed tokens); {} for a backend without them
+        (vLLM)."""
+        scheduler = getattr(self.stream, "scheduler", None)
+        if not hasattr(scheduler, "kv_metrics"):
+            return {}
+        metrics = scheduler.kv_metrics(since=self._kv_mark)
+        self._kv_mark = dataclasses.replace(scheduler.stats)
+        return metrics
 
     def consume(self, request_ids: list[int]) -> None:
         """Marks requests as trained on (they leave the in-flight bookkeeping)."""
@@ -263,7 +276,7 @@ class RolloutSource(_Generating):
                 overlong_filter=self.overlong_filter,
                 **self.packing,
             )
-        metrics = {**merge_service_metrics(service), **asm.metrics()}
+        metrics = {**merge_service_metrics(service), **asm.metrics(), **r.kv_metrics()}
         metrics["staleness/mean"] = (
             float(np.mean([policy_version - g.version for g in kept])) if kept else 0.0
         )
@@ -318,7 +331,12 @@ class ExpertIterationSource(_Generating):
         asm = BatchAssembler(self.P, zero_variance_filter=False)
         for g in groups:
             asm.offer(g, policy_version)
-        metrics = {**metrics, **asm.metrics(), **expert_metrics(groups, min_score=self.min_score)}
+        metrics = {
+            **metrics,
+            **asm.metrics(),
+            **expert_metrics(groups, min_score=self.min_score),
+            **r.kv_metrics(),
+        }
         metrics["staleness/mean"] = 0.0
         metrics["time/rollout_s"] = time.perf_counter() - t0
         prompts, responses = expert_examples(groups, min_score=self.min_score)

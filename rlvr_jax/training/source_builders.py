@@ -52,8 +52,9 @@ def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -
         max_slots=cfg.max_slots,
         max_len=ctx.seq_len,
         mesh=ctx.actor_mesh,
-        chunk=cfg.decode_chunk,
+        **rollout.engine_kwargs(cfg),
     )
+    engine.compile_ahead()  # before any dispatch.LOCK: a first compile never stalls the loop
     return rollout.RolloutStream(engine, timeline=ctx.timeline, **common)
 
 

@@ -1,0 +1,308 @@
+"""The engine's static spec and its device-state dataclasses, for both KV layouts.
+
+- contiguous: every slot owns a [K, S, H] cache row per layer (S = `max_len`), so KV
+  memory and decode attention scale with `max_slots × max_len`;
+- paged (the default): one pool of `num_pages` pages of `page_size` tokens per layer,
+  [K, P, Z, H]; slots hold block tables (host-owned, `rlvr_jax.rollout.pages`), so KV
+  memory is a budget of its own and decode reads only the pages in use.
+
+`DecodeState.k` / `.v` hold one array per layer in either layout; the per-slot vectors are
+the same. On a mesh, slots and pages split over the slot axes of the `cache_batch` rule
+(each data shard owns its slots and its own range of pages, page 0 of each range being
+the trash page) and KV heads over `cache_kv_heads`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.struct
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from rlvr_jax import sharding
+from rlvr_jax.models import ArchConfig
+from rlvr_jax.rollout.paged_attention import GEOMETRY_TOKENS, PageGeometry, make_geometry
+
+KV_LAYOUTS = ("paged", "contiguous")
+CACHE_AXES = ("cache_batch", "cache_kv_heads", "cache_sequence", "head_dim")
+"""Logical axes of one layer's contiguous K or V cache [B, K, S, H]."""
+POOL_AXES = ("cache_kv_heads", "cache_batch", None, "head_dim")
+"""Logical axes of one layer's page pool [K, P, Z, H] (pages split like slots)."""
+SLOT_AXES = ("cache_batch",)
+"""Logical axes of a per-slot vector [B]."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSpec:
+    """Everything static about an engine (hashable: the jitted functions' static arg)."""
+
+    config: ArchConfig
+    """The policy's architecture."""
+    max_slots: int
+    """B: decode slots."""
+    max_len: int
+    """S: positions per sequence (prompt + generated tokens)."""
+    compute_dtype: str = "float32"
+    """Dtype of the decode weights and activations (the LM head and softmax stay fp32)."""
+    cache_dtype: str = "float32"
+    """Dtype of the KV cache."""
+    max_stop_ids: int = 8
+    """E: stop token ids per request."""
+    mesh: Mesh | None = None
+    """The actor mesh (None: one device)."""
+    rules: sharding.Rules | None = None
+    """Logical-axis rules on `mesh` (ACTOR_RULES when None)."""
+    kv_layout: str = "contiguous"
+    """"paged" or "contiguous" (see the module docstring)."""
+    page_size: int = 16
+    """Z: tokens per page (paged)."""
+    num_pages: int = 0
+    """P: pages in the pool, the trash pages included (paged; a multiple of `shards`)."""
+    prefill_chunk: int = 256
+    """Tokens per prefill chunk (paged)."""
+    attention: str = "xla"
+    """Decode attention of full layers: "xla", "pallas_tpu" or "pallas_gpu" (paged)."""
+    geometry_tokens: tuple[int, int, int] = GEOMETRY_TOKENS
+    """(decode block, decode iteration, prefill block) sizes in tokens (paged)."""
+
+    def __post_init__(self) -> None:
+        if self.max_slots < 1:
+            raise ValueError(f"max_slots must be >= 1, got {self.max_slots}")
+        if self.max_len < 2:
+            raise ValueError(
+                f"max_len must be >= 2 (a prompt token and a new one), got {self.max_len}"
+            )
+        if self.max_stop_ids < 1:
+            raise ValueError(f"max_stop_ids must be >= 1, got {self.max_stop_ids}")
+        if self.kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")
+        if self.kv_layout == "paged":
+            if self.page_size < 1 or self.prefill_chunk < 1:
+                raise ValueError("page_size and prefill_chunk must be >= 1")
+            if self.max_slots % self.shards:
+                raise ValueError(f"max_slots={self.max_slots} must split over {self.shards} shards")
+            if self.num_pages % self.shards or self.pages_per_shard < 2:
+                raise ValueError(
+                    f"num_pages={self.num_pages} must be a multiple of the {self.shards} "
+                    "slot shards with at least 2 per shard (page 0 of each is reserved)"
+                )
+
+    @property
+    def prefill_buckets(self) -> tuple[int, ...]:
+        """Padded lengths of a dense prefill: powers of two from 16, capped by (and ending
+        at) S."""
+        return _powers_up_to(self.max_len)
+
+    def bucket(self, length: int) -> int:
+        """The smallest dense-prefill bucket holding `length` tokens."""
+        return next(b for b in self.prefill_buckets if b >= length)
+
+    @property
+    def chunk_buckets(self) -> tuple[int, ...]:
+        """Padded lengths of a paged prefill chunk: powers of two from 16 up to
+        `prefill_chunk`."""
+        return _powers_up_to(min(self.prefill_chunk, self.max_len))
+
+    def chunk_bucket(self, length: int) -> int:
+        """The smallest prefill-chunk bucket holding `length` tokens."""
+        return next(b for b in self.chunk_buckets if b >= length)
+
+    # ---- paged geometry ---------------------------------------------------------------------
+
+    @property
+    def slot_spec(self) -> Any:
+        """Mesh axes the slots (and pages) split over, as a PartitionSpec entry."""
+        if self.mesh is None:
+            return None
+        rules = self.rules if self.rules is not None else sharding.ACTOR_RULES
+        return sharding.logical_to_spec(SLOT_AXES, rules, self.mesh, (self.max_slots,))[0]
+
+    @property
+    def shards(self) -> int:
+        """Slot shards: each owns B / shards slots and P / shards pages."""
+        axes = self.slot_spec
+        if axes is None:
+            return 1
+        return math.prod(self.mesh.shape[a] for a in ((axes,) if isinstance(axes, str) else axes))
+
+    @property
+    def pages_per_shard(self) -> int:
+        """Pages of one shard's range (its page 0 is the trash page)."""
+        return self.num_pages // self.shards
+
+    @property
+    def geometry(self) -> PageGeometry:
+        """How decode and prefill walk the pool."""
+        raw = -(-self.max_len // self.page_size)
+        return make_geometry(self.page_size, raw, self.geometry_tokens)
+
+    @property
+    def max_pages(self) -> int:
+        """M: block-table width, ceil(S / Z) rounded up to whole work and prefill blocks."""
+        g = self.geometry
+        raw = -(-self.max_len // self.page_size)
+        step = math.lcm(g.pages_per_block, g.context_block_pages)
+        return -(-raw // step) * step
+
+    @property
+    def row_buckets(self) -> tuple[int, ...]:
+        """Slot counts a decode call may run on (paged, one shard): B/8, B/4, B/2 (those
+        of at least 8) and B; otherwise just B."""
+        b = self.max_slots
+        if self.kv_layout != "paged" or self.shards != 1:
+            return (b,)
+        return (*(b // d for d in (8, 4, 2) if b % d == 0 and b // d >= 8), b)
+
+    def row_bucket(self, live: int) -> int:
+        """The smallest row bucket holding `live` packed slots."""
+        return next(r for r in self.row_buckets if r >= live)
+
+    @property
+    def work_len(self) -> int:
+        """R: work-list entries per shard (every page of the shard in blocks, one partial
+        block per slot), rounded up to whole decode iterations."""
+        g = self.geometry
+        r = -(-self.pages_per_shard // g.pages_per_block) + self.max_slots // self.shards
+        return -(-r // g.blocks_per_iter) * g.blocks_per_iter
+
+
+def _powers_up_to(top: int) -> tuple[int, ...]:
+    buckets, b = [], 16
+    while b < top:
+        buckets.append(b)
+        b *= 2
+    return (*buckets, top)
+
+
+@flax.struct.dataclass
+class DecodeState:
+    """All slots' device state. A slot is live while `active_B`."""
+
+    k: tuple[jax.Array, ...]  # per layer: [B, K, S, H] (contiguous) or [K, P, Z, H] (paged)
+    v: tuple[jax.Array, ...]
+    tokens_B: jax.Array  # int32: the next input token (last sampled, or the prompt's last)
+    positions_B: jax.Array  # int32: position of tokens_B
+    active_B: jax.Array  # bool
+    generated_B: jax.Array  # int32: tokens generated for the slot's request
+    max_new_B: jax.Array  # int32
+    seed_B: jax.Array  # uint32
+    sample_B: jax.Array  # int32
+    temperature_B: jax.Array  # float32
+    top_k_B: jax.Array  # int32
+    top_p_B: jax.Array  # float32
+    stop_ids_BxE: jax.Array  # int32, -1 padded
+
+
+@flax.struct.dataclass
+class Prefix:
+    """A prefilled prompt: K/V of its first `length` tokens, and its last token."""
+
+    k: tuple[jax.Array, ...]  # per layer [1, K, T, H]
+    v: tuple[jax.Array, ...]
+    tokens_T: jax.Array  # int32: the cached tokens, right-padded
+    length: jax.Array  # int32 []: cached tokens (prompt length - 1)
+    last_token: jax.Array  # int32 []
+
+
+@flax.struct.dataclass
+class ChunkOutput:
+    """What one `generate` call produced: column c holds decode step c of the chunk."""
+
+    tokens_BxC: jax.Array
+    logprobs_BxC: jax.Array
+    valid_BxC: jax.Array  # a token was produced by slot b at step c
+    active_B: jax.Array  # after the chunk
+    generated_B: jax.Array
+    steps: jax.Array  # int32 []: decode steps run
+
+
+@flax.struct.dataclass
+class SlotSettings:
+    """Per-slot request settings of one insert, padded to [B] (slot index B = unused).
+
+    `generated_B` is how many tokens the request has already generated (0 for a fresh
+    one; a resumed, preempted one continues its count and budget)."""
+
+    slots_B: jax.Array
+    seed_B: jax.Array
+    sample_B: jax.Array
+    max_new_B: jax.Array
+    temperature_B: jax.Array
+    top_k_B: jax.Array
+    top_p_B: jax.Array
+    stop_ids_BxE: jax.Array
+    generated_B: jax.Array
+
+
+def start_slots(
+    state: DecodeState, settings: SlotSettings, token_B: Any, position_B: Any
+) -> DecodeState:
+    """`state` with slots `settings.slots_B` (B = unused) live for their requests: next
+    input `token_B` at `position_B` (arrays [B] or scalars). Jittable."""
+    slots_B = settings.slots_B
+
+    def put(x_B: jax.Array, value: Any) -> jax.Array:
+        return x_B.at[slots_B].set(value, mode="drop")
+
+    return state.replace(
+        tokens_B=put(state.tokens_B, token_B),
+        positions_B=put(state.positions_B, position_B),
+        active_B=put(state.active_B, True),
+        generated_B=put(state.generated_B, settings.generated_B),
+        max_new_B=put(state.max_new_B, settings.max_new_B),
+        seed_B=put(state.seed_B, settings.seed_B),
+        sample_B=put(state.sample_B, settings.sample_B),
+        temperature_B=put(state.temperature_B, settings.temperature_B),
+        top_k_B=put(state.top_k_B, settings.top_k_B),
+        top_p_B=put(state.top_p_B, settings.top_p_B),
+        stop_ids_BxE=state.stop_ids_BxE.at[slots_B].set(settings.stop_ids_BxE, mode="drop"),
+    )
+
+
+def named(spec: EngineSpec, names: tuple, shape: tuple) -> NamedSharding:
+    """NamedSharding of an array with logical axes `names` on the engine's mesh."""
+    rules = spec.rules if spec.rules is not None else sharding.ACTOR_RULES
+    return NamedSharding(spec.mesh, sharding.logical_to_spec(names, rules, spec.mesh, shape))
+
+
+def kv_shape(spec: EngineSpec) -> tuple[int, ...]:
+    """Shape of one layer's K (or V) array."""
+    cfg = spec.config
+    if spec.kv_layout == "paged":
+        return (cfg.n_kv_heads, spec.num_pages, spec.page_size, cfg.head_dim)
+    return (spec.max_slots, cfg.n_kv_heads, spec.max_len, cfg.head_dim)
+
+
+def kv_sharding(spec: EngineSpec) -> NamedSharding:
+    """Sharding of one layer's K (or V) array on the mesh."""
+    shape = kv_shape(spec)
+    if spec.kv_layout == "contiguous":
+        return named(spec, CACHE_AXES, shape)
+    heads = named(spec, POOL_AXES, shape).spec[0]
+    return NamedSharding(spec.mesh, PartitionSpec(heads, spec.slot_spec, None, None))
+
+
+def state_shardings(spec: EngineSpec) -> Any:
+    """NamedSharding tree of a `DecodeState` on the actor mesh (None without a mesh)."""
+    if spec.mesh is None:
+        return None
+    cache = kv_sharding(spec)
+    slot = NamedSharding(spec.mesh, PartitionSpec(spec.slot_spec))
+    stop = NamedSharding(spec.mesh, PartitionSpec(spec.slot_spec, None))
+    layers = (cache,) * spec.config.n_layers
+    return DecodeState(layers, layers, *(slot,) * 10, stop)
+
+
+def replicated(spec: EngineSpec) -> NamedSharding | None:
+    """Every device holds the whole array (None without a mesh)."""
+    if spec.mesh is None:
+        return None
+    return NamedSharding(spec.mesh, PartitionSpec())
+
+
+def constrain(tree: Any, shardings: Any) -> Any:
+    """`with_sharding_constraint`, or the identity without shardings."""
+    return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)
