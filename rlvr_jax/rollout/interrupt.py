@@ -17,9 +17,12 @@ statistics (`training.batch.Sample.sampled`), and they are part of the completio
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr_jax.rollout.engine import RequestError
+
+if TYPE_CHECKING:
+    from rlvr_jax.config.schema import InterruptConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +66,7 @@ class Interrupt:
         return [not self.budget <= i < end for i in range(n_tokens)]
 
 
-def from_config(section: Any, tokenizer: Any, *, max_new_tokens: int) -> Interrupt | None:
+def from_config(section: InterruptConfig, tokenizer: Any, *, max_new_tokens: int) -> Interrupt | None:
     """The `rollout.interrupt` config section as an `Interrupt` (None when off), its text
     tokenized without special tokens. Raises ValueError naming the keys when it does not fit
     `rollout.max_new_tokens`."""
