@@ -66,7 +66,9 @@ class Interrupt:
         return [not self.budget <= i < end for i in range(n_tokens)]
 
 
-def from_config(section: InterruptConfig, tokenizer: Any, *, max_new_tokens: int) -> Interrupt | None:
+def from_config(
+    section: InterruptConfig, tokenizer: Any, *, max_new_tokens: int
+) -> Interrupt | None:
     """The `rollout.interrupt` config section as an `Interrupt` (None when off), its text
     tokenized without special tokens. Raises ValueError naming the keys when it does not fit
     `rollout.max_new_tokens`."""

@@ -38,9 +38,7 @@ def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -
 
     cfg = ctx.cfg.rollout
     sampling = rollout.SamplingParams(cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
-    forcing = interrupt.from_config(
-        cfg.interrupt, ctx.tokenizer, max_new_tokens=cfg.max_new_tokens
-    )
+    forcing = interrupt.from_config(cfg.interrupt, ctx.tokenizer, max_new_tokens=cfg.max_new_tokens)
     common = dict(
         max_new_tokens=cfg.max_new_tokens,
         sampling=sampling,
