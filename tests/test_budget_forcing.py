@@ -242,3 +242,38 @@ def test_trainer_runs_with_budget_forcing(tmp_path):
         assert 0.0 < row["rollout/interrupted_fraction"] <= 1.0  # a random policy rarely stops
         texts = [json.loads(x)["text"] for x in (out / "samples.jsonl").read_text().splitlines()]
         assert any(" ok" in t for t in texts)
+
+
+def _load_script():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "experiment_budget_forcing.py"
+    spec = importlib.util.spec_from_file_location("experiment_budget_forcing", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_experiment_script_arms_and_summary():
+    exp = _load_script()
+    assert exp.arm_overrides("off", budget=8, text="x", answer=4) == [
+        "rollout.interrupt.thinking_budget=0"
+    ]
+    on = exp.arm_overrides("on", budget=8, text="</think> ok", answer=4)
+    cfg = load(None, ["model.path=m", *on])  # the overrides parse back to the values
+    assert (cfg.rollout.interrupt.thinking_budget, cfg.rollout.interrupt.answer_budget) == (8, 4)
+    assert cfg.rollout.interrupt.text == "</think> ok"
+    rows = [
+        {"reward/mean": 0.2, "response_length/mean": 30.0, "rollout/interrupted_fraction": 0.5},
+        {"reward/mean": 0.4, "response_length/mean": 20.0, "rollout/interrupted_fraction": 0.3},
+        {"reward/mean": 0.6, "response_length/mean": 10.0, "rollout/interrupted_fraction": 0.1},
+    ]
+    s = exp.summarize(rows)
+    assert s["reward_mean"] == pytest.approx(0.4) and s["reward_last_half"] == pytest.approx(0.5)
+    assert s["interrupted_fraction"] == pytest.approx(0.3) and s["response_length"] == 20.0
+    assert np.isnan(exp.summarize([{"reward/mean": 0.1}])["interrupted_fraction"])
+    with pytest.raises(ValueError, match="unknown arm"):
+        exp.arm_overrides("both", budget=1, text="x", answer=1)
