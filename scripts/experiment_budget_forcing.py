@@ -97,8 +97,10 @@ def table(results: dict[str, dict[str, float]], meta: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for arm, r in results.items():
+        frac = r["interrupted_fraction"]
+        frac_text = "— (off)" if frac != frac else f"{frac:.3f}"  # nan: the metric is absent
         lines.append(
-            f"| {arm} | {r['interrupted_fraction']:.3f} | {r['reward_mean']:.3f} | "
+            f"| {arm} | {frac_text} | {r['reward_mean']:.3f} | "
             f"{r['reward_last_half']:.3f} | {r['response_length']:.1f} | {r['wall_s']:.0f} |"
         )
     return "\n".join(lines) + "\n"
