@@ -277,3 +277,27 @@ def test_experiment_script_arms_and_summary():
     assert np.isnan(exp.summarize([{"reward/mean": 0.1}])["interrupted_fraction"])
     with pytest.raises(ValueError, match="unknown arm"):
         exp.arm_overrides("both", budget=1, text="x", answer=1)
+
+
+def test_forcing_on_a_mesh_equals_one_device(qwen):
+    """Slots (and their forced tokens) split over 4 data shards, heads over 2 tensor shards:
+    the same tokens, flags and log-probs as one device."""
+    import jax
+
+    from rlvr_jax import sharding
+
+    if jax.device_count() < 8:
+        pytest.skip("needs the 8 simulated devices of tests/conftest.py")
+    mesh = sharding.make_mesh({"data": 4, "tensor": 2})
+    prompts = _prompts([5, 9, 3, 7], seed=6)
+    gen = dict(max_new_tokens=20, num_samples=2, seed=2, interrupt=INTERRUPT)
+    got = generate(EngineCore(qwen, max_slots=8, max_len=40, mesh=mesh, **SMALL), prompts, **gen)
+    want = generate(EngineCore(qwen, max_slots=8, max_len=40, **SMALL), prompts, **gen)
+    assert [(c.tokens, c.sampled) for c in got] == [(c.tokens, c.sampled) for c in want]
+    assert all(c.interrupted for c in got)
+    np.testing.assert_allclose(
+        np.concatenate([c.logprobs for c in got]),
+        np.concatenate([c.logprobs for c in want]),
+        rtol=0,
+        atol=1e-5,
+    )
