@@ -61,7 +61,35 @@ def check_runtime(cfg: Config, *, source: str = "<config>") -> None:
 
 def from_dict(raw: dict[str, Any], *, source: str = "<dict>") -> Config:
     """Validates a plain nested dict against the schema."""
-    return _build(Config, raw, "", source)
+    cfg = _build(Config, raw, "", source)
+    _check_interrupt(cfg.rollout, source)
+    return cfg
+
+
+def _check_interrupt(rollout: schema.RolloutConfig, source: str) -> None:
+    """`rollout.interrupt`'s values and what they need of the rest of `rollout`."""
+    it = rollout.interrupt
+    if it.thinking_budget < 0 or it.answer_budget < 1:
+        raise ConfigError(
+            f"{source}: rollout.interrupt: thinking_budget must be >= 0 (0 = off) and "
+            f"answer_budget >= 1, got {it.thinking_budget} and {it.answer_budget}"
+        )
+    if not it.thinking_budget:
+        return
+    if not it.text:
+        raise ConfigError(f"{source}: rollout.interrupt.text must not be empty")
+    if rollout.backend == "vllm":
+        raise ConfigError(
+            f"{source}: rollout.interrupt (budget forcing) is not supported with "
+            "rollout.backend: vllm; use rollout.backend: jetstream or set "
+            "rollout.interrupt.thinking_budget: 0"
+        )
+    if it.thinking_budget + it.answer_budget >= rollout.max_new_tokens:
+        raise ConfigError(
+            f"{source}: rollout.interrupt: thinking_budget={it.thinking_budget} + "
+            f"answer_budget={it.answer_budget} + the text's tokens must fit in "
+            f"rollout.max_new_tokens={rollout.max_new_tokens}"
+        )
 
 
 def to_dict(cfg: Any) -> Any:

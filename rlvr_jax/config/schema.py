@@ -120,6 +120,21 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class InterruptConfig:
+    thinking_budget: int = 0
+    """Budget forcing (ScaleRL's interruptions): a completion that has generated this many
+    tokens without stopping gets `text` appended by the engine (its KV cache continues) and
+    may then answer; 0 = off."""
+    text: str = "</think> Okay, time to answer."
+    """The inserted string (tokenized without special tokens). Its tokens are part of the
+    completion (reward, samples log) but not sampled: masked out of the loss and of the
+    log-prob / TIS statistics."""
+    answer_budget: int = 32
+    """Tokens the completion may generate after the inserted text; thinking_budget + the
+    text's tokens + this must fit in `rollout.max_new_tokens`."""
+
+
+@dataclass(frozen=True)
 class RolloutConfig:
     mode: Literal["sync", "async"] = "sync"
     """`sync`: generate, score, train, repeat. `async`: the actors generate while the
@@ -159,6 +174,9 @@ class RolloutConfig:
     """KV pool size in GiB per actor device (paged; set this or `kv_pages`)."""
     prefill_chunk: int = 512
     """Prompt tokens prefilled per chunk, interleaved with decode chunks (paged)."""
+    interrupt: InterruptConfig = field(default_factory=InterruptConfig)
+    """Budget forcing (`rlvr_jax.rollout.interrupt`; our engine only, not vLLM); metric
+    `rollout/interrupted_fraction`."""
 
 
 @dataclass(frozen=True)

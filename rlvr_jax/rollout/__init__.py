@@ -21,10 +21,13 @@ Host half:
   top_k=0, num_samples=1, stop_token_ids=(), seed=0, batching="continuous",
   max_slots=None) -> list[Completion]`, ordered by (prompt_index, sample_index).
   `Completion(prompt_index, sample_index, tokens, logprobs, finish_reason,
-  policy_versions)`: tokens include the stop token that ended them; finish_reason is
+  policy_versions, sampled)`: tokens include the stop token that ended them; finish_reason is
   "stop" or "length"; one policy version per token. Prompt i samples with seed
   `request_seed(seed, i)`. `batching="static"` is the baseline (a batch runs until its
-  longest member ends); the tokens are the same either way.
+  longest member ends); the tokens are the same either way. `interrupt=Interrupt(budget,
+  tokens, answer_budget)` (also `GroupRequest.interrupt`, `RolloutStream(interrupt=...)`)
+  forces `tokens` into a completion that reaches `budget` generated tokens, then lets it
+  answer (`rlvr_jax.rollout.interrupt`, budget forcing); `Completion.sampled` marks them.
 
 The trainer's interface, `RolloutStream` (requests in continuously, completed groups out
 as soon as all their samples finish, weights swapped in flight)::
@@ -57,6 +60,7 @@ imports neither TensorFlow, JetStream, torch nor vLLM.
 from rlvr_jax.rollout.core import EngineSpec
 from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest, make_engine_core
 from rlvr_jax.rollout.generation import generate, request_seed
+from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.jetstream_engine import make_engine
 from rlvr_jax.rollout.kv_budget import engine_kwargs
 from rlvr_jax.rollout.sampling import SamplingParams
@@ -69,6 +73,7 @@ __all__ = [
     "EngineCore",
     "EngineSpec",
     "GroupRequest",
+    "Interrupt",
     "RequestError",
     "RolloutError",
     "RolloutStream",

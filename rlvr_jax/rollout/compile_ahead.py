@@ -39,6 +39,8 @@ def _slot_settings(spec: Any) -> core.SlotSettings:
         top_p_B=_host((b,), np.float32),
         stop_ids_BxE=_host((b, e)),
         generated_B=_host((b,)),
+        budget_B=_host((b,)),
+        forced_BxF=_host((b, spec.max_interrupt_ids)),
     )
 
 

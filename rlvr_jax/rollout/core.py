@@ -148,6 +148,8 @@ def init_state(*, spec: EngineSpec) -> DecodeState:
         top_k_B=zeros_i,
         top_p_B=jnp.ones((b,), jnp.float32),
         stop_ids_BxE=jnp.full((b, spec.max_stop_ids), -1, jnp.int32),
+        budget_B=jnp.full((b,), -1, jnp.int32),
+        forced_BxF=jnp.full((b, spec.max_interrupt_ids), -1, jnp.int32),
     )
     return constrain(state, state_shardings(spec))
 
@@ -226,9 +228,10 @@ def _decode_one(
         position_B=next_pos_B,
         mode=mode,
     )
+    tokens_B, logprobs_B, forced_B = _force(state, tokens_B, logprobs_B)
     produced_B = state.active_B
     generated_B = state.generated_B + produced_B.astype(jnp.int32)
-    is_stop_B = jnp.any(tokens_B[:, None] == state.stop_ids_BxE, axis=-1)
+    is_stop_B = jnp.any(tokens_B[:, None] == state.stop_ids_BxE, axis=-1) & ~forced_B
     # A token sampled at position S - 1 could not be fed back: the slot is full.
     full_B = next_pos_B >= spec.max_len - 1
     done_B = produced_B & (is_stop_B | (generated_B >= state.max_new_B) | full_B)
@@ -243,6 +246,25 @@ def _decode_one(
     return state, tokens_B, logprobs_B, produced_B, done_B
 
 
+def _force(
+    state: DecodeState, tokens_B: jax.Array, logprobs_B: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Budget forcing (`rlvr_jax.rollout.interrupt`): a slot whose generated count g is in
+    [budget, budget + inserted) emits (and feeds next) forced token g - budget instead of
+    the sampled one, with log-prob 0, and never stops on it. Returns (tokens_B,
+    logprobs_B, forced_B)."""
+    f = state.forced_BxF.shape[1]
+    index_B = state.generated_B - state.budget_B
+    at_B = jnp.clip(index_B, 0, f - 1)[:, None]
+    token_B = jnp.take_along_axis(state.forced_BxF, at_B, axis=1)[:, 0]
+    forced_B = (state.budget_B >= 0) & (index_B >= 0) & (index_B < f) & (token_B >= 0)
+    return (
+        jnp.where(forced_B, token_B, tokens_B),
+        jnp.where(forced_B, 0.0, logprobs_B),
+        forced_B,
+    )
+
+
 _SLOT_FIELDS = (
     "tokens_B",
     "positions_B",
@@ -255,6 +277,8 @@ _SLOT_FIELDS = (
     "top_k_B",
     "top_p_B",
     "stop_ids_BxE",
+    "budget_B",
+    "forced_BxF",
 )
 
 

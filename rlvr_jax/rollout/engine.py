@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,9 @@ from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.pages import pages_for
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, UNFILTERED, SamplerMode, SamplingParams
 
+if TYPE_CHECKING:
+    from rlvr_jax.rollout.interrupt import Interrupt
+
 
 class RequestError(ValueError):
     """A request the engine cannot serve (too long, bad ids, too many stop tokens...)."""
@@ -44,6 +47,8 @@ class SlotRequest:
     max_new_tokens: int
     sampling: SamplingParams = DEFAULT_SAMPLING
     stop_token_ids: tuple[int, ...] = ()
+    interrupt: Interrupt | None = None
+    """Budget forcing (`rlvr_jax.rollout.interrupt`); None = off."""
 
 
 class EngineCore(PagedOps):
@@ -59,6 +64,7 @@ class EngineCore(PagedOps):
       chunk: decode steps per `generate` call (the host polls between chunks).
       cache_dtype: KV cache dtype (default: the model's compute dtype).
       max_stop_ids: stop token ids a request may carry.
+      max_interrupt_ids: inserted token ids a request's budget forcing may carry.
       kv_layout: "paged" (default) or "contiguous" (fixed [S] rows per slot; the baseline).
       page_size: tokens per page. prefill_chunk: tokens per prefill chunk (paged).
       kv_pages / kv_cache_gib: the pool's budget, in allocatable pages (all shards) or in
@@ -87,6 +93,7 @@ class EngineCore(PagedOps):
         prefill_chunk: int = 512,
         attention: str = "auto",
         geometry_tokens: tuple[int, int, int] | None = None,
+        max_interrupt_ids: int = 16,
     ):
         if chunk < 1:
             raise ValueError(f"chunk (decode steps per call) must be >= 1, got {chunk}")
@@ -98,6 +105,7 @@ class EngineCore(PagedOps):
             compute_dtype=compute,
             cache_dtype=compute if cache_dtype is None else jnp.dtype(cache_dtype).name,
             max_stop_ids=max_stop_ids,
+            max_interrupt_ids=max_interrupt_ids,
             mesh=mesh,
             rules=(sharding.ACTOR_RULES if rules is None else rules) if mesh else None,
         )
@@ -230,6 +238,8 @@ class EngineCore(PagedOps):
             "top_p_B": np.ones((b,), np.float32),
             "stop_ids_BxE": np.full((b, e), -1, np.int32),
             "generated_B": np.zeros((b,), np.int32),
+            "budget_B": np.full((b,), -1, np.int32),
+            "forced_BxF": np.full((b, self.spec.max_interrupt_ids), -1, np.int32),
         }
         for i, (slot, r) in enumerate(zip(slots, requests)):
             if not 0 <= r.seed < 2**32:
@@ -252,7 +262,25 @@ class EngineCore(PagedOps):
             arrays["top_k_B"][i] = r.sampling.top_k
             arrays["top_p_B"][i] = r.sampling.top_p
             arrays["stop_ids_BxE"][i, : len(r.stop_token_ids)] = r.stop_token_ids
+            if r.interrupt is not None:
+                self._set_interrupt(arrays, i, r)
         return SlotSettings(**arrays)
+
+    def _set_interrupt(self, arrays: dict[str, np.ndarray], i: int, r: SlotRequest) -> None:
+        """Row `i` of `settings`' arrays for `r`'s budget forcing."""
+        forced = r.interrupt.tokens
+        if len(forced) > self.spec.max_interrupt_ids:
+            raise RequestError(
+                f"{len(forced)} inserted token ids; this engine takes at most "
+                f"{self.spec.max_interrupt_ids} (EngineCore(max_interrupt_ids=...))"
+            )
+        if any(not 0 <= t < self.config.vocab_size for t in forced):
+            raise RequestError(
+                f"inserted token ids must be in [0, {self.config.vocab_size}), got {list(forced)}"
+            )
+        arrays["max_new_B"][i] = r.interrupt.max_new_tokens(r.max_new_tokens)
+        arrays["budget_B"][i] = r.interrupt.budget
+        arrays["forced_BxF"][i, : len(forced)] = forced
 
     def insert(
         self,

@@ -9,6 +9,7 @@ import numpy as np
 
 from rlvr_jax.models import Model
 from rlvr_jax.rollout.engine import EngineCore, RequestError
+from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.sampling import SamplingParams
 from rlvr_jax.rollout.scheduler import BATCHING, Completion, GroupRequest, Scheduler
 
@@ -77,6 +78,7 @@ def generate(
     seed: int = 0,
     batching: str = "continuous",
     max_slots: int | None = None,
+    interrupt: Interrupt | None = None,
 ) -> list[Completion]:
     """Samples `num_samples` completions of each prompt.
 
@@ -86,7 +88,8 @@ def generate(
     stops at any of `stop_token_ids` (pass the model's EOS ids to stop there) or after
     `max_new_tokens`. Prompt i samples with seed `request_seed(seed, i)`; results are
     independent of `batching` and `max_slots`. `max_slots` caps the slots used (default:
-    all of the engine's). Returns completions ordered by (prompt_index, sample_index).
+    all of the engine's). `interrupt`: budget forcing (`rlvr_jax.rollout.interrupt`; our
+    engine only). Returns completions ordered by (prompt_index, sample_index).
     """
     if batching not in BATCHING:
         raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
@@ -95,6 +98,8 @@ def generate(
     if num_samples < 1:
         raise RequestError(f"num_samples must be >= 1, got {num_samples}")
     if hasattr(model_or_engine, "generate_completions"):  # the vLLM backend
+        if interrupt is not None:
+            raise RequestError("budget forcing (interrupt=...) needs our engine, not vLLM")
         return model_or_engine.generate_completions(
             [list(p) for p in ids],
             max_new_tokens=max_new_tokens,
@@ -118,6 +123,7 @@ def generate(
                 max_new_tokens=max_new_tokens,
                 sampling=sampling,
                 stop_token_ids=tuple(int(t) for t in stop_token_ids),
+                interrupt=interrupt,
             )
         )
     completions = [c for _, group in scheduler.run() for c in group]

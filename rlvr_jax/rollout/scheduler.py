@@ -30,6 +30,7 @@ import numpy as np
 from rlvr_jax import dispatch
 from rlvr_jax.rollout.core import Prefix
 from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest
+from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
 
@@ -57,6 +58,14 @@ class Completion:
     """"stop" (a stop token was sampled) or "length" (max_new_tokens reached)."""
     policy_versions: list[int]
     """The params version that produced each token."""
+    sampled: list[bool] | None = None
+    """Per token: False where the engine inserted it (budget forcing, `rollout.interrupt`:
+    not sampled, log-prob 0, never trained on); None = every token sampled."""
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether budget forcing inserted tokens into this completion."""
+        return self.sampled is not None and not all(self.sampled)
 
     @property
     def policy_version(self) -> int:
@@ -80,11 +89,18 @@ class GroupRequest:
     meta: Any = None
     on_tokens: TokenHook | None = dataclasses.field(default=None, compare=False)
     """Optional streaming hook (`TokenHook`): sees every sample's tokens as they are made."""
+    interrupt: Interrupt | None = None
+    """Budget forcing (`rlvr_jax.rollout.interrupt`); None = off."""
 
     def slot_request(self, sample_index: int) -> SlotRequest:
         """What the slot running sample `sample_index` generates for."""
         return SlotRequest(
-            self.seed, sample_index, self.max_new_tokens, self.sampling, self.stop_token_ids
+            self.seed,
+            sample_index,
+            self.max_new_tokens,
+            self.sampling,
+            self.stop_token_ids,
+            self.interrupt,
         )
 
 
@@ -354,7 +370,9 @@ class Scheduler:
             del self._slots[slot_id]
             if self._paged is not None:
                 self._paged.release(slot, slot_id)
+            sampled = None if req.interrupt is None else req.interrupt.sampled(len(slot.tokens))
             stopped = bool(slot.tokens) and slot.tokens[-1] in req.stop_token_ids
+            stopped = stopped and (sampled is None or sampled[-1])  # a forced token never stops
             slot.group.done[slot.sample_index] = Completion(
                 prompt_index=req.prompt_index,
                 sample_index=slot.sample_index,
@@ -362,6 +380,7 @@ class Scheduler:
                 logprobs=slot.logprobs,
                 finish_reason="stop" if stopped else "length",
                 policy_versions=slot.versions,
+                sampled=sampled,
             )
             if len(slot.group.done) == req.num_samples:
                 done = slot.group.done

@@ -67,6 +67,8 @@ class EngineSpec:
     """Decode attention of full layers: "xla", "pallas_tpu" or "pallas_gpu" (paged)."""
     geometry_tokens: tuple[int, int, int] = GEOMETRY_TOKENS
     """(decode block, decode iteration, prefill block) sizes in tokens (paged)."""
+    max_interrupt_ids: int = 16
+    """F: inserted token ids a request's budget forcing may carry (`rollout.interrupt`)."""
 
     def __post_init__(self) -> None:
         if self.max_slots < 1:
@@ -77,6 +79,8 @@ class EngineSpec:
             )
         if self.max_stop_ids < 1:
             raise ValueError(f"max_stop_ids must be >= 1, got {self.max_stop_ids}")
+        if self.max_interrupt_ids < 1:
+            raise ValueError(f"max_interrupt_ids must be >= 1, got {self.max_interrupt_ids}")
         if self.kv_layout not in KV_LAYOUTS:
             raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")
         if self.kv_layout == "paged":
@@ -194,6 +198,8 @@ class DecodeState:
     top_k_B: jax.Array  # int32
     top_p_B: jax.Array  # float32
     stop_ids_BxE: jax.Array  # int32, -1 padded
+    budget_B: jax.Array  # int32: generated count at which forcing starts (-1: never)
+    forced_BxF: jax.Array  # int32: the tokens forced from then on, -1 padded
 
 
 @flax.struct.dataclass
@@ -235,6 +241,9 @@ class SlotSettings:
     top_p_B: jax.Array
     stop_ids_BxE: jax.Array
     generated_B: jax.Array
+    budget_B: jax.Array
+    """Budget forcing (`rlvr_jax.rollout.interrupt`): -1 off."""
+    forced_BxF: jax.Array
 
 
 def start_slots(
@@ -259,6 +268,8 @@ def start_slots(
         top_k_B=put(state.top_k_B, settings.top_k_B),
         top_p_B=put(state.top_p_B, settings.top_p_B),
         stop_ids_BxE=state.stop_ids_BxE.at[slots_B].set(settings.stop_ids_BxE, mode="drop"),
+        budget_B=put(state.budget_B, settings.budget_B),
+        forced_BxF=state.forced_BxF.at[slots_B].set(settings.forced_BxF, mode="drop"),
     )
 
 
@@ -293,7 +304,7 @@ def state_shardings(spec: EngineSpec) -> Any:
     slot = NamedSharding(spec.mesh, PartitionSpec(spec.slot_spec))
     stop = NamedSharding(spec.mesh, PartitionSpec(spec.slot_spec, None))
     layers = (cache,) * spec.config.n_layers
-    return DecodeState(layers, layers, *(slot,) * 10, stop)
+    return DecodeState(layers, layers, *(slot,) * 10, stop, slot, stop)
 
 
 def replicated(spec: EngineSpec) -> NamedSharding | None:

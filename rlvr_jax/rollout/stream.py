@@ -25,6 +25,7 @@ from typing import Any
 
 from rlvr_jax import dispatch
 from rlvr_jax.rollout.engine import EngineCore
+from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.scheduler import Batching, Completion, GroupRequest, Scheduler, TokenHook
@@ -71,6 +72,7 @@ class RolloutStream:
         `live`, `idle` — e.g. `vllm_backend.VllmScheduler`.
       timeline: when given, each decode chunk the driver thread runs is recorded in it as a
         "rollout" span (`rlvr_jax.timeline`; `rlvr-bench e2e` measures overlap with it).
+      interrupt: budget forcing of every request (`rlvr_jax.rollout.interrupt`); None = off.
     """
 
     def __init__(
@@ -87,10 +89,12 @@ class RolloutStream:
         version: int = 0,
         timeline: Timeline | None = None,
         scheduler: Any = None,
+        interrupt: Interrupt | None = None,
     ):
         if max_pending_groups < 1 or max_ready_groups < 1:
             raise ValueError("max_pending_groups and max_ready_groups must be >= 1")
         self.defaults = (max_new_tokens, sampling, tuple(int(t) for t in stop_token_ids))
+        self.interrupt = interrupt
         self.max_pending_groups = max_pending_groups
         self.max_ready_groups = max_ready_groups
         if scheduler is None:
@@ -202,6 +206,7 @@ class RolloutStream:
             stop_token_ids=d_stop if stop_token_ids is None else tuple(stop_token_ids),
             meta=meta,
             on_tokens=on_tokens,
+            interrupt=self.interrupt,
         )
         self.scheduler.check(request)  # the one validation: bad requests fail their caller
         deadline = None if timeout is None else time.monotonic() + timeout

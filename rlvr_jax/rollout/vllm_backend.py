@@ -156,6 +156,11 @@ class VllmScheduler:
             raise ValueError(f"num_samples must be >= 1, got {request.num_samples}")
         if not request.prompt or request.max_new_tokens < 1:
             raise ValueError("a request needs a non-empty prompt and max_new_tokens >= 1")
+        if request.interrupt is not None:
+            raise ValueError(
+                "budget forcing (rollout.interrupt) is not supported with rollout.backend: "
+                "vllm; use rollout.backend: jetstream"
+            )
 
     def prepare(self, params: Any) -> Any:
         return params  # vLLM takes the HF-named tensors when they are loaded (`set_params`)

@@ -127,6 +127,17 @@ class Sample:
     """False masks the completion out of the loss (overlong filtering)."""
     reward: float = 0.0
     """The completion's reward (placed at its last token in `RLBatch.rewards_BxT`)."""
+    sampled: Sequence[bool] | None = None
+    """Per completion token: False masks that token out of the loss (tokens the engine
+    inserted, budget forcing); None = every token trained on."""
+
+    def token_mask(self) -> np.ndarray:
+        """float32 [len(tokens)]: 1 on the tokens trained on."""
+        if not self.train:
+            return np.zeros((len(self.tokens),), np.float32)
+        if self.sampled is None:
+            return np.ones((len(self.tokens),), np.float32)
+        return np.asarray(self.sampled, np.float32)
 
 
 def take_rows(batch: Any, start: int, stop: int) -> Any:
@@ -169,13 +180,14 @@ def bucket_length(longest: int, *, full: int, min_len: int, multiple: int = 1) -
 def _lay_out(
     prompts: Sequence[Sequence[int]],
     responses: Sequence[Sequence[int]],
-    trained: Sequence[bool],
+    trained: Sequence[Any],
     layout: Layout,
     *,
     seq_len: int,
     pad_id: int,
 ) -> TokenBatch:
-    """The packed rows of `layout` (shifted grid of T = seq_len − 1)."""
+    """The packed rows of `layout` (shifted grid of T = seq_len − 1); `trained[i]` masks
+    response i: a bool, or one float per response token."""
     rows = layout.rows
     ids_BxS = np.full((rows, seq_len), pad_id, np.int32)
     seg_BxS = np.zeros((rows, seq_len), np.int32)
@@ -189,8 +201,7 @@ def _lay_out(
         seg_BxS[row, start:end] = seg_BxS[row, :start].max(initial=0) + 1
         pos_BxS[row, start:end] -= start
         # response token j sits at row index start + n_p + j, i.e. shifted index one less
-        if train:
-            mask_BxT[row, start + n_p - 1 : end - 1] = 1.0
+        mask_BxT[row, start + n_p - 1 : end - 1] = train
     return TokenBatch(
         input_ids_BxT=ids_BxS[:, :-1],
         target_ids_BxT=ids_BxS[:, 1:],
@@ -221,6 +232,10 @@ def collate(
             raise ValueError(
                 f"collate: sample {i}: {len(s.sampler_logp)} log-probs for {len(s.tokens)} tokens"
             )
+        if s.sampled is not None and len(s.sampled) != len(s.tokens):
+            raise ValueError(
+                f"collate: sample {i}: {len(s.sampled)} sampled flags for {len(s.tokens)} tokens"
+            )
         if len(s.prompt_tokens) + len(s.tokens) > seq_len:
             raise ValueError(
                 f"collate: sample {i} has {len(s.prompt_tokens)} prompt + {len(s.tokens)} "
@@ -235,7 +250,7 @@ def collate(
     tokens = _lay_out(
         [s.prompt_tokens for s in samples],
         [s.tokens for s in samples],
-        [s.train and len(s.tokens) > 0 for s in samples],
+        [s.token_mask() for s in samples],
         layout,
         seq_len=seq_len,
         pad_id=pad_id,
@@ -252,8 +267,7 @@ def collate(
         n = len(s.prompt_tokens) + len(s.tokens) - 1  # its positions on the shifted grid
         gather_BxT[b, :n] = row * T + offset + arange_T[:n]
         first = len(s.prompt_tokens) - 1
-        if s.train and s.tokens:
-            mask_BxT[b, first : first + len(s.tokens)] = 1.0
+        mask_BxT[b, first : first + len(s.tokens)] = s.token_mask()
         slogp_BxT[b, first : first + len(s.tokens)] = s.sampler_logp
         if s.tokens:
             rewards_BxT[b, first + len(s.tokens) - 1] = s.reward

@@ -98,6 +98,8 @@ class BatchAssembler:
     all_rewards: list[float] = field(default_factory=list)
     domain_rewards: dict[str, list[float]] = field(default_factory=dict)
     lengths: list[int] = field(default_factory=list)
+    interrupted: list[bool] = field(default_factory=list)
+    """Per drawn completion made with budget forcing on: whether it was interrupted."""
 
     @property
     def full(self) -> bool:
@@ -112,6 +114,7 @@ class BatchAssembler:
         self.all_rewards.extend(group.rewards_G.tolist())
         self.domain_rewards.setdefault(group.domain, []).extend(group.rewards_G.tolist())
         self.lengths.extend(len(c.tokens) for c in group.completions)
+        self.interrupted.extend(c.interrupted for c in group.completions if c.sampled is not None)
         if self.full:
             return False
         if self.zero_variance_filter and group.zero_variance:
@@ -135,6 +138,8 @@ class BatchAssembler:
         if self.lengths:
             out["response_length/mean"] = float(np.mean(self.lengths))
             out["response_length/max"] = float(np.max(self.lengths))
+        if self.interrupted:  # budget forcing on (`rollout.interrupt`)
+            out["rollout/interrupted_fraction"] = float(np.mean(self.interrupted))
         return out
 
 
@@ -173,6 +178,7 @@ def build_batch(
             advantage=float(adv_N[i * len(g.completions) + j]) if adv_N.size else 0.0,
             train=not (overlong_filter and c.finish_reason == "length"),
             reward=float(g.rewards_G[j]),
+            sampled=c.sampled,
         )
         for i, g in enumerate(groups)
         for j, c in enumerate(g.completions)

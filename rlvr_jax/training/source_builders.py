@@ -28,9 +28,11 @@ def stop_token_ids(ctx: Context) -> tuple[int, ...]:
 def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -> Any:
     """The `rollout.backend` engine behind the stream interface, starting from `params`."""
     from rlvr_jax import rollout
+    from rlvr_jax.rollout import interrupt
 
     cfg = ctx.cfg.rollout
     sampling = rollout.SamplingParams(cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
+    forcing = interrupt.from_config(cfg.interrupt, ctx.tokenizer, max_new_tokens=cfg.max_new_tokens)
     common = dict(
         max_new_tokens=cfg.max_new_tokens,
         sampling=sampling,
@@ -39,6 +41,7 @@ def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -
         max_ready_groups=in_flight + 1,
         version=version,
     )
+    kwargs = rollout.engine_kwargs(cfg)
     if cfg.backend == "vllm":
         from rlvr_jax.rollout.vllm_backend import VllmRollout, VllmScheduler
 
@@ -47,12 +50,15 @@ def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -
             engine.update_weights(params, version)
         scheduler = VllmScheduler(engine, version=version)
         return rollout.RolloutStream(None, scheduler=scheduler, timeline=ctx.timeline, **common)
+    if forcing is not None:  # room for the inserted tokens (the default fits most strings)
+        common["interrupt"] = forcing
+        kwargs["max_interrupt_ids"] = max(16, len(forcing.tokens))
     engine = rollout.make_engine_core(
         dataclasses.replace(ctx.model, params=params),
         max_slots=cfg.max_slots,
         max_len=ctx.seq_len,
         mesh=ctx.actor_mesh,
-        **rollout.engine_kwargs(cfg),
+        **kwargs,
     )
     engine.compile_ahead()  # before any dispatch.LOCK: a first compile never stalls the loop
     return rollout.RolloutStream(engine, timeline=ctx.timeline, **common)
