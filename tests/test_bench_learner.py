@@ -25,7 +25,7 @@ def test_flops_by_hand():
     assert common.forward_flops(arch, 4, 32) == 128 * (212_992 + 16_384) == 29_360_128
     assert common.train_flops(arch, 4, 32) == 3 * 29_360_128
     # the same per-token count as `rlvr-bench decode` uses
-    assert common.forward_flops(arch, 1, 32) == 32 * decode.flops_per_token(arch, 32)
+    assert common.forward_flops(arch, 1, 32) == 32 * common.token_flops(arch, 32)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rlvr_jax.bench import decode, roofline
+from rlvr_jax.bench import common, decode, roofline
 from rlvr_jax.cli import bench_main
 from rlvr_jax.models import ArchConfig
 from rlvr_jax.rollout.waste import continuous_steps, static_steps
@@ -36,7 +36,7 @@ def test_flops_per_token_hand_derived():
     # per layer: q|k|v 8*(2+2)*4 = 128, o 2*4*8 = 64, mlp 3*8*16 = 384 -> 576; x2 layers
     # = 1152; LM head 100*8 = 800 -> 1952 matmul params -> 3904 FLOPs. Attention over 10
     # positions: 2 (qk and pv) * 2 layers * 2 heads * 4 * 10 = 320 MACs -> 640 FLOPs.
-    assert decode.flops_per_token(cfg, 10) == 3904 + 640
+    assert common.token_flops(cfg, 10) == 3904 + 640
 
 
 def test_roofline_quick(tmp_path):

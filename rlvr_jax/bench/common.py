@@ -53,20 +53,59 @@ def datasheet_peak(device_kind: str) -> tuple[str, float] | None:
     return None
 
 
-def bench_arch(**sizes: int) -> ArchConfig:
-    """The bench model's architecture, sizes overridden by `sizes` (any of `d_model`,
-    `n_layers`, `n_heads`, `n_kv_heads`, `d_ff`, `vocab`: the fields of decode's
-    `BenchConfig`)."""
-    from rlvr_jax.bench.decode import BenchConfig, hf_config_dict
+@dataclasses.dataclass(frozen=True)
+class ModelSize:
+    """The bench model's sizes: a random Qwen2-shaped model (tied embeddings, GQA, q/k/v
+    biases); the defaults make the 56M-parameter bench model. Every benchmark's config
+    extends it."""
 
-    known = {"d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab"}
-    unknown = sorted(set(sizes) - known)
+    d_model: int = 512
+    """D: hidden size."""
+    n_layers: int = 8
+    """L: decoder layers."""
+    n_heads: int = 8
+    """N: query heads."""
+    n_kv_heads: int = 2
+    """K: key/value heads."""
+    d_ff: int = 2816
+    """F: SwiGLU width."""
+    vocab: int = 32000
+    """V: vocabulary."""
+
+    def arch(self) -> ArchConfig:
+        """The bench model with these sizes."""
+        return ArchConfig.from_hf(hf_config_dict(self))
+
+
+SIZE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSize))
+"""The names of the bench model's sizes."""
+
+
+def hf_config_dict(sizes: ModelSize) -> dict:
+    """The HF Qwen2 config of the bench model of `sizes` (tied embeddings, GQA, q/k/v biases)."""
+    return {
+        "model_type": "qwen2",
+        "vocab_size": sizes.vocab,
+        "hidden_size": sizes.d_model,
+        "intermediate_size": sizes.d_ff,
+        "num_hidden_layers": sizes.n_layers,
+        "num_attention_heads": sizes.n_heads,
+        "num_key_value_heads": sizes.n_kv_heads,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": True,
+    }
+
+
+def bench_arch(**sizes: int) -> ArchConfig:
+    """The bench model's architecture, sizes overridden by `sizes` (any of the `ModelSize`
+    fields)."""
+    unknown = sorted(set(sizes) - set(SIZE_FIELDS))
     if unknown:
-        raise ValueError(f"unknown bench model size(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"unknown bench model size(s) {unknown}; known: {sorted(SIZE_FIELDS)}")
     for name, value in sizes.items():
         if not isinstance(value, int) or value <= 0:
             raise ValueError(f"bench model size {name} must be a positive int, got {value!r}")
-    return ArchConfig.from_hf(hf_config_dict(dataclasses.replace(BenchConfig(), **sizes)))
+    return ModelSize(**sizes).arch()
 
 
 def matmul_params(arch: ArchConfig) -> int:
@@ -77,12 +116,17 @@ def matmul_params(arch: ArchConfig) -> int:
     return arch.n_layers * per_layer + arch.vocab_size * d
 
 
+def token_flops(arch: ArchConfig, context: float) -> float:
+    """Forward FLOPs of one token attending to `context` positions: 2·P_matmul plus attention
+    (q·k and p·v: 2·2·L·N·H per key). The one FLOP model of the learner and decode benches."""
+    attention = 4.0 * arch.n_layers * arch.n_heads * arch.head_dim * context
+    return 2.0 * matmul_params(arch) + attention
+
+
 def forward_flops(arch: ArchConfig, rows: int, seq: int) -> float:
-    """FLOPs of one forward over `rows` × `seq` tokens: 2·P_matmul per token plus attention
-    (q·k and p·v: 2·2·L·N·H per key, `seq` keys per query)."""
-    tokens = rows * seq
-    attention = 4.0 * arch.n_layers * arch.n_heads * arch.head_dim * seq
-    return tokens * (2.0 * matmul_params(arch) + attention)
+    """FLOPs of one forward over `rows` × `seq` tokens, each query attending to `seq` keys
+    (`token_flops`)."""
+    return rows * seq * token_flops(arch, seq)
 
 
 def train_flops(arch: ArchConfig, rows: int, seq: int) -> float:

@@ -36,9 +36,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlvr_jax.bench import progress
+from rlvr_jax.bench import common, progress
+from rlvr_jax.bench.common import hf_config_dict
 from rlvr_jax.bench.roofline import machine_info, measure_roofline
-from rlvr_jax.models import ArchConfig, Model, load_pretrained
+from rlvr_jax.models import Model, load_pretrained
 from rlvr_jax.rollout import (
     EngineCore,
     GroupRequest,
@@ -53,15 +54,9 @@ from rlvr_jax.rollout.waste import continuous_steps, static_steps, waste
 
 
 @dataclasses.dataclass(frozen=True)
-class BenchConfig:
-    """Sizes of one benchmark run."""
+class BenchConfig(common.ModelSize):
+    """Sizes of one benchmark run (the model's: `common.ModelSize`)."""
 
-    d_model: int = 512
-    n_layers: int = 8
-    n_heads: int = 8
-    n_kv_heads: int = 2
-    d_ff: int = 2816
-    vocab: int = 32000
     batch: int = 32
     prompt: int = 64
     new: int = 128
@@ -88,21 +83,6 @@ QUICK = BenchConfig(
     chunk=4,
     repeats=1,
 )
-
-
-def hf_config_dict(cfg: BenchConfig) -> dict:
-    """The HF Qwen2 config of the bench model (tied embeddings, GQA, q/k/v biases)."""
-    return {
-        "model_type": "qwen2",
-        "vocab_size": cfg.vocab,
-        "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
-        "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "max_position_embeddings": 4096,
-        "tie_word_embeddings": True,
-    }
 
 
 def build_models(cfg: BenchConfig, path: str) -> tuple[Any, Model]:
@@ -146,16 +126,6 @@ def long_tail_lengths(n: int, max_len: int, mean_over_max: float, seed: int) -> 
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if lengths(mid).mean() / max_len > mean_over_max else (lo, mid)
     return lengths((lo * hi) ** 0.5).tolist()
-
-
-def flops_per_token(config: ArchConfig, context: float) -> float:
-    """Forward FLOPs of one token: 2 x (matmul params incl. the LM head) + attention
-    (q·k and p·v over `context` positions)."""
-    d, n, k, h, f = config.d_model, config.n_heads, config.n_kv_heads, config.head_dim, config.d_ff
-    per_layer = d * (n + 2 * k) * h + n * h * d + 3 * d * f
-    matmul = config.n_layers * per_layer + config.vocab_size * d
-    attention = 2 * config.n_layers * n * h * context
-    return 2.0 * matmul + 2.0 * attention
 
 
 def _interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict, dict]:
@@ -281,7 +251,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
     sizes = dict(size=256, bandwidth_mib=16) if cfg == QUICK else {}
     roof = max(measure_roofline(**sizes), measure_roofline(**sizes), key=lambda r: r["peak_gflops"])
     config = model.config
-    work = cfg.batch * (cfg.prompt + cfg.new) * flops_per_token(config, cfg.prompt + cfg.new / 2)
+    work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(config, cfg.prompt + cfg.new / 2)
     fraction = {k: work / wall / (roof["peak_gflops"] * 1e9) for k, wall in walls.items()}
     prefill_total = profile["prefill_s_per_prompt"] * cfg.batch
     decode_total = profile["decode_ms_per_step"] * 1e-3 * cfg.new
