@@ -1,9 +1,9 @@
 """Helpers every `rlvr-bench` subcommand shares: the bench model, FLOP counts, datasheet peaks,
 timing and op profiles, machine info, JSON writing, tables and plots.
 
-The bench model is the one `rlvr-bench decode` defines (`rlvr_jax.bench.decode.BenchConfig`:
-Qwen2-shaped, D = 512, 8 layers, 32K vocab, tied embeddings); `bench_arch` builds its
-`ArchConfig` with any size overridden, so that learner and decode figures describe one model.
+The bench model is `ModelSize` (Qwen2-shaped, D = 512, 8 layers, 32K vocab, tied embeddings),
+which every benchmark's config extends; `bench_arch` builds its `ArchConfig` with any size
+overridden, so that learner and decode figures describe one model.
 
 FLOPs follow the usual model-FLOPs convention (PaLM, Megatron): a forward pass costs
 2 FLOPs per matmul parameter per token (the LM head included, the embedding lookup not) plus
