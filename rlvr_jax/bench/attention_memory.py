@@ -62,12 +62,12 @@ def micro_batch_memory(cfg: Any, kernel: str, seq: int, rows: int) -> dict[str, 
     )
     step = learner.make_train_step(
         arch, optimizer, settings, max_len=seq, n_micro=1, compute_dtype=jnp.dtype(cfg.dtype),
-        old_from=old_from, memory=memory,
+        memory=memory,
     )  # fmt: skip
     params = models.abstract_params(arch)
     state = jax.eval_shape(lambda p: learner.init_state(p, optimizer), params)
     arrays = synthetic_batch(arch, rows=rows, seq=seq, seed=0, with_old_logp=old_from == "batch")
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in arrays.items()}
+    batch = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), arrays)
     compiled, compile_s = common.compile_ahead(step, state, batch, donate=(0,))
     stats = common.compiled_memory(compiled)
     if stats is None:
