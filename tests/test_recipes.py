@@ -367,6 +367,17 @@ def common_args(cfg_path: Path, out: Path, *extra: str) -> list[str]:
     return ["--config", str(cfg_path), f"train.output_dir={out}", "log.tensorboard=false", *extra]
 
 
+def assert_sft_tokens(root: Path, cfg_path: Path, args: list[str], rows: list[dict]) -> None:
+    """Each step trained on the response tokens of the next 4 examples of the seeded mixture."""
+    cfg = load_config(cfg_path, *args[2:])
+    tokenizer = load_tokenizer(root / "policy")
+    examples = build_sft_iterator(cfg, tokenizer, seed=cfg.data.seed)
+    for r in rows:
+        batch = examples.next_batch(4)
+        expected = sum(len(encode_response(e.response, tokenizer, "plain")) for e in batch)
+        assert r["sft/tokens"] == expected
+
+
 def final_params(out: Path):
     return models.load_pretrained(out).params
 
@@ -421,14 +432,7 @@ def test_sft_runs_and_resumes_exactly(tiny, tmp_path):
         "throughput/tokens_per_s",
     ):
         assert all(np.isfinite(r[key]) for r in straight), key
-    # each step trains on the response tokens of the next 4 examples of the seeded mixture
-    cfg = load_config(cfg_path, *args[2:])
-    tokenizer = load_tokenizer(root / "policy")
-    examples = build_sft_iterator(cfg, tokenizer, seed=cfg.data.seed)
-    for r in straight:
-        batch = examples.next_batch(4)
-        expected = sum(len(encode_response(e.response, tokenizer, "plain")) for e in batch)
-        assert r["sft/tokens"] == expected
+    assert_sft_tokens(root, cfg_path, args, straight)
     assert (out / "curves.png").is_file()
     straight_params = final_params(out / "final")
 
@@ -540,12 +544,6 @@ def test_sft_and_parallel_averaging_run_with_a_token_budget(tiny, tmp_path):
         assert [r["step"] for r in rows] == [1, 2]
         assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in rows)
         if algorithm == "sft":
-            cfg = load_config(cfg_path, *args[2:])
-            tokenizer = load_tokenizer(root / "policy")
-            examples = build_sft_iterator(cfg, tokenizer, seed=cfg.data.seed)
-            for r in rows:
-                batch = examples.next_batch(4)
-                expected = sum(len(encode_response(e.response, tokenizer, "plain")) for e in batch)
-                assert r["sft/tokens"] == expected
+            assert_sft_tokens(root, cfg_path, args, rows)
         else:
             assert rows[-1]["sft/loss"] > 0 and "parallel/update_cosine" in rows[-1]

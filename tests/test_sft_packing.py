@@ -7,27 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_packing import ARCH, SEQ  # the same tiny model and rows of 33 tokens
 
 from rlvr_jax import models
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import collate_sft
 from rlvr_jax.training.packing import pack_tokens
 from rlvr_jax.training.sft import make_sft_step
-
-ARCH = models.ArchConfig.from_hf(
-    dict(
-        model_type="qwen2",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-)
-SEQ = 33
 
 
 def _examples(n: int = 10, seed: int = 0) -> tuple[list, list]:
