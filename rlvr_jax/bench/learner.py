@@ -504,6 +504,11 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfi
         type=int,
         help="long: tokens per row (default 4096; 1024 on a CPU, mean/max kept)",
     )
+    p.add_argument(
+        "--long-memory-seq",
+        type=int,
+        help="long: tokens per row of the attention-memory figure (default 8192)",
+    )
     args = p.parse_args(argv)
     cfg = PRESETS["quick" if args.quick else args.preset]
     overrides = {f: getattr(args, f) for f in sizes.values() if getattr(args, f) is not None}
@@ -545,7 +550,10 @@ def main(argv: list[str]) -> int:
 
         try:
             work = workload.workload_of(
-                cfg, cap=args.long_cap, platform=common.machine_info()["platform"]
+                cfg,
+                cap=args.long_cap,
+                platform=common.machine_info()["platform"],
+                memory_seq=args.long_memory_seq,
             )
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)

@@ -63,6 +63,8 @@ class LongWorkload:
     def __post_init__(self) -> None:
         if self.cap < 128:
             raise ValueError(f"--long-cap must be >= 128 tokens, got {self.cap}")
+        if self.memory_seq < 2:
+            raise ValueError(f"--long-memory-seq must be >= 2 tokens, got {self.memory_seq}")
         if self.completions < 2 or self.micro_rows < 1 or self.completions % self.micro_rows:
             raise ValueError(
                 f"need >= 2 completions and micro_rows ({self.micro_rows}) dividing them "
@@ -201,13 +203,16 @@ def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -
     }
 
 
-def workload_of(cfg: Any, *, cap: int | None, platform: str) -> LongWorkload:
+def workload_of(
+    cfg: Any, *, cap: int | None, platform: str, memory_seq: int | None = None
+) -> LongWorkload:
     """The workload of a learner bench config: `cfg.batch` completions in micro-batches of
     `cfg.batch // cfg.n_micro` rows, the cap given or the platform's default."""
     if cap is None:
         cap = CPU_CAP if platform == "cpu" else FULL_CAP
+    extra = {} if memory_seq is None else {"memory_seq": memory_seq}
     return LongWorkload(cap=cap, completions=cfg.batch, micro_rows=cfg.batch // cfg.n_micro,
-                        seed=cfg.seed)  # fmt: skip
+                        seed=cfg.seed, **extra)  # fmt: skip
 
 
 def run(cfg: Any, work: LongWorkload) -> dict[str, Any]:
