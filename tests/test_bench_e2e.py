@@ -88,7 +88,7 @@ def test_bad_override_is_named_before_any_run(capsys):
 
 
 def test_bench_preset_is_the_bench_model_with_256_token_completions(tmp_path, monkeypatch):
-    """`--preset bench`: every group as drawn, 256 new tokens, and a policy of the 56M bench
+    """`--preset bench`: no active sampling, 256 new tokens, and a policy of the 56M bench
     model (random weights, the prompts' tokenizer) built where the run points model.path."""
     from rlvr_jax import models
     from rlvr_jax.bench import common
@@ -98,7 +98,7 @@ def test_bench_preset_is_the_bench_model_with_256_token_completions(tmp_path, mo
     overrides = [*e2e._MATCHED, *e2e.PRESETS["bench"], f"model.path={path}"]
     cfg = e2e.load_config(e2e.DEFAULT_CONFIG, overrides, steps=1, out=tmp_path / "out")
     assert cfg.rollout.max_new_tokens == 256 and cfg.model.hf_config is None
-    assert not cfg.filter.active_sampling and not cfg.filter.zero_variance
+    assert not cfg.filter.active_sampling
     e2e.build_bench_policy(path, cfg)
     model = models.load_pretrained(path)
     bench = common.bench_arch()

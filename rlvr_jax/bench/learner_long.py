@@ -14,8 +14,9 @@ length bucket (`batch.bucket_length`, as the trainer picks it).
   (T + 1), the rows' length before the shift), their count following the batch's tokens.
 
 Both run the real train step (`learner.make_train_step`, the loss preset, AdamW) on the same
-samples, compiled ahead of time; the figure is useful (prompt + completion, non-pad) tokens per
-second of the best timed step, and the packed / padded ratio. Then, for every attention kernel
+samples, compiled ahead of time and timed in interleaved rounds (a load change on the shared
+machine hits both alike); the figure is useful (prompt + completion, non-pad) tokens per second
+of the best timed step, and the packed / padded ratio. Then, for every attention kernel
 that runs on this platform, XLA's peak memory of one micro-batch of one row of `memory_seq`
 (8K) tokens (`attention_memory.micro_batch_memory`).
 
@@ -27,6 +28,7 @@ output says so; `--long-cap 4096` asks for the full shape anywhere.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import jax
@@ -117,8 +119,9 @@ def layouts(work: LongWorkload, batch: list[Any]) -> dict[str, tuple[Any, int | 
     return {"padded": (padded, len(batch) // work.micro_rows), "packed": (packed, None)}
 
 
-def _time_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro: int | None) -> dict:
-    """Compiles and times the train step on one layout; its seconds, shapes and loss."""
+def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro: int | None):
+    """The train step on one layout, compiled ahead of time: (call, facts), `call()` running one
+    step (the state carried over) and returning its metrics."""
     from rlvr_jax.config.schema import TrainConfig
     from rlvr_jax.training import learner
     from rlvr_jax.training.optimizer import make_optimizer
@@ -138,26 +141,39 @@ def _time_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro: in
     progress.line(f"{name}: {arrays.tokens.rows} rows x {arrays.tokens.length} positions")
     train, compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))
 
-    def call() -> None:
+    def call() -> dict[str, jax.Array]:
         holder["state"], metrics = train(holder["state"], batch)
-        holder["metrics"] = jax.block_until_ready(metrics)
+        return jax.block_until_ready(metrics)
 
-    timings = common.time_calls(call, cfg.repeats)
-    metrics = jax.device_get(holder["metrics"])
-    if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
-        raise RuntimeError(f"the {name} train step is not finite: {metrics}")
     rows, T = arrays.tokens.rows, arrays.tokens.length
-    return {
-        "seconds": timings.best,
-        "all_s": list(timings.wall_s),
+    facts = {
         "compile_s": compile_s,
         "rows": rows,
         "positions": T,
         "n_micro": learner.micro_count(arrays.tokens, n_micro),
         "computed_tokens": rows * T,
-        "loss": float(metrics["loss"]),
         "memory": common.compiled_memory(train),
     }
+    return call, facts
+
+
+def _time_interleaved(calls: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]:
+    """One untimed warm-up call of each, then `repeats` rounds calling each in turn (a load
+    change on the shared machine hits both layouts alike); best seconds, all, the last loss."""
+    out = {name: {"all_s": [], "loss": float("nan")} for name in calls}
+    for call in calls.values():
+        call()
+    for _ in progress.steps(range(repeats), "timed round"):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            metrics = jax.device_get(call())
+            out[name]["all_s"].append(time.perf_counter() - start)
+            if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
+                raise RuntimeError(f"the {name} train step is not finite: {metrics}")
+            out[name]["loss"] = float(metrics["loss"])
+    for one in out.values():
+        one["seconds"] = min(one["all_s"])
+    return out
 
 
 def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -> dict[str, Any]:
@@ -170,10 +186,12 @@ def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -
     useful = sum(len(s.prompt_tokens) + len(s.tokens) for s in batch)
     dist = work.lengths()
     n_completion = np.asarray([len(s.tokens) for s in batch])
-    runs = {
-        name: _time_step(cfg, work, name, arrays, n_micro)
+    compiled = {
+        name: _compile_step(cfg, work, name, arrays, n_micro)
         for name, (arrays, n_micro) in layouts(work, batch).items()
     }
+    timed = _time_interleaved({name: c[0] for name, c in compiled.items()}, cfg.repeats)
+    runs = {name: {**timed[name], **compiled[name][1]} for name in compiled}
     tps = {name: useful / r["seconds"] for name, r in runs.items()}
     if kernels is None:
         kernels = attention_memory.kernels_here(jnp.dtype(cfg.dtype), arch.head_dim)
