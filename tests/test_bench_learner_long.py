@@ -67,6 +67,9 @@ def test_quick_long_workload_reports_consistent_figures(tmp_path, capsys):
         computed = runs[name]["rows"] * runs[name]["positions"]
         assert r["padding_fraction"][name] == pytest.approx(1 - r["useful_tokens"] / computed)
     assert r["packed_over_padded"] == pytest.approx(tps["packed"] / tps["padded"])
+    cpu = r["useful_tokens_per_cpu_s"]
+    assert r["packed_over_padded_cpu"] == pytest.approx(cpu["packed"] / cpu["padded"])
+    assert cpu["padded"] == pytest.approx(r["useful_tokens"] / min(runs["padded"]["cpu_s"]))
     assert runs["padded"]["rows"] == 16 and runs["packed"]["rows"] == 8
     assert r["padding_fraction"]["packed"] < r["padding_fraction"]["padded"]
     assert r["scaled_down"] and r["memory_seq"] == 1024
