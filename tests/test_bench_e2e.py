@@ -98,6 +98,7 @@ def test_bench_preset_is_the_bench_model_with_256_token_completions(tmp_path, mo
     overrides = [*e2e._MATCHED, *e2e.PRESETS["bench"], f"model.path={path}"]
     cfg = e2e.load_config(e2e.DEFAULT_CONFIG, overrides, steps=1, out=tmp_path / "out")
     assert cfg.rollout.max_new_tokens == 256 and cfg.model.hf_config is None
+    assert (cfg.train.micro_batch_size, cfg.train.logits_chunk) == (16, 32)
     assert not cfg.filter.active_sampling
     e2e.build_bench_policy(path, cfg)
     model = models.load_pretrained(path)

@@ -67,6 +67,10 @@ _BENCH = (
     "model.create_if_missing=rlvr_jax.bench.e2e:build_bench_policy",
     "model.hf_config=null",
     "rollout.max_new_tokens=256",
+    # the learner's [64, 352, 32000] fp32 logits at once took the async run past 22 GB (OOM on
+    # a 24 GB machine): micro-batches of 16 rows, the LM head 32 positions at a time (352 = 11 x 32)
+    "train.micro_batch_size=16",
+    "train.logits_chunk=32",
 )
 PRESETS = {"demo": (), "bench": _BENCH}
 """`--preset`: overrides of the config for each named workload."""
