@@ -41,7 +41,16 @@ def test_quick_run_writes_consistent_json_and_plot(tmp_path, monkeypatch, capsys
     code = e2e.main(["--quick", "--json", str(out), "--plot", str(png), "--set", "seed=1"])
     assert code == 0
     r = json.loads(out.read_text())
-    assert set(r["steps_per_s"]) == {"sync", "async"}
+    trl_ok = r["peers"]["trl"]["status"] == "ok"
+    assert set(r["steps_per_s"]) == ({"sync", "async", "trl"} if trl_ok else {"sync", "async"})
+    assert r["config"]["preset"] == "demo"
+    assert r["ratios"]["async_over_sync"] == r["async_over_sync"]
+    if trl_ok:
+        ratio = r["steps_per_s"]["async"] / r["steps_per_s"]["trl"]
+        assert r["ratios"]["async_over_trl"] == pytest.approx(ratio)
+    else:
+        assert r["ratios"]["async_over_trl"] is None
+    assert "filter.active_sampling=false" in r["config"]["overrides"]
     for mode in ("sync", "async"):
         m = r["modes"][mode]
         assert m["steps"] == 2 and m["wall_s"] > 0 and m["tokens"] > 0
@@ -76,3 +85,24 @@ def test_bad_override_is_named_before_any_run(capsys):
         e2e.main(["--config", config, "--set", "train.max_stepz=3"])
     err = capsys.readouterr().err
     assert "train.max_stepz" in err and "train.max_steps" in err
+
+
+def test_bench_preset_is_the_bench_model_with_256_token_completions(tmp_path, monkeypatch):
+    """`--preset bench`: no active sampling, 256 new tokens, and a policy of the 56M bench
+    model (random weights, the prompts' tokenizer) built where the run points model.path."""
+    from rlvr_jax import models
+    from rlvr_jax.bench import common
+
+    monkeypatch.chdir(ROOT)
+    path = tmp_path / "policy"
+    overrides = [*e2e._MATCHED, *e2e.PRESETS["bench"], f"model.path={path}"]
+    cfg = e2e.load_config(e2e.DEFAULT_CONFIG, overrides, steps=1, out=tmp_path / "out")
+    assert cfg.rollout.max_new_tokens == 256 and cfg.model.hf_config is None
+    assert (cfg.train.micro_batch_size, cfg.train.logits_chunk) == (16, 32)
+    assert not cfg.filter.active_sampling
+    e2e.build_bench_policy(path, cfg)
+    model = models.load_pretrained(path)
+    bench = common.bench_arch()
+    assert model.config.n_params() == bench.n_params()
+    assert 55e6 < bench.n_params() < 57e6
+    assert (model.config.d_model, model.config.n_layers, model.config.vocab_size) == (512, 8, 32000)

@@ -41,8 +41,9 @@ def test_materialised_masks_do_not_fit_at_32k():
 def test_blockwise_is_linear_in_t():
     """Per token and row: one layer's log-sum-exp (remat) 32 × 4 B plus the fp32 dQ
     accumulator 32 × 128 × 4 B; the 512 × 512 tiles are a constant."""
-    short = _plan("model.attention_impl=blockwise", "rollout.max_new_tokens=14336")
-    long = _plan("model.attention_impl=blockwise")
+    one_row = "train.max_tokens_per_micro_batch=0"  # 16 rows (1 per chip) at both lengths
+    short = _plan("model.attention_impl=blockwise", "rollout.max_new_tokens=14336", one_row)
+    long = _plan("model.attention_impl=blockwise", one_row)
     assert (short.attention, long.attention) == ("blockwise", "blockwise")
     slope = (long.learner_bytes["attention"] - short.learner_bytes["attention"]) / (34816 - 16384)
     assert slope == pytest.approx(32 * 4 + 32 * 128 * 4)

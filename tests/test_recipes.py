@@ -367,6 +367,17 @@ def common_args(cfg_path: Path, out: Path, *extra: str) -> list[str]:
     return ["--config", str(cfg_path), f"train.output_dir={out}", "log.tensorboard=false", *extra]
 
 
+def assert_sft_tokens(root: Path, cfg_path: Path, args: list[str], rows: list[dict]) -> None:
+    """Each step trained on the response tokens of the next 4 examples of the seeded mixture."""
+    cfg = load_config(cfg_path, *args[2:])
+    tokenizer = load_tokenizer(root / "policy")
+    examples = build_sft_iterator(cfg, tokenizer, seed=cfg.data.seed)
+    for r in rows:
+        batch = examples.next_batch(4)
+        expected = sum(len(encode_response(e.response, tokenizer, "plain")) for e in batch)
+        assert r["sft/tokens"] == expected
+
+
 def final_params(out: Path):
     return models.load_pretrained(out).params
 
@@ -421,14 +432,7 @@ def test_sft_runs_and_resumes_exactly(tiny, tmp_path):
         "throughput/tokens_per_s",
     ):
         assert all(np.isfinite(r[key]) for r in straight), key
-    # each step trains on the response tokens of the next 4 examples of the seeded mixture
-    cfg = load_config(cfg_path, *args[2:])
-    tokenizer = load_tokenizer(root / "policy")
-    examples = build_sft_iterator(cfg, tokenizer, seed=cfg.data.seed)
-    for r in straight:
-        batch = examples.next_batch(4)
-        expected = sum(len(encode_response(e.response, tokenizer, "plain")) for e in batch)
-        assert r["sft/tokens"] == expected
+    assert_sft_tokens(root, cfg_path, args, straight)
     assert (out / "curves.png").is_file()
     straight_params = final_params(out / "final")
 
@@ -513,3 +517,33 @@ def test_parallel_averaging_runs_and_resumes_exactly(tiny, tmp_path):
     assert json.loads((out / "checkpoints" / "2" / "meta" / "metadata").read_text()) == meta
     for a, b in zip(jax.tree.leaves(final_params(out / "final")), jax.tree.leaves(straight_params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.slow
+def test_sft_and_parallel_averaging_run_with_a_token_budget(tiny, tmp_path):
+    """`train.max_tokens_per_micro_batch`: `sft` packs its examples with the RL packer (the
+    same response tokens trained on as one example per row) and `rl_sft_parallel` trains its
+    packed RL half beside the SFT rows."""
+    root, cfg_path = tiny
+    budget = "train.max_tokens_per_micro_batch=214"  # two full rows of 96 + 10 + 1 tokens
+    for algorithm in ("sft", "rl_sft_parallel"):
+        out = tmp_path / algorithm
+        args = common_args(
+            cfg_path,
+            out,
+            f"algorithm={algorithm}",
+            f"sft.sources=[{{path: {root / 'sft.jsonl'}}}]",
+            "sft.batch_size=4",
+            "rollout.max_new_tokens=10",
+            "train.max_steps=2",
+            "checkpoint.every_steps=0",
+            budget,
+        )
+        assert cli.train_main(args) == 0
+        rows = read_jsonl(out / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [1, 2]
+        assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in rows)
+        if algorithm == "sft":
+            assert_sft_tokens(root, cfg_path, args, rows)
+        else:
+            assert rows[-1]["sft/loss"] > 0 and "parallel/update_cosine" in rows[-1]

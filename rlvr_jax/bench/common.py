@@ -227,18 +227,25 @@ def op_profile(fn: Callable[[], Any], trace_dir: str | Path, top: int = 15) -> l
     ]
 
 
-def tiny_policy(path: str | Path, texts: Sequence[str], *, seed: int = 0) -> Path:
+def tiny_policy(
+    path: str | Path, texts: Sequence[str], *, seed: int = 0, hf_config: dict | None = None
+) -> Path:
     """A random 2-layer d=32 Qwen2-shaped policy with a 320-token byte-level BPE tokenizer
     trained on `texts`, saved in HF format at `path` (bos/eos/pad ids 0/1/2): the smallest
-    model a benchmark smoke run or a trainer test can use, built without any download."""
+    model a benchmark smoke run or a trainer test can use, built without any download. With
+    `hf_config`, that architecture instead (e.g. the bench model's; ids the tokenizer does not
+    have decode to nothing)."""
     import jax
 
     from rlvr_jax import models
     from rlvr_jax.data.tokenizer import train_tokenizer
 
     train_tokenizer(texts, vocab_size=320, path=path)
+    special = dict(eos_token_id=1, bos_token_id=0, pad_token_id=2)
     arch = models.ArchConfig.from_hf(
-        dict(
+        {**hf_config, **special}
+        if hf_config
+        else dict(
             model_type="qwen2",
             vocab_size=320,
             hidden_size=32,

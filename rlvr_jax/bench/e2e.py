@@ -2,7 +2,11 @@
 optimizer steps with the same batch shape.
 
     rlvr-bench e2e [--config configs/demo.yaml] [--steps 6] [--warmup 2] [--set key=value ...]
-                   [--quick] [--json FILE] [--plot FILE.png]
+                   [--preset demo|bench] [--quick] [--json FILE] [--plot FILE.png]
+
+`--preset bench`: the demo's prompts and batch with the 56M-parameter bench model
+(`common.bench_arch`, random weights, a tokenizer trained on the prompts) generating 256-token
+completions; `demo` (default): the config as given.
 
 Both runs start from the same policy and data; the first `--warmup` steps of each (compiles)
 are left out of every figure. Reported:
@@ -17,7 +21,9 @@ are left out of every figure. Reported:
   what async buys when the actors and the learner have devices of their own. On one CPU both
   stages share the same cores, so async can only win back the idle gaps.
 
-A TRL GRPOTrainer peer row needs `trl` (not a dependency); without it the row says so.
+A TRL GRPOTrainer peer row needs `trl` (not a dependency); without it the row says so. When it
+runs, `steps_per_s.trl` and `ratios.async_over_trl` are reported. Every run draws the same
+number of groups per optimizer step (`filter.active_sampling=false`, before the user's `--set`).
 """
 
 from __future__ import annotations
@@ -50,6 +56,25 @@ _QUIET = (
     "train.save_batch=null",
 )
 
+# Every run (before the user's --set): no active sampling, so both sides draw the same number
+# of groups per optimizer step (TRL has no zero-variance filter: `--set
+# filter.zero_variance=false` trains on every group as drawn, as TRL does).
+_MATCHED = ("filter.active_sampling=false",)
+
+# --preset bench: the 56M bench model (random weights) built in the output directory, 256-token
+# completions (model.path is set to the run's directory).
+_BENCH = (
+    "model.create_if_missing=rlvr_jax.bench.e2e:build_bench_policy",
+    "model.hf_config=null",
+    "rollout.max_new_tokens=256",
+    # the learner's [64, 352, 32000] fp32 logits at once took the async run past 22 GB (OOM on
+    # a 24 GB machine): micro-batches of 16 rows, the LM head 32 positions at a time (352 = 11 x 32)
+    "train.micro_batch_size=16",
+    "train.logits_chunk=32",
+)
+PRESETS = {"demo": (), "bench": _BENCH}
+"""`--preset`: overrides of the config for each named workload."""
+
 # --quick: a random 2-layer d=32 policy built in the output directory, 2 prompts × 4 samples.
 _QUICK = (
     "model.create_if_missing=rlvr_jax.bench.e2e:build_tiny_policy",
@@ -70,6 +95,19 @@ def build_tiny_policy(path: str | Path, cfg: Any) -> Path:
         with open(source.path, encoding="utf-8") as f:
             texts += [json.loads(line)["prompt"] for _, line in zip(range(400), f)]
     return common.tiny_policy(path, texts, seed=cfg.seed)
+
+
+def build_bench_policy(path: str | Path, cfg: Any) -> Path:
+    """The bench model (`common.bench_arch`: d=512, 8 layers, V=32000, 56M parameters) with
+    random weights and a tokenizer trained on the config's prompts (`model.create_if_missing`
+    of `--preset bench`)."""
+    from rlvr_jax.bench.decode import BenchConfig, hf_config_dict
+
+    texts = []
+    for source in cfg.data.sources:
+        with open(source.path, encoding="utf-8") as f:
+            texts += [json.loads(line)["prompt"] for _, line in zip(range(400), f)]
+    return common.tiny_policy(path, texts, seed=cfg.seed, hf_config=hf_config_dict(BenchConfig()))
 
 
 def load_config(config_path: str | Path, overrides: list[str], *, steps: int, out: Path) -> Any:
@@ -187,27 +225,42 @@ def summarize(sync: ModeRun, async_: ModeRun) -> dict[str, Any]:
 
 
 def run(
-    config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, quick: bool
+    config_path: str | Path,
+    overrides: list[str],
+    *,
+    steps: int,
+    warmup: int,
+    quick: bool,
+    preset: str = "demo",
 ) -> dict[str, Any]:
-    """Both modes, sync first; the JSON-able result."""
+    """Both modes, sync first, then the TRL peer; the JSON-able result."""
     load_before = common.machine_info()["loadavg"]
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-e2e-") as tmp:
         out = Path(tmp)
-        extra = [*_QUICK, f"model.path={out / 'policy'}"] if quick else []
+        extra = [*_MATCHED, *PRESETS[preset]]
+        if quick:
+            extra += _QUICK
+        if quick or preset != "demo":
+            extra.append(f"model.path={out / 'policy'}")
         runs = [
             run_mode(config_path, [*extra, *overrides], mode, steps=steps, warmup=warmup, out=out)
             for mode in ("sync", "async")
         ]
         trl = trl_peer(config_path, [*extra, *overrides], steps=steps, warmup=warmup, out=out)
+    summary = summarize(*runs)
+    summary["ratios"] = {"async_over_sync": summary["async_over_sync"], "async_over_trl": None}
     if trl["status"] == "ok":
         trl["ours_async_over_trl"] = runs[1].steps_per_s / trl["steps_per_s"]
+        summary["steps_per_s"]["trl"] = trl["steps_per_s"]
+        summary["ratios"]["async_over_trl"] = trl["ours_async_over_trl"]
     return {
-        **summarize(*runs),
+        **summary,
         "peers": {"trl": trl},
         "machine": {**common.machine_info(), "loadavg_before": load_before},
         "config": {
             "config": str(config_path),
-            "overrides": [*overrides, *(_QUICK if quick else ())],
+            "preset": preset,
+            "overrides": [*extra, *overrides],
             "steps": steps,
             "warmup": warmup,
             "quick": quick,
@@ -290,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="config override, as rlvr-train's (repeatable)",
     )
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="demo",
+        help="demo: the config as given; bench: the 56M bench model, 256-token completions",
+    )
     p.add_argument("--quick", action="store_true", help="a tiny random policy (smoke test)")
     p.add_argument("--json", help="write the results here as JSON")
     p.add_argument("--plot", help="write a PNG plot here")
@@ -301,10 +360,15 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.config).is_file():
         p.error(f"--config {args.config}: no such file (run from the repository root)")
     try:  # a bad --set or config fails here, before either run spends any time
-        load_config(args.config, args.set, steps=warmup + steps, out=Path("unused"))
+        load_config(
+            args.config, [*_MATCHED, *PRESETS[args.preset], *args.set],
+            steps=warmup + steps, out=Path("unused"),
+        )  # fmt: skip
     except ValueError as e:
         p.error(str(e))
-    result = run(args.config, args.set, steps=steps, warmup=warmup, quick=args.quick)
+    result = run(
+        args.config, args.set, steps=steps, warmup=warmup, quick=args.quick, preset=args.preset
+    )
     print(format_result(result))
     if args.json:
         print(f"wrote {common.write_json(args.json, result)}", file=sys.stderr)

@@ -19,6 +19,7 @@ forward/backward, optimizer update) to show where the step's time goes.
 
     rlvr-bench learner [--preset cpu|quick|gpu-1b] [--json FILE] [--plot FILE.png] [sizes...]
     rlvr-bench learner --workload attention-memory [--json FILE] [--plot FILE.png]
+    rlvr-bench learner --workload long [--long-cap 4096] [--batch N] [--n-micro M] [--json FILE]
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ from rlvr_jax import losses, models
 from rlvr_jax.bench import common, progress
 from rlvr_jax.models.attention import IMPLS
 
-WORKLOADS = ("step", "attention-memory")
-"""`--workload`: the timed train step, or the attention kernels' memory."""
+WORKLOADS = ("step", "attention-memory", "long")
+"""`--workload`: the timed train step, the attention kernels' memory, or packed vs padded
+batches on long-tailed lengths (`rlvr_jax.bench.learner_long`)."""
 DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
 
@@ -497,6 +499,16 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfi
         type=_int_list,
         help="attention-memory: comma-separated row lengths (default 1024,2048,4096,8192)",
     )
+    p.add_argument(
+        "--long-cap",
+        type=int,
+        help="long: tokens per row (default 4096; 1024 on a CPU, mean/max kept)",
+    )
+    p.add_argument(
+        "--long-memory-seq",
+        type=int,
+        help="long: tokens per row of the attention-memory figure (default 8192)",
+    )
     args = p.parse_args(argv)
     cfg = PRESETS["quick" if args.quick else args.preset]
     overrides = {f: getattr(args, f) for f in sizes.values() if getattr(args, f) is not None}
@@ -532,6 +544,22 @@ def main(argv: list[str]) -> int:
 
         result = workload.run(cfg, seqs=args.seqs or workload.SEQS)
         print(workload.format_result(result["attention_memory"]))
+        draw = workload.plot
+    elif args.workload == "long":
+        from rlvr_jax.bench import learner_long as workload
+
+        try:
+            work = workload.workload_of(
+                cfg,
+                cap=args.long_cap,
+                platform=common.machine_info()["platform"],
+                memory_seq=args.long_memory_seq,
+            )
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        result = workload.run(cfg, work)
+        print(workload.format_result(result))
         draw = workload.plot
     else:
         kw = dict(device_kind=args.device_kind, datasheet_tflops=args.datasheet_tflops)

@@ -332,7 +332,9 @@ class TrainConfig:
     """Pack sequences (prompt + completion) several to a row and size micro-batches by tokens:
     rows of the batch's length bucket, as many per micro-batch as this many tokens allow, the
     number of micro-batches following the batch's tokens (a few compiled shapes). 0 = one
-    sequence per row, `micro_batch_size` rows per micro-batch."""
+    sequence per row, `micro_batch_size` rows per micro-batch. `sft` and `expert_iteration`
+    pack their examples the same way; `rl_sft_parallel` packs its RL half (its SFT rows stay
+    one per row). `--dry-run` plans one micro-batch as the full-length rows this holds."""
     bucket_min_len: int = 32
     """Learner rows are padded to the batch's longest prompt + completion rounded up to
     bucket_min_len·2^k (a multiple of the chunk sizes; at most max_prompt_len +

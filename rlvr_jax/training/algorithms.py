@@ -180,6 +180,8 @@ class SFTUpdate(Update):
         cfg = ctx.cfg
         optimizer = make_optimizer(cfg.train)
         n_micro = micro_batches(rows, cfg.train.micro_batch_size, "SFT batch")
+        if cfg.train.max_tokens_per_micro_batch:
+            n_micro = None  # packed batches carry their own micro-batch count
         step = make_sft_step(
             ctx.model.config, optimizer, compute_dtype=cfg.model.compute_dtype, n_micro=n_micro
         )

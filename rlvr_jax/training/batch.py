@@ -325,11 +325,16 @@ def collate_sft(
     pad_id: int,
     pack: bool = False,
     layout: Layout | None = None,
+    max_tokens: int = 0,
+    row_multiple: int = 1,
 ) -> TokenBatch:
     """The SFT batch of prompt/response pairs, each array [rows, seq_len − 1] (one example per
     row, unused rows all padding and masked). With `pack`, examples share rows in order
     (`packing.pack_examples`): example k of a row has segment id k + 1 and positions 0, 1, ...
-    from its first token; with a `layout` (`packing.pack_tokens`), they go where it says.
+    from its first token; with a `layout` (`packing.pack_tokens`), they go where it says; with
+    `max_tokens` (`train.max_tokens_per_micro_batch`), packed to that token budget per
+    micro-batch by `packing.pack_tokens` (the RL batches' packer), rows and micro-batches a
+    multiple of `row_multiple`, the batch carrying its micro-batch count.
 
     Raises ValueError naming the example when a prompt is empty, a response is empty, the lists
     differ in length, or the examples do not fit.
@@ -349,6 +354,11 @@ def collate_sft(
     if too_long and not pack:
         i = too_long[0]
         raise ValueError(f"collate_sft: example {i} has {lengths[i]} tokens > {seq_len}")
+    if layout is None and max_tokens:
+        layout = pack_tokens(
+            lengths, row_len=seq_len, max_tokens=max_tokens, row_multiple=row_multiple,
+            what="SFT example",
+        )  # fmt: skip
     if layout is None and pack:
         layout = in_order(lengths, rows=rows, seq_len=seq_len)
         if len(layout.places) < len(lengths):

@@ -89,6 +89,19 @@ def _ffd_rows(lengths: Sequence[int], row_len: int) -> list[list[int]]:
     return rows
 
 
+def budget_rows(max_tokens: int, *, row_len: int, row_multiple: int = 1) -> int:
+    """Rows of `row_len` tokens a micro-batch of `max_tokens` holds, a multiple of
+    `row_multiple` (the devices its rows are split over). Raises ValueError naming the key
+    when that is none."""
+    rows = (max_tokens // row_len) // row_multiple * row_multiple
+    if rows < 1:
+        raise ValueError(
+            f"train.max_tokens_per_micro_batch={max_tokens} holds no {row_multiple} row(s) of "
+            f"{row_len} tokens: raise train.max_tokens_per_micro_batch"
+        )
+    return rows
+
+
 def pack_tokens(
     lengths: Sequence[int],
     *,
@@ -112,12 +125,7 @@ def pack_tokens(
                 f"train.max_tokens_per_micro_batch={max_tokens} (rows of {row_len}) holds: "
                 "raise train.max_tokens_per_micro_batch"
             )
-    rows_per_micro = (max_tokens // row_len) // row_multiple * row_multiple
-    if rows_per_micro < 1:
-        raise ValueError(
-            f"train.max_tokens_per_micro_batch={max_tokens} holds no {row_multiple} row(s) of "
-            f"{row_len} tokens: raise train.max_tokens_per_micro_batch"
-        )
+    rows_per_micro = budget_rows(max_tokens, row_len=row_len, row_multiple=row_multiple)
     rows = _ffd_rows(lengths, row_len)
     n_micro = max(n_micro, ladder(max(1, -(-len(rows) // rows_per_micro))))
     # deal the rows (longest first) to the micro-batch with the fewest tokens that has room

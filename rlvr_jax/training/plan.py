@@ -5,7 +5,9 @@ the mesh axes its logical axes map to (the same rules tables the learner and eng
 
 Estimates (documented, deliberately simple):
 - learner: params + grads (param dtype) + AdamW mu/nu (param dtype, as optax keeps them) +
-  activations of one micro-batch (its rows split over data × fsdp): per token and layer
+  activations of one micro-batch (its rows split over data × fsdp; `train.micro_batch_size`
+  rows of one sequence each, or with `train.max_tokens_per_micro_batch` as many packed rows
+  of the full length as that budget holds): per token and layer
   (12·D + 3·F) values in the compute dtype (with `train.remat`, only the layer inputs D of
   every layer plus one layer's worth); the fp32 logits and log-softmax 2·V·4 bytes per
   position, for all positions or `train.logits_chunk` of them; and, as its own line,
@@ -70,6 +72,8 @@ class Plan:
     the concurrent sequences it buys (at max and at mean length, capped by the slots)."""
     attention: str = ""
     """The learner's attention kernel on the planned hardware (`model.attention_impl`)."""
+    micro_batch: str = ""
+    """How one learner micro-batch is laid out (rows × positions, packed or not)."""
 
     @property
     def learner_total(self) -> float:
@@ -289,6 +293,29 @@ def _attention_bytes(cfg: Config, arch: Any, kernel: str, rows_dev: float, seq: 
     )  # fmt: skip
 
 
+def micro_batch_rows(cfg: Config, seq: int, row_multiple: int) -> tuple[int, str]:
+    """(rows of one learner micro-batch, its description) at the full row length `seq`: with
+    `train.max_tokens_per_micro_batch`, as many packed rows of seq + 1 tokens (before the
+    shift) as the budget holds (`packing.budget_rows`, the trainer's own count); else
+    `train.micro_batch_size` rows (default the whole batch), one sequence each."""
+    from rlvr_jax.training.packing import budget_rows
+
+    t = cfg.train
+    if t.max_tokens_per_micro_batch:
+        try:
+            rows = budget_rows(
+                t.max_tokens_per_micro_batch, row_len=seq + 1, row_multiple=row_multiple
+            )
+        except ValueError as e:
+            raise PlanError(f"{e} (rows of max_prompt_len + max_new_tokens + 1)") from None
+        return rows, (
+            f"{rows} packed rows x {seq} positions (train.max_tokens_per_micro_batch="
+            f"{t.max_tokens_per_micro_batch})"
+        )
+    rows = t.micro_batch_size or t.prompts_per_batch * cfg.rollout.num_samples
+    return rows, f"{rows} rows x {seq} positions, one sequence per row"
+
+
 def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     """Computes the plan for `cfg` on `n_devices` (default: `mesh.plan_devices` or local)."""
     from rlvr_jax import models, sharding
@@ -310,7 +337,7 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
 
     params_l = _sharded_bytes(shapes, axes, sharding.LEARNER_RULES, learner_axes, pbytes)
     seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
-    rows = cfg.train.micro_batch_size or cfg.train.prompts_per_batch * cfg.rollout.num_samples
+    rows, micro_batch = micro_batch_rows(cfg, seq, learner_axes["data"] * learner_axes["fsdp"])
     rows_dev = rows / (learner_axes["data"] * learner_axes["fsdp"])
     kernel = attention_kernel(cfg, arch)
     learner_bytes = {
@@ -350,6 +377,7 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
         shared=shared,
         kv=kv,
         attention=kernel,
+        micro_batch=micro_batch,
     )
 
 
@@ -368,6 +396,7 @@ def format_plan(plan: Plan) -> str:
         f"actor sub-mesh:    {plan.actor_devices} devices {plan.actor_axes}"
         + ("  (shares the learner's devices)" if plan.shared else ""),
         f"learner attention: {plan.attention}",
+        f"learner micro-batch: {plan.micro_batch}",
         "per-device memory (estimate):",
     ]
     for k, v in plan.learner_bytes.items():

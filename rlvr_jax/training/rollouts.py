@@ -312,9 +312,12 @@ class ExpertIterationSource(_Generating):
         rows: int,
         seq_len: int,
         pad_id: int,
+        max_tokens: int = 0,
+        row_multiple: int = 1,
     ) -> None:
         self.rollouts, self.P, self.min_score = rollouts, prompts_per_batch, min_score
         self.rows, self.full_len, self.pad_id = rows, seq_len, pad_id
+        self.max_tokens, self.row_multiple = max_tokens, row_multiple
 
     def next(self, policy_version: int) -> Batch | None:
         r = self.rollouts
@@ -343,8 +346,9 @@ class ExpertIterationSource(_Generating):
         arrays: TokenBatch | None = None
         if prompts:
             arrays = collate_sft(
-                prompts, responses, rows=self.rows, seq_len=self.full_len + 1, pad_id=self.pad_id
-            )
+                prompts, responses, rows=self.rows, seq_len=self.full_len + 1, pad_id=self.pad_id,
+                max_tokens=self.max_tokens, row_multiple=self.row_multiple,
+            )  # fmt: skip
         return Batch(
             arrays,
             metrics=metrics,

@@ -125,10 +125,12 @@ def expert_source(ctx: Context, params: Any, version: int) -> ExpertIterationSou
         rows=ctx.rows,
         seq_len=ctx.seq_len,
         pad_id=ctx.pad_id,
+        max_tokens=cfg.train.max_tokens_per_micro_batch,
+        row_multiple=ctx.row_multiple,
     )
 
 
-def sft_batches(ctx: Context, *, seed: int) -> SFTSource:
+def sft_batches(ctx: Context, *, seed: int, packed: bool = False) -> SFTSource:
     cfg = ctx.cfg
     examples = build_sft_iterator(cfg, ctx.tokenizer, seed=seed)
     batcher = SFTBatcher(
@@ -138,13 +140,15 @@ def sft_batches(ctx: Context, *, seed: int) -> SFTSource:
         rows=cfg.sft.batch_size,
         seq_len=ctx.seq_len + 1,
         pad_id=ctx.pad_id,
+        max_tokens=cfg.train.max_tokens_per_micro_batch if packed else 0,
+        row_multiple=ctx.row_multiple,
     )
     return SFTSource(batcher)
 
 
 def sft_source(ctx: Context, params: Any, version: int) -> SFTSource:
     del params, version
-    return sft_batches(ctx, seed=ctx.cfg.data.seed)
+    return sft_batches(ctx, seed=ctx.cfg.data.seed, packed=True)
 
 
 def parallel_source(ctx: Context, params: Any, version: int) -> PairingSource:

@@ -116,7 +116,8 @@ def encode_example(row: PromptRow, tokenizer: Any, template: str) -> tuple[list[
 
 @dataclass(frozen=True)
 class SFTBatcher:
-    """Draws `rows` examples per batch and lays them out one per row (`collate_sft`)."""
+    """Draws `rows` examples per batch and lays them out one per row, or packed to a token
+    budget per micro-batch (`collate_sft`)."""
 
     examples: PromptIterator
     """SFT rows (`build_sft_iterator`); its state is what a checkpoint stores."""
@@ -130,6 +131,11 @@ class SFTBatcher:
     """Tokens per row before the shift (the arrays have `seq_len − 1` positions)."""
     pad_id: int
     """Token id of padding."""
+    max_tokens: int = 0
+    """`train.max_tokens_per_micro_batch`: pack the examples to this many tokens per
+    micro-batch (0 = one example per row)."""
+    row_multiple: int = 1
+    """Devices the rows are split over (packed micro-batches hold a multiple of it)."""
 
     def __post_init__(self) -> None:
         if self.rows < 1:
@@ -147,4 +153,6 @@ class SFTBatcher:
             rows=self.rows,
             seq_len=self.seq_len,
             pad_id=self.pad_id,
+            max_tokens=self.max_tokens,
+            row_multiple=self.row_multiple,
         )

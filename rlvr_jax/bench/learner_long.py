@@ -1,0 +1,305 @@
+"""`rlvr-bench learner --workload long`: the learner on long-tailed RL lengths, packed rows
+against today's padded buckets, and the attention kernels' memory at 8K tokens per row.
+
+The batch: `completions` RL samples (one optimizer step) whose response lengths follow OLMo 3's
+regime scaled down to a budget: ℓ = ⌈min(X, cap)⌉, X log-normal (σ = 0.7, the clipped mean at
+14.7K of a 32K cap: mean/max ≈ 0.45; `rlvr_jax.bench.waste.LengthDistribution`, scaled by
+cap / 32K), each after a prompt of `cap`/64 .. `cap`/16 tokens. The row length T is the batch's
+length bucket (`batch.bucket_length`, as the trainer picks it).
+
+- padded: today's layout — `collate`, one completion per row, `micro_rows` rows per micro-batch
+  (`train.micro_batch_size`), every row T positions long;
+- packed: `collate_packed` — completions bin-packed several to a row of T, micro-batches of at
+  most `micro_rows` rows' worth of tokens (`train.max_tokens_per_micro_batch` = micro_rows ×
+  (T + 1), the rows' length before the shift), their count following the batch's tokens.
+
+Both run the real train step (`learner.make_train_step`, the loss preset, AdamW) on the same
+samples, compiled ahead of time and timed in interleaved rounds (a load change on the shared
+machine hits both alike); the figure is useful (prompt + completion, non-pad) tokens per second
+of the best timed step, and the packed / padded ratio. Then, for every attention kernel
+that runs on this platform, XLA's peak memory of one micro-batch of one row of `memory_seq`
+(8K) tokens (`attention_memory.micro_batch_memory`).
+
+On a CPU the full shape (4096 cap, 64 completions) takes hours on the 56M bench model, so the
+default there is scaled down (1024 cap, the `--batch` completions, the same mean/max) and the
+output says so; `--long-cap 4096` asks for the full shape anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax import losses, models
+from rlvr_jax.bench import common, progress
+from rlvr_jax.bench.waste import LengthDistribution
+
+OLMO3 = LengthDistribution.fit(mean=14_700.0, cap=32_768, sigma=0.7)
+"""OLMo 3 Think's RL response lengths: clipped log-normal, mean 14.7K of a 32K budget."""
+FULL_CAP = 4096
+"""The issue's long shape: OLMo 3's lengths scaled to this many tokens per row."""
+CPU_CAP = 1024
+"""The default on a CPU (the full shape would take hours there); mean/max is kept."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LongWorkload:
+    """The long-context learner workload's shape."""
+
+    cap: int = FULL_CAP
+    """Row budget: prompt + completion tokens of the longest sample (the full length)."""
+    completions: int = 64
+    """Samples per optimizer step (the same batch for both layouts)."""
+    micro_rows: int = 8
+    """Padded rows per micro-batch; the packed token budget is this many full rows."""
+    memory_seq: int = 8192
+    """Tokens per row of the attention-memory figure."""
+    seed: int = 0
+    """Seed of the lengths, tokens and params."""
+
+    def __post_init__(self) -> None:
+        if self.cap < 128:
+            raise ValueError(f"--long-cap must be >= 128 tokens, got {self.cap}")
+        if self.memory_seq < 2:
+            raise ValueError(f"--long-memory-seq must be >= 2 tokens, got {self.memory_seq}")
+        if self.completions < 2 or self.micro_rows < 1 or self.completions % self.micro_rows:
+            raise ValueError(
+                f"need >= 2 completions and micro_rows ({self.micro_rows}) dividing them "
+                f"({self.completions}): set --batch and --n-micro so"
+            )
+
+    @property
+    def prompt_range(self) -> tuple[int, int]:
+        """(shortest, longest) prompt in tokens."""
+        return max(self.cap // 64, 1), self.cap // 16
+
+    def lengths(self) -> LengthDistribution:
+        """OLMo 3's completion lengths scaled to the room left after the longest prompt."""
+        return OLMO3.scaled(self.cap - self.prompt_range[1])
+
+
+def samples(work: LongWorkload, vocab: int) -> list[Any]:
+    """`completions` RL samples (`batch.Sample`): prompts uniform in `prompt_range`, completions
+    of `lengths()`, random tokens, sampler log-probs near −log V, advantages ~ N(0, 1)."""
+    from rlvr_jax.training.batch import Sample
+
+    rng = np.random.default_rng(work.seed)
+    lo, hi = work.prompt_range
+    n_completion = work.lengths().sample(work.completions, work.seed)
+    out = []
+    for n in n_completion.tolist():
+        n_prompt = int(rng.integers(lo, hi + 1))
+        out.append(
+            Sample(
+                prompt_tokens=rng.integers(0, vocab, n_prompt).tolist(),
+                tokens=rng.integers(0, vocab, n).tolist(),
+                sampler_logp=(-np.log(vocab) + 0.1 * rng.standard_normal(n)).tolist(),
+                advantage=float(rng.standard_normal()),
+            )
+        )
+    return out
+
+
+def layouts(work: LongWorkload, batch: list[Any]) -> dict[str, tuple[Any, int | None]]:
+    """{"padded": (RLBatch, n_micro), "packed": (RLBatch, None)} of the same samples on rows of
+    the batch's length bucket T (positions; rows hold T + 1 tokens before the shift)."""
+    from rlvr_jax.training.batch import bucket_length, collate, collate_packed
+
+    longest = max(len(s.prompt_tokens) + len(s.tokens) for s in batch)
+    T = bucket_length(longest, full=work.cap, min_len=32)
+    padded = collate(batch, rows=len(batch), seq_len=T + 1, pad_id=0)
+    packed, _ = collate_packed(
+        batch, rows=len(batch), seq_len=T + 1, pad_id=0, max_tokens=work.micro_rows * (T + 1)
+    )
+    return {"padded": (padded, len(batch) // work.micro_rows), "packed": (packed, None)}
+
+
+def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro: int | None):
+    """The train step on one layout, compiled ahead of time: (call, facts), `call()` running one
+    step (the state carried over) and returning its metrics."""
+    from rlvr_jax.config.schema import TrainConfig
+    from rlvr_jax.training import learner
+    from rlvr_jax.training.optimizer import make_optimizer
+
+    arch = cfg.arch()
+    settings = losses.resolve_loss_settings(cfg.loss)
+    if settings.tis_mode == "mask":
+        arrays = arrays.replace(old_logp_BxT=arrays.sampler_logp_BxT)
+    optimizer = make_optimizer(TrainConfig())
+    params = models.init_params(arch, jax.random.key(work.seed))
+    batch = jax.tree.map(jnp.asarray, arrays)
+    step = learner.make_train_step(
+        arch, optimizer, settings, max_len=work.cap, n_micro=n_micro,
+        compute_dtype=jnp.dtype(cfg.dtype), memory=cfg.memory(),
+    )  # fmt: skip
+    holder = {"state": learner.init_state(params, optimizer)}
+    progress.line(f"{name}: {arrays.tokens.rows} rows x {arrays.tokens.length} positions")
+    train, compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))
+
+    def call() -> dict[str, jax.Array]:
+        holder["state"], metrics = train(holder["state"], batch)
+        return jax.block_until_ready(metrics)
+
+    rows, T = arrays.tokens.rows, arrays.tokens.length
+    facts = {
+        "compile_s": compile_s,
+        "rows": rows,
+        "positions": T,
+        "n_micro": learner.micro_count(arrays.tokens, n_micro),
+        "computed_tokens": rows * T,
+        "memory": common.compiled_memory(train),
+    }
+    return call, facts
+
+
+def _time_interleaved(calls: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]:
+    """One untimed warm-up call of each, then `repeats` rounds calling each in turn (a load
+    change on the shared machine hits both layouts alike); best seconds, all, the last loss."""
+    out = {name: {"all_s": [], "cpu_s": [], "loss": float("nan")} for name in calls}
+    for call in calls.values():
+        call()
+    for _ in progress.steps(range(repeats), "timed round"):
+        for name, call in calls.items():
+            start, start_cpu = time.perf_counter(), time.process_time()
+            metrics = jax.device_get(call())
+            out[name]["all_s"].append(time.perf_counter() - start)
+            out[name]["cpu_s"].append(time.process_time() - start_cpu)
+            if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
+                raise RuntimeError(f"the {name} train step is not finite: {metrics}")
+            out[name]["loss"] = float(metrics["loss"])
+    for one in out.values():
+        one["seconds"] = min(one["all_s"])
+        one["cpu_seconds"] = min(one["cpu_s"])
+    return out
+
+
+def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -> dict[str, Any]:
+    """Packed vs padded train steps on the same samples, then the attention kernels' memory of
+    one `memory_seq`-token micro-batch; the JSON-able `long` result."""
+    from rlvr_jax.bench import attention_memory
+
+    arch = cfg.arch()
+    batch = samples(work, arch.vocab_size)
+    useful = sum(len(s.prompt_tokens) + len(s.tokens) for s in batch)
+    dist = work.lengths()
+    n_completion = np.asarray([len(s.tokens) for s in batch])
+    compiled = {
+        name: _compile_step(cfg, work, name, arrays, n_micro)
+        for name, (arrays, n_micro) in layouts(work, batch).items()
+    }
+    timed = _time_interleaved({name: c[0] for name, c in compiled.items()}, cfg.repeats)
+    runs = {name: {**timed[name], **compiled[name][1]} for name in compiled}
+    tps = {name: useful / r["seconds"] for name, r in runs.items()}
+    per_cpu = {name: useful / r["cpu_seconds"] for name, r in runs.items()}
+    if kernels is None:
+        kernels = attention_memory.kernels_here(jnp.dtype(cfg.dtype), arch.head_dim)
+    peak: dict[str, dict[str, float]] = {}
+    for kernel in kernels:
+        progress.line(f"attention memory: {kernel} kernel, 1 row x {work.memory_seq} tokens")
+        peak[kernel] = attention_memory.micro_batch_memory(cfg, kernel, work.memory_seq, 1)
+    return {
+        "useful_tokens_per_s": tps,
+        "packed_over_padded": tps["packed"] / tps["padded"],
+        "useful_tokens_per_cpu_s": per_cpu,
+        "packed_over_padded_cpu": per_cpu["packed"] / per_cpu["padded"],
+        "useful_tokens": useful,
+        "padding_fraction": {k: 1 - useful / r["computed_tokens"] for k, r in runs.items()},
+        "runs": runs,
+        "lengths": {
+            **dist.describe(),
+            "completion_mean": float(n_completion.mean()),
+            "completion_max": int(n_completion.max()),
+            "mean_over_max": float(n_completion.mean() / dist.cap),
+            "prompt_range": list(work.prompt_range),
+            "scaled_from": OLMO3.describe(),
+        },
+        "memory_seq": work.memory_seq,
+        "attention_peak_bytes": {k: v["peak_bytes"] for k, v in peak.items()},
+        "attention_memory": peak,
+        "workload": dataclasses.asdict(work),
+        "scaled_down": work.cap < FULL_CAP,
+    }
+
+
+def workload_of(
+    cfg: Any, *, cap: int | None, platform: str, memory_seq: int | None = None
+) -> LongWorkload:
+    """The workload of a learner bench config: `cfg.batch` completions in micro-batches of
+    `cfg.batch // cfg.n_micro` rows, the cap given or the platform's default."""
+    if cap is None:
+        cap = CPU_CAP if platform == "cpu" else FULL_CAP
+    extra = {} if memory_seq is None else {"memory_seq": memory_seq}
+    return LongWorkload(cap=cap, completions=cfg.batch, micro_rows=cfg.batch // cfg.n_micro,
+                        seed=cfg.seed, **extra)  # fmt: skip
+
+
+def run(cfg: Any, work: LongWorkload) -> dict[str, Any]:
+    """`measure` plus the roofline, where and how it ran (machine, load, the bench config)."""
+    from rlvr_jax.bench.roofline import measure_roofline
+
+    load_before = common.machine_info()["loadavg"]
+    if work.cap < FULL_CAP:
+        progress.line(
+            f"scaled down: rows of {work.cap} tokens instead of {FULL_CAP} (mean/max kept), "
+            f"{work.completions} completions per step"
+        )
+    roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)
+    result = measure(cfg, work)
+    return {
+        "long": result,
+        "roofline": roofline,
+        "machine": {**common.machine_info(), "loadavg_before": load_before},
+        "config": {**dataclasses.asdict(cfg), "model": cfg.arch().to_hf()},
+    }
+
+
+def format_result(result: dict[str, Any]) -> str:
+    """The table `rlvr-bench learner --workload long` prints."""
+    r, cfg = result["long"], result["config"]
+    w, lengths = r["workload"], r["lengths"]
+    rows = []
+    for name in ("padded", "packed"):
+        one = r["runs"][name]
+        rows.append([name, r["useful_tokens_per_s"][name], one["seconds"], one["rows"],
+                     one["positions"], one["n_micro"], r["padding_fraction"][name]])  # fmt: skip
+    table = common.format_table(
+        ["layout", "useful tok/s", "step s", "rows", "T", "micro", "padding"], rows
+    )
+    kernels = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in r["attention_peak_bytes"].items())
+    scale = (
+        f" (SCALED DOWN from a {FULL_CAP} cap for this machine; mean/max kept)"
+        if r["scaled_down"]
+        else ""
+    )
+    load = result["machine"]["loadavg"]
+    peak = result["roofline"]["matmul_gflops"]["float32"]
+    return "\n".join([
+        f"rlvr-bench learner --workload long: d={cfg['d_model']} L={cfg['n_layers']} "
+        f"V={cfg['vocab']}, {w['completions']} completions per step, cap {w['cap']}{scale}, "
+        f"completion mean/max {lengths['mean_over_max']:.2f}, {r['useful_tokens']} useful tokens",
+        table,
+        f"packed / padded useful tokens/s: {r['packed_over_padded']:.2f}x (target >= 1.7x); "
+        f"per CPU second (less sensitive to other processes): {r['packed_over_padded_cpu']:.2f}x",
+        f"peak memory of one micro-batch of 1 x {r['memory_seq']} tokens: {kernels}",
+        f"matmul peak fp32 {peak:.1f} GFLOP/s; load average {load[0]:.2f} (1 min) on "
+        f"{result['machine']['cpu_count']} CPUs",
+    ])  # fmt: skip
+
+
+def plot(result: dict[str, Any], path: str) -> None:
+    """Useful tokens/s of both layouts and the kernels' peak memory at `memory_seq`."""
+    r = result["long"]
+    panels = [
+        common.Panel("useful tokens/s", "tokens/s", bars=r["useful_tokens_per_s"]),
+        common.Panel(
+            f"one micro-batch, 1 x {r['memory_seq']} tokens",
+            "GiB",
+            bars={k: v / 2**30 for k, v in r["attention_peak_bytes"].items()},
+        ),
+    ]
+    common.save_plot(path, panels, "rlvr-bench learner --workload long")
