@@ -45,21 +45,9 @@ DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16
 
 
 @dataclasses.dataclass(frozen=True)
-class LearnerBenchConfig:
-    """One learner benchmark: the model, the batch and how it is timed."""
+class LearnerBenchConfig(common.ModelSize):
+    """One learner benchmark: the model (`common.ModelSize`), the batch and how it is timed."""
 
-    d_model: int = 512
-    """D of the bench model."""
-    n_layers: int = 8
-    """L of the bench model."""
-    n_heads: int = 8
-    """N: query heads."""
-    n_kv_heads: int = 2
-    """K: key/value heads."""
-    d_ff: int = 2816
-    """F: SwiGLU width."""
-    vocab: int = 32000
-    """V: vocabulary."""
     batch: int = 32
     """Rows per optimizer step."""
     seq: int = 256
@@ -118,17 +106,6 @@ class LearnerBenchConfig:
             attn_chunk=self.attn_chunk,
             logits_chunk=self.logits_chunk,
             attention_impl=self.attention_impl,
-        )
-
-    def arch(self) -> models.ArchConfig:
-        """The bench model with this config's sizes."""
-        return common.bench_arch(
-            d_model=self.d_model,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            n_kv_heads=self.n_kv_heads,
-            d_ff=self.d_ff,
-            vocab=self.vocab,
         )
 
 
