@@ -132,6 +132,8 @@ class Trainer:
                 if pending is not None:
                     self._write(pending)
                 pending = current
+                if self.source.on_policy:  # sync: the next rollouts need this step's weights;
+                    current.done.wait()  # waiting here keeps the timeline's stages disjoint
                 self._maybe_eval_and_checkpoint(step, pending)
                 if self.timeline is not None:
                     self.timeline.mark("step")
