@@ -70,6 +70,9 @@ class Trainer:
 
         self.cfg, self.timeline = cfg, timeline
         self.stop = stop if stop is not None else StopFlag()
+        self.dispatched = 0
+        """The last step dispatched (named when a signal comes)."""
+        self.stop.where = lambda: self.dispatched
         self.out = Path(cfg.train.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.algorithm = get_algorithm(cfg.algorithm)
@@ -129,9 +132,12 @@ class Trainer:
                     break
                 step += 1
                 current = self._dispatch(step, batch)
+                self.dispatched = step
                 if pending is not None:
                     self._write(pending)
                 pending = current
+                if self.source.on_policy:  # sync: the next rollouts need this step's weights;
+                    current.done.wait()  # waiting here keeps the timeline's stages disjoint
                 self._maybe_eval_and_checkpoint(step, pending)
                 if self.timeline is not None:
                     self.timeline.mark("step")

@@ -261,6 +261,8 @@ class RolloutSource(_Generating):
             service.append(metrics)
             for g in scored:
                 asm.offer(g, policy_version)
+        if r.stop():  # a signal came while these groups were scored: the run stops before
+            return None  # this step; they stay in the resume bookkeeping, not consumed
         r.consume(taken)
         if self.mode == "async":  # the actors generate the next batch while this one trains
             r.fill(self._async_target())

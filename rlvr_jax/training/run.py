@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 from rlvr_jax.config.schema import Config, MeshConfig
 from rlvr_jax.models.bootstrap import ensure_model, resolve_function
@@ -22,6 +23,8 @@ class StopFlag:
     def __init__(self) -> None:
         self._event = threading.Event()
         self.signal: int | None = None
+        self.where: Callable[[], int] | None = None
+        """The trainer's last dispatched step (named in the signal's log line)."""
 
     def set(self, signum: int | None = None) -> None:
         self.signal = signum
@@ -37,7 +40,10 @@ class StopFlag:
         def handler(signum, _frame):
             if self:
                 raise KeyboardInterrupt  # a second signal: stop now
-            log.warning("signal %d: finishing the current step, then checkpointing", signum)
+            at = self.where() if self.where is not None else "?"
+            log.warning(
+                "signal %d at step %s: finishing the current step, then checkpointing", signum, at
+            )
             self.set(signum)
 
         signal.signal(signal.SIGINT, handler)
