@@ -10,4 +10,4 @@ ruff check .
 echo "[test] ruff format --check"
 ruff format --check .
 echo "[test] pytest"
-python -m pytest -q "$@"
+python -m pytest -q --durations=25 "$@"
