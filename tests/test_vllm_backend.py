@@ -191,4 +191,5 @@ def test_trainer_runs_on_the_vllm_backend_source(tmp_path, monkeypatch):
     finally:
         trainer.close()
     # each update's weights were loaded into the one engine (step 2 generated with update 1's)
-    assert len(built) == 1 and built[0].calls == [2, 2] and built[0].loaded == [1, 2]
+    # (how the driver splits a step's prompts over generate calls depends on thread timing)
+    assert len(built) == 1 and sum(built[0].calls) == 4 and built[0].loaded == [1, 2]
