@@ -9,25 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from test_learner import ARCH
 
 from rlvr_jax import losses, models
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import Sample, collate, collate_packed, mini_batch
 from rlvr_jax.training.packing import ladder, pack_tokens
 
-ARCH = models.ArchConfig.from_hf(
-    dict(
-        model_type="qwen2",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-)
 SEQ = 33  # tokens per row before the shift: T = 32
 
 
