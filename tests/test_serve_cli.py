@@ -44,6 +44,7 @@ class Server:
         self.ready_file = workdir / "ready.json"
         args = ["--model", str(model_dir), "--http-port", "0", "--grpc-port", "0"]
         args += ["--max-slots", "8", "--max-len", "128", "--temperature", "0"]
+        args += ["--page-size", "8", "--kv-pages", "128"]  # the KV flags: 1,024 tokens of pages
         self.proc = C.Proc(
             "rlvr-serve", [*args, "--ready-file", str(self.ready_file), *extra], workdir, **env
         )
@@ -77,6 +78,16 @@ def server(model_dir, tmp_path_factory):
     print(f"rlvr-serve ready (ready file, /health 200, gRPC live) in {s.ready_s:.1f} s")
     yield s
     s.proc.kill()
+
+
+def test_kv_flags_reach_the_engine_and_conflicts_are_named():
+    from rlvr_jax.rollout.serve import build_parser, kv_kwargs
+
+    args = build_parser().parse_args(["--model", "m", "--kv-layout", "contiguous"])
+    assert kv_kwargs(args)["kv_layout"] == "contiguous"
+    args = build_parser().parse_args(["--model", "m", "--kv-pages", "64", "--kv-cache-gib", "1"])
+    with pytest.raises(ValueError, match="--kv-pages or --kv-cache-gib"):
+        kv_kwargs(args)
 
 
 def _greedy(model_dir, ids, n_tokens):

@@ -11,10 +11,13 @@ continuous-batching scheduler to the end of the workload, their boundaries inter
 load change on the shared machine hits both); tokens/s counts generated tokens over each
 engine's own wall (prefill included, compilation excluded).
 
-Step time against live tokens: `paged_slots` slots are set live at equal lengths filling
-a fraction f of the pool (pages allocated, no prefill: attention costs the same whatever
-the cached values), and one decode chunk is timed per f; the contiguous engine is timed
-the same way. A least-squares line ms = a + b · live tokens summarises the paged engine.
+Step time against live tokens, two ways of holding a fraction f of the pool live (pages
+allocated, no prefill: attention costs the same whatever the cached values), one decode
+chunk timed per f on the row bucket the scheduler would pick: `step_ms_at_fill`, all
+`paged_slots` slots live at shorter lengths (a rollout's start: every row's dense work
+stays); `step_ms_at_fill_fewer_slots`, f of the slots live at the length that fills the
+pool (a rollout's tail). The contiguous engine is timed the same way. Least-squares lines
+ms = a + b · live tokens summarise the paged engine.
 """
 
 from __future__ import annotations
@@ -141,51 +144,77 @@ def run_workloads(engines: dict[str, EngineCore], prompts: list, lengths: list) 
     return out
 
 
-def _fill_state(core: EngineCore, length: int) -> tuple[Any, PagedWork | None]:
-    """Every slot live at position `length` (pages allocated, nothing prefilled)."""
+def _fill_state(core: EngineCore, length: int, live: int) -> tuple[Any, PagedWork | None]:
+    """Slots [0, live) live at position `length` (pages allocated, nothing prefilled)."""
     spec = core.spec
-    b = spec.max_slots
     state = core.init_decode_state()
-    requests = [SlotRequest(0, i, 10**6) for i in range(b)]
+    requests = [SlotRequest(0, i, 10**6) for i in range(live)]
     if not core.paged:
         prefix = core.prefill(core.params, [1, 2])
-        state = core.insert(prefix, state, list(range(b)), requests)
-        positions = np.full((b,), length, np.int32)
+        state = core.insert(prefix, state, list(range(live)), requests)
+        positions = np.full((spec.max_slots,), length, np.int32)
         state = state.replace(positions_B=jax.numpy.asarray(positions))
         return state, None
-    state = core.activate(state, list(range(b)), requests, [1] * b, [length] * b)
+    state = core.activate(state, list(range(live)), requests, [1] * live, [length] * live)
     per_slot = pages_for(length + core.chunk, spec.page_size)
-    table = np.zeros((b, spec.max_pages), np.int32)
-    for slot in range(b):
+    table = np.zeros((spec.max_slots, spec.max_pages), np.int32)
+    for slot in range(live):
         table[slot, :per_slot] = 1 + slot * per_slot + np.arange(per_slot)
-    if 1 + b * per_slot > spec.pages_per_shard:
+    if 1 + live * per_slot > spec.pages_per_shard:
         raise ValueError(f"fill of {length} tokens per slot exceeds the pool")
-    ends = dict.fromkeys(range(b), length + core.chunk - 1)
-    kw = dict(slots_per_shard=b, shards=1, length=spec.work_len, geometry=spec.geometry)
-    full = work_lists(ends, dict.fromkeys(range(b), 0), **kw)
+    ends = dict.fromkeys(range(live), length + core.chunk - 1)
+    kw = dict(slots_per_shard=spec.max_slots, shards=1, length=spec.work_len)
+    full = work_lists(ends, dict.fromkeys(range(live), 0), geometry=spec.geometry, **kw)
     return state, PagedWork(table, *full, *(None, None, None))
 
 
-def step_ms_at_fill(core: EngineCore, capacity: int, fills: tuple, repeats: int) -> dict:
-    """Decode ms/step with all slots live, filling `fills` of `capacity` tokens."""
-    out = {}
-    for f in fills:
-        length = max(1, int(f * capacity / core.spec.max_slots) - core.chunk - 1)
-        state, work = _fill_state(core, length)
-        state, o = core.generate(core.params, state, mode=SamplerMode(), work=work)  # compile
+def _time_chunk(core: EngineCore, length: int, live: int, repeats: int) -> float:
+    """Best-of-`repeats` ms per decode step of one chunk with `live` slots at `length`,
+    on the row bucket the scheduler would pick for them (paged)."""
+    rows = core.spec.row_bucket(live) if core.paged else None
+    state, work = _fill_state(core, length, live)
+    state, o = core.generate(core.params, state, mode=SamplerMode(), work=work, rows=rows)
+    jax.block_until_ready(o)  # compile
+    best = float("inf")
+    for _ in range(repeats):
+        state, _ = _fill_state(core, length, live)
+        start = time.perf_counter()
+        state, o = core.generate(core.params, state, mode=SamplerMode(), work=work, rows=rows)
         jax.block_until_ready(o)
-        best = float("inf")
-        for _ in range(repeats):
-            state, _ = _fill_state(core, length)
-            start = time.perf_counter()
-            state, o = core.generate(core.params, state, mode=SamplerMode(), work=work)
-            jax.block_until_ready(o)
-            best = min(best, time.perf_counter() - start)
-        out[str(float(f))] = {
-            "ms_per_step": 1e3 * best / core.chunk,
-            "live_tokens": length * core.spec.max_slots,
-        }
+        best = min(best, time.perf_counter() - start)
+    return 1e3 * best / core.chunk
+
+
+def step_ms_at_fill(core: EngineCore, capacity: int, fills: tuple, repeats: int) -> dict:
+    """Decode ms/step with all slots live, filling `fills` of `capacity` tokens (shorter
+    sequences at lower fills: the start of a rollout)."""
+    out = {}
+    b = core.spec.max_slots
+    for f in fills:
+        length = max(1, int(f * capacity / b) - core.chunk - 1)
+        ms = _time_chunk(core, length, b, repeats)
+        out[str(float(f))] = {"ms_per_step": ms, "live_tokens": length * b, "live_slots": b}
     return out
+
+
+def step_ms_at_fill_by_slots(core: EngineCore, capacity: int, fills: tuple, repeats: int):
+    """Decode ms/step with a fraction `fills` of the slots live, each at the length that
+    fills the pool when all are live (fewer sequences at lower fills: a rollout's tail,
+    where the long ones decode alone)."""
+    out = {}
+    b = core.spec.max_slots
+    length = max(1, int(capacity / b) - core.chunk - 1)
+    for f in fills:
+        live = max(1, round(f * b))
+        ms = _time_chunk(core, length, live, repeats)
+        out[str(float(f))] = {"ms_per_step": ms, "live_tokens": length * live, "live_slots": live}
+    return out
+
+
+def _quarter_over_full(points: dict) -> float | None:
+    if "0.25" not in points or "1.0" not in points:
+        return None
+    return points["0.25"]["ms_per_step"] / points["1.0"]["ms_per_step"]
 
 
 def fit_line(points: dict) -> dict:
@@ -205,8 +234,11 @@ def print_summary(long: dict) -> None:
     print(f"long: mean concurrent {long['mean_concurrent']}")
     print(f"long: KV utilisation {long['kv_utilisation']:.3f}, preemptions {long['preemptions']}")
     print(f"long: decode ms/step at fill {long['step_ms_at_fill']}")
-    if ratios["step_ms_quarter_over_full"] is not None:
-        print(f"long: step ms 25% / 100% fill  {ratios['step_ms_quarter_over_full']:.2f}")
+    print(f"long: decode ms/step at fill, fewer slots {long['step_ms_at_fill_fewer_slots']}")
+    for key, what in (("", "all slots live"), ("_fewer_slots", "fewer slots live")):
+        if ratios["step_ms_quarter_over_full" + key] is not None:
+            q = ratios["step_ms_quarter_over_full" + key]
+            print(f"long: step ms 25% / 100% fill ({what})  {q:.2f}")
 
 
 def main_result(cfg: Any, quick: bool, **sizes: int) -> dict:
@@ -280,11 +312,12 @@ def run_long(model: Any, lc: LongConfig) -> dict:
     load_before = os.getloadavg()
     runs = run_workloads(engines, prompts, lengths)
     load_after = os.getloadavg()
-    fills = {}
+    fills, by_slots = {}, {}
     for name, core in engines.items():
         progress(f"{name}: timing decode steps at fills {list(lc.fills)} of {pool_tokens:,}")
         fills[name] = step_ms_at_fill(core, pool_tokens, lc.fills, lc.fill_repeats)
-    paged = fills["paged"]
+        by_slots[name] = step_ms_at_fill_by_slots(core, pool_tokens, lc.fills, lc.fill_repeats)
+    paged, tail = fills["paged"], by_slots["paged"]
     return {
         "tokens_per_s": {k: r["tokens_per_s"] for k, r in runs.items()},
         "kv_bytes": {k: core.kv_bytes for k, core in engines.items()},
@@ -295,13 +328,15 @@ def run_long(model: Any, lc: LongConfig) -> dict:
         "recomputed_tokens": runs["paged"]["recomputed_tokens"],
         "step_ms_at_fill": {f: p["ms_per_step"] for f, p in paged.items()},
         "step_ms_at_fill_by_layout": fills,
+        "step_ms_at_fill_fewer_slots": {f: p["ms_per_step"] for f, p in tail.items()},
+        "step_ms_at_fill_fewer_slots_by_layout": by_slots,
         "step_time_fit": fit_line(paged),
+        "step_time_fit_fewer_slots": fit_line(tail),
         "ratios": {
             "paged_over_contiguous_tokens_per_s": runs["paged"]["tokens_per_s"]
             / runs["contiguous"]["tokens_per_s"],
-            "step_ms_quarter_over_full": paged["0.25"]["ms_per_step"] / paged["1.0"]["ms_per_step"]
-            if "0.25" in paged and "1.0" in paged
-            else None,
+            "step_ms_quarter_over_full": _quarter_over_full(paged),
+            "step_ms_quarter_over_full_fewer_slots": _quarter_over_full(tail),
         },
         "runs": runs,
         "loadavg_during_runs": [load_before, load_after],

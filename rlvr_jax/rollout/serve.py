@@ -51,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-queue", type=int, default=1024, help="HTTP prompts waiting for slots (then 429)"
     )
+    kv = p.add_argument_group("KV cache (as the config's rollout.* keys)")
+    kv.add_argument("--kv-layout", default="paged", choices=["paged", "contiguous"])
+    kv.add_argument("--page-size", type=int, default=16, help="tokens per KV page (paged)")
+    kv.add_argument(
+        "--kv-pages", type=int, help="pages in the pool (default: max-slots × max-len worth)"
+    )
+    kv.add_argument("--kv-cache-gib", type=float, help="pool size in GiB (instead of --kv-pages)")
+    kv.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill")
     p.add_argument("--temperature", type=float, default=1.0, help="gRPC sampling temperature")
     p.add_argument("--top-p", type=float, default=1.0, help="gRPC nucleus threshold")
     p.add_argument("--top-k", type=int, default=0, help="gRPC top-k (0 = off)")
@@ -123,6 +131,7 @@ def _start_grpc(model: Any, tokenizer_dir: str, args: argparse.Namespace, server
         max_len=args.max_len,
         tokenizer_path=tokenizer_dir,
         sampling=SamplingParams(args.temperature, args.top_p, args.top_k),
+        **kv_kwargs(args),
     )
     engine.build_tokenizer(engine.get_tokenizer())  # now, before the driver's threads
     params = engine.load_params()
@@ -139,6 +148,19 @@ def _start_grpc(model: Any, tokenizer_dir: str, args: argparse.Namespace, server
     servers.grpc_port = servers.grpc.port
 
 
+def kv_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The KV-cache flags as `EngineCore` keyword arguments."""
+    if args.kv_pages is not None and args.kv_cache_gib is not None:
+        raise ValueError("give --kv-pages or --kv-cache-gib, not both")
+    return dict(
+        kv_layout=args.kv_layout,
+        page_size=args.page_size,
+        kv_pages=args.kv_pages,
+        kv_cache_gib=args.kv_cache_gib,
+        prefill_chunk=args.prefill_chunk,
+    )
+
+
 def _start_http(
     model: Any, tokenizer: Any, stop_ids: tuple[int, ...], args: argparse.Namespace
 ) -> tuple[Any, Any]:
@@ -146,7 +168,9 @@ def _start_http(
     from rlvr_jax.rollout.openai_http import OpenAIServer
     from rlvr_jax.rollout.stream import RolloutStream
 
-    core = EngineCore(model, max_slots=args.max_slots, max_len=args.max_len, chunk=args.chunk)
+    core = EngineCore(
+        model, max_slots=args.max_slots, max_len=args.max_len, chunk=args.chunk, **kv_kwargs(args)
+    )
     stream = RolloutStream(
         core, max_new_tokens=16, stop_token_ids=stop_ids, max_pending_groups=args.max_queue
     ).start()
