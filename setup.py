@@ -43,6 +43,7 @@ setup(
     extras_require={
         "dev": [
             "pytest>=9.2,<10",
+            "pytest-xdist>=3.8,<4",  # scripts/test.sh runs the suite on two workers
             "ruff==0.17.6",
             "torch==2.13.0",
             "nltk>=3.9.1,<4",

@@ -263,7 +263,9 @@ class PagedKV:
                     slot.pages += self.allocator.alloc(shard, n)
                     self._set_pages(s, slot.pages)
         rows = spec.max_slots
-        if len(spec.row_buckets) > 1:
+        # static batching decodes its whole batch until the longest request ends (what it
+        # is, and what the waste model and HF `generate` count): no row buckets there
+        if len(spec.row_buckets) > 1 and self.sched.batching == "continuous":
             self._compact()
             rows = spec.row_bucket(max(self.sched._slots, default=0) + 1)
             ends = self._ends(n_steps)  # slot ids after the moves
