@@ -241,3 +241,25 @@ def test_packed_rows_equal_full_rows(qwen):
         got,
         generate(EngineCore(qwen, max_slots=16, max_len=40, kv_layout="contiguous"), prompts, **kw),
     )
+
+
+def test_static_batching_decodes_its_whole_batch(qwen):
+    """Static batching keeps its batch shape until the longest request ends (no row buckets:
+    what HF `generate` and the waste model count), with the same completions."""
+    prompts = _prompts([3, 8, 5, 12, 2, 9], seed=11)
+    core = EngineCore(qwen, max_slots=16, max_len=40, **SMALL)
+    out = {}
+    for batching in ("static", "continuous"):
+        sched = Scheduler(core, batching=batching)
+        for i, p in enumerate(prompts):
+            n = 20 if i == 0 else 4  # one long request: the rest end in the first chunk
+            request = GroupRequest(
+                i, i, tuple(p), 2, seed=request_seed(6, i), max_new_tokens=n, stop_token_ids=STOP
+            )
+            sched.add(request)
+        done = sorted((c for _, g in sched.run() for c in g), key=lambda c: c.prompt_index)
+        out[batching] = (done, sched.stats)
+    (static, s_stats), (continuous, c_stats) = out["static"], out["continuous"]
+    assert s_stats.row_steps == 16 * s_stats.decode_steps
+    assert c_stats.row_steps < 16 * c_stats.decode_steps  # continuous: down to 8 rows
+    _same(static, continuous)
