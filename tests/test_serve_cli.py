@@ -80,14 +80,16 @@ def server(model_dir, tmp_path_factory):
     s.proc.kill()
 
 
-def test_kv_flags_reach_the_engine_and_conflicts_are_named():
+def test_kv_flags_reach_the_engine_and_conflicts_are_named(tmp_path):
     from rlvr_jax.rollout.serve import build_parser, kv_kwargs
 
     args = build_parser().parse_args(["--model", "m", "--kv-layout", "contiguous"])
     assert kv_kwargs(args)["kv_layout"] == "contiguous"
-    args = build_parser().parse_args(["--model", "m", "--kv-pages", "64", "--kv-cache-gib", "1"])
-    with pytest.raises(ValueError, match="--kv-pages or --kv-cache-gib"):
-        kv_kwargs(args)
+    # both budgets: refused at once, before any model is loaded (the path does not exist)
+    both = ["--model", str(tmp_path / "none"), "--kv-pages", "64", "--kv-cache-gib", "1"]
+    proc = C.Proc("rlvr-serve", both, tmp_path)
+    assert proc.wait(60) == 2
+    assert "--kv-pages or --kv-cache-gib, not both" in proc.stderr()
 
 
 def _greedy(model_dir, ids, n_tokens):

@@ -7,10 +7,6 @@ computation: the same function on one device.
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import helpers_models as H
 import jax
@@ -21,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from rlvr_jax import models, sharding
 from rlvr_jax.config.schema import MeshAxes, MeshConfig
+from rlvr_jax.rollout import EngineCore, generate
 
 pytestmark = pytest.mark.skipif(
     jax.device_count() < 8, reason="needs 8 devices (tests/conftest.py simulates them)"
@@ -208,9 +205,19 @@ def test_learner_to_actor_reshard_and_sharded_decode(tmp_path_factory):
     assert up.addressable_shards[0].data.shape == (4, 64, 96 // 2)
 
     # the engine on the actor mesh (tensor-parallel decode) equals the single-device one
-    worker = Path(__file__).with_name("sharded_decode_worker.py")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(worker.parent), *sys.path])}
-    proc = subprocess.run(
-        [sys.executable, str(worker), path], env=env, capture_output=True, text=True, timeout=600
+    prompts = H.random_tokens(2, 6, seed=24).tolist()
+    kw = dict(max_new_tokens=5, temperature=1.0, num_samples=2, seed=3)
+    sharded_core = EngineCore(learner, max_slots=4, max_len=16, mesh=actor_mesh)
+    k0 = sharded_core.init_decode_state().k[0]
+    assert _device_ids(k0) == {6, 7}
+    assert k0.sharding.spec[0] == "tensor"  # the pool's KV heads over the tensor axis
+    sharded = generate(sharded_core, prompts, **kw)
+    plain = EngineCore(models.load_pretrained(path), max_slots=4, max_len=16)
+    reference = generate(plain, prompts, **kw)
+    assert [c.tokens for c in sharded] == [c.tokens for c in reference]
+    np.testing.assert_allclose(
+        np.concatenate([c.logprobs for c in sharded]),
+        np.concatenate([c.logprobs for c in reference]),
+        rtol=0,
+        atol=1e-5,
     )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

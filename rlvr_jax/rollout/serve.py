@@ -150,8 +150,6 @@ def _start_grpc(model: Any, tokenizer_dir: str, args: argparse.Namespace, server
 
 def kv_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """The KV-cache flags as `EngineCore` keyword arguments."""
-    if args.kv_pages is not None and args.kv_cache_gib is not None:
-        raise ValueError("give --kv-pages or --kv-cache-gib, not both")
     return dict(
         kv_layout=args.kv_layout,
         page_size=args.page_size,
@@ -262,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     from rlvr_jax.logs import setup_logging
     from rlvr_jax.shutdown import Interrupted, SignalStop
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.kv_pages is not None and args.kv_cache_gib is not None:  # before loading anything
+        parser.error("give --kv-pages or --kv-cache-gib, not both")
     setup_logging(verbose=args.verbose)
     # a signal during start-up interrupts it (what was started is stopped on the way out);
     # once serving, it only sets the event the serving loop waits on
