@@ -1,6 +1,6 @@
-"""Regenerates the README's config-key table from the schema's field docstrings.
+"""Regenerates the config-key table of docs/config.md from the schema's field docstrings.
 
-Usage: python scripts/config_docs.py [--check]   (--check exits 1 when the README is stale)
+Usage: python scripts/config_docs.py [--check]   (--check exits 1 when the table is stale)
 """
 
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rlvr_jax.config import describe
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 START, END = "<!-- config-keys:start -->", "<!-- config-keys:end -->"
 
 
@@ -27,19 +27,19 @@ def render(text: str) -> str:
 
 
 def main() -> int:
-    text = README.read_text()
+    text = DOC.read_text()
     if START not in text or END not in text:
-        print(f"{README}: markers {START} / {END} missing", file=sys.stderr)
+        print(f"{DOC}: markers {START} / {END} missing", file=sys.stderr)
         return 1
     new = render(text)
     if "--check" in sys.argv:
         if new != text:
             print(
-                "README config table is stale: run python scripts/config_docs.py", file=sys.stderr
+                f"{DOC}: config table is stale: run python scripts/config_docs.py", file=sys.stderr
             )
             return 1
         return 0
-    README.write_text(new)
+    DOC.write_text(new)
     return 0
 
 
