@@ -1,17 +1,14 @@
 """The paged KV cache's budget: how many pages a configuration buys (shared by
-`EngineCore` and the dry-run plan), and the engine keyword arguments of a config."""
+`EngineCore` and the dry-run plan)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax.numpy as jnp
 
 from rlvr_jax.models import ArchConfig
 from rlvr_jax.rollout.pages import pages_for
-
-if TYPE_CHECKING:  # the schema is not imported at run time (rollout does not depend on config)
-    from rlvr_jax.config.schema import RolloutConfig
 
 
 def pool_pages(
@@ -52,16 +49,3 @@ def pool_pages(
     else:
         per_shard = max_slots // shards * pages_for(max_len, page_size) + 1
     return per_shard * shards
-
-
-def engine_kwargs(rollout_cfg: RolloutConfig) -> dict[str, Any]:
-    """`EngineCore` keyword arguments from a `rlvr_jax.config.schema.RolloutConfig` (KV
-    layout and budget, page size, prefill chunk, decode chunk)."""
-    return {
-        "chunk": rollout_cfg.decode_chunk,
-        "kv_layout": rollout_cfg.kv_layout,
-        "page_size": rollout_cfg.page_size,
-        "kv_pages": rollout_cfg.kv_pages,
-        "kv_cache_gib": rollout_cfg.kv_cache_gib,
-        "prefill_chunk": rollout_cfg.prefill_chunk,
-    }
