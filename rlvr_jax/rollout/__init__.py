@@ -62,8 +62,8 @@ caller's thread and returns the groups it completed: multi-process runs must do 
 lockstep (every process issues the same device computations in the same order).
 
 Other backends and front ends: `rlvr_jax.rollout.vllm_backend.VllmRollout` (GPU, extra
-`vllm`; `hf_weights` exports params under HF names), `rlvr-serve` (`serve.py`: JetStream
-gRPC + OpenAI HTTP with streaming, `openai_http.py` on aiohttp). Importing this package
+`vllm`; `hf_weights` exports params under HF names), and `rlvr-serve` (`rlvr_jax.serve`:
+JetStream gRPC + OpenAI HTTP with streaming). Importing this package
 imports neither TensorFlow, JetStream, torch nor vLLM.
 """
 

@@ -266,6 +266,11 @@ class RolloutStream:
             return self.scheduler.version
 
     @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The stop ids of a request that names none (the rollout's)."""
+        return self.defaults[2]
+
+    @property
     def threaded(self) -> bool:
         """Whether the driver thread runs (`start`); else callers `step` it."""
         return self._thread is not None
