@@ -174,7 +174,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     """`rlvr-serve`: see `rlvr-serve --help` (it takes `--verbose` itself). Started as the
     console script (`argv` None), the process ends as soon as the servers have stopped."""
     args = list(sys.argv[1:] if argv is None else argv)
-    rc = _run_library("rlvr_jax.rollout.serve", "main", args, what="rlvr-serve")
+    rc = _run_library("rlvr_jax.serve.cli", "main", args, what="rlvr-serve")
     if argv is None:
         from rlvr_jax.shutdown import exit_now
 

@@ -20,7 +20,7 @@ import pytest
 
 from rlvr_jax import models
 from rlvr_jax.rollout import EngineCore, SlotRequest, kernel, paged_core
-from rlvr_jax.rollout.state import kv_shape, kv_sharding
+from rlvr_jax.rollout.state import kv_shape
 
 TOL = 1e-4
 LAYOUTS = ["contiguous", "paged"]
@@ -33,7 +33,7 @@ def _decode_scan(dp, state, work, feed_BxN, start_B, *, spec):
 
     def step(kv, inputs):
         tokens_B, j = inputs
-        if spec.kv_layout == "paged":
+        if spec.kv_layout.name == "paged":
             logits, k, v = paged_core.decode_logits(
                 dp, spec, tokens_B, start_B + j, active_B, *kv, work
             )
@@ -145,4 +145,3 @@ def test_cache_shapes_and_axes(tmp_path):
     assert _engine(model, "paged", max_len=32).spec.num_pages == 4 * 8 + 1
     with pytest.raises(ValueError, match="kv_pages or kv_cache_gib, not both"):
         _engine(model, "paged", max_len=32, kv_pages=4, kv_cache_gib=1.0)
-    assert kv_sharding.__doc__  # shardings: see tests/test_rollout_mesh.py

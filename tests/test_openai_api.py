@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from rlvr_jax.data.tokenizer import load_tokenizer, train_tokenizer
-from rlvr_jax.rollout.openai_api import BadRequest, ChoiceText, parse_request
+from rlvr_jax.serve.openai_api import BadRequest, ChoiceText, parse_request
 
 CORPUS = ["the quick brown fox jumps over the lazy dog", "a plus b equals c", "hello world"] * 20
 EOS = 1  # "<|im_end|>" (ids: bos 0, eos 1, pad 2, im_start 3)

@@ -130,7 +130,7 @@ def test_samples_are_those_of_one_generate_call(tiny, monkeypatch):
     from rlvr_jax import models, rollout
     from rlvr_jax.config import load
     from rlvr_jax.data import format_prompt, load_source, load_tokenizer
-    from rlvr_jax.eval.evaluate import stop_token_ids
+    from rlvr_jax.data.formatting import stop_token_ids
     from rlvr_jax.eval.preference_pairs import sample_model
     from rlvr_jax.rewards import RewardService
 

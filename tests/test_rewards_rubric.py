@@ -348,7 +348,7 @@ def test_rubric_judged_by_rlvr_serve(tmp_path):
     import helpers_models as H
 
     from rlvr_jax.data.tokenizer import train_tokenizer
-    from rlvr_jax.rollout.serve import build_parser, serve
+    from rlvr_jax.serve.cli import build_parser, serve
 
     model_dir = tmp_path / "judge"
     H.build_hf_checkpoint("qwen2", model_dir, seed=3, vocab_size=320, max_position_embeddings=2048)

@@ -78,8 +78,8 @@ def test_rollout_imports_and_core_generation_stay_light():
 
     modules = [
         "rlvr_jax.rollout",
-        "rlvr_jax.rollout.serve",
-        "rlvr_jax.rollout.openai_http",
+        "rlvr_jax.serve.cli",
+        "rlvr_jax.serve.http",
         "rlvr_jax.rollout.jetstream_engine",
         "rlvr_jax.rollout.vllm_backend",
         "rlvr_jax.bench.decode",

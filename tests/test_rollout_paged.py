@@ -71,7 +71,7 @@ def test_paged_equals_contiguous(tmp_path_factory, case):
     kw = dict(max_slots=4, max_len=48, cache_dtype=cache_dtype)
     contiguous = EngineCore(model, kv_layout="contiguous", **kw)
     paged = EngineCore(model, prefill_chunk=8, **SMALL, **kw)
-    assert paged.spec.kv_layout == "paged" and paged.spec.geometry.pages_per_block == 2
+    assert paged.spec.kv_layout.name == "paged" and paged.spec.geometry.pages_per_block == 2
     prompts = _prompts([1, 5, 13, 21], seed=1)  # 21 tokens: three prefill chunks
     atol = 1e-5 if cache_dtype is None else 1e-3
     for sampling in (dict(temperature=0.0), dict(temperature=1.0, num_samples=2, seed=4)):
@@ -91,7 +91,7 @@ def test_group_samples_share_prompt_pages(qwen):
     sched.add(GroupRequest(0, 0, prompt, 4, seed=request_seed(0, 0), max_new_tokens=12))
     sched.step()
     pages = [slot.pages for slot in sched._slots.values()]
-    alloc = sched._paged.allocator
+    alloc = sched._kv.allocator
     shared = pages[0][:2]
     assert all(p[:2] == shared for p in pages) and len({p[2] for p in pages}) == 4
     assert list(alloc.refcount[0, shared]) == [4, 4]  # the group's own hold was released
@@ -145,7 +145,7 @@ def test_preempted_sequences_resume_identically(qwen):
     done = sorted((c for _, g in sched.run() for c in g), key=lambda c: c.prompt_index)
     assert sched.stats.preemptions > 0 and sched.stats.recomputed_tokens > 0
     assert sched.pages_in_use == 0
-    sched._paged.allocator.check_invariants()
+    sched._kv.allocator.check_invariants()
     _same(done, generate(roomy, prompts, **kw))
     metrics = sched.kv_metrics()  # what the trainer logs (over an interval: since a snapshot)
     assert metrics["rollout/preemptions"] == sched.stats.preemptions

@@ -42,9 +42,15 @@ class Server:
 
     def __init__(self, model_dir: Path, workdir: Path, *extra: str, **env: str):
         self.ready_file = workdir / "ready.json"
+        # the engine from a trainer-style config's rollout: section (a flag overrides it):
+        # 8 slots over 1,024 tokens of pages
+        config = workdir / "serve.yaml"
+        config.write_text(
+            f"model: {{path: {model_dir}}}\n"
+            "rollout: {max_slots: 8, page_size: 8, kv_pages: 128, temperature: 1.0}\n"
+        )
         args = ["--model", str(model_dir), "--http-port", "0", "--grpc-port", "0"]
-        args += ["--max-slots", "8", "--max-len", "128", "--temperature", "0"]
-        args += ["--page-size", "8", "--kv-pages", "128"]  # the KV flags: 1,024 tokens of pages
+        args += ["--config", str(config), "--max-len", "128", "--temperature", "0"]
         self.proc = C.Proc(
             "rlvr-serve", [*args, "--ready-file", str(self.ready_file), *extra], workdir, **env
         )
@@ -81,10 +87,18 @@ def server(model_dir, tmp_path_factory):
 
 
 def test_kv_flags_reach_the_engine_and_conflicts_are_named(tmp_path):
-    from rlvr_jax.rollout.serve import build_parser, kv_kwargs
+    from rlvr_jax.config.schema import RolloutConfig
+    from rlvr_jax.serve.cli import build_parser, rollout_config
 
     args = build_parser().parse_args(["--model", "m", "--kv-layout", "contiguous"])
-    assert kv_kwargs(args)["kv_layout"] == "contiguous"
+    assert rollout_config(args) == RolloutConfig(kv_layout="contiguous")
+    # a trainer config's rollout: section sets the engine; flags given override it
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model: {path: x}\nrollout: {max_slots: 4, page_size: 8, kv_pages: 64}\n")
+    args = build_parser().parse_args(["--model", "m", "--config", str(cfg), "--page-size", "4"])
+    assert rollout_config(args) == RolloutConfig(max_slots=4, page_size=4, kv_pages=64)
+    args = build_parser().parse_args(["--model", "m", "--config", str(cfg), "--kv-cache-gib", "1"])
+    assert rollout_config(args) == RolloutConfig(max_slots=4, page_size=8, kv_cache_gib=1.0)
     # both budgets: refused at once, before any model is loaded (the path does not exist)
     both = ["--model", str(tmp_path / "none"), "--kv-pages", "64", "--kv-cache-gib", "1"]
     proc = C.Proc("rlvr-serve", both, tmp_path)

@@ -15,7 +15,7 @@ import pytest
 from rlvr_jax import models
 from rlvr_jax.data.tokenizer import load_tokenizer
 from rlvr_jax.rollout import generate
-from rlvr_jax.rollout.serve import build_parser, serve
+from rlvr_jax.serve.cli import build_parser, serve
 
 VOCAB = C.SERVE_VOCAB
 

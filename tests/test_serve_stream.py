@@ -14,7 +14,7 @@ import pytest
 from rlvr_jax import models
 from rlvr_jax.data.tokenizer import load_tokenizer
 from rlvr_jax.rollout import EngineCore, RolloutStream
-from rlvr_jax.rollout.openai_http import OpenAIServer
+from rlvr_jax.serve.http import OpenAIServer
 
 CHUNK_S = 0.25  # each decode chunk is slowed to this
 

@@ -417,6 +417,9 @@ class EvalConfig:
     """Held-out prompts per evaluation."""
     temperature: float = 1.0
     """Sampling temperature for evaluation."""
+    seed: int = 12345
+    """Sampling seed of the held-out evaluation (prompt i samples with
+    `rollout.request_seed(seed, i)`); `rlvr-eval --seed` with the same value samples the same."""
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ def run_eval(cfg: Any, request: EvalRequest) -> dict[str, Any]:
         pool = load_fewshot_pool(request.fewshot_source, seed=seed)
         rows = [with_fewshot(r, pool.for_row(r, request.fewshot)) for r in rows]
         fewshot = {"n": request.fewshot, "source": pool.source, "skipped": pool.skipped}
-    sampler, sampled = sample_rows(
+    sampled = sample_rows(
         cfg,
         model,
         tokenizer,
@@ -182,7 +182,7 @@ def run_eval(cfg: Any, request: EvalRequest) -> dict[str, Any]:
         "template": cfg.data.prompt_template,
         "temperature": temperature,
         "top_p": 1.0,
-        "max_new_tokens": sampler.max_new_tokens,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
         "seed": seed,
         "fewshot": fewshot,
         "skipped": skipped,

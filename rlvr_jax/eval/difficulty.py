@@ -321,7 +321,7 @@ def filter_source(
     model, tokenizer = load_policy(cfg)
     source = load_input(cfg, input_path, fmt, tokenizer)
     rows = list(source.rows)
-    sampler, sampled = sample_rows(
+    sampled = sample_rows(
         cfg,
         model,
         tokenizer,
@@ -348,7 +348,7 @@ def filter_source(
         extra={
             "temperature": 1.0,
             "top_p": 1.0,
-            "max_new_tokens": sampler.max_new_tokens,
+            "max_new_tokens": cfg.rollout.max_new_tokens,
             "seed": seed,
             "truncated_fraction": sampled.truncated / (len(rows) * num_samples),
             "verifier": {

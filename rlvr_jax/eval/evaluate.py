@@ -1,9 +1,11 @@
 """Held-out evaluation: n samples per prompt, verified, summarised as pass@k per domain.
 
-Two layers. `evaluate_policy` is the trainer's in-loop evaluation (flat metric keys). The
-command-line tools (`rlvr-eval`, `rlvr-filter`) load a policy with `load_policy`, wrap it in a
-`PolicySampler` (`build_sampler`), and count verified-correct samples per prompt with
-`sample_correct_counts`, which generates in chunks of prompts while the previous chunk is
+Everything samples through a `rollout.Rollout` (`rollout.build_rollout`, the one path of
+training, evaluation and serving). `evaluate_rollout` is the trainer's in-loop evaluation (flat
+metric keys) on its own actor rollout; `evaluate_policy` does the same for a policy outside a
+run. The command-line tools (`rlvr-eval`, `rlvr-filter`) load a policy with `load_policy`, open
+the config's rollout for it (`open_rollout`), and count verified-correct samples per prompt
+with `sample_correct_counts`, which generates in chunks of prompts while the previous chunk is
 verified, seeding prompt i with `rollout.request_seed(seed, i)` whatever the chunking (so
 the samples are those of one `rollout.generate(..., seed=seed)` call over all prompts).
 `pass_at_k_report` and `format_pass_at_k_table` turn the counts into the nested JSON and the
@@ -12,6 +14,7 @@ printed table of `rlvr-eval`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -22,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.data.formatting import stop_token_ids
 from rlvr_jax.eval.passk import mean_pass_at_k
 
 log = logging.getLogger(__name__)
@@ -115,39 +117,7 @@ def format_pass_at_k_table(report: dict[str, dict], prompts_per_domain: dict[str
     return "\n".join(lines)
 
 
-# -- sampling a policy from the command line ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class PolicySampler:
-    """A policy ready to sample from: its engine, tokenizer and generation limits."""
-
-    engine: Any
-    """The `rollout.EngineCore` (params on the actor mesh)."""
-    tokenizer: Any
-    """The policy's HF tokenizer (decodes completions for the verifiers)."""
-    max_new_tokens: int
-    """Generation budget per completion."""
-    stop_token_ids: tuple[int, ...]
-    """Token ids that end a completion (EOS and the configured stop strings)."""
-
-    def request(
-        self, i: int, prompt: Sequence[int], *, num_samples: int, seed: int, sampling: Any
-    ) -> Any:
-        """The `rollout.GroupRequest` of prompt i (key and index i), seeded `request_seed(seed,
-        i)`, with this sampler's budget and stop tokens."""
-        from rlvr_jax.rollout import GroupRequest, request_seed
-
-        return GroupRequest(
-            key=i,
-            prompt_index=i,
-            prompt=tuple(int(t) for t in prompt),
-            num_samples=num_samples,
-            seed=request_seed(seed, i),
-            max_new_tokens=self.max_new_tokens,
-            sampling=sampling,
-            stop_token_ids=self.stop_token_ids,
-        )
+# -- sampling a policy through a rollout ---------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -193,44 +163,51 @@ def resolve_config(
     return load(path, [*overrides, *extra])
 
 
-def load_policy(cfg: Any) -> tuple[Any, Any]:
-    """(model, tokenizer) of `cfg.model`, params laid out for decoding on the actor sub-mesh
-    of `cfg.mesh` (`mesh.actor_devices`, `mesh.actor`; the learner's part is not built), the
-    model built first when `model.create_if_missing` says so."""
+def actor_mesh(cfg: Any) -> Any:
+    """The actor sub-mesh of `cfg.mesh` (`mesh.actor_devices`, `mesh.actor`) over the devices
+    a run uses, for a process that only samples (the learner's part is not built)."""
     import dataclasses
 
     import jax
 
+    from rlvr_jax import sharding
+
+    _, devices = sharding.split_devices(jax.devices(), cfg.mesh.actor_devices)
+    try:
+        return sharding.make_mesh(dataclasses.asdict(cfg.mesh.actor), devices)
+    except ValueError as e:
+        raise ValueError(f"mesh.actor: {e}") from None
+
+
+def load_policy(cfg: Any) -> tuple[Any, Any]:
+    """(model, tokenizer) of `cfg.model`, params laid out for decoding on the actor sub-mesh
+    of `cfg.mesh` (`actor_mesh`), the model built first when `model.create_if_missing` says
+    so."""
     from rlvr_jax import models, sharding
     from rlvr_jax.data import load_tokenizer
     from rlvr_jax.models.bootstrap import ensure_model
 
     path = ensure_model(cfg)
-    _, devices = sharding.split_devices(jax.devices(), cfg.mesh.actor_devices)
-    try:
-        actor_mesh = sharding.make_mesh(dataclasses.asdict(cfg.mesh.actor), devices)
-    except ValueError as e:
-        raise ValueError(f"mesh.actor: {e}") from None
     model = models.load_pretrained(
         path,
         dtype=cfg.model.param_dtype,
         compute_dtype=cfg.model.compute_dtype,
-        mesh=actor_mesh,
+        mesh=actor_mesh(cfg),
         rules=sharding.ACTOR_RULES,
     )
     return model, load_tokenizer(cfg.model.tokenizer or path)
 
 
-def build_sampler(model: Any, tokenizer: Any, cfg: Any, longest_prompt: int) -> PolicySampler:
-    """An engine sized for prompts of up to `longest_prompt` tokens plus
-    `rollout.max_new_tokens`, with `rollout.max_slots` slots and `rollout.decode_chunk` steps
-    per call.
+def open_rollout(cfg: Any, model: Any, tokenizer: Any, longest_prompt: int) -> Any:
+    """The config's rollout (`rollout.build_rollout`) for `model` on its mesh, started, its
+    slots holding prompts of up to `longest_prompt` tokens plus `rollout.max_new_tokens`
+    (rounded up to a multiple of `ENGINE_LEN_MULTIPLE`).
 
     Raises:
       ValueError: the longest prompt plus the budget exceeds the model's
         max_position_embeddings (the message gives both).
     """
-    from rlvr_jax.rollout import EngineCore, engine_kwargs
+    from rlvr_jax.rollout import build_rollout
 
     new = cfg.rollout.max_new_tokens
     limit = model.config.max_position_embeddings
@@ -239,41 +216,33 @@ def build_sampler(model: Any, tokenizer: Any, cfg: Any, longest_prompt: int) -> 
             f"the longest prompt ({longest_prompt} tokens) + rollout.max_new_tokens={new} "
             f"exceeds the model's max_position_embeddings={limit}"
         )
-    if cfg.rollout.backend != "jetstream":
-        log.warning(
-            "rollout.backend=%r is ignored: sampling with the JAX engine", cfg.rollout.backend
-        )
     max_len = -(-(longest_prompt + new) // ENGINE_LEN_MULTIPLE) * ENGINE_LEN_MULTIPLE
-    engine = EngineCore(
-        model,
-        max_slots=cfg.rollout.max_slots,
-        max_len=max_len,
-        mesh=model.mesh,
-        **engine_kwargs(cfg.rollout),
-    )
-    stops = stop_token_ids(model.config, tokenizer, cfg.rollout.stop_strings)
-    return PolicySampler(engine, tokenizer, new, stops)
+    return build_rollout(cfg.rollout, model, model.mesh, tokenizer, max_len=max_len).start()
 
 
 def sample_correct_counts(
-    sampler: PolicySampler,
+    rollout: Any,
     rows: Sequence[Any],
     prompts: Sequence[Sequence[int]],
     *,
+    tokenizer: Any,
     reward_service: Any,
     num_samples: int,
     sampling: Any,
     seed: int,
     chunk_prompts: int = DEFAULT_CHUNK_PROMPTS,
+    version: int | None = None,
 ) -> SampledCounts:
-    """Samples `num_samples` completions of each prompt and counts the correct ones.
+    """Samples `num_samples` completions of each prompt through `rollout` and counts the
+    correct ones.
 
     `rows[i]` (a `PromptRow` or data-row dict) verifies the completions of `prompts[i]`
     (token ids). Prompts are generated `chunk_prompts` at a time; chunk c+1 generates while
-    chunk c is verified. Prompt i samples with `rollout.request_seed(seed, i)`. `sampling` is
-    a `rollout.SamplingParams`.
+    chunk c is verified. Prompt i samples with `rollout.request_seed(seed, i)` (so the
+    chunking changes nothing); `version` pins the requests to that policy version.
+    `sampling` is a `rollout.SamplingParams`.
     """
-    from rlvr_jax.rollout import Scheduler
+    from rlvr_jax.rollout import sample_groups
 
     if len(rows) != len(prompts):
         raise ValueError(f"{len(rows)} rows but {len(prompts)} prompts")
@@ -285,7 +254,6 @@ def sample_correct_counts(
     counts_P = np.zeros(P, np.int64)
     domains = [""] * P
     totals = defaultdict(float)
-    scheduler = Scheduler(sampler.engine)
     start_time = time.perf_counter()
 
     def collect(start: int, future: Future) -> None:
@@ -302,19 +270,25 @@ def sample_correct_counts(
     with ThreadPoolExecutor(1, thread_name_prefix="rlvr-verify") as verifier:
         for start in range(0, P, chunk_prompts):
             t0 = time.perf_counter()
-            for i in range(start, min(P, start + chunk_prompts)):
-                request = sampler.request(
-                    i, prompts[i], num_samples=num_samples, seed=seed, sampling=sampling
-                )
-                scheduler.add(request)
-            completions = [c for _, group in scheduler.run() for c in group]
-            completions.sort(key=lambda c: (c.prompt_index, c.sample_index))
+            groups = sample_groups(
+                rollout,
+                prompts[start : start + chunk_prompts],
+                num_samples=num_samples,
+                seed=seed,
+                sampling=sampling,
+                version=version,
+                first_index=start,
+                key="eval",
+            )
+            completions = [
+                dataclasses.replace(c, prompt_index=start + j)
+                for j, g in enumerate(groups)
+                for c in g.completions
+            ]
             totals["generate_s"] += time.perf_counter() - t0
             totals["tokens"] += sum(len(c.tokens) for c in completions)
             totals["truncated"] += sum(c.finish_reason == "length" for c in completions)
-            texts = [
-                sampler.tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions
-            ]
+            texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
             if pending is not None:
                 collect(*pending)
             future = verifier.submit(correct_counts, rows, completions, texts, reward_service)
@@ -336,24 +310,79 @@ def sample_correct_counts(
 
 def sample_rows(
     cfg: Any, model: Any, tokenizer: Any, rows: Sequence[Any], *, temperature: float, **options
-) -> tuple[PolicySampler, SampledCounts]:
-    """`build_sampler` for `rows` (formatted with `data.prompt_template`) and their
-    `sample_correct_counts` (`options`) at `temperature`, top-p 1, verified by `cfg.rewards`."""
+) -> SampledCounts:
+    """`sample_correct_counts` (`options`) of `rows` (formatted with `data.prompt_template`)
+    through the config's rollout (`open_rollout`) at `temperature`, top-p 1, verified by
+    `cfg.rewards`."""
     from rlvr_jax.data.formatting import format_prompt
     from rlvr_jax.rewards import RewardService
     from rlvr_jax.rollout import SamplingParams
 
     prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
-    sampler = build_sampler(model, tokenizer, cfg, max(len(p) for p in prompts))
+    rollout = open_rollout(cfg, model, tokenizer, max(len(p) for p in prompts))
     sampling = SamplingParams(temperature=temperature, top_p=1.0)
-    with RewardService(cfg.rewards) as rewards:
-        sampled = sample_correct_counts(
-            sampler, rows, prompts, reward_service=rewards, sampling=sampling, **options
-        )
-    return sampler, sampled
+    try:
+        with RewardService(cfg.rewards) as rewards:
+            return sample_correct_counts(
+                rollout,
+                rows,
+                prompts,
+                tokenizer=tokenizer,
+                reward_service=rewards,
+                sampling=sampling,
+                **options,
+            )
+    finally:
+        rollout.close()
 
 
-# -- the trainer's in-loop evaluation ----------------------------------------------------
+# -- held-out evaluation -------------------------------------------------------------------
+
+
+def evaluate_rollout(
+    rollout: Any,
+    tokenizer: Any,
+    cfg: Any,
+    *,
+    reward_service: Any,
+    rows: Sequence[Any] | None = None,
+    prefix: str = "eval/",
+    seed: int | None = None,
+    version: int | None = None,
+) -> dict[str, float]:
+    """pass@k on the held-out rows (`data.eval_sources`, at most `eval.max_prompts`) with
+    `eval.num_samples` samples per prompt at `eval.temperature`, top-p 1, sampled through
+    `rollout` (the trainer's own actor rollout: its mesh, KV budget, backend and stop
+    strings), prompt i with `request_seed(seed, i)` (default `eval.seed`), every request
+    pinned to policy `version` when given. `rlvr-eval` with the same seed samples the same."""
+    from rlvr_jax.data import format_prompt, load_eval_rows
+    from rlvr_jax.rewards import known_verifiers
+    from rlvr_jax.rollout import SamplingParams
+
+    if rows is None:
+        rows = load_eval_rows(cfg.data, tokenizer=tokenizer, known_verifiers=known_verifiers())
+    rows = list(rows)[: cfg.eval.max_prompts]
+    if not rows:
+        raise ValueError("evaluation: no held-out rows (set data.eval_sources)")
+    prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
+    n = cfg.eval.num_samples
+    t0 = time.perf_counter()
+    sampled = sample_correct_counts(
+        rollout,
+        rows,
+        prompts,
+        tokenizer=tokenizer,
+        reward_service=reward_service,
+        num_samples=n,
+        sampling=SamplingParams(temperature=cfg.eval.temperature, top_p=1.0),
+        seed=cfg.eval.seed if seed is None else seed,
+        version=version,
+    )
+    out = summarise(sampled.counts_P, sampled.domains, n, cfg.eval.ks, prefix)
+    out[f"{prefix}time_s"] = time.perf_counter() - t0
+    out[f"{prefix}prompts"] = float(len(rows))
+    out[f"{prefix}generated_tokens"] = float(sampled.generated_tokens)
+    return out
 
 
 def evaluate_policy(
@@ -364,36 +393,29 @@ def evaluate_policy(
     reward_service,
     rows: Sequence[Any] | None = None,
     prefix: str = "eval/",
-    seed: int = 12345,
+    seed: int | None = None,
 ) -> dict[str, float]:
-    """pass@k of `model` on the held-out rows (`data.eval_sources`, at most `eval.max_prompts`)
-    with `eval.num_samples` samples per prompt at `eval.temperature`, top-p 1."""
-    from rlvr_jax import rollout
+    """`evaluate_rollout` of `model` (a policy outside a training run, e.g. a checkpoint)
+    through the config's rollout on the model's mesh (`open_rollout`)."""
     from rlvr_jax.data import format_prompt, load_eval_rows
     from rlvr_jax.rewards import known_verifiers
 
     if rows is None:
         rows = load_eval_rows(cfg.data, tokenizer=tokenizer, known_verifiers=known_verifiers())
     rows = list(rows)[: cfg.eval.max_prompts]
-    if not rows:
-        raise ValueError("evaluation: no held-out rows (set data.eval_sources)")
-    prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
-    n = cfg.eval.num_samples
-    stop = stop_token_ids(model.config, tokenizer)
-    t0 = time.perf_counter()
-    completions = rollout.generate(
-        model,
-        prompts,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.eval.temperature,
-        num_samples=n,
-        stop_token_ids=stop,
-        seed=seed,
-        max_slots=cfg.rollout.max_slots,
+    longest = max(
+        (len(format_prompt(r, tokenizer, cfg.data.prompt_template)) for r in rows), default=1
     )
-    texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
-    counts, domains, _ = correct_counts(rows, completions, texts, reward_service)
-    out = summarise(counts, domains, n, cfg.eval.ks, prefix)
-    out[f"{prefix}time_s"] = time.perf_counter() - t0
-    out[f"{prefix}prompts"] = float(len(rows))
-    return out
+    rollout = open_rollout(cfg, model, tokenizer, longest)
+    try:
+        return evaluate_rollout(
+            rollout,
+            tokenizer,
+            cfg,
+            reward_service=reward_service,
+            rows=rows,
+            prefix=prefix,
+            seed=seed,
+        )
+    finally:
+        rollout.close()

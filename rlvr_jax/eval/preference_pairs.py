@@ -7,8 +7,8 @@ rejected from a weak model.
 Both models sample `num_samples` completions of every prompt of the input (a prompt source:
 rows with a verifier and ground truth), at `rollout.temperature`, top-p 1, with
 `rollout.max_new_tokens`, prompt i seeded with `rollout.request_seed(seed, i)` — the samples
-of one `rollout.generate(model, prompts, seed=seed)` call, driven here one scheduler step at a
-time to show progress. The reward service (`cfg.rewards`) scores every sample. For each prompt:
+of one `rollout.generate(model, prompts, seed=seed)` call, through the config's rollout
+(`rollout.build_rollout`). The reward service (`cfg.rewards`) scores every sample. For each prompt:
 
 - chosen: the strong model's first sample whose verifier score is ≥ 0.5 (verified correct);
 - rejected: the weak model's first sample scored < 0.5 (`rejected="incorrect"`, the default:
@@ -130,8 +130,8 @@ def sample_model(
     from tqdm import tqdm
 
     from rlvr_jax.data.formatting import format_prompt
-    from rlvr_jax.eval.evaluate import build_sampler, load_policy
-    from rlvr_jax.rollout import SamplingParams, Scheduler
+    from rlvr_jax.eval.evaluate import load_policy, open_rollout
+    from rlvr_jax.rollout import SamplingParams, sample_groups
 
     cfg = dataclasses.replace(
         cfg, model=dataclasses.replace(cfg.model, path=path, create_if_missing=None)
@@ -139,30 +139,31 @@ def sample_model(
     model, tokenizer = load_policy(cfg)
     template = cfg.data.prompt_template
     prompts = [format_prompt(r, tokenizer, template) for r in rows]
-    sampler = build_sampler(model, tokenizer, cfg, max(len(p) for p in prompts))
+    rollout = open_rollout(cfg, model, tokenizer, max(len(p) for p in prompts))
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=1.0)
-    scheduler = Scheduler(sampler.engine)
-    for i, prompt in enumerate(prompts):
-        scheduler.add(
-            sampler.request(i, prompt, num_samples=num_samples, seed=seed, sampling=sampling)
-        )
     t0 = time.perf_counter()
-    done: dict[int, list[Any]] = {}
     bar = tqdm(total=len(prompts), desc=f"{label} samples", unit="prompt", disable=not progress)
-    with bar:
-        while not scheduler.idle:
-            for request, group in scheduler.step():
-                done[request.prompt_index] = sorted(group, key=lambda c: c.sample_index)
-                bar.update(1)
+    try:
+        with bar:
+            groups = sample_groups(
+                rollout,
+                prompts,
+                num_samples=num_samples,
+                seed=seed,
+                sampling=sampling,
+                on_group=lambda i, g: bar.update(1),
+            )
+    finally:
+        rollout.close()
     generate_s = time.perf_counter() - t0
-    completions = [c for i in range(len(prompts)) for c in done[i]]
+    completions = [c for g in groups for c in g.completions]
     texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
     log.info("%s: verifying %d samples", label, len(texts))
     t0 = time.perf_counter()
     result = reward_service.score([r.to_dict() for r in rows for _ in range(num_samples)], texts)
     verify_s = time.perf_counter() - t0
     P = len(prompts)
-    del model, sampler, scheduler
+    del model, rollout
     gc.collect()
     return Sampled(
         texts=[

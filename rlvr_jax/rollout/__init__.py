@@ -1,5 +1,15 @@
 """The rollout engine: a continuous-batching inference engine for the Flax policy.
 
+The one entry point every sampler uses (training, in-loop evaluation, `rlvr-eval`,
+`rlvr-filter`, `rlvr-prefs`, `rlvr-serve`)::
+
+    rollout = build_rollout(cfg.rollout, model, actor_mesh, tokenizer, max_len=S).start()
+    groups = sample_groups(rollout, prompts, num_samples=8, seed=0)   # or submit/get below
+    rollout.update_weights(params, version); rollout.kv_metrics(); rollout.close()
+
+`Rollout` is the protocol (`rlvr_jax.rollout.builder`); `build_rollout` is the only reader of
+the config's engine keys (`engine_kwargs(cfg.rollout)` maps them for `EngineCore`).
+
 Device half (plain JAX, runs without TensorFlow or JetStream):
 - `EngineCore(model, *, max_slots, max_len, mesh=None, rules=None, chunk=8,
   cache_dtype=None, max_stop_ids=8, kv_layout="paged", page_size=16, kv_pages=None,
@@ -52,17 +62,23 @@ caller's thread and returns the groups it completed: multi-process runs must do 
 lockstep (every process issues the same device computations in the same order).
 
 Other backends and front ends: `rlvr_jax.rollout.vllm_backend.VllmRollout` (GPU, extra
-`vllm`; `hf_weights` exports params under HF names), `rlvr-serve` (`serve.py`: JetStream
-gRPC + OpenAI HTTP with streaming, `openai_http.py` on aiohttp). Importing this package
+`vllm`; `hf_weights` exports params under HF names), and `rlvr-serve` (`rlvr_jax.serve`:
+JetStream gRPC + OpenAI HTTP with streaming). Importing this package
 imports neither TensorFlow, JetStream, torch nor vLLM.
 """
 
+from rlvr_jax.rollout.builder import (
+    Rollout,
+    build_rollout,
+    engine_kwargs,
+    sample_groups,
+    sampling_params,
+)
 from rlvr_jax.rollout.core import EngineSpec
 from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest, make_engine_core
 from rlvr_jax.rollout.generation import generate, request_seed
 from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.jetstream_engine import make_engine
-from rlvr_jax.rollout.kv_budget import engine_kwargs
 from rlvr_jax.rollout.sampling import SamplingParams
 from rlvr_jax.rollout.scheduler import Completion, GroupRequest, Scheduler, SchedulerStats
 from rlvr_jax.rollout.stream import CompletedGroup, RolloutError, RolloutStream
@@ -75,15 +91,19 @@ __all__ = [
     "GroupRequest",
     "Interrupt",
     "RequestError",
+    "Rollout",
     "RolloutError",
     "RolloutStream",
     "SamplingParams",
     "Scheduler",
     "SchedulerStats",
     "SlotRequest",
+    "build_rollout",
     "engine_kwargs",
     "generate",
     "make_engine",
     "make_engine_core",
     "request_seed",
+    "sample_groups",
+    "sampling_params",
 ]

@@ -8,14 +8,13 @@ first-time compile of a new bucket never stalls the learner.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from rlvr_jax.rollout import core, paged_core
+from rlvr_jax.rollout import core
 from rlvr_jax.rollout.sampling import SamplerMode
 
 
@@ -23,35 +22,25 @@ def _abstract(tree: Any) -> Any:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
-def _host(shape: tuple, dtype: Any = np.int32) -> jax.ShapeDtypeStruct:
+def host_struct(shape: tuple, dtype: Any = np.int32) -> jax.ShapeDtypeStruct:
+    """An abstract host array (what the engine passes as numpy)."""
     return jax.ShapeDtypeStruct(shape, np.dtype(dtype))
 
 
 def _slot_settings(spec: Any) -> core.SlotSettings:
     b, e = spec.max_slots, spec.max_stop_ids
     return core.SlotSettings(
-        slots_B=_host((b,)),
-        seed_B=_host((b,), np.uint32),
-        sample_B=_host((b,)),
-        max_new_B=_host((b,)),
-        temperature_B=_host((b,), np.float32),
-        top_k_B=_host((b,)),
-        top_p_B=_host((b,), np.float32),
-        stop_ids_BxE=_host((b, e)),
-        generated_B=_host((b,)),
-        budget_B=_host((b,)),
-        forced_BxF=_host((b, spec.max_interrupt_ids)),
-    )
-
-
-def paged_work(spec: Any) -> paged_core.PagedWork:
-    """Abstract `PagedWork` of an engine (the shapes the scheduler builds)."""
-    s, r = spec.shards, spec.work_len
-    lists = (_host((s, r)), _host((s, r)), _host((s,)))
-    return paged_core.PagedWork(
-        _host((spec.max_slots, spec.max_pages)),
-        *lists,
-        *(lists if spec.config.has_sliding else (None, None, None)),
+        slots_B=host_struct((b,)),
+        seed_B=host_struct((b,), np.uint32),
+        sample_B=host_struct((b,)),
+        max_new_B=host_struct((b,)),
+        temperature_B=host_struct((b,), np.float32),
+        top_k_B=host_struct((b,)),
+        top_p_B=host_struct((b,), np.float32),
+        stop_ids_BxE=host_struct((b, e)),
+        generated_B=host_struct((b,)),
+        budget_B=host_struct((b,)),
+        forced_BxF=host_struct((b, spec.max_interrupt_ids)),
     )
 
 
@@ -66,48 +55,18 @@ def compile_all(engine: Any, modes: Sequence[SamplerMode]) -> int:
         else jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), state)
     )
     state = jax.tree.map(lambda x, s: x.update(sharding=s), state, place)
-    scalar = _host(())
-    lowered = [core.init_state.lower(spec=spec)]
-    if spec.kv_layout == "paged":
-        row = _host((spec.max_pages,))
-        for t in spec.chunk_buckets:
-            lowered.append(
-                paged_core.extend.lower(
-                    dp, state, _host((t,)), scalar, scalar, row, scalar, spec=spec
-                )
-            )
-        b = spec.max_slots
-        slots = _host((b,))
-        lowered.append(
-            paged_core.activate.lower(state, _slot_settings(spec), slots, slots, spec=spec)
-        )
-        lowered.append(paged_core.deactivate.lower(state, slots, spec=spec))
-        pairs = _host((spec.shards, b))
-        lowered.append(paged_core.copy_pages.lower(state, pairs, pairs, spec=spec))
-        lowered.append(core.move_slots.lower(state, slots, slots, spec=spec))
-        work = paged_work(spec)
-    else:
-        for t in spec.prefill_buckets:
-            prefill = core.prefill.lower(dp, _host((t,)), scalar, scalar, spec=spec).compile()
-            prefix = jax.tree.map(  # as the real prefix arrives: placed like prefill's output
-                lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                jax.eval_shape(
-                    functools.partial(core.prefill, spec=spec), dp, _host((t,)), scalar, scalar
-                ),
-                prefill.output_shardings,
-            )
-            lowered.append(
-                core.insert.lower(state, prefix, _slot_settings(spec), scalar, spec=spec)
-            )
-        work = None
+    layout = spec.kv_layout
+    programs = [core.init_state.lower(spec=spec)]
+    programs += layout.lower_programs(engine, dp, state, _slot_settings(spec))
+    work = layout.abstract_work(spec)
     for mode in modes:
         for rows in spec.row_buckets:  # `rows` passed as EngineCore.generate passes it
             rows_arg = None if rows == spec.max_slots else rows
-            lowered.append(
+            programs.append(
                 core.generate.lower(
                     dp,
                     state,
-                    scalar,
+                    host_struct(()),
                     work,
                     spec=spec,
                     n_steps=engine.chunk,
@@ -115,6 +74,7 @@ def compile_all(engine: Any, modes: Sequence[SamplerMode]) -> int:
                     rows=rows_arg,
                 )
             )
-    for low in lowered:
-        low.compile()
-    return len(lowered) + (0 if spec.kv_layout == "paged" else len(spec.prefill_buckets))
+    for program in programs:
+        if isinstance(program, jax.stages.Lowered):  # (some come compiled)
+            program.compile()
+    return len(programs)

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.rollout import kernel, paged_core
+from rlvr_jax.rollout import kernel
 from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.sampling import SamplerMode, sample_tokens
 from rlvr_jax.rollout.state import (
@@ -207,14 +207,7 @@ def _decode_one(
     mode: SamplerMode,
 ) -> tuple[DecodeState, jax.Array, jax.Array, jax.Array, jax.Array]:
     """One decode step of every slot: (state, tokens_B, logprobs_B, produced_B, done_B)."""
-    if spec.kv_layout == "paged":
-        logits_BxV, k, v = paged_core.decode_logits(
-            dp, spec, state.tokens_B, state.positions_B, state.active_B, state.k, state.v, work
-        )
-    else:
-        logits_BxV, k, v = kernel.decode_logits(
-            dp, spec.config, state.tokens_B, state.positions_B, state.k, state.v
-        )
+    logits_BxV, k, v = spec.kv_layout.decode_logits(dp, spec, state, work)
     if spec.mesh is not None:  # the sampler reads whole rows: gather the vocab shards
         logits_BxV = constrain(logits_BxV, named(spec, ("cache_batch", None), logits_BxV.shape))
     next_pos_B = state.positions_B + 1

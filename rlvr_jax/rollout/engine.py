@@ -10,9 +10,8 @@ that hands out pages is `rlvr_jax.rollout.scheduler`."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -21,34 +20,15 @@ from jax.sharding import Mesh
 
 from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig, Model, param_shardings
-from rlvr_jax.rollout import core, paged_attention
+from rlvr_jax.rollout import core
 from rlvr_jax.rollout.core import ChunkOutput, DecodeState, EngineSpec, Prefix, SlotSettings
 from rlvr_jax.rollout.engine_paged import PagedOps
 from rlvr_jax.rollout.kernel import DecodeParams
-from rlvr_jax.rollout.kv_budget import pool_pages
+from rlvr_jax.rollout.kv_layout import CONTIGUOUS
+from rlvr_jax.rollout.kv_layout import kv_layout as kv_layout_named
 from rlvr_jax.rollout.paged_core import PagedWork
-from rlvr_jax.rollout.pages import pages_for
-from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, UNFILTERED, SamplerMode, SamplingParams
-
-if TYPE_CHECKING:
-    from rlvr_jax.rollout.interrupt import Interrupt
-
-
-class RequestError(ValueError):
-    """A request the engine cannot serve (too long, bad ids, too many stop tokens...)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SlotRequest:
-    """What one slot generates for (host side; one per sample)."""
-
-    seed: int
-    sample_index: int
-    max_new_tokens: int
-    sampling: SamplingParams = DEFAULT_SAMPLING
-    stop_token_ids: tuple[int, ...] = ()
-    interrupt: Interrupt | None = None
-    """Budget forcing (`rlvr_jax.rollout.interrupt`); None = off."""
+from rlvr_jax.rollout.requests import RequestError, SlotRequest
+from rlvr_jax.rollout.sampling import UNFILTERED, SamplerMode
 
 
 class EngineCore(PagedOps):
@@ -108,22 +88,17 @@ class EngineCore(PagedOps):
             max_interrupt_ids=max_interrupt_ids,
             mesh=mesh,
             rules=(sharding.ACTOR_RULES if rules is None else rules) if mesh else None,
+            kv_layout=CONTIGUOUS,
         )
-        if kv_layout == "paged":
-            platform = (mesh.devices.flat[0] if mesh else jax.devices()[0]).platform
-            spec = dataclasses.replace(
-                spec,
-                kv_layout="paged",
-                page_size=page_size,
-                num_pages=_pool_pages(spec, page_size, kv_pages, kv_cache_gib),
-                prefill_chunk=prefill_chunk,
-                attention=paged_attention.select_impl(
-                    attention, platform, page_size=page_size, head_dim=model.config.head_dim
-                ),
-                geometry_tokens=geometry_tokens or paged_attention.GEOMETRY_TOKENS,
-            )
-        elif kv_layout != "contiguous":
-            raise ValueError(f"kv_layout must be 'paged' or 'contiguous', got {kv_layout!r}")
+        spec = kv_layout_named(kv_layout).configure(
+            spec,
+            page_size=page_size,
+            kv_pages=kv_pages,
+            kv_cache_gib=kv_cache_gib,
+            prefill_chunk=prefill_chunk,
+            attention=attention,
+            geometry_tokens=geometry_tokens,
+        )
         self.spec = spec
         self.chunk = chunk
         self.model = model
@@ -157,23 +132,18 @@ class EngineCore(PagedOps):
     @property
     def paged(self) -> bool:
         """Whether the KV cache is the page pool."""
-        return self.spec.kv_layout == "paged"
+        return self.spec.kv_layout.paged
 
     @property
     def kv_bytes(self) -> int:
         """Bytes of the KV cache (all layers, K and V, all devices together)."""
-        from rlvr_jax.rollout.state import kv_shape
-
-        n = int(np.prod(kv_shape(self.spec)))
+        n = int(np.prod(self.spec.kv_layout.kv_shape(self.spec)))
         return 2 * self.config.n_layers * n * jnp.dtype(self.spec.cache_dtype).itemsize
 
     @property
     def kv_capacity(self) -> int:
         """Tokens the KV cache can hold (the trash pages excluded)."""
-        s = self.spec
-        if not self.paged:
-            return s.max_slots * s.max_len
-        return (s.num_pages - s.shards) * s.page_size
+        return self.spec.kv_layout.capacity(self.spec)
 
     def check_request(self, prompt: Sequence[int], max_new_tokens: int) -> None:
         """Raises `RequestError` unless `prompt` (token ids) with `max_new_tokens` new
@@ -188,15 +158,7 @@ class EngineCore(PagedOps):
                 f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} exceeds "
                 f"the engine's max_len={self.spec.max_len} positions per slot"
             )
-        s = self.spec
-        need = pages_for(len(prompt) + max_new_tokens, s.page_size)
-        if self.paged and need > s.pages_per_shard - 1:
-            raise RequestError(
-                f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} needs "
-                f"{need} pages of {s.page_size} tokens, more than the whole KV pool "
-                f"({s.pages_per_shard - 1} pages per slot shard; raise rollout.kv_pages or "
-                "rollout.kv_cache_gib)"
-            )
+        self.spec.kv_layout.check_fits(self.spec, len(prompt), max_new_tokens)
 
     def _check_prompt(self, tokens_T: np.ndarray) -> None:
         vocab = self.config.vocab_size
@@ -291,10 +253,7 @@ class EngineCore(PagedOps):
     ) -> DecodeState:
         """`state` (donated) with `prefix` copied into each of `slots`, which start
         generating for the matching `requests`."""
-        if self.paged:
-            return self._insert_static(prefix, state, slots, requests)
-        settings = self.settings(slots, requests)
-        return core.insert(state, prefix, settings, np.int32(len(slots)), spec=self.spec)
+        return self.spec.kv_layout.insert(self, prefix, state, slots, requests)
 
     def generate(
         self,
@@ -314,8 +273,8 @@ class EngineCore(PagedOps):
         entry) decodes slots [0, rows) only; the output then has `rows` rows."""
         n_steps = self.chunk if n_steps is None else n_steps
         exit_after = self.spec.max_slots + 1 if exit_after is None else exit_after
-        if self.paged and work is None:
-            work = self.static_work()
+        if work is None:
+            work = self.spec.kv_layout.default_work(self)
         if rows is not None and rows not in self.spec.row_buckets:
             raise ValueError(f"rows must be one of {self.spec.row_buckets}, got {rows}")
         rows = None if rows == self.spec.max_slots else rows
@@ -339,26 +298,6 @@ class EngineCore(PagedOps):
         from rlvr_jax.rollout import compile_ahead
 
         return compile_ahead.compile_all(self, modes)
-
-
-def _pool_pages(
-    spec: EngineSpec, page_size: int, kv_pages: int | None, kv_cache_gib: float | None
-) -> int:
-    """P, the pool's pages (trash pages included, a multiple of the slot shards)."""
-    if spec.max_slots % spec.shards:
-        raise ValueError(f"max_slots={spec.max_slots} must split over {spec.shards} slot shards")
-    tensor = 1 if spec.mesh is None else spec.mesh.shape["tensor"]
-    return pool_pages(
-        spec.config,
-        max_slots=spec.max_slots,
-        max_len=spec.max_len,
-        shards=spec.shards,
-        tensor=tensor,
-        cache_dtype=spec.cache_dtype,
-        page_size=page_size,
-        kv_pages=kv_pages,
-        kv_cache_gib=kv_cache_gib,
-    )
 
 
 def make_engine_core(model: Model, *, max_slots: int, max_len: int, **kwargs: Any) -> EngineCore:

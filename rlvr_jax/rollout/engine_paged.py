@@ -6,7 +6,7 @@ pages (the JetStream adapter). The `Scheduler` (`paged_scheduler.PagedKV`) drive
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -14,9 +14,7 @@ from rlvr_jax.rollout import core, paged_core, pages
 from rlvr_jax.rollout.core import DecodeState, Prefix
 from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.paged_core import PagedWork
-
-if TYPE_CHECKING:
-    from rlvr_jax.rollout.engine import SlotRequest
+from rlvr_jax.rollout.requests import SlotRequest
 
 
 class PagedOps:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from rlvr_jax.rollout.engine import RequestError
+from rlvr_jax.rollout.requests import RequestError
 
 if TYPE_CHECKING:
     from rlvr_jax.config.schema import InterruptConfig

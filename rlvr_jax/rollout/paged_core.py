@@ -32,7 +32,6 @@ from rlvr_jax.rollout.state import (
     Prefix,
     SlotSettings,
     constrain,
-    kv_sharding,
     start_slots,
     state_shardings,
 )
@@ -61,7 +60,7 @@ def _window(spec: EngineSpec, layer: int) -> int | None:
 
 
 def _heads_spec(spec: EngineSpec) -> Any:
-    return None if spec.mesh is None else kv_sharding(spec).spec[0]
+    return None if spec.mesh is None else spec.kv_layout.kv_sharding(spec).spec[0]
 
 
 def _shard_map(spec: EngineSpec, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:

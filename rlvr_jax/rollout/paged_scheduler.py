@@ -63,6 +63,11 @@ class PagedKV:
         full_length = self.per_shard * pages_for(spec.max_len, spec.page_size)
         self._overcommitted = full_length > self.allocator.capacity
 
+    @property
+    def in_use(self) -> int:
+        """Pages of the pool in use now."""
+        return self.allocator.in_use
+
     # ---- helpers ----------------------------------------------------------------------------
 
     def _shard(self, slot: int) -> int:

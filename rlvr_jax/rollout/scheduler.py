@@ -11,7 +11,8 @@ Groups: the G samples of one prompt share one prefill (the prefix is inserted in
 slots, or into as many as are free, the rest later from the same prefix; on a paged engine
 they share its pages).
 
-Paged engines (`rlvr_jax.rollout.paged_scheduler`): admission also needs pages; prompts are
+The KV layout's host half admits (`kv_layout.ContiguousKV`, `paged_scheduler.PagedKV`).
+Paged engines: admission also needs pages; prompts are
 prefilled in chunks interleaved with decode chunks; when running sequences outgrow the
 pool, the most recently admitted are preempted and later resumed by recomputation, ending
 with the tokens they would have had (sampling is keyed by seed, sample and position).
@@ -211,11 +212,9 @@ class Scheduler:
         self._waiting: deque[Any] = deque()  # _Group, or (paged) a preempted sample
         self._slots: dict[int, _Slot] = {}
         self._admissions = 0
-        self._paged = None
-        if core.paged:
-            from rlvr_jax.rollout.paged_scheduler import PagedKV
-
-            self._paged = PagedKV(self)
+        self._kv = core.spec.kv_layout.host(self)
+        """The KV layout's host half (`kv_layout.ContiguousKV` or `paged_scheduler.PagedKV`):
+        admission, pages for each decode chunk, release."""
 
     # ---- queue ----------------------------------------------------------------------------
 
@@ -255,7 +254,7 @@ class Scheduler:
     @property
     def pages_in_use(self) -> int:
         """Pages of the pool in use now (0 on a contiguous engine)."""
-        return 0 if self._paged is None else self._paged.allocator.in_use
+        return self._kv.in_use
 
     def kv_metrics(self, since: SchedulerStats | None = None) -> dict[str, float]:
         """KV-cache metrics (slash-separated keys, for metrics.jsonl / TensorBoard): pages in
@@ -291,28 +290,7 @@ class Scheduler:
     def _admit(self) -> None:
         if self.batching == "static" and self._slots:
             return
-        if self._paged is not None:
-            self._paged.admit()
-            return
-        free = self._free_slots()
-        while free and self._waiting:
-            group = self._waiting[0]
-            req = group.request
-            if group.prefix is None:
-                group.prefix = self.core.prefill(self.params, req.prompt)
-                self.stats.prefills += 1
-            n = min(len(free), req.num_samples - group.next_sample)
-            slots, free = free[:n], free[n:]
-            samples = range(group.next_sample, group.next_sample + n)
-            self._state = self.core.insert(
-                group.prefix, self._state, slots, [req.slot_request(i) for i in samples]
-            )
-            for slot, i in zip(slots, samples):
-                self._slots[slot] = self._new_slot(group, i)
-            group.next_sample += n
-            if group.next_sample == req.num_samples:
-                group.prefix = None
-                self._waiting.popleft()
+        self._kv.admit()
 
     def _new_slot(self, group: _Group, sample_index: int) -> _Slot:
         self._admissions += 1
@@ -328,10 +306,8 @@ class Scheduler:
             return []
         mode = SamplerMode.for_params([s.group.request.sampling for s in self._slots.values()])
         version = self.version
-        work, rows = None, None
-        with dispatch.LOCK:
-            if self._paged is not None:  # pages for the chunk (may preempt), packed rows
-                work, rows = self._paged.prepare_decode(self.core.chunk)
+        with dispatch.LOCK:  # pages for the chunk (paged: may preempt), packed rows
+            work, rows = self._kv.prepare_decode(self.core.chunk)
             refill_soon = self.batching == "continuous" and admit and bool(self._waiting)
             live = sum(s.position for s in self._slots.values())
             self._state, out = self.core.generate(
@@ -368,8 +344,7 @@ class Scheduler:
             if out.active_B[slot_id]:
                 continue
             del self._slots[slot_id]
-            if self._paged is not None:
-                self._paged.release(slot, slot_id)
+            self._kv.release(slot, slot_id)
             sampled = None if req.interrupt is None else req.interrupt.sampled(len(slot.tokens))
             stopped = bool(slot.tokens) and slot.tokens[-1] in req.stop_token_ids
             stopped = stopped and (sampled is None or sampled[-1])  # a forced token never stops

@@ -1,10 +1,5 @@
-"""The engine's static spec and its device-state dataclasses, for both KV layouts.
-
-- contiguous: every slot owns a [K, S, H] cache row per layer (S = `max_len`), so KV
-  memory and decode attention scale with `max_slots × max_len`;
-- paged (the default): one pool of `num_pages` pages of `page_size` tokens per layer,
-  [K, P, Z, H]; slots hold block tables (host-owned, `rlvr_jax.rollout.pages`), so KV
-  memory is a budget of its own and decode reads only the pages in use.
+"""The engine's static spec and its device-state dataclasses, for both KV layouts (the
+layout object, `rlvr_jax.rollout.kv_layout`, says what differs).
 
 `DecodeState.k` / `.v` hold one array per layer in either layout; the per-slot vectors are
 the same. On a mesh, slots and pages split over the slot axes of the `cache_batch` rule
@@ -26,7 +21,6 @@ from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig
 from rlvr_jax.rollout.paged_attention import GEOMETRY_TOKENS, PageGeometry, make_geometry
 
-KV_LAYOUTS = ("paged", "contiguous")
 CACHE_AXES = ("cache_batch", "cache_kv_heads", "cache_sequence", "head_dim")
 """Logical axes of one layer's contiguous K or V cache [B, K, S, H]."""
 POOL_AXES = ("cache_kv_heads", "cache_batch", None, "head_dim")
@@ -55,8 +49,8 @@ class EngineSpec:
     """The actor mesh (None: one device)."""
     rules: sharding.Rules | None = None
     """Logical-axis rules on `mesh` (ACTOR_RULES when None)."""
-    kv_layout: str = "contiguous"
-    """"paged" or "contiguous" (see the module docstring)."""
+    kv_layout: Any = None
+    """The KV layout object (`rlvr_jax.rollout.kv_layout`: `PAGED` or `CONTIGUOUS`)."""
     page_size: int = 16
     """Z: tokens per page (paged)."""
     num_pages: int = 0
@@ -81,18 +75,9 @@ class EngineSpec:
             raise ValueError(f"max_stop_ids must be >= 1, got {self.max_stop_ids}")
         if self.max_interrupt_ids < 1:
             raise ValueError(f"max_interrupt_ids must be >= 1, got {self.max_interrupt_ids}")
-        if self.kv_layout not in KV_LAYOUTS:
-            raise ValueError(f"kv_layout must be one of {KV_LAYOUTS}, got {self.kv_layout!r}")
-        if self.kv_layout == "paged":
-            if self.page_size < 1 or self.prefill_chunk < 1:
-                raise ValueError("page_size and prefill_chunk must be >= 1")
-            if self.max_slots % self.shards:
-                raise ValueError(f"max_slots={self.max_slots} must split over {self.shards} shards")
-            if self.num_pages % self.shards or self.pages_per_shard < 2:
-                raise ValueError(
-                    f"num_pages={self.num_pages} must be a multiple of the {self.shards} "
-                    "slot shards with at least 2 per shard (page 0 of each is reserved)"
-                )
+        if self.kv_layout is None:
+            raise ValueError("an EngineSpec needs its kv_layout (rlvr_jax.rollout.kv_layout)")
+        self.kv_layout.validate(self)
 
     @property
     def prefill_buckets(self) -> tuple[int, ...]:
@@ -153,12 +138,8 @@ class EngineSpec:
 
     @property
     def row_buckets(self) -> tuple[int, ...]:
-        """Slot counts a decode call may run on (paged, one shard): B/8, B/4, B/2 (those
-        of at least 8) and B; otherwise just B."""
-        b = self.max_slots
-        if self.kv_layout != "paged" or self.shards != 1:
-            return (b,)
-        return (*(b // d for d in (8, 4, 2) if b % d == 0 and b // d >= 8), b)
+        """Slot counts a decode call may run on (`kv_layout.row_buckets`)."""
+        return self.kv_layout.row_buckets(self)
 
     def row_bucket(self, live: int) -> int:
         """The smallest row bucket holding `live` packed slots."""
@@ -281,26 +262,14 @@ def named(spec: EngineSpec, names: tuple, shape: tuple) -> NamedSharding:
 
 def kv_shape(spec: EngineSpec) -> tuple[int, ...]:
     """Shape of one layer's K (or V) array."""
-    cfg = spec.config
-    if spec.kv_layout == "paged":
-        return (cfg.n_kv_heads, spec.num_pages, spec.page_size, cfg.head_dim)
-    return (spec.max_slots, cfg.n_kv_heads, spec.max_len, cfg.head_dim)
-
-
-def kv_sharding(spec: EngineSpec) -> NamedSharding:
-    """Sharding of one layer's K (or V) array on the mesh."""
-    shape = kv_shape(spec)
-    if spec.kv_layout == "contiguous":
-        return named(spec, CACHE_AXES, shape)
-    heads = named(spec, POOL_AXES, shape).spec[0]
-    return NamedSharding(spec.mesh, PartitionSpec(heads, spec.slot_spec, None, None))
+    return spec.kv_layout.kv_shape(spec)
 
 
 def state_shardings(spec: EngineSpec) -> Any:
     """NamedSharding tree of a `DecodeState` on the actor mesh (None without a mesh)."""
     if spec.mesh is None:
         return None
-    cache = kv_sharding(spec)
+    cache = spec.kv_layout.kv_sharding(spec)
     slot = NamedSharding(spec.mesh, PartitionSpec(spec.slot_spec))
     stop = NamedSharding(spec.mesh, PartitionSpec(spec.slot_spec, None))
     layers = (cache,) * spec.config.n_layers

@@ -108,6 +108,9 @@ class RolloutStream:
         self._futures: dict[Hashable, concurrent.futures.Future] = {}
         self._in_flight: set[Hashable] = set()
         self._weights: tuple[DecodeParams, int] | None = None
+        self._pins: dict[Hashable, int] = {}  # request id -> the version it must run on
+        self._pinned_live: set[Hashable] = set()  # pinned requests in the scheduler
+        self._kv_mark: Any = None  # the scheduler's stats at the last `kv_metrics`
         self._error: BaseException | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -123,26 +126,13 @@ class RolloutStream:
         num_samples: int,
         seed: int,
         meta: Any = None,
-        *,
-        timeout: float | None = None,
-        max_new_tokens: int | None = None,
-        sampling: SamplingParams | None = None,
-        stop_token_ids: Sequence[int] | None = None,
+        **options: Any,
     ) -> None:
         """Queues a prompt for `num_samples` samples; blocks while the queue is full (raises
-        `TimeoutError` after `timeout` s). Invalid requests raise `RequestError` here."""
-        self._enqueue(
-            request_id,
-            prompt_tokens,
-            num_samples,
-            seed,
-            meta,
-            timeout,
-            max_new_tokens,
-            sampling,
-            stop_token_ids,
-            future=None,
-        )
+        `TimeoutError` after `timeout` s). Invalid requests raise `RequestError` here.
+        Options: `timeout`, and per-request `max_new_tokens`, `sampling`, `stop_token_ids`
+        and `version` (see `submit_future`)."""
+        self._enqueue(request_id, prompt_tokens, num_samples, seed, meta, **options)
 
     def submit_future(
         self,
@@ -152,16 +142,16 @@ class RolloutStream:
         seed: int,
         meta: Any = None,
         *,
-        timeout: float | None = None,
-        max_new_tokens: int | None = None,
-        sampling: SamplingParams | None = None,
-        stop_token_ids: Sequence[int] | None = None,
         on_tokens: TokenHook | None = None,
+        **options: Any,
     ) -> concurrent.futures.Future:
         """Like `submit`, but the result goes to the returned future instead of `get`.
         `on_tokens(sample_index, tokens, logprobs)`, when given, is called on the driver
         thread after every decode chunk with each live sample's new tokens (streaming; see
-        `scheduler.TokenHook`): quick, never raising, e.g. a `call_soon_threadsafe`."""
+        `scheduler.TokenHook`): quick, never raising, e.g. a `call_soon_threadsafe`.
+        `version=v` pins the request to policy version v: it is admitted once the actors
+        hold v, and no weight update is swapped in while it generates (a push waits for it);
+        a pin older than the actors' version fails the future with `RolloutError`."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._enqueue(
             request_id,
@@ -169,29 +159,27 @@ class RolloutStream:
             num_samples,
             seed,
             meta,
-            timeout,
-            max_new_tokens,
-            sampling,
-            stop_token_ids,
             future=future,
             on_tokens=on_tokens,
+            **options,
         )
         return future
 
     def _enqueue(
         self,
-        request_id,
-        prompt_tokens,
-        num_samples,
-        seed,
-        meta,
-        timeout,
-        max_new_tokens,
-        sampling,
-        stop_token_ids,
+        request_id: Hashable,
+        prompt_tokens: Sequence[int],
+        num_samples: int,
+        seed: int,
+        meta: Any,
         *,
-        future,
-        on_tokens=None,
+        timeout: float | None = None,
+        max_new_tokens: int | None = None,
+        sampling: SamplingParams | None = None,
+        stop_token_ids: Sequence[int] | None = None,
+        version: int | None = None,
+        future: concurrent.futures.Future | None = None,
+        on_tokens: TokenHook | None = None,
     ) -> None:
         d_max_new, d_sampling, d_stop = self.defaults
         prompt = tuple(int(t) for t in prompt_tokens)
@@ -225,6 +213,8 @@ class RolloutStream:
             self._in_flight.add(request_id)
             if future is not None:
                 self._futures[request_id] = future
+            if version is not None:
+                self._pins[request_id] = version
             self._incoming.append(request)
             self._cond.notify_all()
 
@@ -269,6 +259,47 @@ class RolloutStream:
         with self._cond:
             return len(self._ready)
 
+    @property
+    def version(self) -> int:
+        """Policy version of the params the actors decode with now."""
+        with self._cond:
+            return self.scheduler.version
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The stop ids of a request that names none (the rollout's)."""
+        return self.defaults[2]
+
+    @property
+    def threaded(self) -> bool:
+        """Whether the driver thread runs (`start`); else callers `step` it."""
+        return self._thread is not None
+
+    def wait(
+        self, futures: Sequence[concurrent.futures.Future], timeout: float | None = None
+    ) -> list[CompletedGroup]:
+        """The results of `futures` (from `submit_future`), in order, once all are done. An
+        unstarted stream is stepped here; groups submitted with `submit` that complete
+        meanwhile stay queued for `get`."""
+        if not self.threaded:
+            while not all(f.done() for f in futures):
+                self.pump()
+        done, _ = concurrent.futures.wait(futures, timeout)
+        if len(done) < len(futures):
+            raise TimeoutError(f"wait: {len(futures) - len(done)} requests not done in {timeout} s")
+        return [f.result() for f in futures]
+
+    def kv_metrics(self) -> dict[str, float]:
+        """The engine's KV-cache metrics since the previous call (`Scheduler.kv_metrics`:
+        pages in use, utilisation, preemptions, recomputed tokens, concurrency); {} for a
+        backend without them (vLLM)."""
+        if not hasattr(self.scheduler, "kv_metrics"):
+            return {}
+        with self._cond:
+            metrics = self.scheduler.kv_metrics(since=self._kv_mark)
+            self._kv_mark = dataclasses.replace(self.scheduler.stats)
+        return metrics
+
     # ---- driving --------------------------------------------------------------------------
 
     def check(self) -> None:
@@ -281,14 +312,48 @@ class RolloutStream:
             raise RolloutError(f"rollout driver failed: {self._error!r}") from self._error
 
     def _boundary_locked(self) -> bool:
-        """Moves submissions to the scheduler and swaps weights; returns whether to admit."""
-        while self._incoming:
-            self.scheduler.add(self._incoming.popleft(), checked=True)
-        if self._weights is not None:
+        """Moves submissions to the scheduler and swaps weights; returns whether to admit.
+        Requests pinned to another version than the scheduler's wait here (`submit_future`);
+        weights are not swapped while a pinned request is queued or generating."""
+        held = self._admit_incoming_locked()
+        if self._weights is not None and not self._pinned_live:
             self.scheduler.set_params(*self._weights)
             self._weights = None
+            held = self._admit_incoming_locked()
         self._cond.notify_all()  # submitters waiting for room
-        return len(self._ready) < self.max_ready_groups
+        return len(self._ready) < self.max_ready_groups and not held
+
+    def _admit_incoming_locked(self) -> bool:
+        """Hands the scheduler every submission it can run now (in order); returns whether
+        pinned ones are held back for a later version."""
+        held: deque[GroupRequest] = deque()
+        while self._incoming:
+            request = self._incoming.popleft()
+            pin = self._pins.get(request.key)
+            if pin is not None and pin != self.scheduler.version:
+                if pin > self.scheduler.version:
+                    held.append(request)
+                    continue
+                self._fail_locked(
+                    request.key,
+                    RolloutError(
+                        f"request {request.key!r} is pinned to policy version {pin}, but the "
+                        f"actors already hold version {self.scheduler.version}"
+                    ),
+                )
+                continue
+            if pin is not None:
+                self._pinned_live.add(request.key)
+            self.scheduler.add(request, checked=True)
+        self._incoming = held
+        return bool(held)
+
+    def _fail_locked(self, key: Hashable, error: BaseException) -> None:
+        self._in_flight.discard(key)
+        self._pins.pop(key, None)
+        future = self._futures.pop(key, None)
+        if future is not None:
+            future.set_exception(error)
 
     def _deliver(self, finished: list) -> list[CompletedGroup]:
         """Routes completed groups: futures are resolved (outside the lock, since their
@@ -298,6 +363,8 @@ class RolloutStream:
             for request, completions in finished:
                 group = CompletedGroup(request.key, request.meta, completions, list(request.prompt))
                 self._in_flight.discard(request.key)
+                self._pins.pop(request.key, None)
+                self._pinned_live.discard(request.key)
                 if request.key in self._futures:
                     resolved.append((self._futures.pop(request.key), group))
                 else:
@@ -316,6 +383,12 @@ class RolloutStream:
             self._boundary_locked()
         return self._deliver(self.scheduler.step())
 
+    def pump(self) -> None:
+        """`step`, the groups of `submit` it completes left queued for `get`."""
+        stray = self.step()
+        with self._cond:
+            self._ready.extend(stray)
+
     @property
     def idle(self) -> bool:
         """Nothing submitted is still pending or generating."""
@@ -323,9 +396,15 @@ class RolloutStream:
             return not self._incoming and self.scheduler.idle
 
     def _has_work_locked(self) -> bool:
-        if self._incoming or self._weights is not None or self.scheduler.live:
+        if self.scheduler.live or (self._weights is not None and not self._pinned_live):
             return True
-        return bool(self.scheduler.waiting) and len(self._ready) < self.max_ready_groups
+        runnable = any(
+            self._pins.get(r.key, self.scheduler.version) <= self.scheduler.version
+            for r in self._incoming
+        )
+        return runnable or (
+            bool(self.scheduler.waiting) and len(self._ready) < self.max_ready_groups
+        )
 
     def _run(self) -> None:
         try:
@@ -372,6 +451,10 @@ class RolloutStream:
             futures, self._futures = list(self._futures.values()), {}
         for future in futures:
             future.set_exception(RolloutError("the stream was stopped"))
+
+    def close(self) -> None:
+        """`stop()`: the `Rollout` protocol's name for it."""
+        self.stop()
 
     def __enter__(self) -> RolloutStream:
         return self

@@ -174,6 +174,11 @@ class VllmScheduler:
         self.engine.update_weights(params, version)
 
     @property
+    def version(self) -> int:
+        """Policy version of the weights vLLM holds."""
+        return self.engine.version
+
+    @property
     def waiting(self) -> int:
         return len(self._waiting)
 

@@ -117,6 +117,7 @@ class Trainer:
         self._pusher: threading.Thread | None = None
         self._last_reward = math.nan
         self._saved: int | None = None
+        self._eval_rollout: Any = None
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -237,18 +238,50 @@ class Trainer:
         self._saved = step
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out pass@k with the current policy (keys `eval/pass@k`, `eval/<domain>/pass@k`)."""
-        from rlvr_jax.eval.evaluate import evaluate_policy
+        """Held-out pass@k of the current policy (keys `eval/pass@k`, `eval/<domain>/pass@k`),
+        sampled by the run's own actor rollout (its mesh, KV budget, backend and stop strings)
+        with every request pinned to the current policy version: the actors swap in no newer
+        weights while it runs, and it waits for this version to reach them."""
+        from rlvr_jax.eval.evaluate import evaluate_rollout
         from rlvr_jax.rewards import RewardService
 
-        model = dataclasses.replace(self.ctx.model, params=self.state.params)
-        rewards = getattr(getattr(self.source, "rollouts", None), "rewards", None)
+        self._wait_push()  # async: this version is pushed once its update has completed
+        rollouts = getattr(self.source, "rollouts", None)
+        rollout = rollouts.stream if rollouts is not None else self._evaluation_rollout()
+        rewards = getattr(rollouts, "rewards", None)
         with contextlib.ExitStack() as stack:
             if rewards is None:
                 rewards = stack.enter_context(RewardService(self.cfg.rewards))
-            return evaluate_policy(
-                model, self.ctx.tokenizer, self.cfg, reward_service=rewards, prefix="eval/"
+            return evaluate_rollout(
+                rollout,
+                self.ctx.tokenizer,
+                self.cfg,
+                reward_service=rewards,
+                prefix="eval/",
+                version=self.version,
             )
+
+    def _evaluation_rollout(self) -> Any:
+        """An actor rollout for the evaluations of an algorithm that samples nothing itself
+        (sft, dpo): built on the actor mesh at the first evaluation, then sent each newer
+        policy."""
+        from rlvr_jax.rollout import build_rollout
+
+        if self._eval_rollout is None:
+            self._eval_rollout = build_rollout(
+                self.cfg.rollout,
+                self.ctx.model,
+                self.ctx.actor_mesh,
+                self.ctx.tokenizer,
+                max_len=self.ctx.seq_len,
+                params=self.state.params,
+                version=self.version,
+            )
+            if jax.process_count() == 1:
+                self._eval_rollout.start()
+        elif self._eval_rollout.version != self.version:
+            self._eval_rollout.update_weights(self.state.params, self.version)
+        return self._eval_rollout
 
     def _finish(self, step: int) -> None:
         self.steps_done = step
@@ -272,7 +305,10 @@ class Trainer:
 
     def close(self) -> None:
         self._wait_push()
-        for closer in (self.source.close, self.checkpointer.close, self.metrics.close):
+        closers = [self.source.close, self.checkpointer.close, self.metrics.close]
+        if self._eval_rollout is not None:
+            closers.append(self._eval_rollout.close)
+        for closer in closers:
             try:
                 closer()
             except Exception:  # keep closing the rest

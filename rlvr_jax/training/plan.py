@@ -185,7 +185,7 @@ def _actor_params_bytes(cfg: Config, arch: Any, sizes: dict[str, int]) -> float:
 def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
     """The actor's KV cache per device and the concurrency it buys (module docstring)."""
     from rlvr_jax import sharding
-    from rlvr_jax.rollout.kv_budget import pool_pages
+    from rlvr_jax.rollout.kv_layout import kv_layout
 
     r = cfg.rollout
     seq = cfg.data.max_prompt_len + r.max_new_tokens
@@ -194,26 +194,22 @@ def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
     k = arch.n_kv_heads
     heads = k // sizes["tensor"] if k % sizes["tensor"] == 0 else k
     per_token = 2 * arch.n_layers * heads * arch.head_dim * cbytes  # per device
-    if r.kv_layout == "paged":
-        try:
-            pages = pool_pages(
-                arch,
-                max_slots=r.max_slots,
-                max_len=seq,
-                shards=shards,
-                tensor=sizes["tensor"],
-                cache_dtype=cfg.model.compute_dtype,
-                page_size=r.page_size,
-                kv_pages=r.kv_pages,
-                kv_cache_gib=r.kv_cache_gib,
-            )
-        except ValueError as e:
-            raise PlanError(f"rollout: {e}") from None
-        tokens = (pages - shards) * r.page_size
-        device_bytes = pages // shards * r.page_size * per_token
-    else:
-        pages, tokens = 0, r.max_slots * seq
-        device_bytes = r.max_slots // shards * seq * per_token
+    try:
+        pool = kv_layout(r.kv_layout).pool(
+            arch,
+            max_slots=r.max_slots,
+            max_len=seq,
+            shards=shards,
+            tensor=sizes["tensor"],
+            cache_dtype=cfg.model.compute_dtype,
+            page_size=r.page_size,
+            kv_pages=r.kv_pages,
+            kv_cache_gib=r.kv_cache_gib,
+        )
+    except ValueError as e:
+        raise PlanError(f"rollout: {e}") from None
+    pages, tokens = pool.pages, pool.tokens
+    device_bytes = pool.tokens_per_device * per_token
     mean = cfg.data.max_prompt_len + MEAN_OVER_MAX * r.max_new_tokens
     return {
         "layout": r.kv_layout,

@@ -19,7 +19,6 @@ caller's thread, so that every process issues the same device computations in on
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -84,7 +83,6 @@ class Rollouts:
         self._generating: set[int] = set()  # submitted, not returned by the stream yet
         self._consumed: set[int] = set()  # trained on
         self._skip: set[int] = set()  # trained on before the restart
-        self._kv_mark: Any = None  # the scheduler's stats at the last `kv_metrics`
 
     # -- requests -------------------------------------------------------------------------
     @property
@@ -125,8 +123,10 @@ class Rollouts:
         The groups stay in the resume bookkeeping until `consume`d."""
         done: list[Any] = []
         while not done and not self.stop():
-            if not self.threaded:
+            if not self.threaded:  # groups an evaluation's stepping completed wait in `get`
                 done = self.stream.step()
+                while self.stream.ready:
+                    done.append(self.stream.get())
                 continue
             try:
                 done = [self.stream.get(timeout=POLL_S)]
@@ -141,15 +141,8 @@ class Rollouts:
         return score_groups(groups, self.rewards, self.tokenizer, max_len=self.max_new_tokens)
 
     def kv_metrics(self) -> dict[str, float]:
-        """The engine's KV metrics since the previous call (`Scheduler.kv_metrics`: pages in
-        use, KV utilisation, preemptions, recomputed tokens); {} for a backend without them
-        (vLLM)."""
-        scheduler = getattr(self.stream, "scheduler", None)
-        if not hasattr(scheduler, "kv_metrics"):
-            return {}
-        metrics = scheduler.kv_metrics(since=self._kv_mark)
-        self._kv_mark = dataclasses.replace(scheduler.stats)
-        return metrics
+        """The rollout's KV metrics since the previous call (`RolloutStream.kv_metrics`)."""
+        return self.stream.kv_metrics()
 
     def consume(self, request_ids: list[int]) -> None:
         """Marks requests as trained on (they leave the in-flight bookkeeping)."""

@@ -7,61 +7,32 @@ interface). Either starts from the params it is given (the restored ones on resu
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 
-from rlvr_jax.data import formatting
 from rlvr_jax.training.algorithms import PARALLEL_SFT_SEED_OFFSET, Context
 from rlvr_jax.training.recipes.sft_data import SFTBatcher, build_sft_iterator
 from rlvr_jax.training.rollouts import ExpertIterationSource, Rollouts, RolloutSource
 from rlvr_jax.training.sources import PairingSource, SFTSource
 
 
-def stop_token_ids(ctx: Context) -> tuple[int, ...]:
-    """The run's stop ids (`data.formatting.stop_token_ids` of its model, tokenizer and
-    `rollout.stop_strings`)."""
-    return formatting.stop_token_ids(ctx.model.config, ctx.tokenizer, ctx.cfg.rollout.stop_strings)
-
-
 def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -> Any:
-    """The `rollout.backend` engine behind the stream interface, starting from `params`."""
-    from rlvr_jax import rollout
-    from rlvr_jax.rollout import interrupt
+    """The run's actor rollout (`rollout.build_rollout` on the actor mesh), from `params`."""
+    from rlvr_jax.rollout import build_rollout
 
-    cfg = ctx.cfg.rollout
-    sampling = rollout.SamplingParams(cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
-    forcing = interrupt.from_config(cfg.interrupt, ctx.tokenizer, max_new_tokens=cfg.max_new_tokens)
-    common = dict(
-        max_new_tokens=cfg.max_new_tokens,
-        sampling=sampling,
-        stop_token_ids=stop_token_ids(ctx),
+    return build_rollout(
+        ctx.cfg.rollout,
+        ctx.model,
+        ctx.actor_mesh,
+        ctx.tokenizer,
+        max_len=ctx.seq_len,
+        params=params,
+        version=version,
         max_pending_groups=in_flight + 1,
         max_ready_groups=in_flight + 1,
-        version=version,
+        timeline=ctx.timeline,
     )
-    kwargs = rollout.engine_kwargs(cfg)
-    if cfg.backend == "vllm":
-        from rlvr_jax.rollout.vllm_backend import VllmRollout, VllmScheduler
-
-        engine = VllmRollout(dataclasses.replace(ctx.model, params=params))
-        if version:  # resumed: the engine loaded the checkpoint on disk, not these params
-            engine.update_weights(params, version)
-        scheduler = VllmScheduler(engine, version=version)
-        return rollout.RolloutStream(None, scheduler=scheduler, timeline=ctx.timeline, **common)
-    if forcing is not None:  # room for the inserted tokens (the default fits most strings)
-        common["interrupt"] = forcing
-        kwargs["max_interrupt_ids"] = max(16, len(forcing.tokens))
-    engine = rollout.make_engine_core(
-        dataclasses.replace(ctx.model, params=params),
-        max_slots=cfg.max_slots,
-        max_len=ctx.seq_len,
-        mesh=ctx.actor_mesh,
-        **kwargs,
-    )
-    engine.compile_ahead()  # before any dispatch.LOCK: a first compile never stalls the loop
-    return rollout.RolloutStream(engine, timeline=ctx.timeline, **common)
 
 
 def rollouts(ctx: Context, params: Any, version: int, *, in_flight: int) -> Rollouts:

@@ -27,44 +27,89 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlvr_jax.rollout.sampling import SamplingParams
-
 logger = logging.getLogger(__name__)
 PROG = "rlvr-serve"
 
 
+ENGINE_FLAGS = {
+    "max_slots": "max_slots",
+    "chunk": "decode_chunk",
+    "kv_layout": "kv_layout",
+    "page_size": "page_size",
+    "kv_pages": "kv_pages",
+    "kv_cache_gib": "kv_cache_gib",
+    "prefill_chunk": "prefill_chunk",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+}
+"""Engine flags (argparse dest) -> the `rollout:` key they set; unset flags keep the
+`--config` file's value, else `RolloutConfig`'s default (the one home of the defaults)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `rlvr-serve` command line."""
+    from rlvr_jax.config.schema import RolloutConfig
+
+    d = RolloutConfig()
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="local HF checkpoint directory")
     p.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     p.add_argument("--model-name", help="id reported by /v1/models (default: directory name)")
+    p.add_argument(
+        "--config",
+        help="a YAML config whose `rollout:` section (the trainer's) sets the engine; "
+        "the flags below override it",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback)")
     p.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (0 = any)")
     p.add_argument("--grpc-port", type=int, default=9000, help="JetStream gRPC port (0 = any)")
     p.add_argument("--no-http", action="store_true", help="do not serve HTTP")
     p.add_argument("--no-grpc", action="store_true", help="do not serve JetStream gRPC")
-    p.add_argument("--max-slots", type=int, default=8, help="decode slots per front end")
     p.add_argument("--max-len", type=int, default=2048, help="positions per slot")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--chunk", type=int, default=8, help="decode steps per engine call (HTTP)")
     p.add_argument(
         "--max-queue", type=int, default=1024, help="HTTP prompts waiting for slots (then 429)"
     )
-    kv = p.add_argument_group("KV cache (as the config's rollout.* keys)")
-    kv.add_argument("--kv-layout", default="paged", choices=["paged", "contiguous"])
-    kv.add_argument("--page-size", type=int, default=16, help="tokens per KV page (paged)")
-    kv.add_argument(
-        "--kv-pages", type=int, help="pages in the pool (default: max-slots × max-len worth)"
+    e = p.add_argument_group("engine (the config's rollout.* keys; defaults from rollout:)")
+    e.add_argument("--max-slots", type=int, help=f"decode slots per front end ({d.max_slots})")
+    e.add_argument("--chunk", type=int, help=f"decode steps per engine call ({d.decode_chunk})")
+    e.add_argument("--kv-layout", choices=["paged", "contiguous"], help=f"({d.kv_layout})")
+    e.add_argument("--page-size", type=int, help=f"tokens per KV page, paged ({d.page_size})")
+    e.add_argument("--kv-pages", type=int, help="pages in the pool (default: slots × max-len)")
+    e.add_argument("--kv-cache-gib", type=float, help="pool size in GiB (instead of --kv-pages)")
+    e.add_argument(
+        "--prefill-chunk", type=int, help=f"prompt tokens per prefill ({d.prefill_chunk})"
     )
-    kv.add_argument("--kv-cache-gib", type=float, help="pool size in GiB (instead of --kv-pages)")
-    kv.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill")
-    p.add_argument("--temperature", type=float, default=1.0, help="gRPC sampling temperature")
-    p.add_argument("--top-p", type=float, default=1.0, help="gRPC nucleus threshold")
-    p.add_argument("--top-k", type=int, default=0, help="gRPC top-k (0 = off)")
+    e.add_argument("--temperature", type=float, help=f"gRPC sampling temperature ({d.temperature})")
+    e.add_argument("--top-p", type=float, help=f"gRPC nucleus threshold ({d.top_p})")
+    e.add_argument("--top-k", type=int, help=f"gRPC top-k, 0 = off ({d.top_k})")
     p.add_argument("--ready-file", help="write {http_port, grpc_port, ready_s} here once serving")
     p.add_argument("--verbose", action="store_true", help="also show the libraries' INFO logs")
     return p
+
+
+def rollout_config(args: argparse.Namespace) -> Any:
+    """The `RolloutConfig` the servers run: `--config`'s `rollout:` section (or the defaults)
+    with the engine flags given on the command line. A budget flag replaces the file's budget.
+
+    Raises:
+      ValueError: the config file is invalid (naming the key), or both budget flags are given.
+    """
+    from rlvr_jax.config.schema import RolloutConfig
+
+    if args.kv_pages is not None and args.kv_cache_gib is not None:
+        raise ValueError("give --kv-pages or --kv-cache-gib, not both")
+    cfg = RolloutConfig()
+    if args.config is not None:
+        from rlvr_jax.config import load
+
+        cfg = load(args.config, [f"model.path={json.dumps(args.model)}"]).rollout
+    given = {key: getattr(args, dest) for dest, key in ENGINE_FLAGS.items()}
+    given = {k: v for k, v in given.items() if v is not None}
+    if "kv_pages" in given or "kv_cache_gib" in given:
+        given = {"kv_pages": None, "kv_cache_gib": None, **given}
+    return dataclasses.replace(cfg, **given)
 
 
 @dataclasses.dataclass
@@ -94,17 +139,16 @@ class Servers:
 def start(args: argparse.Namespace, servers: Servers, stop: threading.Event) -> None:
     """Loads the model and starts the requested front ends, recording them in `servers`;
     returns early when `stop` is set."""
-    from rlvr_jax.data.formatting import stop_token_ids
     from rlvr_jax.models import load_pretrained
 
+    cfg = rollout_config(args)
     model = load_pretrained(args.model, dtype=args.dtype)
     tokenizer_dir = args.tokenizer or args.model
     tokenizer = _load_tokenizer(tokenizer_dir)
-    stop_ids = stop_token_ids(model.config, tokenizer)
     if not args.no_grpc and not stop.is_set():
-        _start_grpc(model, tokenizer_dir, args, servers)
+        _start_grpc(model, tokenizer_dir, cfg, args, servers)
     if not args.no_http and not stop.is_set():
-        servers.stream, servers.http = _start_http(model, tokenizer, stop_ids, args)
+        servers.stream, servers.http = _start_http(model, tokenizer, cfg, args)
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -119,19 +163,21 @@ def _load_tokenizer(path: str) -> Any:
     return tokenizer
 
 
-def _start_grpc(model: Any, tokenizer_dir: str, args: argparse.Namespace, servers: Servers) -> None:
+def _start_grpc(
+    model: Any, tokenizer_dir: str, cfg: Any, args: argparse.Namespace, servers: Servers
+) -> None:
     """JetStream's interleaved-mode orchestrator over our engine, behind a gRPC server."""
-    from rlvr_jax.rollout import jetstream_compat
+    from rlvr_jax.rollout import engine_kwargs, jetstream_compat, sampling_params
     from rlvr_jax.rollout.jetstream_engine import make_engine
-    from rlvr_jax.rollout.jetstream_server import JetStreamFrontEnd
+    from rlvr_jax.serve.grpc_server import JetStreamFrontEnd
 
     engine = make_engine(
         model,
-        max_slots=args.max_slots,
+        max_slots=cfg.max_slots,
         max_len=args.max_len,
         tokenizer_path=tokenizer_dir,
-        sampling=SamplingParams(args.temperature, args.top_p, args.top_k),
-        **kv_kwargs(args),
+        sampling=sampling_params(cfg),
+        **engine_kwargs(cfg),
     )
     engine.build_tokenizer(engine.get_tokenizer())  # now, before the driver's threads
     params = engine.load_params()
@@ -143,41 +189,30 @@ def _start_grpc(model: Any, tokenizer_dir: str, args: argparse.Namespace, server
         interleaved_mode=True,
     )
     servers.grpc = JetStreamFrontEnd(
-        servers.driver, host=args.host, port=args.grpc_port, threads=max(args.max_slots, 8)
+        servers.driver, host=args.host, port=args.grpc_port, threads=max(cfg.max_slots, 8)
     ).start()
     servers.grpc_port = servers.grpc.port
 
 
-def kv_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The KV-cache flags as `EngineCore` keyword arguments."""
-    return dict(
-        kv_layout=args.kv_layout,
-        page_size=args.page_size,
-        kv_pages=args.kv_pages,
-        kv_cache_gib=args.kv_cache_gib,
-        prefill_chunk=args.prefill_chunk,
-    )
+def _start_http(model: Any, tokenizer: Any, cfg: Any, args: argparse.Namespace) -> tuple[Any, Any]:
+    from rlvr_jax.rollout import build_rollout
+    from rlvr_jax.serve.http import OpenAIServer
 
-
-def _start_http(
-    model: Any, tokenizer: Any, stop_ids: tuple[int, ...], args: argparse.Namespace
-) -> tuple[Any, Any]:
-    from rlvr_jax.rollout.engine import EngineCore
-    from rlvr_jax.rollout.openai_http import OpenAIServer
-    from rlvr_jax.rollout.stream import RolloutStream
-
-    core = EngineCore(
-        model, max_slots=args.max_slots, max_len=args.max_len, chunk=args.chunk, **kv_kwargs(args)
-    )
-    stream = RolloutStream(
-        core, max_new_tokens=16, stop_token_ids=stop_ids, max_pending_groups=args.max_queue
+    stream = build_rollout(
+        cfg,
+        model,
+        None,
+        tokenizer,
+        max_len=args.max_len,
+        max_pending_groups=args.max_queue,
+        compile_ahead=False,  # programs compile on first use: serving starts sooner
     ).start()
     try:
         http = OpenAIServer(
             stream,
             tokenizer,
             model_name=args.model_name or Path(args.model).resolve().name,
-            stop_token_ids=stop_ids,
+            stop_token_ids=stream.stop_token_ids,
             host=args.host,
             port=args.http_port,
         ).start()
@@ -262,8 +297,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.kv_pages is not None and args.kv_cache_gib is not None:  # before loading anything
-        parser.error("give --kv-pages or --kv-cache-gib, not both")
+    try:  # the engine settings are checked before anything is loaded
+        rollout_config(args)
+    except ValueError as e:
+        parser.error(str(e))
     setup_logging(verbose=args.verbose)
     # a signal during start-up interrupts it (what was started is stopped on the way out);
     # once serving, it only sets the event the serving loop waits on

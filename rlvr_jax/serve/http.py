@@ -3,7 +3,7 @@
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream: true` as
 server-sent events, tokens sent as each decode chunk produces them, a final `usage` chunk
 with `stream_options.include_usage`, then `data: [DONE]`), `GET /v1/models`, `GET /health`.
-Request fields and response shapes: `rlvr_jax.rollout.openai_api`.
+Request fields and response shapes: `rlvr_jax.serve.openai_api`.
 
 aiohttp runs on one asyncio event loop in a background thread: HTTP/1.1 keep-alive, any
 number of concurrent requests (each waits on the engine without holding a thread), chunked
@@ -29,7 +29,8 @@ from typing import Any
 from aiohttp import web
 
 from rlvr_jax.rollout.engine import RequestError
-from rlvr_jax.rollout.openai_api import (
+from rlvr_jax.rollout.stream import RolloutError, RolloutStream
+from rlvr_jax.serve.openai_api import (
     BadRequest,
     ChoiceText,
     Delta,
@@ -43,7 +44,6 @@ from rlvr_jax.rollout.openai_api import (
     parse_request,
     usage,
 )
-from rlvr_jax.rollout.stream import RolloutError, RolloutStream
 
 __all__ = ["BadRequest", "OpenAIServer"]
 
