@@ -1,11 +1,14 @@
-"""`rlvr-bench e2e --quick`: both modes run, the figures are consistent with each other."""
+"""`rlvr-bench e2e --quick`: both modes run, the figures are consistent with each other; a step
+counts when its update has finished; rounds pool; load flags a run that was not quiet."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from rlvr_jax.bench import e2e
+from rlvr_jax import timeline as tl
+from rlvr_jax.bench import e2e, e2e_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,10 +31,92 @@ def test_summary_arithmetic_by_hand():
 
     r = e2e.summarize(run("sync", 8.0, 6.0, 2.0, 0.0), run("async", 6.4, 5.0, 2.0, 0.9))
     assert r["steps_per_s"] == {"sync": 0.5, "async": pytest.approx(4 / 6.4)}
+    assert r["tokens_per_s"] == {"sync": 100 / 8.0, "async": pytest.approx(100 / 6.4)}
     assert r["async_over_sync"] == pytest.approx(8.0 / 6.4)
     assert r["time_s"] == {"rollout": 6.0, "train": 2.0}
     assert r["overlap_fraction"] == 0.9  # the async run's
     assert r["projected_speedup_disjoint"] == pytest.approx(8.0 / 6.0)
+
+
+class FakeTrainer:
+    """Records into the timeline as the real trainer's async loop does — the "step" mark right
+    after dispatch, the "train" span when the update is done — with each update finishing
+    0.5 s after its dispatch, and writes one metrics row per step."""
+
+    def __init__(self, cfg, *, timeline):
+        self.cfg, self.timeline = cfg, timeline
+
+    def run(self):
+        out = Path(self.cfg.train.output_dir)
+        out.mkdir(parents=True)  # as the real trainer makes it
+        with open(out / "metrics.jsonl", "w") as f:
+            for step in range(1, self.cfg.train.max_steps + 1):
+                dispatched = time.perf_counter()
+                self.timeline.mark("step")
+                self.timeline.add("train", dispatched, dispatched + 0.5)
+                row = {"step": step, "throughput/tokens": 10 * step, "time/rollout_s": 0.1}
+                f.write(json.dumps({**row, "time/train_s": 0.5, "reward/mean": 0.5}) + "\n")
+                time.sleep(0.01)
+
+    def close(self):
+        pass
+
+
+def test_a_modes_window_ends_when_its_last_update_has_finished(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr("rlvr_jax.training.loop.Trainer", FakeTrainer)
+    m = e2e.run_mode(e2e.DEFAULT_CONFIG, [], "async", steps=3, warmup=1, out=tmp_path)
+    assert len(m.update_ends_s) == 4
+    # the window runs from the warm-up update's end to the last update's end, not to the
+    # last step's dispatch mark (0.5 s earlier)
+    assert m.window_s[1] >= max(m.update_ends_s)
+    assert m.window_s == pytest.approx((m.update_ends_s[0], m.update_ends_s[-1]))
+    assert m.wall_s == pytest.approx(m.update_ends_s[-1] - m.update_ends_s[0])
+    assert m.tokens == 20 + 30 + 40  # the timed steps' rows only
+    assert m.tokens_per_s == pytest.approx(90 / m.wall_s)
+    assert m.busy_s["train"] == pytest.approx(m.wall_s)  # clipped to the window
+    assert len(m.loadavg) == 2
+
+
+def test_timed_window_needs_every_update_finished():
+    timeline = tl.Timeline()
+    start = timeline.mark("start")
+    timeline.add("train", start, start + 1.0)
+    timeline.add("train", start + 0.5, start + 3.0)
+    assert e2e_run.timed_window(timeline, warmup=1, steps=1, start=start) == (start + 1, start + 3)
+    assert e2e_run.timed_window(timeline, warmup=0, steps=2, start=start) == (start, start + 3)
+    with pytest.raises(RuntimeError, match="2 of 3 updates finished"):
+        e2e_run.timed_window(timeline, warmup=1, steps=2, start=start)
+
+
+def test_rounds_pool_as_totals_and_load_flags_quiet():
+    def run(wall, tokens, load):
+        return e2e.ModeRun(
+            mode="async", steps=2, wall_s=wall, setup_s=1.0,
+            busy_s={"rollout": wall / 2, "train": wall / 4}, overlap_s=wall / 8,
+            overlap_fraction=0.5, split_s={"rollout": 1.0, "train": 1.0}, reward_mean=0.25,
+            tokens=tokens, staleness_mean=1.0, loadavg=load,
+        )  # fmt: skip
+
+    m = e2e_run.pool([run(2.0, 100, (0.5, 1.0)), run(6.0, 300, (1.2, 0.9))])
+    assert (m.steps, m.wall_s, m.tokens, m.rounds) == (4, 8.0, 400, 2)
+    assert m.steps_per_s == 0.5 and m.tokens_per_s == 50.0
+    assert m.overlap_fraction == pytest.approx(1.0 / 2.0)  # 1 s of both / 2 s of train
+    assert m.loadavg == (1.2, 1.0)
+    q = e2e_run.quietness({"sync": (0.9, 1.4), "async": (1.0, 1.2), "trl": (1.6, 1.1)})
+    assert not q["quiet"] and q["load"]["quiet_by_side"]["trl"] is False
+    assert q["ratios_quiet"] == {"async_over_sync": True, "async_over_trl": False}
+    assert e2e_run.quietness({"sync": (0.2, 0.3), "async": (1.5, 0.1)})["quiet"]
+    trl = e2e.pool_trl(
+        [{"status": "ok", "steps": 2, "wall_s": 4.0, "tokens": 80, "reward_mean": 0.5,
+          "steps_per_s": 0.5, "tokens_per_s": 20.0, "loadavg": [1.0, 2.0]},
+         {"status": "ok", "steps": 2, "wall_s": 1.0, "tokens": 20, "reward_mean": None,
+          "steps_per_s": 2.0, "tokens_per_s": 20.0, "loadavg": [0.5, 0.5]}]
+    )  # fmt: skip
+    assert (trl["steps_per_s"], trl["tokens_per_s"], trl["reward_mean"]) == (0.8, 20.0, 0.5)
+    assert trl["loadavg"] == [1.0, 2.0]
+    failed = {"status": "failed", "reason": "x"}
+    assert e2e.pool_trl([trl, failed]) == failed
 
 
 @pytest.mark.slow
@@ -44,7 +129,10 @@ def test_quick_run_writes_consistent_json_and_plot(tmp_path, monkeypatch, capsys
     assert code == 0
     r = json.loads(out.read_text())
     trl_ok = r["peers"]["trl"]["status"] == "ok"
-    assert set(r["steps_per_s"]) == ({"sync", "async", "trl"} if trl_ok else {"sync", "async"})
+    sides = {"sync", "async", "trl"} if trl_ok else {"sync", "async"}
+    assert set(r["steps_per_s"]) == set(r["tokens_per_s"]) == sides
+    assert r["config"]["rounds"] == 1 and isinstance(r["quiet"], bool)
+    assert set(r["load"]["by_side"]) == sides
     assert r["config"]["preset"] == "demo"
     assert r["ratios"]["async_over_sync"] == r["async_over_sync"]
     if trl_ok:
@@ -57,6 +145,9 @@ def test_quick_run_writes_consistent_json_and_plot(tmp_path, monkeypatch, capsys
         m = r["modes"][mode]
         assert m["steps"] == 2 and m["wall_s"] > 0 and m["tokens"] > 0
         assert m["steps_per_s"] == pytest.approx(2 / m["wall_s"])
+        assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["wall_s"])
+        # the timed window ends when the last update has finished
+        assert m["window_s"][1] >= max(m["update_ends_s"]) and len(m["update_ends_s"]) == 3
         assert m["busy_s"]["rollout"] > 0 and m["busy_s"]["train"] > 0
         # busy time within the measured window
         assert m["busy_s"]["train"] <= m["wall_s"] + 1e-6

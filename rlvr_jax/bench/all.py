@@ -60,7 +60,13 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "decode": Subcommand(
         "rlvr_jax.bench.decode",
-        headlines=("tokens_per_s", "roofline_fraction", "ratios", "long_tail/waste"),
+        headlines=(
+            "tokens_per_s",
+            "roofline_fraction",
+            "decode_step_memory_fraction",
+            "ratios",
+            "long_tail/waste",
+        ),
         plots=True,
     ),
     "learner": Subcommand(
@@ -88,6 +94,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "rlvr_jax.bench.e2e",
         headlines=(
             "steps_per_s",
+            "tokens_per_s",
             "async_over_sync",
             "overlap_fraction",
             "projected_speedup_disjoint",

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from rlvr_jax import losses, models
 from rlvr_jax.bench import common
+from rlvr_jax.bench.inputs import synthetic_batch
 from rlvr_jax.models import attention
 
 SEQS = (1024, 2048, 4096, 8192)
@@ -44,7 +45,6 @@ def kernels_here(compute_dtype: Any, head_dim: int) -> list[str]:
 def micro_batch_memory(cfg: Any, kernel: str, seq: int, rows: int) -> dict[str, float]:
     """XLA's memory of the train step of one `rows` × `seq` micro-batch with `kernel`
     (compiled from abstract shapes; `cfg` a `LearnerBenchConfig`)."""
-    from rlvr_jax.bench.learner import synthetic_batch
     from rlvr_jax.config.schema import TrainConfig
     from rlvr_jax.training import learner
     from rlvr_jax.training.optimizer import make_optimizer

@@ -19,6 +19,7 @@ import gzip
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,30 +28,37 @@ from typing import Any
 from rlvr_jax.bench import progress
 from rlvr_jax.models import ArchConfig
 
-DATASHEET_BF16_TFLOPS: tuple[tuple[str, str, float], ...] = (
-    ("h100 pcie", "NVIDIA H100 PCIe", 756.0),
-    ("h100 nvl", "NVIDIA H100 NVL", 835.0),
-    ("h100", "NVIDIA H100 SXM", 989.0),
-    ("h200", "NVIDIA H200", 989.0),
-    ("a100", "NVIDIA A100", 312.0),
-    ("v5 lite", "TPU v5e", 197.0),
-    ("v5e", "TPU v5e", 197.0),
-    ("v5p", "TPU v5p", 459.0),
-    ("tpu v5", "TPU v5p", 459.0),
-    ("tpu v4", "TPU v4", 275.0),
+DATASHEETS: tuple[tuple[str, str, float, float], ...] = (
+    ("h100 pcie", "NVIDIA H100 PCIe", 756.0, 2000.0),
+    ("h100 nvl", "NVIDIA H100 NVL", 835.0, 3900.0),
+    ("h100", "NVIDIA H100 SXM", 989.0, 3350.0),
+    ("h200", "NVIDIA H200", 989.0, 4800.0),
+    ("a100", "NVIDIA A100", 312.0, 2039.0),
+    ("v5 lite", "TPU v5e", 197.0, 819.0),
+    ("v5e", "TPU v5e", 197.0, 819.0),
+    ("v5p", "TPU v5p", 459.0, 2765.0),
+    ("tpu v5", "TPU v5p", 459.0, 2765.0),
+    ("tpu v4", "TPU v4", 275.0, 1228.0),
 )
-"""(substring of the lower-cased `device_kind`, datasheet name, dense bf16 TFLOP/s per chip);
-the first match wins, so the more specific patterns come first."""
+"""(substring of the lower-cased `device_kind`, datasheet name, dense bf16 TFLOP/s per chip,
+HBM GB/s per chip); the first match wins, so the more specific patterns come first."""
+
+
+def datasheet(device_kind: str) -> dict[str, Any] | None:
+    """`{"name", "bf16_tflops", "hbm_gbps"}` of a JAX `device_kind` from `DATASHEETS`, or None
+    when unknown (CPUs have no entry: their denominators are measured)."""
+    kind = device_kind.lower()
+    for pattern, name, tflops, gbps in DATASHEETS:
+        if pattern in kind:
+            return {"name": name, "bf16_tflops": tflops, "hbm_gbps": gbps}
+    return None
 
 
 def datasheet_peak(device_kind: str) -> tuple[str, float] | None:
     """(datasheet name, dense bf16 TFLOP/s) of a JAX `device_kind`, or None when unknown
     (CPUs have no datasheet entry: their denominator is the measured matmul peak)."""
-    kind = device_kind.lower()
-    for pattern, name, tflops in DATASHEET_BF16_TFLOPS:
-        if pattern in kind:
-            return name, tflops
-    return None
+    sheet = datasheet(device_kind)
+    return None if sheet is None else (sheet["name"], sheet["bf16_tflops"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +85,11 @@ class ModelSize:
         return ArchConfig.from_hf(hf_config_dict(self))
 
 
+TINY_SIZES = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab=512)
+"""The smoke runs' model: 2 layers of D=64 (`--quick` everywhere)."""
+SIZES_1B = dict(d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, d_ff=5632)
+"""≈0.97B params with the bench vocabulary (20 layers of D=2048, F=5632, 16 heads of 128, 4
+KV heads): the GPU presets' model (one H100/H200-class GPU)."""
 SIZE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSize))
 """The names of the bench model's sizes."""
 
@@ -121,6 +134,17 @@ def token_flops(arch: ArchConfig, context: float) -> float:
     (q·k and p·v: 2·2·L·N·H per key). The one FLOP model of the learner and decode benches."""
     attention = 4.0 * arch.n_layers * arch.n_heads * arch.head_dim * context
     return 2.0 * matmul_params(arch) + attention
+
+
+def decode_step_bytes(
+    arch: ArchConfig, *, slots: int, context: float, param_bytes: int, cache_bytes: int
+) -> float:
+    """Bytes one decode step must read at the least: every matmul weight once
+    (`matmul_params` × `param_bytes`) and each of `slots` sequences' cached K and V over
+    `context` positions (2·L·K·H per position × `cache_bytes`): the numerator of the decode
+    step's memory-bandwidth (HBM) roofline fraction."""
+    kv = 2 * arch.n_layers * arch.n_kv_heads * arch.head_dim * cache_bytes
+    return matmul_params(arch) * param_bytes + slots * context * kv
 
 
 def forward_flops(arch: ArchConfig, rows: int, seq: int) -> float:
@@ -242,23 +266,9 @@ def tiny_policy(
 
     train_tokenizer(texts, vocab_size=320, path=path)
     special = dict(eos_token_id=1, bos_token_id=0, pad_token_id=2)
+    tiny = ModelSize(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, vocab=320)
     arch = models.ArchConfig.from_hf(
-        {**hf_config, **special}
-        if hf_config
-        else dict(
-            model_type="qwen2",
-            vocab_size=320,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            tie_word_embeddings=True,
-            eos_token_id=1,
-            bos_token_id=0,
-            pad_token_id=2,
-        )
+        {**(hf_config or {**hf_config_dict(tiny), "max_position_embeddings": 256}), **special}
     )
     params = models.init_params(arch, jax.random.key(seed))
     models.save_pretrained(models.Model(config=arch, params=params), path, tokenizer_dir=path)
@@ -268,9 +278,21 @@ def tiny_policy(
 def machine_info() -> dict[str, Any]:
     """Where a benchmark ran: platform, device kind and count, host, CPUs, jax version and the
     1/5/15-minute load averages (other processes share the cores)."""
-    from rlvr_jax.bench.roofline import machine_info as roofline_machine_info
+    import platform
 
-    return {**roofline_machine_info(), "loadavg": list(os.getloadavg())}
+    import jax
+
+    device = jax.devices()[0]
+    return {
+        "platform": device.platform,
+        "device_kind": device.device_kind,
+        "n_devices": jax.device_count(),
+        "host": platform.node(),
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+        "jax": jax.__version__,
+        "loadavg": list(os.getloadavg()),
+    }
 
 
 def jsonable(value: Any) -> Any:
@@ -295,6 +317,22 @@ def write_json(path: str | Path, result: Mapping[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(jsonable(result), indent=2, allow_nan=False) + "\n")
     return path
+
+
+def write_outputs(
+    result: Mapping[str, Any],
+    json_path: str | None,
+    plot_path: str | None = None,
+    plot: Callable[[Any, str], Any] | None = None,
+) -> int:
+    """A benchmark's files: `result` as JSON at `json_path` and `plot(result, plot_path)` when
+    asked, each named on stderr; returns 0 (the benchmark's exit code)."""
+    if json_path:
+        print(f"wrote {write_json(json_path, result)}", file=sys.stderr)
+    if plot_path and plot is not None:
+        plot(result, plot_path)
+        print(f"wrote {plot_path}", file=sys.stderr)
+    return 0
 
 
 def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -367,6 +405,13 @@ class Panel:
     def __post_init__(self) -> None:
         if (self.bars is None) == (self.lines is None):
             raise ValueError(f"panel {self.title!r}: give exactly one of bars or lines")
+
+
+def save_bars(
+    path: str | Path, title: str, panels: Mapping[str, tuple[str, Mapping[str, float]]]
+) -> Path:
+    """`save_plot` of bar panels: {panel title: (y label, {bar label: value})}."""
+    return save_plot(path, [Panel(t, ylabel, bars=b) for t, (ylabel, b) in panels.items()], title)
 
 
 def save_plot(path: str | Path, panels: Sequence[Panel], title: str) -> Path:

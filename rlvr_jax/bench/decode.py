@@ -17,7 +17,12 @@ all three.
 `roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
 token, plus attention) per second, over this machine's measured fp32 matmul throughput
 (`rlvr-bench roofline`). `profile` splits our engine's time into prefill, decode steps and
-the host's share.
+the host's share; `decode_step_memory_fraction` is the bytes a decode step must read
+(`common.decode_step_bytes`) per measured step second over the measured memory bandwidth
+(and over the datasheet's HBM bandwidth on a GPU/TPU).
+
+`--preset bench` (default; the 56M bench model), `quick` (smoke test), `gpu-1b` (≈1B params,
+bf16); `--dtype` sets both models' dtype. On a GPU transformers runs on CUDA too.
 """
 
 from __future__ import annotations
@@ -25,9 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,9 +40,8 @@ import jax
 import numpy as np
 
 from rlvr_jax.bench import common, progress
-from rlvr_jax.bench.common import hf_config_dict
-from rlvr_jax.bench.roofline import machine_info, measure_roofline
-from rlvr_jax.models import Model, load_pretrained
+from rlvr_jax.bench.inputs import build_models
+from rlvr_jax.bench.roofline import best_roofline, machine_info
 from rlvr_jax.rollout import (
     EngineCore,
     GroupRequest,
@@ -58,6 +60,7 @@ class BenchConfig(common.ModelSize):
     """Sizes of one benchmark run (the model's: `common.ModelSize`)."""
 
     batch: int = 32
+    """Slots, and prompts of the throughput workload."""
     prompt: int = 64
     new: int = 128
     long_requests: int = 192
@@ -67,42 +70,20 @@ class BenchConfig(common.ModelSize):
     chunk: int = 8
     repeats: int = 2
     seed: int = 0
+    dtype: str = "float32"
+    """Params, activations and KV cache of both models (float32 | bfloat16)."""
 
 
 QUICK = BenchConfig(
-    d_model=64,
-    n_layers=2,
-    n_heads=4,
-    n_kv_heads=2,
-    d_ff=128,
-    vocab=512,
-    batch=4,
-    prompt=8,
-    new=8,
-    long_requests=12,
-    chunk=4,
-    repeats=1,
+    **common.TINY_SIZES, batch=4, prompt=8, new=8, long_requests=12, chunk=4, repeats=1
 )
-
-
-def build_models(cfg: BenchConfig, path: str) -> tuple[Any, Model]:
-    """(HF torch model, our Model) with the same random weights (HF init, saved, reloaded).
-
-    Unless the environment says otherwise, torch's OpenMP threads are told to sleep rather
-    than spin while waiting (`OMP_WAIT_POLICY=PASSIVE`, read when torch first loads): on a
-    shared machine, spinning makes `generate` up to 10x slower (measured here: 130 s instead
-    of 14 s at load 6), which would flatter our engine. The policy used is reported."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(cfg.seed)
-    hf_cfg = dict(hf_config_dict(cfg))
-    hf = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg), dtype=torch.float32
-    ).eval()
-    hf.save_pretrained(path)
-    return hf, load_pretrained(path)
+PRESETS = {
+    "bench": BenchConfig(),
+    "quick": QUICK,
+    "gpu-1b": BenchConfig(**common.SIZES_1B, dtype="bfloat16", long_requests=64, long_new=128),
+}
+"""`--preset`: the 56M bench model (default), the smoke test's tiny one, and the ≈1B model of
+`common.SIZES_1B` in bf16 (a shorter long-tailed workload) for one H100/H200-class GPU."""
 
 
 def long_tail_lengths(n: int, max_len: int, mean_over_max: float, seed: int) -> list[int]:
@@ -150,7 +131,7 @@ def _hf_generate(hf: Any, prompts: np.ndarray, new: int) -> float:
 
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
-    ids = torch.as_tensor(prompts, dtype=torch.long)
+    ids = torch.as_tensor(prompts, dtype=torch.long, device=hf.device)
     with torch.no_grad():
         start = time.perf_counter()
         out = hf.generate(
@@ -162,6 +143,8 @@ def _hf_generate(hf: Any, prompts: np.ndarray, new: int) -> float:
             top_p=1.0,
             max_new_tokens=new,
         )
+        if ids.is_cuda:
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
     if out.shape[1] != prompts.shape[1] + new:
         raise RuntimeError(f"HF generated {out.shape[1] - prompts.shape[1]} tokens, not {new}")
@@ -204,8 +187,9 @@ def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> 
     return {"prefill_s_per_prompt": prefill_s, "decode_ms_per_step": 1e3 * chunk_s / core.chunk}
 
 
-def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
-    """Runs both workloads and the roofline probe; returns the JSON-able results."""
+def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict:
+    """Runs both workloads and the roofline probe (`quick`: its tiny sizes); returns the
+    JSON-able results."""
     load_before = os.getloadavg()
     rng = np.random.default_rng(cfg.seed)
     progress.line("building the model (random weights, HF and ours)")
@@ -248,19 +232,29 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
     )
     progress.line("profile: prefill and decode step")
     profile = profile_engine(core, prompts, cfg.repeats)
-    sizes = dict(size=256, bandwidth_mib=16) if cfg == QUICK else {}
-    roof = max(measure_roofline(**sizes), measure_roofline(**sizes), key=lambda r: r["peak_gflops"])
+    roof = best_roofline(quick)
     config = model.config
     work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(config, cfg.prompt + cfg.new / 2)
-    fraction = {k: work / wall / (roof["peak_gflops"] * 1e9) for k, wall in walls.items()}
+    fraction = {k: work / wall / (roof["peak_gflops_fp32"] * 1e9) for k, wall in walls.items()}
     prefill_total = profile["prefill_s_per_prompt"] * cfg.batch
     decode_total = profile["decode_ms_per_step"] * 1e-3 * cfg.new
+    # the decode step's bytes at the least (weights once, the KV cache at the prompt length)
+    itemsize = model.param_dtype.itemsize
+    step_bytes = common.decode_step_bytes(
+        config, slots=cfg.batch, context=cfg.prompt, param_bytes=itemsize, cache_bytes=itemsize
+    )
+    step_gbps = step_bytes / (profile["decode_ms_per_step"] * 1e-3) / 1e9
+    sheet = roof["datasheet"]
     profile.update(
         {
             "continuous_wall_s": walls["continuous"],
             "prefill_share": prefill_total / walls["continuous"],
             "decode_share": decode_total / walls["continuous"],
             "host_and_other_share": 1 - (prefill_total + decode_total) / walls["continuous"],
+            "decode_step_bytes": step_bytes,
+            "decode_step_gbps": step_gbps,
+            "decode_step_memory_fraction": step_gbps / roof["memory_gbps"],
+            "decode_step_memory_fraction_datasheet": sheet and step_gbps / sheet["hbm_gbps"],
         }
     )
     mean_over_max = float(np.mean(lengths) / np.max(lengths))
@@ -269,6 +263,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
         "wall_s": long_walls,
         "roofline_fraction": fraction["continuous"],
         "roofline_fraction_by_mode": fraction,
+        "decode_step_memory_fraction": profile["decode_step_memory_fraction"],
         "ratios": {
             "continuous_over_hf_tokens_per_s": (
                 None if skip_hf else tokens_per_s["continuous"] / tokens_per_s["hf_generate"]
@@ -288,14 +283,11 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
             "decode_calls": {k: s.decode_calls for k, s in stats.items()},
         },
         "profile": profile,
-        "roofline": {
-            "peak_gflops_fp32": roof["peak_gflops"],
-            "matmul_gflops": roof["matmul_gflops"],
-            "memory_gbps": roof["memory_gbps"],
-        },
+        "roofline": roof,
         "machine": {
             **machine_info(),
             "torch_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "hf_device": str(hf.device),
             "loadavg_before": load_before,
             "loadavg_after": os.getloadavg(),
         },
@@ -310,28 +302,24 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False) -> dict:
 
 def plot(result: dict, path: str) -> Any:
     """Tokens/s by mode, the long-tail wall times, and where the continuous engine's time goes."""
-    from rlvr_jax.bench import common
-
-    prof = result["profile"]
-    panels = [
-        common.Panel("throughput (batch workload)", "tokens/s", bars=result["tokens_per_s"]),
-        common.Panel("long-tailed workload", "wall seconds", bars=result["wall_s"]),
-        common.Panel(
-            "continuous engine: share of wall",
-            "fraction",
-            bars={k: prof[f"{k}_share"] for k in ("prefill", "decode", "host_and_other")},
-        ),
-    ]
-    return common.save_plot(path, panels, "rlvr-bench decode")
+    shares = {k: result["profile"][f"{k}_share"] for k in ("prefill", "decode", "host_and_other")}
+    panels = {
+        "throughput (batch workload)": ("tokens/s", result["tokens_per_s"]),
+        "long-tailed workload": ("wall seconds", result["wall_s"]),
+        "continuous engine: share of wall": ("fraction", shares),
+    }
+    return common.save_bars(path, "rlvr-bench decode", panels)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench decode [--workload short|long|all] [--json FILE] [--plot FILE.png]
-    [--quick] [--repeats N] [--skip-hf]`."""
+    """`rlvr-bench decode [--workload short|long|all] [--preset bench|quick|gpu-1b] [--dtype D]
+    [--json FILE] [--plot FILE.png] [--quick] [--repeats N] [--skip-hf] [long sizes]`."""
     p = argparse.ArgumentParser(prog="rlvr-bench decode", description=__doc__.split("\n")[0])
     p.add_argument("--json", help="write the results here as JSON")
     p.add_argument("--plot", help="write a PNG plot here")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="bench", help="named sizes")
+    p.add_argument("--quick", action="store_true", help="same as --preset quick (smoke test)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="override the preset's dtype")
     p.add_argument("--repeats", type=int, help="timed repeats per measurement (best is kept)")
     p.add_argument("--skip-hf", action="store_true", help="do not time transformers' generate")
     p.add_argument(
@@ -342,28 +330,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--long-requests", type=int, help="long workload: requests (default 64)")
     p.add_argument("--paged-slots", type=int, help="long workload: paged engine slots (64)")
+    p.add_argument("--long-capacity", type=int, help="long workload: tokens a slot holds (4096)")
     args = p.parse_args(argv)
-    cfg = QUICK if args.quick else BenchConfig()
-    long_sizes = {
-        k: v
-        for k, v in (("requests", args.long_requests), ("paged_slots", args.paged_slots))
-        if v is not None
-    }
+    quick = args.quick or args.preset == "quick"
+    cfg = QUICK if quick else PRESETS[args.preset]
+    long_flags = (("requests", args.long_requests), ("paged_slots", args.paged_slots),
+                  ("capacity", args.long_capacity))  # fmt: skip
+    long_sizes = {k: v for k, v in long_flags if v is not None}
     if any(v < 2 for v in long_sizes.values()):
-        p.error("--long-requests and --paged-slots must be >= 2")
-    if args.repeats is not None:
-        if args.repeats < 1:
-            p.error("--repeats must be >= 1")
-        cfg = dataclasses.replace(cfg, repeats=args.repeats)
+        p.error("--long-requests, --paged-slots and --long-capacity must be >= 2")
+    if args.repeats is not None and args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    overrides = {"repeats": args.repeats, "dtype": args.dtype}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     if args.workload == "long":
         from rlvr_jax.bench import decode_long
 
-        return _write(decode_long.main_result(cfg, args.quick, **long_sizes), args, with_plot=False)
-    result = run(cfg, skip_hf=args.skip_hf)
+        result = decode_long.main_result(cfg, quick, **long_sizes)
+        return common.write_outputs(result, args.json)
+    result = run(cfg, skip_hf=args.skip_hf, quick=quick)
     if args.workload == "all":
         from rlvr_jax.bench import decode_long
 
-        result["long"] = decode_long.main_result(cfg, args.quick, **long_sizes)["long"]
+        result["long"] = decode_long.main_result(cfg, quick, **long_sizes)["long"]
     for mode, tps in result["tokens_per_s"].items():
         print(f"tokens/s {mode:12s} {tps:10.1f}")
     for mode, s in result["wall_s"].items():
@@ -377,14 +366,5 @@ def main(argv: list[str] | None = None) -> int:
         f"continuous / static long-tail wall  {ratios['continuous_over_static_wall_long_tail']:.2f}"
     )
     print(f"roofline fraction (continuous)      {result['roofline_fraction']:.3f}")
-    return _write(result, args)
-
-
-def _write(result: dict, args: argparse.Namespace, with_plot: bool = True) -> int:
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-        print(f"wrote {args.json}", file=sys.stderr)
-    if args.plot and with_plot:
-        print(f"wrote {plot(result, args.plot)}", file=sys.stderr)
-    return 0
+    print(f"decode step memory-bandwidth frac.  {result['decode_step_memory_fraction']:.3f}")
+    return common.write_outputs(result, args.json, args.plot, plot)

@@ -25,12 +25,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
+from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.rollout import EngineCore, GroupRequest, Scheduler, SlotRequest
 from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.pages import pages_for, work_lists
@@ -58,17 +60,8 @@ class LongConfig:
     seed: int = 0
 
 
-QUICK_LONG = LongConfig(
-    capacity=96,
-    prompt=16,
-    requests=12,
-    contiguous_slots=4,
-    paged_slots=8,
-    page_size=4,
-    prefill_chunk=16,
-    chunk=4,
-    fill_repeats=1,
-)
+QUICK_LONG = LongConfig(capacity=96, prompt=16, requests=12, contiguous_slots=4, paged_slots=8,
+                        page_size=4, prefill_chunk=16, chunk=4, fill_repeats=1)  # fmt: skip
 
 
 def progress(message: str) -> None:
@@ -244,21 +237,18 @@ def print_summary(long: dict) -> None:
 def main_result(cfg: Any, quick: bool, **sizes: int) -> dict:
     """`rlvr-bench decode --workload long`: the long section (`sizes` override `LongConfig`
     fields), the roofline and the machine (load average before and after), printed and
-    returned for the JSON."""
-    from rlvr_jax.bench.roofline import machine_info, measure_roofline
+    returned for the JSON. The model: the bench model of `cfg` (`decode.BenchConfig`)."""
+    from rlvr_jax.bench.roofline import best_roofline, machine_info
 
     load_before = os.getloadavg()
-    long = run(cfg, dataclasses.replace(QUICK_LONG if quick else LongConfig(), **sizes))
-    sizes = dict(size=256, bandwidth_mib=16) if quick else {}
-    roof = max(measure_roofline(**sizes), measure_roofline(**sizes), key=lambda r: r["peak_gflops"])
+    with tempfile.TemporaryDirectory() as tmp:
+        _, model = build_models(cfg, tmp)
+    long = run_long(model, dataclasses.replace(QUICK_LONG if quick else LongConfig(), **sizes))
+    roofline = best_roofline(quick)
     print_summary(long)
     return {
         "long": long,
-        "roofline": {
-            "peak_gflops_fp32": roof["peak_gflops"],
-            "matmul_gflops": roof["matmul_gflops"],
-            "memory_gbps": roof["memory_gbps"],
-        },
+        "roofline": roofline,
         "machine": {
             **machine_info(),
             "loadavg_before": load_before,
@@ -266,18 +256,6 @@ def main_result(cfg: Any, quick: bool, **sizes: int) -> dict:
         },
         "config": dataclasses.asdict(cfg),
     }
-
-
-def run(cfg: Any, lc: LongConfig) -> dict:
-    """Builds the bench model of `cfg` (`rlvr_jax.bench.decode.BenchConfig`) and runs the
-    long workload on it; the `long` JSON section."""
-    import tempfile
-
-    from rlvr_jax.bench.decode import build_models
-
-    with tempfile.TemporaryDirectory() as tmp:
-        _, model = build_models(cfg, tmp)
-    return run_long(model, lc)
 
 
 def run_long(model: Any, lc: LongConfig) -> dict:

@@ -36,7 +36,8 @@ import numpy as np
 
 from rlvr_jax import losses, models
 from rlvr_jax.bench import common, progress
-from rlvr_jax.models.attention import IMPLS
+from rlvr_jax.bench.inputs import synthetic_batch
+from rlvr_jax.models.attention import IMPLS, resolve_impl
 
 WORKLOADS = ("step", "attention-memory", "long")
 """`--workload`: the timed train step, the attention kernels' memory, or packed vs padded
@@ -114,48 +115,16 @@ PRESETS: dict[str, LearnerBenchConfig] = {
     # positions keep the working set small (XLA temp 9.5 -> 2.5 GB) and run faster
     "cpu": LearnerBenchConfig(n_micro=4, logits_chunk=128),
     "quick": LearnerBenchConfig(
-        d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab=512, batch=4, seq=32,
-        repeats=1, roofline_size=256, roofline_mib=16,
+        **common.TINY_SIZES, batch=4, seq=32, repeats=1, roofline_size=256, roofline_mib=16
     ),
-    # ≈0.97B params (20 layers of D=2048, F=5632, 16 heads of 128, 4 KV heads; 32K vocab).
+    # ≈0.97B params (`common.SIZES_1B`), bf16, for one H100/H200-class GPU
     "gpu-1b": LearnerBenchConfig(
-        d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, d_ff=5632, batch=32, seq=1024,
-        n_micro=2, dtype="bfloat16", repeats=5, roofline_size=8192, roofline_mib=1024,
+        **common.SIZES_1B, batch=32, seq=1024, n_micro=2, dtype="bfloat16", repeats=5,
+        roofline_size=8192, roofline_mib=1024,
     ),
 }  # fmt: skip
 """Named configurations: `cpu` (the bench model at 32 × 256 tokens, the default), `quick`
 (smoke test) and `gpu-1b` (a ≈1B-parameter bf16 model for one H100/H200-class GPU)."""
-
-
-def synthetic_batch(
-    arch: models.ArchConfig, *, rows: int, seq: int, seed: int, with_old_logp: bool
-) -> Any:
-    """A realistic learner batch (`RLBatch`, numpy) from `collate`: each row a prompt of
-    1..seq/4 tokens and a completion filling a random 25..100% of the rest, right-padded;
-    sampler log-probs near a random model's −log V; advantages ~ N(0, 1). `seq` is the
-    learner's T (rows hold seq + 1 tokens before the shift)."""
-    from rlvr_jax.training.batch import Sample, collate
-
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(rows):
-        n_prompt = int(rng.integers(1, max(seq // 4, 1) + 1))
-        room = seq + 1 - n_prompt
-        n_completion = int(rng.integers(max(room // 4, 1), room + 1))
-        logp = -np.log(arch.vocab_size) + 0.1 * rng.standard_normal(n_completion)
-        samples.append(
-            Sample(
-                prompt_tokens=rng.integers(0, arch.vocab_size, n_prompt).tolist(),
-                tokens=rng.integers(0, arch.vocab_size, n_completion).tolist(),
-                sampler_logp=logp.tolist(),
-                advantage=float(rng.standard_normal()),
-            )
-        )
-    batch = collate(samples, rows=rows, seq_len=seq + 1, pad_id=0)
-    if with_old_logp:
-        noise = 0.05 * rng.standard_normal(batch.mask_BxT.shape).astype(np.float32)
-        batch = batch.replace(old_logp_BxT=batch.sampler_logp_BxT + noise * batch.mask_BxT)
-    return batch
 
 
 def _profile_pieces(
@@ -349,9 +318,16 @@ def run(
         },
         "machine": {**machine, "loadavg_before": load_before},
         "config": {**dataclasses.asdict(cfg), "old_from": measured["old_from"],
-                   "model": cfg.arch().to_hf(),
+                   "model": cfg.arch().to_hf(), "attention_kernel": attention_kernel(cfg),
                    "loss_settings": dataclasses.asdict(losses.resolve_loss_settings(cfg.loss))},
     }  # fmt: skip
+
+
+def attention_kernel(cfg: LearnerBenchConfig) -> str:
+    """The kernel `cfg.attention_impl` resolves to in the learner step here (which declares no
+    segment layout, `max_segments=0`: `auto` takes cuDNN only where that is declared)."""
+    kw = dict(compute_dtype=jnp.dtype(cfg.dtype), head_dim=cfg.arch().head_dim)
+    return resolve_impl(cfg.attention_impl, **kw)
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -362,7 +338,7 @@ def format_result(result: dict[str, Any]) -> str:
         f"({result['flops']['params'] / 1e6:.1f}M params), {cfg['batch']} x {cfg['seq']} tokens, "
         f"{cfg['dtype']}, loss {cfg['loss']}, n_micro={cfg['n_micro']}, remat={cfg['remat']}, "
         f"attn_chunk={cfg['attn_chunk']}, logits_chunk={cfg['logits_chunk']}, "
-        f"attention {cfg['attention_impl']}"
+        f"attention {cfg['attention_impl']} -> {cfg['attention_kernel']}"
     )
     rows = []
     for name in ("train_step", "logprob_forward"):
@@ -398,36 +374,23 @@ def format_result(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: str) -> None:
     """Achieved GFLOP/s against the measured peak, and the step's time split."""
-    gflops = result["achieved_gflops"]
-    panels = [
-        common.Panel(
-            "achieved vs measured matmul peak",
-            "GFLOP/s",
-            bars={
-                "matmul peak": result["roofline"]["peak_gflops"],
-                "train step": gflops["train_step"],
-                "logprob fwd": gflops["logprob_forward"],
-            },
-        ),
-    ]
-    prof, best = result["profile"], result["seconds"]["best"]
+    gflops, prof, best = result["achieved_gflops"], result["profile"], result["seconds"]["best"]
+    achieved = {
+        "matmul peak": result["roofline"]["peak_gflops"],
+        "train step": gflops["train_step"],
+        "logprob fwd": gflops["logprob_forward"],
+    }
+    panels = {"achieved vs measured matmul peak": ("GFLOP/s", achieved)}
     if prof:
-        rest = (
-            best["train_step"] - prof["lm_head_logsoftmax_fwd_bwd_s"] - prof["optimizer_update_s"]
-        )
-        panels.append(
-            common.Panel(
-                "train step split",
-                "seconds",
-                bars={
-                    "layers fwd+bwd (rest)": rest,
-                    "LM head+log-softmax": prof["lm_head_logsoftmax_fwd_bwd_s"],
-                    "optimizer": prof["optimizer_update_s"],
-                    "logprob fwd (separate)": best["logprob_forward"],
-                },
-            )
-        )
-    common.save_plot(path, panels, "rlvr-bench learner")
+        head, opt = prof["lm_head_logsoftmax_fwd_bwd_s"], prof["optimizer_update_s"]
+        split = {
+            "layers fwd+bwd (rest)": best["train_step"] - head - opt,
+            "LM head+log-softmax": head,
+            "optimizer": opt,
+            "logprob fwd (separate)": best["logprob_forward"],
+        }
+        panels["train step split"] = ("seconds", split)
+    common.save_bars(path, "rlvr-bench learner", panels)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -543,9 +506,4 @@ def main(argv: list[str]) -> int:
         result = run(cfg, trace_dir=args.trace, **kw)
         print(format_result(result))
         draw = plot
-    if args.json:
-        print(f"wrote {common.write_json(args.json, result)}", file=sys.stderr)
-    if args.plot:
-        draw(result, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
-    return 0
+    return common.write_outputs(result, args.json, args.plot, draw)

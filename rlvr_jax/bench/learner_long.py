@@ -36,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import losses, models
-from rlvr_jax.bench import common, progress
+from rlvr_jax.bench import attention_memory, common, progress
+from rlvr_jax.bench.inputs import random_sample
 from rlvr_jax.bench.waste import LengthDistribution
 
 OLMO3 = LengthDistribution.fit(mean=14_700.0, cap=32_768, sigma=0.7)
@@ -84,25 +85,12 @@ class LongWorkload:
 
 
 def samples(work: LongWorkload, vocab: int) -> list[Any]:
-    """`completions` RL samples (`batch.Sample`): prompts uniform in `prompt_range`, completions
-    of `lengths()`, random tokens, sampler log-probs near −log V, advantages ~ N(0, 1)."""
-    from rlvr_jax.training.batch import Sample
-
+    """`completions` RL samples (`inputs.random_sample`): prompts uniform in `prompt_range`,
+    completions of `lengths()`."""
     rng = np.random.default_rng(work.seed)
     lo, hi = work.prompt_range
-    n_completion = work.lengths().sample(work.completions, work.seed)
-    out = []
-    for n in n_completion.tolist():
-        n_prompt = int(rng.integers(lo, hi + 1))
-        out.append(
-            Sample(
-                prompt_tokens=rng.integers(0, vocab, n_prompt).tolist(),
-                tokens=rng.integers(0, vocab, n).tolist(),
-                sampler_logp=(-np.log(vocab) + 0.1 * rng.standard_normal(n)).tolist(),
-                advantage=float(rng.standard_normal()),
-            )
-        )
-    return out
+    lengths = work.lengths().sample(work.completions, work.seed)
+    return [random_sample(rng, vocab, int(rng.integers(lo, hi + 1)), n) for n in lengths.tolist()]
 
 
 def layouts(work: LongWorkload, batch: list[Any]) -> dict[str, tuple[Any, int | None]]:
@@ -181,8 +169,6 @@ def _time_interleaved(calls: dict[str, Any], repeats: int) -> dict[str, dict[str
 def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -> dict[str, Any]:
     """Packed vs padded train steps on the same samples, then the attention kernels' memory of
     one `memory_seq`-token micro-batch; the JSON-able `long` result."""
-    from rlvr_jax.bench import attention_memory
-
     arch = cfg.arch()
     batch = samples(work, arch.vocab_size)
     useful = sum(len(s.prompt_tokens) + len(s.tokens) for s in batch)
@@ -294,12 +280,9 @@ def format_result(result: dict[str, Any]) -> str:
 def plot(result: dict[str, Any], path: str) -> None:
     """Useful tokens/s of both layouts and the kernels' peak memory at `memory_seq`."""
     r = result["long"]
-    panels = [
-        common.Panel("useful tokens/s", "tokens/s", bars=r["useful_tokens_per_s"]),
-        common.Panel(
-            f"one micro-batch, 1 x {r['memory_seq']} tokens",
-            "GiB",
-            bars={k: v / 2**30 for k, v in r["attention_peak_bytes"].items()},
-        ),
-    ]
-    common.save_plot(path, panels, "rlvr-bench learner --workload long")
+    memory = {k: v / 2**30 for k, v in r["attention_peak_bytes"].items()}
+    panels = {
+        "useful tokens/s": ("tokens/s", r["useful_tokens_per_s"]),
+        f"one micro-batch, 1 x {r['memory_seq']} tokens": ("GiB", memory),
+    }
+    common.save_bars(path, "rlvr-bench learner --workload long", panels)

@@ -161,8 +161,10 @@ def verifier_reward_fn(config: RewardsConfig) -> Callable[..., list[float]]:
 
 
 def run_trl(cfg: Config, *, steps: int, warmup: int, out: Path) -> dict[str, Any]:
-    """Trains `warmup + steps` GRPO steps with TRL on `cfg`'s setup; steps/s over the last
-    `steps` (the first `warmup` left out, as `rlvr-bench e2e` does for ours)."""
+    """Trains `warmup + steps` GRPO steps with TRL on `cfg`'s setup; steps/s and trained
+    (completion) tokens/s over the last `steps` (the first `warmup` left out, as `rlvr-bench
+    e2e` does for ours). A step ends at `on_step_end`, after its optimizer step: on the CPU
+    (`use_cpu`) torch runs it synchronously, so the update has finished there."""
     import datasets
     import torch
     import transformers
@@ -201,14 +203,20 @@ def run_trl(cfg: Config, *, steps: int, warmup: int, out: Path) -> dict[str, Any
     if len(ends) != warmup + steps:
         raise RuntimeError(f"the TRL run stopped after {len(ends)} of {warmup + steps} steps")
     start = ends[warmup - 1] if warmup else marks["begin"]
-    rewards = [
-        log["reward"]
-        for log in trainer.state.log_history
-        if log.get("step", 0) > warmup and log.get("reward") is not None
-    ]
+    timed = [log for log in trainer.state.log_history if log.get("step", 0) > warmup]
+    rewards = [log["reward"] for log in timed if log.get("reward") is not None]
+    # TRL logs a generation batch's mean completion length once, at the first step that trains
+    # on it: × its P · G completions = the tokens those steps trained on (our count's meaning)
+    completions = cfg.train.prompts_per_batch * cfg.rollout.num_samples
+    lengths = [log["completions/mean_length"] for log in timed if "completions/mean_length" in log]
+    tokens = round(sum(lengths) * completions)
+    wall = ends[-1] - start
     return {
         "status": "ok",
-        "steps_per_s": steps / (ends[-1] - start),
+        "steps_per_s": steps / wall,
+        "tokens_per_s": tokens / wall,
+        "wall_s": wall,
+        "tokens": tokens,
         "trl_version": trl.__version__,
         "steps": steps,
         "warmup": warmup,

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -302,14 +301,8 @@ class WasteBenchConfig:
             raise ValueError(f"measured_cap={self.measured_cap} must not exceed cap={self.cap}")
 
 
-TINY_MODEL = (
-    ("d_model", 64),
-    ("n_layers", 2),
-    ("n_heads", 4),
-    ("n_kv_heads", 2),
-    ("d_ff", 128),
-    ("vocab", 512),
-)
+TINY_MODEL = tuple(common.TINY_SIZES.items())
+"""The smoke run's engine model (`common.TINY_SIZES`)."""
 QUICK = WasteBenchConfig(
     requests=512,
     sweep=(1, 4, 16, 64),
@@ -433,9 +426,4 @@ def main(argv: list[str]) -> int:
         p.error(str(e))
     result = run(cfg)
     print(format_result(result))
-    if args.json:
-        print(f"wrote {common.write_json(args.json, result)}", file=sys.stderr)
-    if args.plot:
-        plot(result, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
-    return 0
+    return common.write_outputs(result, args.json, args.plot, plot)

@@ -1,0 +1,82 @@
+"""The random inputs benchmarks run on: the bench model as an HF twin and ours with the same
+weights (`build_models`), and RL learner batches (`random_sample`, `synthetic_batch`).
+
+Below every benchmark module (it imports only `common`), so the benchmarks share these without
+importing each other.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlvr_jax.bench import common
+
+
+def hf_device() -> str:
+    """Where the HF twin runs: "cuda" when JAX runs on a GPU and torch sees one, else "cpu"
+    (the same device as ours, so that the comparison is like for like)."""
+    import jax
+    import torch
+
+    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
+
+
+def build_models(cfg: Any, path: str | Path) -> tuple[Any, Any]:
+    """(HF torch model, our `Model`) of the bench model of `cfg` (`common.ModelSize` fields and
+    a `dtype`) with the same random weights: HF's init (seeded by `cfg.seed`, on `hf_device`),
+    saved at `path` in `cfg.dtype`, loaded back as ours in that dtype.
+
+    Unless the environment says otherwise, torch's OpenMP threads are told to sleep rather
+    than spin while waiting (`OMP_WAIT_POLICY=PASSIVE`, read when torch first loads): on a
+    shared machine, spinning makes `generate` up to 10x slower (measured here: 130 s instead
+    of 14 s at load 6), which would flatter our engine. The policy used is reported."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlvr_jax.models import load_pretrained
+
+    torch.manual_seed(cfg.seed)
+    hf_cfg = dict(common.hf_config_dict(cfg))
+    config = AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
+    with torch.device(hf_device()):
+        hf = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype)).eval()
+    hf.save_pretrained(path)
+    return hf, load_pretrained(path, dtype=cfg.dtype)
+
+
+def random_sample(rng: np.random.Generator, vocab: int, n_prompt: int, n: int) -> Any:
+    """One RL sample (`batch.Sample`) of `n_prompt` prompt and `n` completion tokens: random
+    tokens, sampler log-probs near a random model's −log V, an advantage ~ N(0, 1)."""
+    from rlvr_jax.training.batch import Sample
+
+    return Sample(
+        prompt_tokens=rng.integers(0, vocab, n_prompt).tolist(),
+        tokens=rng.integers(0, vocab, n).tolist(),
+        sampler_logp=(-np.log(vocab) + 0.1 * rng.standard_normal(n)).tolist(),
+        advantage=float(rng.standard_normal()),
+    )
+
+
+def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp: bool) -> Any:
+    """A realistic learner batch (`RLBatch`, numpy) from `collate`: each row a prompt of
+    1..seq/4 tokens and a completion filling a random 25..100% of the rest (`random_sample`),
+    right-padded. `seq` is the learner's T (rows hold seq + 1 tokens before the shift)."""
+    from rlvr_jax.training.batch import collate
+
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(rows):
+        n_prompt = int(rng.integers(1, max(seq // 4, 1) + 1))
+        room = seq + 1 - n_prompt
+        n = int(rng.integers(max(room // 4, 1), room + 1))
+        samples.append(random_sample(rng, arch.vocab_size, n_prompt, n))
+    batch = collate(samples, rows=rows, seq_len=seq + 1, pad_id=0)
+    if with_old_logp:
+        noise = 0.05 * rng.standard_normal(batch.mask_BxT.shape).astype(np.float32)
+        batch = batch.replace(old_logp_BxT=batch.sampler_logp_BxT + noise * batch.mask_BxT)
+    return batch
