@@ -57,8 +57,6 @@ from rlvr_jax.training.update import (
 
 log = logging.getLogger("rlvr_jax.train")
 
-NO_MEMORY_OPTIONS = learner.MemoryOptions()
-
 
 @flax.struct.dataclass
 class CriticState:
@@ -138,21 +136,6 @@ def warn_if_unused(cfg: Config, settings: losses.LossSettings) -> None:
         )
 
 
-def check_config(cfg: Config) -> None:
-    """Raises ValueError naming the `critic.*` key of an invalid setting."""
-    c = cfg.critic
-    for key in ("gamma", "lam"):
-        value = getattr(c, key)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"critic.{key} must be in [0, 1], got {value}")
-    if not c.value_coef > 0:
-        raise ValueError(f"critic.value_coef must be > 0, got {c.value_coef}")
-    if c.value_clip is not None and c.value_clip < 0:
-        raise ValueError(f"critic.value_clip must be >= 0 (or null: off), got {c.value_clip}")
-    if c.learning_rate is not None and not c.learning_rate > 0:
-        raise ValueError(f"critic.learning_rate must be > 0, got {c.learning_rate}")
-
-
 class CriticBuilder:
     """Builds the critic of a run: loads the separate trunk (on the learner mesh), makes the
     critic's optimizer and, from the policy's parameters, its initial state."""
@@ -164,7 +147,6 @@ class CriticBuilder:
         mesh: Any,
         memory: learner.MemoryOptions | None = None,
     ) -> None:
-        check_config(cfg)
         self.mesh = mesh
         if memory is None:
             memory = learner.MemoryOptions(
@@ -272,7 +254,7 @@ def make_ppo_step(
     n_micro: int | None = None,
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
-    memory: learner.MemoryOptions = NO_MEMORY_OPTIONS,
+    memory: learner.MemoryOptions = learner.NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
     """The pure PPO step (un-jitted): `accumulate_grads` of policy loss + c_V · value loss over
     (policy params, critic params) in `n_micro` micro-batches (a packed batch's own count when
@@ -352,7 +334,6 @@ __all__ = [
     "Critic",
     "CriticBuilder",
     "CriticState",
-    "check_config",
     "head_values",
     "make_ppo_step",
     "make_prepare_fn",

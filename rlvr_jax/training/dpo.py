@@ -29,11 +29,8 @@ import optax
 
 from rlvr_jax import losses, models
 from rlvr_jax.training.batch import TokenBatch, collate_sft, vars_of
-from rlvr_jax.training.learner import MemoryOptions, token_logprobs
+from rlvr_jax.training.learner import NO_MEMORY_SAVING, MemoryOptions, token_logprobs
 from rlvr_jax.training.update import TrainState, accumulate_grads, apply_update, summed
-
-NO_MEMORY_SAVING = MemoryOptions()
-"""The learner's default memory options (no remat, no chunking)."""
 
 __all__ = ["PreferenceBatch", "collate_pairs", "dpo_objective", "make_dpo_step", "sequence_sums"]
 

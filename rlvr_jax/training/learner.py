@@ -61,6 +61,10 @@ class MemoryOptions:
     attention_impl: str = "auto"
 
 
+NO_MEMORY_SAVING = MemoryOptions()
+"""The default memory options (no remat, no chunking)."""
+
+
 def token_logprobs(
     params: Any,
     arch: models.ArchConfig,
@@ -69,7 +73,7 @@ def token_logprobs(
     compute_dtype: Any,
     temperature: float,
     return_logits: bool = False,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ):
     """log π(target_t | inputs_≤t) [B, T] in fp32, as log-softmax(logits / τ) over the full
     vocabulary (with `return_logits`, also the logits / τ [B, T, V]).
@@ -107,7 +111,7 @@ def hidden_states(
     batch: TokenBatch,
     *,
     compute_dtype: Any,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> jax.Array:
     """The trunk's final-norm hidden states [B, T, D] of a token batch (no LM head)."""
     return models.apply(
@@ -129,7 +133,7 @@ def logprobs_of_hidden(
     targets_BxT: jax.Array,
     *,
     temperature: float,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> jax.Array:
     """log π(target_t) [B, T] from the trunk's hidden states: the LM head and log-softmax,
     `memory.logits_chunk` positions at a time (each chunk rematerialised in the backward pass)
@@ -167,7 +171,7 @@ def sequence_logprobs(
     compute_dtype: Any,
     temperature: float,
     with_entropy: bool = False,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ):
     """`token_logprobs` of an RL batch's packed rows, seen per completion slot [B, T] (and,
     `with_entropy`, the sampling distribution's entropy per token [B, T])."""
@@ -191,7 +195,7 @@ def sequence_logprobs(
 
 
 def make_logprob_fn(
-    arch, *, compute_dtype, temperature: float, memory: MemoryOptions = MemoryOptions()
+    arch, *, compute_dtype, temperature: float, memory: MemoryOptions = NO_MEMORY_SAVING
 ) -> Callable:
     """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole
     batch, one micro-batch at a time (`lax.map`) when its rows are packed for several. An
@@ -222,7 +226,7 @@ def rl_objective(
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> Callable[[RLBatch], tuple[Callable, Callable]]:
     """`for_batch(batch) -> (loss_fn, metrics_fn)`.
 
@@ -309,7 +313,7 @@ def make_train_step(
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
     """The pure RL step (un-jitted): `accumulate_grads` of `rl_objective` then `apply_update`,
     over `n_micro` micro-batches (a packed batch's own count when it has one; default 1).
