@@ -42,6 +42,7 @@ def test_overrides_are_yaml_values(tmp_path, monkeypatch):
         [
             "train.max_steps=3",
             "eval.ks=[1, 4, 16]",
+            "eval.num_samples=16",
             "rewards.domain_weights={math: 2, code: 0.5}",
             "loss.variant=user_losses:weighted_pg",
             "train.learning_rate=1e-5",
@@ -164,6 +165,8 @@ def test_nested_section_defaults_come_from_the_schema():
         (["algorithm=dpo", "dpo.variant=nope"], r"dpo\.variant / .*unknown preference loss"),
         (["algorithm=dpo", "dpo.variant_kwargs={label_smoothing: 0.7}"], r"label_smoothing"),
         (["mesh.num_devices=-1"], r"mesh\.num_devices must be >= 0"),
+        (["eval.ks=[1, 16]"], r"eval\.ks: pass@16 needs 1 <= k <= eval\.num_samples=8"),
+        (["eval.every_steps=10"], r"eval\.every_steps=10 evaluates on data\.eval_sources"),
     ],
 )
 def test_cross_field_checks_run_at_load_naming_key_and_file(tmp_path, overrides, pattern):

@@ -2,7 +2,7 @@
 any model or data is loaded (and by the trainer, for a `Config` built in Python): errors name
 the key and the file.
 
-- `rollout.interrupt` against the rest of `rollout`;
+- `rollout.interrupt` against the rest of `rollout`; `eval.*` against `data.eval_sources`;
 - the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
 - what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`).
 
@@ -26,12 +26,25 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
 
     try:
         _check_interrupt(cfg.rollout)
+        _check_eval(cfg)
         if cfg.mesh.num_devices < 0:
             raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")
         loss_settings_from_config(cfg.loss)
         get_algorithm(cfg.algorithm).validate(cfg)
     except ValueError as e:
         raise ConfigError(f"{source}: {e}") from None
+
+
+def _check_eval(cfg: schema.Config) -> None:
+    """pass@k needs k <= n samples; an in-loop evaluation needs held-out prompts."""
+    e = cfg.eval
+    bad = [k for k in e.ks if not 1 <= k <= e.num_samples]
+    if bad:
+        raise ValueError(f"eval.ks: pass@{bad[0]} needs 1 <= k <= eval.num_samples={e.num_samples}")
+    if e.every_steps and not cfg.data.eval_sources:
+        raise ValueError(
+            f"eval.every_steps={e.every_steps} evaluates on data.eval_sources, which is empty"
+        )
 
 
 def _check_interrupt(rollout: schema.RolloutConfig) -> None:

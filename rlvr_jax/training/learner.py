@@ -28,8 +28,7 @@ from rlvr_jax import losses, models
 from rlvr_jax.training.batch import RLBatch, TokenBatch, sequence_view
 from rlvr_jax.training.update import (
     TrainState,
-    accumulate_grads,
-    apply_update,
+    gradient_step,
     init_state,
     jit_train_step,
     micro_count,
@@ -330,13 +329,7 @@ def make_train_step(
 
     def step(state: TrainState, batch: RLBatch):
         loss_fn, metrics_fn = objective(batch)
-        n = micro_count(batch, n_micro)
-        grads, loss, aux_M = accumulate_grads(loss_fn, state.params, batch, n)
-        new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
-        metrics = metrics_fn(aux_M)
-        metrics.update(
-            loss=loss, grad_norm=optax.global_norm(grads), step_ok=ok.astype(jnp.float32)
-        )
-        return new_state, metrics
+        new_state, metrics, aux_M = gradient_step(state, loss_fn, batch, optimizer, n_micro)
+        return new_state, {**metrics_fn(aux_M), **metrics}
 
     return step

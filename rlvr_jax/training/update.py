@@ -117,6 +117,19 @@ def apply_update(
     )
 
 
+def gradient_step(
+    state: TrainState, loss_fn: LossFn, batch: Any, optimizer: Any, n_micro: int | None
+) -> tuple[TrainState, dict[str, jax.Array], Any]:
+    """One optimizer step of `loss_fn` over `batch` (`micro_count(batch, n_micro)` micro-batches,
+    `accumulate_grads`, then `apply_update`). Returns (new state, {`loss`, `grad_norm`,
+    `step_ok`}, the per-micro-batch aux of `loss_fn`)."""
+    n = micro_count(batch, n_micro)
+    grads, loss, aux_M = accumulate_grads(loss_fn, state.params, batch, n)
+    new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
+    norm, step_ok = optax.global_norm(grads), ok.astype(jnp.float32)
+    return new_state, {"loss": loss, "grad_norm": norm, "step_ok": step_ok}, aux_M
+
+
 def optimizer_step(
     params: Any, opt_state: Any, grads: Any, optimizer: optax.GradientTransformation, ok: Any
 ) -> tuple[Any, Any]:

@@ -27,10 +27,6 @@ from rlvr_jax.training.algorithms import dpo, expert_iteration, ppo, rl, rl_sft_
 from rlvr_jax.training.algorithms.common import Context, Update, uses_critic
 
 
-def _no_checks(cfg: Config) -> None:
-    del cfg
-
-
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
     """How an `algorithm` builds its source and its learner update, and checks its config."""
@@ -38,7 +34,7 @@ class Algorithm:
     source: Callable[[Context, Any, int], Any]
     """(context, params, policy version) → the batch source (its engine starts from params)."""
     update: Callable[[Context], Update]
-    validate: Callable[[Config], None] = _no_checks
+    validate: Callable[[Config], None]
     """Raises ValueError naming the key of a setting the algorithm cannot run with."""
 
 

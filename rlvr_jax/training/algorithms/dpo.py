@@ -48,23 +48,16 @@ REFERENCE_CACHE_SUBDIR = "reference_cache"
 
 
 class PreferenceSource(StaticWeights):
-    """`algorithm: dpo`: `pairs_per_batch` preference pairs per step (`collate_pairs`)."""
+    """`algorithm: dpo`: `dpo.batch_size` preference pairs per step (`collate_pairs`)."""
 
     def __init__(
-        self,
-        pairs: PromptIterator,
-        *,
-        pairs_per_batch: int,
-        groups: int,
-        full_len: int,
-        min_len: int,
-        multiple: int,
-        pad_id: int,
-        cache: ReferenceCache | None = None,
+        self, ctx: Context, pairs: PromptIterator, cache: ReferenceCache | None = None
     ) -> None:
-        self.pairs, self.per_batch, self.groups = pairs, pairs_per_batch, groups
-        self.full_len, self.min_len, self.multiple = full_len, min_len, multiple
-        self.pad_id, self.cache = pad_id, cache
+        cfg = ctx.cfg
+        self.pairs, self.per_batch, self.cache = pairs, cfg.dpo.batch_size, cache
+        self.groups, self.full_len = micro_batch_count(cfg), full_length(cfg)
+        self.min_len, self.multiple = cfg.train.bucket_min_len, ctx.length_multiple
+        self.pad_id = ctx.pad_id
 
     def next(self, policy_version: int) -> Batch:
         del policy_version
@@ -266,16 +259,7 @@ def source(ctx: Context, params: Any, version: int) -> PreferenceSource:
     cache = None
     if d.reference == "cache" and needs_reference(d.variant):
         cache = reference_cache(ctx, sources, rows=2 * d.batch_size)
-    return PreferenceSource(
-        PromptIterator(sources, seed=cfg.data.seed),
-        pairs_per_batch=d.batch_size,
-        groups=micro_batch_count(cfg),
-        full_len=full_length(cfg),
-        min_len=cfg.train.bucket_min_len,
-        multiple=ctx.length_multiple,
-        pad_id=ctx.pad_id,
-        cache=cache,
-    )
+    return PreferenceSource(ctx, PromptIterator(sources, seed=cfg.data.seed), cache)
 
 
 def update(ctx: Context) -> DPOUpdate:

@@ -90,21 +90,12 @@ class ExpertIterationSource(GeneratingSource):
     prompts × samples rows (rows not filled are masked; a round that keeps nothing makes no
     update). No group is filtered. Extra metrics: `expert/*`."""
 
-    def __init__(
-        self,
-        rollouts: Rollouts,
-        *,
-        prompts_per_batch: int,
-        min_score: float,
-        rows: int,
-        seq_len: int,
-        pad_id: int,
-        max_tokens: int = 0,
-        row_multiple: int = 1,
-    ) -> None:
-        self.rollouts, self.P, self.min_score = rollouts, prompts_per_batch, min_score
-        self.rows, self.full_len, self.pad_id = rows, seq_len, pad_id
-        self.max_tokens, self.row_multiple = max_tokens, row_multiple
+    def __init__(self, ctx: Context, rollouts: Rollouts) -> None:
+        cfg = ctx.cfg
+        self.rollouts, self.P = rollouts, cfg.train.prompts_per_batch
+        self.min_score, self.rows, self.pad_id = cfg.sft.expert_min_score, ctx.rows, ctx.pad_id
+        self.full_len, self.row_multiple = ctx.seq_len, ctx.row_multiple
+        self.max_tokens = cfg.train.max_tokens_per_micro_batch
 
     def next(self, policy_version: int) -> Batch | None:
         r = self.rollouts
@@ -145,17 +136,8 @@ class ExpertIterationSource(GeneratingSource):
 
 
 def source(ctx: Context, params: Any, version: int) -> ExpertIterationSource:
-    P = ctx.cfg.train.prompts_per_batch
-    return ExpertIterationSource(
-        build_rollouts(ctx, params, version, in_flight=P),
-        prompts_per_batch=P,
-        min_score=ctx.cfg.sft.expert_min_score,
-        rows=ctx.rows,
-        seq_len=ctx.seq_len,
-        pad_id=ctx.pad_id,
-        max_tokens=ctx.cfg.train.max_tokens_per_micro_batch,
-        row_multiple=ctx.row_multiple,
-    )
+    rollouts = build_rollouts(ctx, params, version, in_flight=ctx.cfg.train.prompts_per_batch)
+    return ExpertIterationSource(ctx, rollouts)
 
 
 def update(ctx: Context) -> SFTUpdate:

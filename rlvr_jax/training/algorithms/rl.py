@@ -30,7 +30,7 @@ from rlvr_jax.training.algorithms.common import (
     step_micro_batches,
 )
 from rlvr_jax.training.critic import warn_if_unused
-from rlvr_jax.training.groups import BatchAssembler, ScoredGroup, build_batch, rewards_N
+from rlvr_jax.training.groups import BatchAssembler, build_batch, rewards_N
 from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.rollouts import (
     GeneratingSource,
@@ -54,36 +54,22 @@ def validate(cfg: Config) -> None:
 
 
 class RolloutSource(GeneratingSource):
-    """`algorithm: rl`: batches of `prompts_per_batch` kept groups (see module docstring)."""
+    """`algorithm: rl`: batches of `train.prompts_per_batch` kept groups (see module docstring)."""
 
-    def __init__(
-        self,
-        rollouts: Rollouts,
-        settings: losses.LossSettings,
-        *,
-        prompts_per_batch: int,
-        mode: str,
-        queue_size: int,
-        max_staleness: int,
-        zero_variance: bool,
-        active_sampling: bool,
-        max_draws: int,
-        overlong_filter: bool,
-        rows: int,
-        seq_len: Callable[[list[ScoredGroup]], int],
-        pad_id: int,
-        max_tokens: int = 0,
-        updates: int = 1,
-        row_multiple: int = 1,
-    ) -> None:
-        self.rollouts, self.settings = rollouts, settings
-        self.P, self.mode, self.queue_size = prompts_per_batch, mode, queue_size
-        self.max_staleness = max_staleness
-        self.zero_variance, self.overlong_filter = zero_variance, overlong_filter
-        self.cap = prompts_per_batch * max(max_draws, 1) if active_sampling else prompts_per_batch
-        self.rows, self.seq_len, self.pad_id = rows, seq_len, pad_id
-        self.packing = dict(max_tokens=max_tokens, updates=updates, row_multiple=row_multiple)
-        self.on_policy = mode == "sync"
+    def __init__(self, ctx: Context, rollouts: Rollouts) -> None:
+        cfg, f = ctx.cfg, ctx.cfg.filter
+        self.rollouts, self.settings, self.P = rollouts, ctx.settings, cfg.train.prompts_per_batch
+        self.mode, self.queue_size = cfg.rollout.mode, cfg.rollout.queue_size
+        self.max_staleness = cfg.rollout.max_staleness
+        self.zero_variance, self.overlong_filter = f.zero_variance, f.overlong_filter
+        self.cap = self.P * max(f.max_draws, 1) if f.active_sampling else self.P
+        self.rows, self.seq_len, self.pad_id = ctx.rows, ctx.batch_length, ctx.pad_id
+        self.packing = dict(
+            max_tokens=cfg.train.max_tokens_per_micro_batch,
+            updates=cfg.train.updates_per_batch,
+            row_multiple=ctx.row_multiple,
+        )
+        self.on_policy = self.mode == "sync"
 
     def next(self, policy_version: int) -> Batch | None:
         r = self.rollouts
@@ -148,26 +134,8 @@ class RolloutSource(GeneratingSource):
 def source(ctx: Context, params: Any, version: int) -> RolloutSource:
     """The rollout source, its engine starting from `params` at policy `version`."""
     cfg = ctx.cfg
-    P = cfg.train.prompts_per_batch
-    in_flight = P * max(cfg.rollout.queue_size, cfg.filter.max_draws, 1)
-    return RolloutSource(
-        build_rollouts(ctx, params, version, in_flight=in_flight),
-        ctx.settings,
-        prompts_per_batch=P,
-        mode=cfg.rollout.mode,
-        queue_size=cfg.rollout.queue_size,
-        max_staleness=cfg.rollout.max_staleness,
-        zero_variance=cfg.filter.zero_variance,
-        active_sampling=cfg.filter.active_sampling,
-        max_draws=cfg.filter.max_draws,
-        overlong_filter=cfg.filter.overlong_filter,
-        rows=ctx.rows,
-        seq_len=ctx.batch_length,
-        pad_id=ctx.pad_id,
-        max_tokens=cfg.train.max_tokens_per_micro_batch,
-        updates=cfg.train.updates_per_batch,
-        row_multiple=ctx.row_multiple,
-    )
+    in_flight = cfg.train.prompts_per_batch * max(cfg.rollout.queue_size, cfg.filter.max_draws, 1)
+    return RolloutSource(ctx, build_rollouts(ctx, params, version, in_flight=in_flight))
 
 
 class RLUpdate(Update):
@@ -241,8 +209,8 @@ class RLUpdate(Update):
         `loss.kl_mode: reward`, those of the KL-penalised rewards, which need the learner's
         log-probs."""
         del state
-        if self.ctx.settings.reward_kl_coef > 0:
-            adv_B = self.host(lambda f: kl_advantages(self.ctx.settings, f, batch), full)
+        if self.ctx.settings.reward_kl_coef > 0 and not self.abstract:  # (nothing to compile)
+            adv_B = kl_advantages(self.ctx.settings, full, batch)
             full = full.replace(advantages_B=self.put(adv_B))
         return full, {}
 
