@@ -1,6 +1,8 @@
 """The config system: schema validation, overrides, and errors that name the key and file."""
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,3 +211,17 @@ def test_a_config_built_in_python_is_checked_before_the_model_loads(tmp_path):
     with pytest.raises(ConfigError, match=r"sft\.batch_size must be >= 1"):
         Trainer(cfg)  # not FileNotFoundError: the check comes before the model
     assert not (tmp_path / "out").exists()
+
+
+def test_loading_starts_no_jax_backend():
+    # `rlvr-train` loads the config before `jax.distributed.initialize`, which must come
+    # before any backend starts: the checks trace (DPO's loss) but never run on a device
+    code = (
+        "from rlvr_jax.config import load\n"
+        "from jax._src import xla_bridge\n"
+        f"load({str(DEMO)!r}, ['algorithm=dpo'])\n"
+        f"load({str(DEMO)!r}, ['loss.preset=ppo'])\n"
+        "print(xla_bridge.backends_are_initialized())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]

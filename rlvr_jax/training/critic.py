@@ -52,7 +52,7 @@ from rlvr_jax.training.update import (
     init_state,
     micro_count,
     optimizer_step,
-    split_micro,
+    per_micro_batch,
 )
 
 log = logging.getLogger("rlvr_jax.train")
@@ -141,19 +141,10 @@ class CriticBuilder:
     critic's optimizer and, from the policy's parameters, its initial state."""
 
     def __init__(
-        self,
-        cfg: Config,
-        policy: models.Model,
-        mesh: Any,
-        memory: learner.MemoryOptions | None = None,
+        self, cfg: Config, policy: models.Model, mesh: Any, memory: learner.MemoryOptions
     ) -> None:
+        """`memory`: the policy's (`Context.memory`)."""
         self.mesh = mesh
-        if memory is None:
-            memory = learner.MemoryOptions(
-                remat=cfg.train.remat,
-                attn_chunk=cfg.train.attn_chunk,
-                attention_impl=cfg.model.attention_impl,
-            )
         memory = dataclasses.replace(memory, logits_chunk=0)  # a value head has no logits
         self.trunk: Any = None
         arch = policy.config
@@ -197,15 +188,10 @@ def make_prepare_fn(critic: Critic, settings: losses.LossSettings) -> Callable:
     def prepare(policy_params: Any, critic_params: Any, batch: RLBatch):
         if batch.rewards_BxT is None:
             raise ValueError("PPO needs the batch's per-token rewards (RLBatch.rewards_BxT)")
-        n = micro_count(batch, None)
-        if n == 1:
-            values_BxT = critic.slot_values(policy_params, critic_params, batch)
-        else:  # packed for several micro-batches: each one's gather indexes its own rows
-            values_MxbxT = jax.lax.map(
-                lambda mb: critic.slot_values(policy_params, critic_params, mb),
-                split_micro(batch, n),
-            )
-            values_BxT = values_MxbxT.reshape(-1, values_MxbxT.shape[-1])
+        # packed for several micro-batches: each one's gather indexes its own rows
+        values_BxT = per_micro_batch(
+            lambda mb: critic.slot_values(policy_params, critic_params, mb), batch
+        )
         mask_BxT = batch.mask_BxT
         rewards_BxT = batch.rewards_BxT
         if settings.reward_kl_coef > 0:

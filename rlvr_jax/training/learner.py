@@ -31,8 +31,7 @@ from rlvr_jax.training.update import (
     gradient_step,
     init_state,
     jit_train_step,
-    micro_count,
-    split_micro,
+    per_micro_batch,
 )
 
 __all__ = [
@@ -208,11 +207,7 @@ def make_logprob_fn(
         return token_logprobs(params, arch, mb, **kwargs)
 
     def fn(params, batch):
-        n = micro_count(batch, None)
-        if n == 1:
-            return one(params, batch)
-        logp_MxbxT = jax.lax.map(lambda mb: one(params, mb), split_micro(batch, n))
-        return logp_MxbxT.reshape(-1, logp_MxbxT.shape[-1])
+        return per_micro_batch(lambda mb: one(params, mb), batch)
 
     return jax.jit(fn)
 

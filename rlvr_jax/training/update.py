@@ -77,6 +77,16 @@ def micro_count(batch: Any, n_micro: int | None) -> int:
     return packed or n_micro or 1
 
 
+def per_micro_batch(fn: Callable[[Any], jax.Array], batch: Any) -> jax.Array:
+    """`fn(batch)` [B, ...] computed one micro-batch at a time (`lax.map`) when the batch's rows
+    are packed for several (each micro-batch's indices point into its own rows)."""
+    n = micro_count(batch, None)
+    if n == 1:
+        return fn(batch)
+    out_MxbxT = jax.lax.map(fn, split_micro(batch, n))
+    return out_MxbxT.reshape(-1, *out_MxbxT.shape[2:])
+
+
 def accumulate_grads(
     loss_fn: LossFn, params: Any, batch: Any, n_micro: int
 ) -> tuple[Any, jax.Array, dict[str, jax.Array]]:

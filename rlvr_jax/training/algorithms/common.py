@@ -9,7 +9,7 @@ A learner update turns a source's `Batch` into optimizer steps on the learner me
   arrays (`Context.abstract`): each jitted call it makes is lowered and compiled instead of run
   (a compile under the lock would stall the rollout thread), and gives its outputs' shapes and
   shardings to what follows. An update therefore moves arrays only through `put`, calls its
-  jitted functions through `call`, and runs host-side array plumbing through `host`.
+  jitted functions through `call`, and takes mini-batches through `mini_batch`.
 """
 
 from __future__ import annotations
@@ -142,14 +142,10 @@ def uses_critic(cfg: Config) -> bool:
     return losses.loss_settings_from_config(cfg.loss).uses_critic
 
 
-def shapes(tree: Any) -> tuple:
-    return tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(tree))
-
-
 class Update:
-    """The shared part of the learner updates: the jitted step and its state, and the three
-    ways an update touches arrays (`put`, `call`, `host`) that make `compile` the update itself
-    on abstract arrays (see the module docstring)."""
+    """The shared part of the learner updates: the jitted step and its state, and the ways an
+    update touches arrays (`put`, `call`, `mini_batch`) that make `compile` the update itself on
+    abstract arrays (see the module docstring)."""
 
     def __init__(self, ctx: Context, step: Callable, optimizer: Any) -> None:
         self.ctx, self.optimizer, self._pure = ctx, optimizer, step
@@ -187,7 +183,7 @@ class Update:
         shardings."""
         if not self.abstract:
             return fn(*args)
-        key = (fn, shapes(args))
+        key = (fn, tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(args)))
         if key not in self._compiled:
             out = fn.lower(*args).compile().out_info
             self._compiled[key] = jax.tree.map(
@@ -195,11 +191,8 @@ class Update:
             )
         return self._compiled[key]
 
-    def host(self, fn: Callable, *args: Any) -> Any:
-        """`fn(*args)` for array plumbing outside a jitted program; its output shapes while
-        compiling."""
-        return jax.eval_shape(fn, *args) if self.abstract else fn(*args)
-
     def mini_batch(self, tree: Any, u: int, updates: int) -> Any:
-        """Part u of `updates` of a batch (`batch.mini_batch`), on the learner mesh."""
-        return self.put(self.host(functools.partial(mini_batch, u=u, updates=updates), tree))
+        """Part u of `updates` of a batch (`batch.mini_batch`) on the learner mesh; its shapes
+        while compiling."""
+        part = functools.partial(mini_batch, u=u, updates=updates)
+        return self.put(jax.eval_shape(part, tree) if self.abstract else part(tree))

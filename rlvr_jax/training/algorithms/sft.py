@@ -42,16 +42,6 @@ from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.sft import make_sft_step
 from rlvr_jax.training.sources import Batch, StaticWeights
 
-__all__ = [
-    "SFTBatcher",
-    "SFTSource",
-    "SFTUpdate",
-    "build_sft_iterator",
-    "encode_example",
-    "encode_response",
-    "response_reader",
-]
-
 
 def validate(cfg: Config) -> None:
     """`sft.batch_size` >= 1 examples per step, split by `train.micro_batch_size`."""
