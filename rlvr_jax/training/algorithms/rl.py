@@ -57,7 +57,8 @@ class RolloutSource(GeneratingSource):
     """`algorithm: rl`: batches of `train.prompts_per_batch` kept groups (see module docstring)."""
 
     def __init__(self, ctx: Context, rollouts: Rollouts) -> None:
-        cfg, f = ctx.cfg, ctx.cfg.filter
+        cfg = ctx.cfg
+        f = cfg.filter
         self.rollouts, self.settings, self.P = rollouts, ctx.settings, cfg.train.prompts_per_batch
         self.mode, self.queue_size = cfg.rollout.mode, cfg.rollout.queue_size
         self.max_staleness = cfg.rollout.max_staleness
