@@ -10,12 +10,12 @@ import pytest
 
 from rlvr_jax import losses, models
 from rlvr_jax.training.dpo import collate_pairs, make_dpo_step
-from rlvr_jax.training.learner import init_state, make_logprob_fn
-from rlvr_jax.training.recipes.dpo_reference import (
+from rlvr_jax.training.dpo_reference import (
     ReferenceCache,
     model_fingerprint,
     sequence_key,
 )
+from rlvr_jax.training.learner import init_state, make_logprob_fn
 
 ARCH = models.ArchConfig.from_hf(
     dict(

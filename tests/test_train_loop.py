@@ -114,11 +114,16 @@ def test_missing_model_is_a_named_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [[], ["loss.advantage=gae"]], ids=["grpo", "ppo"])
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["loss.advantage=gae"], ["train.updates_per_batch=2", "loss.kl_coef=0.05"]],
+    ids=["grpo", "ppo", "two-updates-kl"],
+)
 def test_train_step_is_compiled_before_the_dispatch_lock_is_taken(tmp_path, caplog, extra):
-    # a compile under rlvr_jax.dispatch.LOCK would stall the rollout thread: the step for a
-    # batch's length bucket (and PPO's values + GAE) is compiled ahead, so the update itself
-    # compiles no `step` (nor `prepare`)
+    # a compile under rlvr_jax.dispatch.LOCK would stall the rollout thread: `compile` runs the
+    # update itself on abstract arrays, so the step for a batch's length bucket (and PPO's
+    # values + GAE, the old and reference log-probs, each mini-batch) is compiled ahead and the
+    # update compiles no `step` (nor `prepare`, nor the log-probs' `fn`)
     import jax
 
     from rlvr_jax import config
@@ -136,11 +141,12 @@ def test_train_step_is_compiled_before_the_dispatch_lock_is_taken(tmp_path, capl
             jax.block_until_ready((state, metrics))
             jax.jit(lambda x: x * 3.25)(1.0)  # a compile that is logged: the capture works
         trainer.state = state
-        assert n == 1
+        assert n == cfg.train.updates_per_batch == len(metrics)
         compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
         assert any("jit(<lambda>)" in m for m in compiled), compiled
-        assert not [m for m in compiled if "jit(step)" in m or "jit(prepare)" in m], compiled
-        if extra:  # PPO: the critic's metrics come with the step's
+        ahead = ("jit(step)", "jit(prepare)", "jit(fn)")
+        assert not [m for m in compiled if any(name in m for name in ahead)], compiled
+        if "loss.advantage=gae" in extra:  # PPO: the critic's metrics come with the step's
             assert "value/explained_variance" in metrics[0]
     finally:
         trainer.close()

@@ -1,8 +1,7 @@
 """Typed configuration: `load(path, overrides)` returns a validated `Config`."""
 
+from rlvr_jax.config.checks import ConfigError, check, check_runtime
 from rlvr_jax.config.loader import (
-    ConfigError,
-    check_runtime,
     describe,
     dump,
     from_dict,
@@ -15,6 +14,7 @@ from rlvr_jax.config.schema import Config
 __all__ = [
     "Config",
     "ConfigError",
+    "check",
     "check_runtime",
     "describe",
     "dump",

@@ -16,11 +16,8 @@ from typing import Any, Literal
 import yaml
 
 from rlvr_jax.config import schema
+from rlvr_jax.config.checks import ConfigError, check
 from rlvr_jax.config.schema import Config
-
-
-class ConfigError(ValueError):
-    """A config problem; the message names the key and where it came from."""
 
 
 def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -46,50 +43,11 @@ def load(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -
     return from_dict(raw, source=where)
 
 
-def check_runtime(cfg: Config, *, source: str = "<config>") -> None:
-    """Raises ConfigError when this machine lacks what `cfg` needs to run (not to be planned:
-    `rlvr-train --dry-run` skips it): today the `vllm` package for `rollout.backend: vllm`."""
-    import importlib.util
-
-    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            f"{source}: rollout.backend: vllm needs the vllm package, which is not installed "
-            "here; install the extra on a GPU machine (pip install 'rlvr_jax[vllm]') or set "
-            "rollout.backend: jetstream (our engine, runs everywhere)"
-        )
-
-
 def from_dict(raw: dict[str, Any], *, source: str = "<dict>") -> Config:
     """Validates a plain nested dict against the schema."""
     cfg = _build(Config, raw, "", source)
-    _check_interrupt(cfg.rollout, source)
+    check(cfg, source=source)
     return cfg
-
-
-def _check_interrupt(rollout: schema.RolloutConfig, source: str) -> None:
-    """`rollout.interrupt`'s values and what they need of the rest of `rollout`."""
-    it = rollout.interrupt
-    if it.thinking_budget < 0 or it.answer_budget < 1:
-        raise ConfigError(
-            f"{source}: rollout.interrupt: thinking_budget must be >= 0 (0 = off) and "
-            f"answer_budget >= 1, got {it.thinking_budget} and {it.answer_budget}"
-        )
-    if not it.thinking_budget:
-        return
-    if not it.text:
-        raise ConfigError(f"{source}: rollout.interrupt.text must not be empty")
-    if rollout.backend == "vllm":
-        raise ConfigError(
-            f"{source}: rollout.interrupt (budget forcing) is not supported with "
-            "rollout.backend: vllm; use rollout.backend: jetstream or set "
-            "rollout.interrupt.thinking_budget: 0"
-        )
-    if it.thinking_budget + it.answer_budget >= rollout.max_new_tokens:
-        raise ConfigError(
-            f"{source}: rollout.interrupt: thinking_budget={it.thinking_budget} + "
-            f"answer_budget={it.answer_budget} + the text's tokens must fit in "
-            f"rollout.max_new_tokens={rollout.max_new_tokens}"
-        )
 
 
 def to_dict(cfg: Any) -> Any:
@@ -300,5 +258,8 @@ def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]
         if dataclasses.is_dataclass(tp):
             rows.extend(describe(tp, prefix + f.name + "."))
         else:
-            rows.append((prefix + f.name, _type_name(tp), docs.get(f.name, "")))
+            doc = docs.get(f.name, "")
+            if "unset" in f.metadata:
+                doc += f" Unset: the preset's value, else `{f.metadata['unset']}`."
+            rows.append((prefix + f.name, _type_name(tp), doc))
     return rows

@@ -179,14 +179,20 @@ class RolloutConfig:
     `rollout/interrupted_fraction`."""
 
 
+def _preset_or(default: Any) -> Any:
+    """A `loss.*` key that may be left unset (None): it then takes the preset's value, else
+    `default` (`rlvr_jax.losses.LossSettings` resolves them)."""
+    return field(default=None, metadata={"unset": default})
+
+
 @dataclass(frozen=True)
 class LossConfig:
     preset: str | None = None
     """Named bundle of the settings below (`olmo3`, `grpo`, `dapo`, `drgrpo`, `cispo`,
     `gspo`, `ppo`); explicit keys override it."""
-    variant: str | None = None
+    variant: str | None = _preset_or("ppo_clip")
     """Policy loss: registered name or `module:function`."""
-    advantage: str | None = None
+    advantage: str | None = _preset_or("grpo")
     """Advantage estimator: registered name or `module:function`; `gae` = PPO with a learned
     critic (per-token GAE advantages, see `critic`)."""
     eps_low: float | None = None
@@ -194,24 +200,24 @@ class LossConfig:
     eps_high: float | None = None
     """Upper clip range (clip-higher); None = the variant's default; ignored by a variant
     without one (reinforce)."""
-    agg: str | None = None
+    agg: str | None = _preset_or("token-mean")
     """Aggregation: token-mean | seq-mean-token-mean | seq-mean-token-sum |
     seq-mean-token-sum-norm."""
     tis_cap: float | None = None
     """Truncated importance sampling cap C (None = off)."""
-    tis_mode: str | None = None
+    tis_mode: str | None = _preset_or("token")
     """TIS weight: `token`, `sequence`, `geometric`, or `mask` (drop outside [low, high])."""
     tis_low: float | None = None
     """TIS `mask` mode: drop tokens whose exp(old_logp − sampler_logp) is below this."""
     tis_high: float | None = None
     """TIS `mask` mode: drop tokens whose exp(old_logp − sampler_logp) is above this (IcePop: 5)."""
-    kl_coef: float | None = None
+    kl_coef: float | None = _preset_or(0.0)
     """β of the KL term against the frozen reference (0 = no reference policy)."""
-    kl_estimator: str | None = None
+    kl_estimator: str | None = _preset_or("k3")
     """k1 | k2 | k3."""
-    kl_mode: Literal["loss", "reward"] | None = None
+    kl_mode: Literal["loss", "reward"] | None = _preset_or("loss")
     """Add β·KL to the loss, or subtract it from the reward."""
-    ratio_denominator: Literal["old", "sampler"] | None = None
+    ratio_denominator: Literal["old", "sampler"] | None = _preset_or("old")
     """Ratio denominator: recomputed `old` log-probs, or the `sampler`'s (saves a forward)."""
     variant_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra keyword arguments for the variant (e.g. `dual_clip: 3.0`)."""

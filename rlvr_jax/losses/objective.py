@@ -21,7 +21,6 @@ wrapped in stop_gradient. Values under the mask's zeros (padding, even NaN/-inf)
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +37,7 @@ from rlvr_jax.losses.metrics import (
     tis_metrics,
     token_entropy,
 )
-from rlvr_jax.losses.registry import display_name
+from rlvr_jax.losses.registry import check_params, display_name, takes_any_keyword
 from rlvr_jax.losses.tis import TisConfig, tis_weights
 from rlvr_jax.losses.variants import CONTRACT_ARRAYS, get_loss, variant_parameters
 
@@ -67,44 +66,6 @@ def _advantages_BxT(advantages: Any, mask_BxT: jax.Array) -> jax.Array:
     return _per_token("advantages", adv, mask_BxT)
 
 
-def check_variant_params(
-    fn: Callable[..., Any], name: str, params: dict[str, Any]
-) -> dict[str, Any]:
-    """`params` for the variant `fn`, checked: it takes the contract arrays and every given
-    parameter, and nothing it requires is missing.
-
-    Raises:
-      ValueError: naming the variant and the offending parameter(s).
-    """
-    signature = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values())
-    missing_arrays = [a for a in CONTRACT_ARRAYS if a not in signature and not takes_any]
-    if missing_arrays:
-        raise ValueError(
-            f"loss variant {name!r} must accept the keyword arrays {', '.join(CONTRACT_ARRAYS)}; "
-            f"it lacks {', '.join(missing_arrays)}"
-        )
-    own = variant_parameters(fn)
-    unknown = sorted(k for k in params if k not in own and not takes_any)
-    if unknown:
-        raise ValueError(
-            f"loss variant {name!r} takes no parameter {', '.join(map(repr, unknown))} "
-            f"(its parameters: {', '.join(own) or 'none'})"
-        )
-    required = sorted(k for k, d in own.items() if d is inspect.Parameter.empty and k not in params)
-    if required:
-        raise ValueError(f"loss variant {name!r} needs parameter(s) {', '.join(required)}")
-    for key in ("eps_low", "eps_high"):
-        value = params.get(key)
-        if isinstance(value, int | float) and not value >= 0:
-            raise ValueError(f"{key} must be >= 0, got {value}")
-    return params
-
-
-CLIP_ARGS = ("eps_low", "eps_high")
-"""`policy_loss` arguments handed to the variants that take them (ignored by the others)."""
-
-
 def variant_call_params(
     fn: Callable[..., Any],
     name: str,
@@ -112,24 +73,24 @@ def variant_call_params(
     variant_kwargs: dict[str, Any],
 ) -> dict[str, Any]:
     """The keyword parameters a variant is called with: the clip ranges in `clip` (`eps_low`,
-    `eps_high`; None = the variant's default) that it takes, plus `variant_kwargs`, checked.
+    `eps_high`; None = the variant's default) that it takes, plus `variant_kwargs`, checked:
+    it takes the contract arrays and every given parameter, and nothing it requires is missing.
 
     The clip ranges are part of `policy_loss`'s own signature, so every variant accepts them:
     one without clipping (`reinforce`) ignores them. Only `variant_kwargs` must all be
     parameters of the variant.
 
     Raises:
-      ValueError: a clip range below 0, or `check_variant_params`'s errors.
+      ValueError: a clip range below 0, or a parameter the variant lacks or needs (naming it).
     """
-    own = variant_parameters(fn)
-    takes_any = any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()
-    )
     for key, value in clip.items():
         if isinstance(value, int | float) and not value >= 0:
             raise ValueError(f"{key} must be >= 0, got {value}")
-    taken = {k: v for k, v in clip.items() if v is not None and (k in own or takes_any)}
-    return check_variant_params(fn, name, taken | dict(variant_kwargs))
+    own, takes_any = variant_parameters(fn), takes_any_keyword(fn)
+    params = {k: v for k, v in clip.items() if v is not None and (k in own or takes_any)}
+    params |= dict(variant_kwargs)
+    check_params(fn, f"loss variant {name!r}", CONTRACT_ARRAYS, params)
+    return params
 
 
 def _split_output(out: Any, name: str, shape: tuple[int, ...]) -> tuple[jax.Array, dict]:

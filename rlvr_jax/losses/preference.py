@@ -31,14 +31,13 @@ and gradients sum to the full batch's, as with the RL loss's global denominators
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.losses.registry import Registry, display_name
+from rlvr_jax.losses.registry import Registry, check_params, display_name
 
 PREFERENCE_LOSSES = Registry("preference loss")
 register_preference_loss = PREFERENCE_LOSSES.register
@@ -158,26 +157,6 @@ def simpo(
 simpo.reference_free = True  # type: ignore[attr-defined]
 
 
-def _check_params(fn: Callable[..., Any], name: str, params: dict[str, Any]) -> None:
-    """The variant takes the contract arrays, `beta`, and every parameter given."""
-    signature = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in signature.values()):
-        return
-    lacks = [a for a in (*PREFERENCE_ARRAYS, "beta") if a not in signature]
-    if lacks:
-        raise ValueError(
-            f"preference loss {name!r} must accept the keyword arguments "
-            f"{', '.join((*PREFERENCE_ARRAYS, 'beta'))}; it lacks {', '.join(lacks)}"
-        )
-    own = [k for k in signature if k not in (*PREFERENCE_ARRAYS, "beta")]
-    unknown = sorted(k for k in params if k not in own)
-    if unknown:
-        raise ValueError(
-            f"preference loss {name!r} takes no parameter {', '.join(map(repr, unknown))} "
-            f"(its parameters: {', '.join(own) or 'none'})"
-        )
-
-
 def _pair_array(name: str, x: Any, shape: tuple[int, ...] | None) -> jax.Array:
     x = jnp.asarray(x, jnp.float32)
     if x.ndim != 1 or (shape is not None and x.shape != shape):
@@ -243,7 +222,7 @@ def preference_loss(
     if fixed["ref_chosen_logp"] is None or fixed["ref_rejected_logp"] is None:
         raise ValueError(f"preference loss {name!r}: give ref_chosen_logp and ref_rejected_logp")
     mask_B = jnp.ones(shape, jnp.float32) if mask is None else _pair_array("mask", mask, shape)
-    _check_params(fn, name, variant_kwargs)
+    check_params(fn, f"preference loss {name!r}", (*PREFERENCE_ARRAYS, "beta"), variant_kwargs)
     out = fn(chosen_logp=logp_w, rejected_logp=logp_l, beta=beta, **fixed, **variant_kwargs)
     loss_B, aux = out if isinstance(out, tuple) else (out, {})
     loss_B = jnp.asarray(loss_B, jnp.float32)

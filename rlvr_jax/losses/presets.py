@@ -1,9 +1,10 @@
-"""Loss presets and `LossSettings`, the resolved form of the `loss:` config section.
+"""Loss presets and `LossSettings`: the `loss:` config section resolved and checked.
 
-A preset is a named bundle of loss settings (a function returning a dict of `LossSettings`
-fields), registered with `@register_preset("name")` or given as `module:function`. Resolution:
+A preset is a named bundle of `loss.*` values (a function returning a dict of them), registered
+with `@register_preset("name")` or given as `module:function`. `LossSettings` is the
+`LossConfig` those keys fill, resolved (None = not set):
 
-    LossSettings defaults  ←  the preset's values  ←  explicit `loss.*` keys (None = not set)
+    the schema's `unset` defaults  ←  the preset's values  ←  explicit `loss.*` keys
 
 with two rules: `variant_kwargs` dicts are merged (explicit keys win), and the clip ranges and
 `variant_kwargs` of a preset belong to the preset's variant — when an explicit `variant` replaces
@@ -23,17 +24,15 @@ it, they fall back to the new variant's own defaults unless given explicitly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
+from rlvr_jax.config.schema import LossConfig
 from rlvr_jax.losses import aggregation
-
-if TYPE_CHECKING:
-    from rlvr_jax.config.schema import LossConfig
 from rlvr_jax.losses.advantage import get_advantage
 from rlvr_jax.losses.gae import GAE
 from rlvr_jax.losses.kl import get_kl_estimator
@@ -49,6 +48,15 @@ KL_MODES = ("loss", "reward")
 VARIANT_OWNED = ("eps_low", "eps_high", "variant_kwargs")
 """Preset values that belong to the preset's variant (dropped when the variant is replaced)."""
 
+_FIELDS = {f.name: f for f in dataclasses.fields(LossConfig)}
+_SETTING_NAMES = tuple(name for name in _FIELDS if name != "preset")
+_POLICY_LOSS_ARGS = tuple(
+    name
+    for name, p in inspect.signature(policy_loss).parameters.items()
+    if p.kind is not inspect.Parameter.VAR_KEYWORD
+)
+_PASSED_TO_POLICY_LOSS = tuple(name for name in _POLICY_LOSS_ARGS if name in _SETTING_NAMES)
+
 
 class LossSettingsError(ValueError):
     """Invalid loss settings; the message names the `loss.*` key."""
@@ -59,42 +67,16 @@ def get_preset(ref: str | Callable[..., Any]) -> Callable[..., Any]:
     return PRESETS.get(ref)
 
 
-@dataclass(frozen=True)
-class LossSettings:
-    """Every loss-level setting of a run, resolved and validated (see `resolve_loss_settings`)."""
-
-    variant: str | Callable[..., Any] = "ppo_clip"
-    """Policy loss: registered name, `module:function`, or a callable."""
-    advantage: str | Callable[..., Any] = "grpo"
-    """Advantage estimator: registered name, `module:function`, a callable, or `gae` (per
-    token, from a learned critic)."""
-    eps_low: float | None = None
-    """Lower clip range; None = the variant's default (ignored by a variant without one)."""
-    eps_high: float | None = None
-    """Upper clip range; None = the variant's default (ignored by a variant without one)."""
-    agg: str = "token-mean"
-    """Aggregation mode."""
-    tis_cap: float | None = None
-    """TIS truncation C; None = no TIS weighting."""
-    tis_mode: str = "token"
-    """`token`, `sequence`, `geometric` or `mask`."""
-    tis_low: float | None = None
-    """`mask` mode: lower bound on exp(old_logp − sampler_logp)."""
-    tis_high: float | None = None
-    """`mask` mode: upper bound on exp(old_logp − sampler_logp)."""
-    kl_coef: float = 0.0
-    """β of the KL against the reference policy (0 = no reference needed)."""
-    kl_estimator: str = "k3"
-    """`k1`, `k2`, `k3` (or `module:function`)."""
-    kl_mode: str = "loss"
-    """`loss`: β·KL added to the per-token loss; `reward`: subtracted from the rewards."""
-    ratio_denominator: str = "old"
-    """`old` (recomputed log-probs) or `sampler` (the rollout engine's)."""
-    variant_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    """Extra parameters of the variant (e.g. `dual_clip: 3.0`)."""
+@dataclasses.dataclass(frozen=True)
+class LossSettings(LossConfig):
+    """Every loss-level setting of a run: a `LossConfig` with its preset applied, every unset key
+    at its default (`unset` of the schema's field), and every value checked (errors name the
+    `loss.*` key). The result names no preset, so resolving it again gives it back. A variant,
+    an advantage or a KL estimator may also be a callable here."""
 
     def __post_init__(self):
-        object.__setattr__(self, "variant_kwargs", dict(self.variant_kwargs))
+        for name, value in _resolved(self).items():
+            object.__setattr__(self, name, value)
         self._check("variant", lambda: get_loss(self.variant))
         self._check("advantage", lambda: self.uses_critic or get_advantage(self.advantage))
         self._check("agg", lambda: aggregation.get_aggregation(self.agg))
@@ -157,20 +139,9 @@ class LossSettings:
 
     def policy_loss_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `policy_loss` (β is 0 there when kl_mode is `reward`)."""
-        return {
-            "variant": self.variant,
-            "eps_low": self.eps_low,
-            "eps_high": self.eps_high,
-            "agg": self.agg,
-            "tis_cap": self.tis_cap,
-            "tis_mode": self.tis_mode,
-            "tis_low": self.tis_low,
-            "tis_high": self.tis_high,
-            "kl_coef": self.kl_coef if self.kl_mode == "loss" else 0.0,
-            "kl_estimator": self.kl_estimator,
-            "ratio_denominator": self.ratio_denominator,
-            **self.variant_kwargs,
-        }
+        kwargs = {name: getattr(self, name) for name in _PASSED_TO_POLICY_LOSS}
+        kwargs["kl_coef"] = self.kl_coef if self.kl_mode == "loss" else 0.0
+        return {**kwargs, **self.variant_kwargs}
 
     def loss_denominator(
         self,
@@ -200,16 +171,13 @@ class LossSettings:
         return aggregation.loss_denominator(self.agg, mask, max_len)
 
 
-_SETTING_NAMES = tuple(f.name for f in dataclasses.fields(LossSettings))
-_POLICY_LOSS_ARGS = tuple(
-    name
-    for name, p in inspect.signature(policy_loss).parameters.items()
-    if p.kind is not inspect.Parameter.VAR_KEYWORD
-)
-
-
 def _preset_values(preset: str | Callable[..., Any]) -> dict[str, Any]:
-    values = get_preset(preset)()
+    try:
+        values = get_preset(preset)()
+    except LossSettingsError:
+        raise
+    except ValueError as e:  # an unknown or unimportable preset
+        raise LossSettingsError(f"loss.preset: {e}") from e
     if not isinstance(values, Mapping):
         raise LossSettingsError(
             f"loss.preset {display_name(preset)!r} must return a dict of loss settings, "
@@ -222,6 +190,18 @@ def _preset_values(preset: str | Callable[..., Any]) -> dict[str, Any]:
             f"{', '.join(unknown)}; known: {', '.join(_SETTING_NAMES)}"
         )
     return dict(values)
+
+
+def _resolved(keys: LossConfig) -> dict[str, Any]:
+    """Every field of `keys` resolved (see the module docstring); `preset` None."""
+    explicit = {name: getattr(keys, name) for name in _SETTING_NAMES}
+    explicit = {k: v for k, v in explicit.items() if v is not None}
+    values = {} if keys.preset is None else _preset_values(keys.preset)
+    if "variant" in explicit and explicit["variant"] != values.get("variant", explicit["variant"]):
+        values = {k: v for k, v in values.items() if k not in VARIANT_OWNED}
+    kwargs = {**values.get("variant_kwargs", {}), **explicit.pop("variant_kwargs", {})}
+    unset = {name: f.metadata.get("unset") for name, f in _FIELDS.items()}
+    return {**unset, **values, **explicit, "variant_kwargs": kwargs, "preset": None}
 
 
 def resolve_loss_settings(
@@ -238,110 +218,57 @@ def resolve_loss_settings(
         raise LossSettingsError(
             f"unknown loss setting(s) {', '.join(unknown)}; known: {', '.join(_SETTING_NAMES)}"
         )
-    values: dict[str, Any] = {}
-    if preset is not None:
-        try:
-            values = _preset_values(preset)
-        except LossSettingsError:
-            raise
-        except ValueError as e:  # an unknown or unimportable preset
-            raise LossSettingsError(f"loss.preset: {e}") from e
-    explicit = {k: v for k, v in explicit.items() if v is not None}
-    if "variant" in explicit and explicit["variant"] != values.get("variant", explicit["variant"]):
-        values = {k: v for k, v in values.items() if k not in VARIANT_OWNED}
-    kwargs = {**values.get("variant_kwargs", {}), **explicit.pop("variant_kwargs", {})}
-    return LossSettings(**{**values, **explicit, "variant_kwargs": kwargs})
+    return LossSettings(preset=preset, **explicit)
 
 
 def loss_settings_from_config(loss_config: LossConfig) -> LossSettings:
     """LossSettings from a `rlvr_jax.config.schema.LossConfig` (its `preset` plus every key)."""
-    values = {f.name: getattr(loss_config, f.name) for f in dataclasses.fields(loss_config)}
-    return resolve_loss_settings(values.pop("preset"), **values)
+    return LossSettings(**{name: getattr(loss_config, name) for name in _FIELDS})
 
 
-@register_preset("olmo3")
-def olmo3() -> dict[str, Any]:
-    """OlmoRL (OLMo 3 Think): ppo_clip 0.2/0.272, no-std advantages, token-mean, TIS C = 2."""
-    return {
-        "variant": "ppo_clip",
-        "advantage": "olmo",
-        "eps_low": 0.2,
-        "eps_high": 0.272,
-        "agg": "token-mean",
-        "tis_cap": 2.0,
-        "tis_mode": "token",
-        "kl_coef": 0.0,
-    }
+def _register_builtin(name: str, doc: str, **values: Any) -> None:
+    preset = functools.partial(dict, values)
+    preset.__doc__ = doc
+    register_preset(name)(preset)
 
 
-@register_preset("grpo")
-def grpo() -> dict[str, Any]:
-    """Original GRPO (DeepSeekMath): z-score advantages, 0.2 clip, per-sequence mean, β = 0.04."""
-    return {
-        "variant": "ppo_clip",
-        "advantage": "grpo",
-        "eps_low": 0.2,
-        "eps_high": 0.2,
-        "agg": "seq-mean-token-mean",
-        "kl_coef": 0.04,
-        "kl_estimator": "k3",
-        "kl_mode": "loss",
-    }
-
-
-@register_preset("dapo")
-def dapo() -> dict[str, Any]:
-    """DAPO: clip-higher 0.2/0.28, token-level loss, no KL."""
-    return {
-        "variant": "ppo_clip",
-        "advantage": "grpo",
-        "eps_low": 0.2,
-        "eps_high": 0.28,
-        "agg": "token-mean",
-        "kl_coef": 0.0,
-    }
-
-
-@register_preset("drgrpo")
-def drgrpo() -> dict[str, Any]:
-    """Dr.GRPO: mean-centred advantages, constant normaliser B·T_max, no KL."""
-    return {
-        "variant": "ppo_clip",
-        "advantage": "drgrpo",
-        "eps_low": 0.2,
-        "eps_high": 0.2,
-        "agg": "seq-mean-token-sum-norm",
-        "kl_coef": 0.0,
-    }
-
-
-@register_preset("cispo")
-def cispo() -> dict[str, Any]:
-    """CISPO (MiniMax-M1): clipped IS weight, no lower clip, token-level loss."""
-    return {"variant": "cispo", "advantage": "grpo", "agg": "token-mean", "kl_coef": 0.0}
-
-
-@register_preset("gspo")
-def gspo() -> dict[str, Any]:
-    """GSPO: sequence-level ratio with tiny ranges 3e-4/4e-4 and a per-sequence mean."""
-    return {
-        "variant": "gspo",
-        "advantage": "grpo",
-        "eps_low": 3e-4,
-        "eps_high": 4e-4,
-        "agg": "seq-mean-token-mean",
-        "kl_coef": 0.0,
-    }
-
-
-@register_preset("ppo")
-def ppo() -> dict[str, Any]:
-    """PPO with a learned critic: GAE advantages per token (`critic.*`), 0.2 clip, token-mean."""
-    return {
-        "variant": "ppo_clip",
-        "advantage": GAE,
-        "eps_low": 0.2,
-        "eps_high": 0.2,
-        "agg": "token-mean",
-        "kl_coef": 0.0,
-    }
+_register_builtin(
+    "olmo3",
+    "OlmoRL (OLMo 3 Think): ppo_clip 0.2/0.272, no-std advantages, token-mean, TIS C = 2.",
+    variant="ppo_clip", advantage="olmo", eps_low=0.2, eps_high=0.272, agg="token-mean",
+    tis_cap=2.0, tis_mode="token", kl_coef=0.0,
+)  # fmt: skip
+_register_builtin(
+    "grpo",
+    "Original GRPO (DeepSeekMath): z-score advantages, 0.2 clip, per-sequence mean, β = 0.04.",
+    variant="ppo_clip", advantage="grpo", eps_low=0.2, eps_high=0.2, agg="seq-mean-token-mean",
+    kl_coef=0.04, kl_estimator="k3", kl_mode="loss",
+)  # fmt: skip
+_register_builtin(
+    "dapo",
+    "DAPO: clip-higher 0.2/0.28, token-level loss, no KL.",
+    variant="ppo_clip", advantage="grpo", eps_low=0.2, eps_high=0.28, agg="token-mean",
+    kl_coef=0.0,
+)  # fmt: skip
+_register_builtin(
+    "drgrpo",
+    "Dr.GRPO: mean-centred advantages, constant normaliser B·T_max, no KL.",
+    variant="ppo_clip", advantage="drgrpo", eps_low=0.2, eps_high=0.2,
+    agg="seq-mean-token-sum-norm", kl_coef=0.0,
+)  # fmt: skip
+_register_builtin(
+    "cispo",
+    "CISPO (MiniMax-M1): clipped IS weight, no lower clip, token-level loss.",
+    variant="cispo", advantage="grpo", agg="token-mean", kl_coef=0.0,
+)  # fmt: skip
+_register_builtin(
+    "gspo",
+    "GSPO: sequence-level ratio with tiny ranges 3e-4/4e-4 and a per-sequence mean.",
+    variant="gspo", advantage="grpo", eps_low=3e-4, eps_high=4e-4, agg="seq-mean-token-mean",
+    kl_coef=0.0,
+)  # fmt: skip
+_register_builtin(
+    "ppo",
+    "PPO with a learned critic: GAE advantages per token (`critic.*`), 0.2 clip, token-mean.",
+    variant="ppo_clip", advantage=GAE, eps_low=0.2, eps_high=0.2, agg="token-mean", kl_coef=0.0,
+)  # fmt: skip

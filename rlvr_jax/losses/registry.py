@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from collections.abc import Callable, Iterable
+import inspect
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -129,3 +130,50 @@ def display_name(ref: str | Callable[..., Any]) -> str:
     if hasattr(ref, "__qualname__"):
         return f"{ref.__module__}:{ref.__qualname__}"
     return repr(ref)
+
+
+def keyword_parameters(fn: Callable[..., Any], contract: Collection[str]) -> dict[str, Any]:
+    """`fn`'s keyword parameters beyond the `contract` ones, with their defaults
+    (`inspect.Parameter.empty` for none)."""
+    return {
+        name: p.default
+        for name, p in inspect.signature(fn).parameters.items()
+        if name not in contract
+        and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    }
+
+
+def takes_any_keyword(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` has a `**kwargs` parameter."""
+    kinds = [p.kind for p in inspect.signature(fn).parameters.values()]
+    return inspect.Parameter.VAR_KEYWORD in kinds
+
+
+def check_params(
+    fn: Callable[..., Any], what: str, contract: Collection[str], params: Collection[str]
+) -> None:
+    """Checks that `fn` (`what`: e.g. "loss variant 'x'") takes the `contract` keyword arguments
+    and every one of `params`, and needs no other (a `**kwargs` function takes anything).
+
+    Raises:
+      ValueError: naming `what` and the offending argument(s).
+    """
+    if takes_any_keyword(fn):
+        return
+    signature = inspect.signature(fn).parameters
+    lacks = [a for a in contract if a not in signature]
+    if lacks:
+        raise ValueError(
+            f"{what} must accept the keyword arguments {', '.join(contract)}; "
+            f"it lacks {', '.join(lacks)}"
+        )
+    own = keyword_parameters(fn, contract)
+    unknown = sorted(k for k in params if k not in own)
+    if unknown:
+        raise ValueError(
+            f"{what} takes no parameter {', '.join(map(repr, unknown))} "
+            f"(its parameters: {', '.join(own) or 'none'})"
+        )
+    required = sorted(k for k, d in own.items() if d is inspect.Parameter.empty and k not in params)
+    if required:
+        raise ValueError(f"{what} needs parameter(s) {', '.join(required)}")

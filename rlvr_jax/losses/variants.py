@@ -19,7 +19,6 @@ says it tuned ε_high), gspo and gspo_token 3e-4/4e-4.
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -28,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.losses.masked import masked_mean
-from rlvr_jax.losses.registry import Registry
+from rlvr_jax.losses.registry import Registry, keyword_parameters
 
 LOSSES = Registry("loss variant")
 register_loss = LOSSES.register
@@ -47,13 +46,7 @@ def variant_parameters(fn: Callable[..., Any]) -> dict[str, Any]:
 
     Parameters without a default map to `inspect.Parameter.empty`.
     """
-    params = inspect.signature(fn).parameters
-    return {
-        name: p.default
-        for name, p in params.items()
-        if name not in CONTRACT_ARRAYS
-        and p.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    }
+    return keyword_parameters(fn, CONTRACT_ARRAYS)
 
 
 def _clipped_surrogate(

@@ -8,13 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlvr_jax.models import rope
 from rlvr_jax.models.errors import ModelConfigError, UnsupportedArchitectureError
-
-if TYPE_CHECKING:
-    from rlvr_jax.models.config import ArchConfig
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 """HF layer types: full causal attention, or a sliding window."""
@@ -148,9 +145,10 @@ def fields_from_hf(hf_config: Mapping[str, Any], *, source: str | None = None) -
     )
 
 
-def config_to_hf(cfg: ArchConfig) -> dict[str, Any]:
-    """The transformers 5 `config.json` dict of `cfg` (raises `ModelConfigError` if a field
-    cannot be expressed in the HF class of `cfg.arch`)."""
+def config_to_hf(cfg: Any) -> dict[str, Any]:
+    """The transformers 5 `config.json` dict of an `ArchConfig` (raises `ModelConfigError` if a
+    field cannot be expressed in the HF class of `cfg.arch`). `models.config` imports this
+    module, so `cfg` is typed by what is read of it, not by its class."""
     family = FAMILIES[cfg.arch]
     _check_representable(cfg, family)
     eos: Any = list(cfg.eos_token_id) if len(cfg.eos_token_id) > 1 else None
@@ -201,7 +199,7 @@ def config_to_hf(cfg: ArchConfig) -> dict[str, Any]:
     return out
 
 
-def _check_representable(cfg: ArchConfig, family: _Family) -> None:
+def _check_representable(cfg: Any, family: _Family) -> None:
     problems = []
     if (cfg.qk_norm, cfg.post_norm) != (family.qk_norm, family.post_norm):
         problems.append(

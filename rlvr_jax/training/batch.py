@@ -242,11 +242,7 @@ def collate(
                 f"completion tokens > {seq_len}"
             )
     if layout is None:
-        if len(samples) > rows:
-            raise ValueError(
-                f"collate: {len(samples)} samples do not fit one per row in {rows} rows"
-            )
-        layout = one_per_row(len(samples), rows)
+        layout = one_per_row(len(samples), rows, "samples")
     tokens = _lay_out(
         [s.prompt_tokens for s in samples],
         [s.tokens for s in samples],
@@ -366,11 +362,7 @@ def collate_sft(
                 f"collate_sft: {len(lengths)} examples do not fit packed into {rows} rows"
             )
     elif layout is None:
-        if len(lengths) > rows:
-            raise ValueError(
-                f"collate_sft: {len(lengths)} examples do not fit one per row in {rows} rows"
-            )
-        layout = one_per_row(len(lengths), rows)
+        layout = one_per_row(len(lengths), rows, "examples")
     return _lay_out(
         prompt_ids_list, response_ids_list, [True] * len(lengths), layout,
         seq_len=seq_len, pad_id=pad_id,

@@ -52,12 +52,10 @@ from rlvr_jax.training.update import (
     init_state,
     micro_count,
     optimizer_step,
-    split_micro,
+    per_micro_batch,
 )
 
 log = logging.getLogger("rlvr_jax.train")
-
-NO_MEMORY_OPTIONS = learner.MemoryOptions()
 
 
 @flax.struct.dataclass
@@ -138,40 +136,15 @@ def warn_if_unused(cfg: Config, settings: losses.LossSettings) -> None:
         )
 
 
-def check_config(cfg: Config) -> None:
-    """Raises ValueError naming the `critic.*` key of an invalid setting."""
-    c = cfg.critic
-    for key in ("gamma", "lam"):
-        value = getattr(c, key)
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"critic.{key} must be in [0, 1], got {value}")
-    if not c.value_coef > 0:
-        raise ValueError(f"critic.value_coef must be > 0, got {c.value_coef}")
-    if c.value_clip is not None and c.value_clip < 0:
-        raise ValueError(f"critic.value_clip must be >= 0 (or null: off), got {c.value_clip}")
-    if c.learning_rate is not None and not c.learning_rate > 0:
-        raise ValueError(f"critic.learning_rate must be > 0, got {c.learning_rate}")
-
-
 class CriticBuilder:
     """Builds the critic of a run: loads the separate trunk (on the learner mesh), makes the
     critic's optimizer and, from the policy's parameters, its initial state."""
 
     def __init__(
-        self,
-        cfg: Config,
-        policy: models.Model,
-        mesh: Any,
-        memory: learner.MemoryOptions | None = None,
+        self, cfg: Config, policy: models.Model, mesh: Any, memory: learner.MemoryOptions
     ) -> None:
-        check_config(cfg)
+        """`memory`: the policy's (`Context.memory`)."""
         self.mesh = mesh
-        if memory is None:
-            memory = learner.MemoryOptions(
-                remat=cfg.train.remat,
-                attn_chunk=cfg.train.attn_chunk,
-                attention_impl=cfg.model.attention_impl,
-            )
         memory = dataclasses.replace(memory, logits_chunk=0)  # a value head has no logits
         self.trunk: Any = None
         arch = policy.config
@@ -215,15 +188,10 @@ def make_prepare_fn(critic: Critic, settings: losses.LossSettings) -> Callable:
     def prepare(policy_params: Any, critic_params: Any, batch: RLBatch):
         if batch.rewards_BxT is None:
             raise ValueError("PPO needs the batch's per-token rewards (RLBatch.rewards_BxT)")
-        n = micro_count(batch, None)
-        if n == 1:
-            values_BxT = critic.slot_values(policy_params, critic_params, batch)
-        else:  # packed for several micro-batches: each one's gather indexes its own rows
-            values_MxbxT = jax.lax.map(
-                lambda mb: critic.slot_values(policy_params, critic_params, mb),
-                split_micro(batch, n),
-            )
-            values_BxT = values_MxbxT.reshape(-1, values_MxbxT.shape[-1])
+        # packed for several micro-batches: each one's gather indexes its own rows
+        values_BxT = per_micro_batch(
+            lambda mb: critic.slot_values(policy_params, critic_params, mb), batch
+        )
         mask_BxT = batch.mask_BxT
         rewards_BxT = batch.rewards_BxT
         if settings.reward_kl_coef > 0:
@@ -272,7 +240,7 @@ def make_ppo_step(
     n_micro: int | None = None,
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
-    memory: learner.MemoryOptions = NO_MEMORY_OPTIONS,
+    memory: learner.MemoryOptions = learner.NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
     """The pure PPO step (un-jitted): `accumulate_grads` of policy loss + c_V · value loss over
     (policy params, critic params) in `n_micro` micro-batches (a packed batch's own count when
@@ -352,7 +320,6 @@ __all__ = [
     "Critic",
     "CriticBuilder",
     "CriticState",
-    "check_config",
     "head_values",
     "make_ppo_step",
     "make_prepare_fn",

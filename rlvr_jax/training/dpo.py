@@ -29,11 +29,8 @@ import optax
 
 from rlvr_jax import losses, models
 from rlvr_jax.training.batch import TokenBatch, collate_sft, vars_of
-from rlvr_jax.training.learner import MemoryOptions, token_logprobs
-from rlvr_jax.training.update import TrainState, accumulate_grads, apply_update, summed
-
-NO_MEMORY_SAVING = MemoryOptions()
-"""The learner's default memory options (no remat, no chunking)."""
+from rlvr_jax.training.learner import NO_MEMORY_SAVING, MemoryOptions, token_logprobs
+from rlvr_jax.training.update import TrainState, gradient_step, summed
 
 __all__ = ["PreferenceBatch", "collate_pairs", "dpo_objective", "make_dpo_step", "sequence_sums"]
 
@@ -220,11 +217,9 @@ def make_dpo_step(
     )
 
     def step(state: TrainState, batch: PreferenceBatch):
-        grads, loss, sums_M = accumulate_grads(objective(batch), state.params, batch, n_micro)
-        metrics = summed(sums_M)
-        new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
-        metrics.update(grad_norm=optax.global_norm(grads), step_ok=ok.astype(jnp.float32))
-        metrics["dpo/pairs"] = jnp.sum(present_pairs(batch, pairs))
-        return new_state, metrics
+        loss_fn = objective(batch)
+        new_state, metrics, sums_M = gradient_step(state, loss_fn, batch, optimizer, n_micro)
+        present = jnp.sum(present_pairs(batch, pairs))
+        return new_state, {**summed(sums_M), **metrics, "dpo/pairs": present}
 
     return step

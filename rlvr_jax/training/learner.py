@@ -28,12 +28,10 @@ from rlvr_jax import losses, models
 from rlvr_jax.training.batch import RLBatch, TokenBatch, sequence_view
 from rlvr_jax.training.update import (
     TrainState,
-    accumulate_grads,
-    apply_update,
+    gradient_step,
     init_state,
     jit_train_step,
-    micro_count,
-    split_micro,
+    per_micro_batch,
 )
 
 __all__ = [
@@ -61,6 +59,10 @@ class MemoryOptions:
     attention_impl: str = "auto"
 
 
+NO_MEMORY_SAVING = MemoryOptions()
+"""The default memory options (no remat, no chunking)."""
+
+
 def token_logprobs(
     params: Any,
     arch: models.ArchConfig,
@@ -69,7 +71,7 @@ def token_logprobs(
     compute_dtype: Any,
     temperature: float,
     return_logits: bool = False,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ):
     """log π(target_t | inputs_≤t) [B, T] in fp32, as log-softmax(logits / τ) over the full
     vocabulary (with `return_logits`, also the logits / τ [B, T, V]).
@@ -107,7 +109,7 @@ def hidden_states(
     batch: TokenBatch,
     *,
     compute_dtype: Any,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> jax.Array:
     """The trunk's final-norm hidden states [B, T, D] of a token batch (no LM head)."""
     return models.apply(
@@ -129,7 +131,7 @@ def logprobs_of_hidden(
     targets_BxT: jax.Array,
     *,
     temperature: float,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> jax.Array:
     """log π(target_t) [B, T] from the trunk's hidden states: the LM head and log-softmax,
     `memory.logits_chunk` positions at a time (each chunk rematerialised in the backward pass)
@@ -167,7 +169,7 @@ def sequence_logprobs(
     compute_dtype: Any,
     temperature: float,
     with_entropy: bool = False,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ):
     """`token_logprobs` of an RL batch's packed rows, seen per completion slot [B, T] (and,
     `with_entropy`, the sampling distribution's entropy per token [B, T])."""
@@ -191,7 +193,7 @@ def sequence_logprobs(
 
 
 def make_logprob_fn(
-    arch, *, compute_dtype, temperature: float, memory: MemoryOptions = MemoryOptions()
+    arch, *, compute_dtype, temperature: float, memory: MemoryOptions = NO_MEMORY_SAVING
 ) -> Callable:
     """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole
     batch, one micro-batch at a time (`lax.map`) when its rows are packed for several. An
@@ -205,11 +207,7 @@ def make_logprob_fn(
         return token_logprobs(params, arch, mb, **kwargs)
 
     def fn(params, batch):
-        n = micro_count(batch, None)
-        if n == 1:
-            return one(params, batch)
-        logp_MxbxT = jax.lax.map(lambda mb: one(params, mb), split_micro(batch, n))
-        return logp_MxbxT.reshape(-1, logp_MxbxT.shape[-1])
+        return per_micro_batch(lambda mb: one(params, mb), batch)
 
     return jax.jit(fn)
 
@@ -222,7 +220,7 @@ def rl_objective(
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> Callable[[RLBatch], tuple[Callable, Callable]]:
     """`for_batch(batch) -> (loss_fn, metrics_fn)`.
 
@@ -309,7 +307,7 @@ def make_train_step(
     compute_dtype: Any = jnp.float32,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    memory: MemoryOptions = MemoryOptions(),
+    memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
     """The pure RL step (un-jitted): `accumulate_grads` of `rl_objective` then `apply_update`,
     over `n_micro` micro-batches (a packed batch's own count when it has one; default 1).
@@ -326,13 +324,7 @@ def make_train_step(
 
     def step(state: TrainState, batch: RLBatch):
         loss_fn, metrics_fn = objective(batch)
-        n = micro_count(batch, n_micro)
-        grads, loss, aux_M = accumulate_grads(loss_fn, state.params, batch, n)
-        new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
-        metrics = metrics_fn(aux_M)
-        metrics.update(
-            loss=loss, grad_norm=optax.global_norm(grads), step_ok=ok.astype(jnp.float32)
-        )
-        return new_state, metrics
+        new_state, metrics, aux_M = gradient_step(state, loss_fn, batch, optimizer, n_micro)
+        return new_state, {**metrics_fn(aux_M), **metrics}
 
     return step

@@ -20,8 +20,10 @@ import contextlib
 import dataclasses
 import logging
 import math
+import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +31,49 @@ import jax
 import numpy as np
 
 from rlvr_jax import dispatch, losses, models, sharding
+from rlvr_jax.config.checks import check
 from rlvr_jax.config.schema import Config
 from rlvr_jax.models.bootstrap import ensure_model
 from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
 from rlvr_jax.training.algorithms import Context, get_algorithm
+from rlvr_jax.training.distributed import used_devices
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
-from rlvr_jax.training.run import StopFlag, used_devices
 
 log = logging.getLogger("rlvr_jax.train")
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM; the loop checks it between steps, checkpoints and exits."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal: int | None = None
+        self.where: Callable[[], int] | None = None
+        """The trainer's last dispatched step (named in the signal's log line)."""
+
+    def set(self, signum: int | None = None) -> None:
+        self.signal = signum
+        self._event.set()
+
+    def __bool__(self) -> bool:
+        return self._event.is_set()
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+
+        def handler(signum, _frame):
+            if self:
+                raise KeyboardInterrupt  # a second signal: stop now
+            at = self.where() if self.where is not None else "?"
+            log.warning(
+                "signal %d at step %s: finishing the current step, then checkpointing", signum, at
+            )
+            self.set(signum)
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
 
 
 @dataclasses.dataclass
@@ -68,6 +104,7 @@ class Trainer:
         the end of every step as a "step" mark (`rlvr-bench e2e`)."""
         from rlvr_jax.data import load_tokenizer
 
+        check(cfg)  # a Config built in Python, not loaded, is checked too: before anything is built
         self.cfg, self.timeline = cfg, timeline
         self.stop = stop if stop is not None else StopFlag()
         self.dispatched = 0

@@ -55,10 +55,11 @@ class Layout:
         return m * self.seqs_per_micro + s
 
 
-def one_per_row(n: int, rows: int) -> Layout:
-    """Sequence i alone at the start of row i (rows ≥ n; the rest empty)."""
+def one_per_row(n: int, rows: int, what: str = "sequences") -> Layout:
+    """Sequence i alone at the start of row i (rows ≥ n; the rest empty); ValueError naming
+    `what` (the sequences) when they do not fit."""
     if n > rows:
-        raise ValueError(f"{n} sequences do not fit one per row in {rows} rows")
+        raise ValueError(f"{n} {what} do not fit one per row in {rows} rows")
     return Layout(1, rows, rows, tuple((0, i, 0, i) for i in range(n)), packed=False)
 
 

@@ -1,17 +1,13 @@
-"""Sources that generate: prompts → the rollout engine → rewards → a learner batch.
+"""Generation for the sources that train on it: prompts → the rollout engine → rewards.
 
-`Rollouts` is the part both share: it draws prompts from the resumable mixture, submits them to
-the rollout stream (the row rides along as the request's `meta`), takes completed groups, scores
-them with the reward service, pushes the learner's weights to the actors, and keeps the exact-
-resume bookkeeping: a checkpoint stores the mixture's state before the oldest request not yet
-trained on, plus the ids trained on after it, so a restart re-issues exactly the unseen prompts.
-
-- `RolloutSource` (`algorithm: rl`): zero-variance filtering, active sampling, the staleness
-  bound (async), advantages → `RLBatch`. Async mode keeps `rollout.queue_size` batches of
-  requests in flight, topped up before returning each batch so the actors generate the next
-  one while the learner trains on this one.
-- `ExpertIterationSource` (`algorithm: expert_iteration`): on-policy rounds of
-  `train.prompts_per_batch` prompts, the verified-correct completions → `TokenBatch`.
+`Rollouts` draws prompts from the resumable mixture, submits them to the rollout stream (the row
+rides along as the request's `meta`), takes completed groups, scores them with the reward
+service, pushes the learner's weights to the actors, and keeps the exact-resume bookkeeping: a
+checkpoint stores the mixture's state before the oldest request not yet trained on, plus the ids
+trained on after it, so a restart re-issues exactly the unseen prompts. `build_rollouts` makes
+it from the run's `Context`, over `rollout_stream` (the `rollout.backend` engine). The sources
+over it are `algorithms.rl.RolloutSource` and `algorithms.expert_iteration.
+ExpertIterationSource`.
 
 Single-process runs drive the stream from its own thread; multi-process runs step it on the
 caller's thread, so that every process issues the same device computations in one order.
@@ -20,23 +16,14 @@ caller's thread, so that every process issues the same device computations in on
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
-from rlvr_jax import losses
-from rlvr_jax.training.batch import TokenBatch, collate_sft
-from rlvr_jax.training.groups import (
-    BatchAssembler,
-    ScoredGroup,
-    build_batch,
-    rewards_N,
-    score_groups,
-)
-from rlvr_jax.training.recipes.expert import expert_examples, expert_metrics
-from rlvr_jax.training.sources import Batch
+from rlvr_jax.training.algorithms.common import Context
+from rlvr_jax.training.groups import ScoredGroup, score_groups
 
 log = logging.getLogger("rlvr_jax.train")
 
@@ -175,8 +162,9 @@ class Rollouts:
         self.stream.stop()
 
 
-class _Generating:
-    """The loop's interface of a source over `Rollouts` (`self.rollouts`)."""
+class GeneratingSource:
+    """The loop's interface of a source over `Rollouts` (`self.rollouts`): `RolloutSource`,
+    `ExpertIterationSource`."""
 
     rollouts: Rollouts
     on_policy: bool = True
@@ -199,159 +187,6 @@ class _Generating:
         self.rollouts.close()
 
 
-class RolloutSource(_Generating):
-    """`algorithm: rl`: batches of `prompts_per_batch` kept groups (see module docstring)."""
-
-    def __init__(
-        self,
-        rollouts: Rollouts,
-        settings: losses.LossSettings,
-        *,
-        prompts_per_batch: int,
-        mode: str,
-        queue_size: int,
-        max_staleness: int,
-        zero_variance: bool,
-        active_sampling: bool,
-        max_draws: int,
-        overlong_filter: bool,
-        rows: int,
-        seq_len: Callable[[list[ScoredGroup]], int],
-        pad_id: int,
-        max_tokens: int = 0,
-        updates: int = 1,
-        row_multiple: int = 1,
-    ) -> None:
-        self.rollouts, self.settings = rollouts, settings
-        self.P, self.mode, self.queue_size = prompts_per_batch, mode, queue_size
-        self.max_staleness = max_staleness
-        self.zero_variance, self.overlong_filter = zero_variance, overlong_filter
-        self.cap = prompts_per_batch * max(max_draws, 1) if active_sampling else prompts_per_batch
-        self.rows, self.seq_len, self.pad_id = rows, seq_len, pad_id
-        self.packing = dict(max_tokens=max_tokens, updates=updates, row_multiple=row_multiple)
-        self.on_policy = mode == "sync"
-
-    def next(self, policy_version: int) -> Batch | None:
-        r = self.rollouts
-        asm = BatchAssembler(
-            self.P,
-            zero_variance_filter=self.zero_variance,
-            max_staleness=self.max_staleness if self.mode == "async" else None,
-        )
-        taken: list[int] = []
-        service: list[dict[str, float]] = []
-        t0 = time.perf_counter()
-        while not asm.full and asm.drawn < self.cap:
-            if self.mode == "async":
-                r.fill(self._async_target())
-            else:
-                r.fill(min(self.P - len(asm.kept), self.cap - asm.drawn))
-            done = r.completed()
-            if not done:  # stopped: nothing is consumed, the requests stay in flight
-                return None
-            taken.extend(g.request_id for g in done)
-            scored, metrics = r.score(done)
-            service.append(metrics)
-            for g in scored:
-                asm.offer(g, policy_version)
-        if r.stop():  # a signal came while these groups were scored: the run stops before
-            return None  # this step; they stay in the resume bookkeeping, not consumed
-        r.consume(taken)
-        if self.mode == "async":  # the actors generate the next batch while this one trains
-            r.fill(self._async_target())
-        kept = asm.kept
-        arrays, slots = None, None
-        if kept:
-            arrays, slots = build_batch(
-                kept,
-                self.settings,
-                rows=self.rows,
-                seq_len=self.seq_len(kept) + 1,
-                pad_id=self.pad_id,
-                overlong_filter=self.overlong_filter,
-                **self.packing,
-            )
-        metrics = {**merge_service_metrics(service), **asm.metrics(), **r.kv_metrics()}
-        metrics["staleness/mean"] = (
-            float(np.mean([policy_version - g.version for g in kept])) if kept else 0.0
-        )
-        metrics["time/rollout_s"] = time.perf_counter() - t0
-        return Batch(
-            arrays,
-            metrics=metrics,
-            texts=[g.texts[0] for g in kept if g.texts],
-            tokens=sum(len(c.tokens) for g in kept for c in g.completions),
-            rewards_B=rewards_N(kept),
-            group_size=r.num_samples,
-            slots=slots,
-        )
-
-    def _async_target(self) -> int:
-        """Requests kept in flight in async mode: `rollout.queue_size` batches."""
-        return self.P * max(self.queue_size, 1)
-
-
-class ExpertIterationSource(_Generating):
-    """`algorithm: expert_iteration`: each step is one on-policy round — `prompts_per_batch`
-    prompts issued after the previous update reached the engine, every completion verified, the
-    completions whose verifier score is at least `min_score` laid out as an SFT batch of
-    prompts × samples rows (rows not filled are masked; a round that keeps nothing makes no
-    update). No group is filtered. Extra metrics: `expert/*`."""
-
-    def __init__(
-        self,
-        rollouts: Rollouts,
-        *,
-        prompts_per_batch: int,
-        min_score: float,
-        rows: int,
-        seq_len: int,
-        pad_id: int,
-        max_tokens: int = 0,
-        row_multiple: int = 1,
-    ) -> None:
-        self.rollouts, self.P, self.min_score = rollouts, prompts_per_batch, min_score
-        self.rows, self.full_len, self.pad_id = rows, seq_len, pad_id
-        self.max_tokens, self.row_multiple = max_tokens, row_multiple
-
-    def next(self, policy_version: int) -> Batch | None:
-        r = self.rollouts
-        t0 = time.perf_counter()
-        r.fill(self.P)
-        done: list[Any] = []
-        while len(done) < self.P:
-            more = r.completed()
-            if not more:
-                return None
-            done.extend(more)
-        r.consume([g.request_id for g in done])
-        groups, metrics = r.score(done)
-        asm = BatchAssembler(self.P, zero_variance_filter=False)
-        for g in groups:
-            asm.offer(g, policy_version)
-        metrics = {
-            **metrics,
-            **asm.metrics(),
-            **expert_metrics(groups, min_score=self.min_score),
-            **r.kv_metrics(),
-        }
-        metrics["staleness/mean"] = 0.0
-        metrics["time/rollout_s"] = time.perf_counter() - t0
-        prompts, responses = expert_examples(groups, min_score=self.min_score)
-        arrays: TokenBatch | None = None
-        if prompts:
-            arrays = collate_sft(
-                prompts, responses, rows=self.rows, seq_len=self.full_len + 1, pad_id=self.pad_id,
-                max_tokens=self.max_tokens, row_multiple=self.row_multiple,
-            )  # fmt: skip
-        return Batch(
-            arrays,
-            metrics=metrics,
-            texts=[g.texts[0] for g in groups if g.texts],
-            tokens=sum(len(c.tokens) for g in groups for c in g.completions),
-        )
-
-
 def merge_service_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
     """The reward service's metrics over several calls: counts summed, the rest averaged.
     `reward/*` are left to the batch assembler (over every drawn group, once)."""
@@ -365,3 +200,49 @@ def merge_service_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
         )
         out[k] = float(np.sum(values) if summed else np.mean(values))
     return out
+
+
+def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -> Any:
+    """The run's actor rollout (`rollout.build_rollout` on the actor mesh), from `params`."""
+    from rlvr_jax.rollout import build_rollout
+
+    return build_rollout(
+        ctx.cfg.rollout,
+        ctx.model,
+        ctx.actor_mesh,
+        ctx.tokenizer,
+        max_len=ctx.seq_len,
+        params=params,
+        version=version,
+        max_pending_groups=in_flight + 1,
+        max_ready_groups=in_flight + 1,
+        timeline=ctx.timeline,
+    )
+
+
+def build_rollouts(ctx: Context, params: Any, version: int, *, in_flight: int) -> Rollouts:
+    """The run's `Rollouts`: `data.sources`, the reward service and `rollout_stream`."""
+    from rlvr_jax.data import build_prompt_iterator
+    from rlvr_jax.rewards import RewardService, known_verifiers
+
+    cfg = ctx.cfg
+    prompts = build_prompt_iterator(
+        cfg.data, tokenizer=ctx.tokenizer, known_verifiers=known_verifiers()
+    )
+    rewards = RewardService(cfg.rewards, overlong_buffer=cfg.filter.soft_overlong_buffer)
+    try:
+        stream = rollout_stream(ctx, params, version, in_flight=in_flight)
+    except BaseException:
+        rewards.close()
+        raise
+    return Rollouts(
+        stream=stream,
+        prompts=prompts,
+        rewards=rewards,
+        tokenizer=ctx.tokenizer,
+        num_samples=cfg.rollout.num_samples,
+        seed=cfg.seed,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        threaded=jax.process_count() == 1,
+        stop=ctx.stop,
+    )

@@ -25,13 +25,7 @@ import optax
 from rlvr_jax import losses, models
 from rlvr_jax.training.batch import TokenBatch, collate_sft, pack_examples
 from rlvr_jax.training.learner import token_logprobs
-from rlvr_jax.training.update import (
-    TrainState,
-    accumulate_grads,
-    apply_update,
-    micro_count,
-    summed,
-)
+from rlvr_jax.training.update import TrainState, gradient_step, summed
 
 __all__ = ["SFT_AGGREGATION", "collate_sft", "make_sft_step", "pack_examples", "sft_loss"]
 
@@ -88,13 +82,10 @@ def make_sft_step(
     objective = sft_objective(arch, compute_dtype=compute_dtype)
 
     def step(state: TrainState, batch: TokenBatch):
-        n = micro_count(batch, n_micro)
-        grads, loss, sums_M = accumulate_grads(objective(batch), state.params, batch, n)
-        metrics = summed(sums_M)
-        new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
-        metrics.update(grad_norm=optax.global_norm(grads), step_ok=ok.astype(jnp.float32))
-        metrics["sft/tokens"] = losses.loss_denominator(SFT_AGGREGATION, batch.mask_BxT)
-        return new_state, metrics
+        loss_fn = objective(batch)
+        new_state, metrics, sums_M = gradient_step(state, loss_fn, batch, optimizer, n_micro)
+        tokens = losses.loss_denominator(SFT_AGGREGATION, batch.mask_BxT)
+        return new_state, {**summed(sums_M), **metrics, "sft/tokens": tokens}
 
     return step
 

@@ -77,6 +77,16 @@ def micro_count(batch: Any, n_micro: int | None) -> int:
     return packed or n_micro or 1
 
 
+def per_micro_batch(fn: Callable[[Any], jax.Array], batch: Any) -> jax.Array:
+    """`fn(batch)` [B, ...] computed one micro-batch at a time (`lax.map`) when the batch's rows
+    are packed for several (each micro-batch's indices point into its own rows)."""
+    n = micro_count(batch, None)
+    if n == 1:
+        return fn(batch)
+    out_MxbxT = jax.lax.map(fn, split_micro(batch, n))
+    return out_MxbxT.reshape(-1, *out_MxbxT.shape[2:])
+
+
 def accumulate_grads(
     loss_fn: LossFn, params: Any, batch: Any, n_micro: int
 ) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
@@ -115,6 +125,19 @@ def apply_update(
         ),
         ok,
     )
+
+
+def gradient_step(
+    state: TrainState, loss_fn: LossFn, batch: Any, optimizer: Any, n_micro: int | None
+) -> tuple[TrainState, dict[str, jax.Array], Any]:
+    """One optimizer step of `loss_fn` over `batch` (`micro_count(batch, n_micro)` micro-batches,
+    `accumulate_grads`, then `apply_update`). Returns (new state, {`loss`, `grad_norm`,
+    `step_ok`}, the per-micro-batch aux of `loss_fn`)."""
+    n = micro_count(batch, n_micro)
+    grads, loss, aux_M = accumulate_grads(loss_fn, state.params, batch, n)
+    new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
+    norm, step_ok = optax.global_norm(grads), ok.astype(jnp.float32)
+    return new_state, {"loss": loss, "grad_norm": norm, "step_ok": step_ok}, aux_M
 
 
 def optimizer_step(

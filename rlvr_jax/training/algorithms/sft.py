@@ -1,14 +1,18 @@
-"""SFT examples: prompt rows that also carry a target response, laid out as SFT batches.
+"""`algorithm: sft`: supervised fine-tuning on examples with a response; its data, source and
+update (the SFT step itself is `training/sft.py`). Expert iteration and RL + SFT parallel
+averaging reuse the update and the batches.
 
-Rows come from `sft.sources` (default: `data.sources`) in DESIGN.md's data-row form. A row's
-response is its `sft.response_field`; with `sft.synthetic_reference`, a row without that field
-gets the synthetic task's reference solution (`rlvr_jax.data.synthetic.reference_response`,
-which needs the synthetic rows' `expression` / `topic` fields). A response is trained on as the
-policy writes it after the prompt — the template's separator, the text, then EOS
-(`rlvr_jax.data.formatting.encode_response`) — and must fit the generation budget
-`rollout.max_new_tokens`, as the prompt must fit `data.max_prompt_len`: rows that do not fit,
-or have no response, are skipped and counted when the sources load (the first few are logged
-with their file and line).
+    rlvr-train --config F algorithm=sft        # sft.sources (or data.sources)
+
+Examples are prompt rows that also carry a target response, from `sft.sources` (default:
+`data.sources`) in DESIGN.md's data-row form. A row's response is its `sft.response_field`;
+with `sft.synthetic_reference`, a row without that field gets the synthetic task's reference
+solution (`rlvr_jax.data.synthetic.reference_response`, which needs the synthetic rows'
+`expression` / `topic` fields). A response is trained on as the policy writes it after the
+prompt — the template's separator, the text, then EOS (`rlvr_jax.data.formatting.
+encode_response`) — and must fit the generation budget `rollout.max_new_tokens`, as the prompt
+must fit `data.max_prompt_len`: rows that do not fit, or have no response, are skipped and
+counted when the sources load (the first few are logged with their file and line).
 
 Examples are drawn by the seeded, resumable mixture the RL prompts use (`PromptIterator`), so
 an SFT run resumes exactly from the iterator state stored in its checkpoint.
@@ -16,6 +20,7 @@ an SFT run resumes exactly from the iterator state stored in its checkpoint.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,15 +31,23 @@ from rlvr_jax.data.formatting import encode_response, prompt_encoder, prompt_ids
 from rlvr_jax.data.mixture import PromptIterator
 from rlvr_jax.data.rows import BadRow, DataError, PromptRow
 from rlvr_jax.data.sources import load_sources
+from rlvr_jax.training.algorithms.common import (
+    Context,
+    Update,
+    micro_batches,
+    step_micro_batches,
+)
 from rlvr_jax.training.batch import TokenBatch, collate_sft
+from rlvr_jax.training.optimizer import make_optimizer
+from rlvr_jax.training.sft import make_sft_step
+from rlvr_jax.training.sources import Batch, StaticWeights
 
-__all__ = [
-    "SFTBatcher",
-    "build_sft_iterator",
-    "encode_example",
-    "encode_response",
-    "response_reader",
-]
+
+def validate(cfg: Config) -> None:
+    """`sft.batch_size` >= 1 examples per step, split by `train.micro_batch_size`."""
+    if cfg.sft.batch_size < 1:
+        raise ValueError(f"sft.batch_size must be >= 1, got {cfg.sft.batch_size}")
+    micro_batches(cfg.sft.batch_size, cfg.train.micro_batch_size, "SFT batch")
 
 
 def response_reader(
@@ -137,10 +150,6 @@ class SFTBatcher:
     row_multiple: int = 1
     """Devices the rows are split over (packed micro-batches hold a multiple of it)."""
 
-    def __post_init__(self) -> None:
-        if self.rows < 1:
-            raise ValueError(f"sft.batch_size must be >= 1, got {self.rows}")
-
     def next_arrays(self) -> TokenBatch:
         """The next batch (numpy arrays [rows, seq_len − 1])."""
         pairs = [
@@ -156,3 +165,79 @@ class SFTBatcher:
             max_tokens=self.max_tokens,
             row_multiple=self.row_multiple,
         )
+
+
+class SFTSource(StaticWeights):
+    """`algorithm: sft`: `sft.batch_size` examples per step from the seeded, resumable mixture
+    of `sft.sources` (`SFTBatcher`)."""
+
+    def __init__(self, batcher: SFTBatcher) -> None:
+        self.batcher = batcher
+
+    def next(self, policy_version: int) -> Batch:
+        del policy_version
+        t0 = time.perf_counter()
+        arrays = self.batcher.next_arrays()
+        metrics = {"time/data_s": time.perf_counter() - t0}
+        return Batch(arrays, metrics=metrics, tokens=int(arrays.mask_BxT.sum()))
+
+    def state(self) -> dict:
+        return {"sft": self.batcher.examples.state()}
+
+    def restore(self, state: dict) -> None:
+        self.batcher.examples.restore(state["sft"])
+
+    def close(self) -> None:
+        pass
+
+
+def sft_batches(ctx: Context, *, seed: int, packed: bool = False) -> SFTSource:
+    """The SFT examples of the run in batches of `sft.batch_size`, drawn with `seed`; `packed`:
+    to `train.max_tokens_per_micro_batch` tokens per micro-batch."""
+    cfg = ctx.cfg
+    examples = build_sft_iterator(cfg, ctx.tokenizer, seed=seed)
+    batcher = SFTBatcher(
+        examples,
+        ctx.tokenizer,
+        cfg.data.prompt_template,
+        rows=cfg.sft.batch_size,
+        seq_len=ctx.seq_len + 1,
+        pad_id=ctx.pad_id,
+        max_tokens=cfg.train.max_tokens_per_micro_batch if packed else 0,
+        row_multiple=ctx.row_multiple,
+    )
+    return SFTSource(batcher)
+
+
+def source(ctx: Context, params: Any, version: int) -> SFTSource:
+    del params, version
+    return sft_batches(ctx, seed=ctx.cfg.data.seed, packed=True)
+
+
+class SFTUpdate(Update):
+    """`repeat` SFT optimizer steps on each batch of `rows` rows (1 for `sft`,
+    `sft.expert_sft_steps` for expert iteration)."""
+
+    def __init__(self, ctx: Context, *, rows: int, repeat: int) -> None:
+        cfg = ctx.cfg
+        optimizer = make_optimizer(cfg.train)
+        n_micro = step_micro_batches(cfg, rows, "SFT batch")
+        step = make_sft_step(
+            ctx.model.config, optimizer, compute_dtype=cfg.model.compute_dtype, n_micro=n_micro
+        )
+        super().__init__(ctx, step, optimizer)
+        self.repeat = repeat
+
+    def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
+        if batch.arrays is None:
+            return state, [], 0
+        arrays = self.put(batch.arrays)
+        out = []
+        for _ in range(self.repeat):
+            state, metrics = self.call(self.step, state, arrays)
+            out.append(metrics)
+        return state, out, self.repeat
+
+
+def update(ctx: Context) -> SFTUpdate:
+    return SFTUpdate(ctx, rows=ctx.cfg.sft.batch_size, repeat=1)

@@ -1,4 +1,4 @@
-"""`algorithm: dpo`: the batch source of preference pairs and the DPO learner update.
+"""`algorithm: dpo`: preference pairs and the DPO learner update (the step is `training/dpo.py`).
 
     rlvr-train --config F algorithm=dpo dpo.sources='[{path: pairs.jsonl}]' dpo.beta=0.1
 
@@ -9,10 +9,11 @@ in its own rows, the row length bucketed like the RL batches' (`train.bucket_min
 
 Reference log-probs come from the frozen starting policy (`model.path`, also on resume):
 - `dpo.reference: cache` (default): computed once before the first step for every pair of the
-  sources and kept on disk (`dpo_reference.ReferenceCache`, keyed by the model's files and the
-  tokens); each batch carries its pairs' cached sums. No reference forward pass per step and a
-  cache reused by later runs on the same model and data; the price is one forward pass over
-  the whole dataset up front, which a run that sees every pair at least once pays anyway.
+  sources and kept on disk (`training.dpo_reference.ReferenceCache`, keyed by the model's files
+  and the tokens); each batch carries its pairs' cached sums. No reference forward pass per
+  step and a cache reused by later runs on the same model and data; the price is one forward
+  pass over the whole dataset up front, which a run that sees every pair at least once pays
+  anyway.
 - `dpo.reference: on_the_fly`: the update runs the reference forward on each batch (the
   reference weights stay on the learner): for datasets much larger than what a run will see.
 A reference-free variant (`simpo`) computes neither.
@@ -21,24 +22,23 @@ A reference-free variant (`simpo`) computes neither.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import losses
+from rlvr_jax.config.schema import Config
 from rlvr_jax.data.mixture import PromptIterator
 from rlvr_jax.data.preferences import load_preference_sources
 from rlvr_jax.losses.preference import needs_reference
 from rlvr_jax.training import learner
-from rlvr_jax.training.algorithms import Context, Update, _shapes, micro_batches
+from rlvr_jax.training.algorithms.common import Context, Update, micro_batches
 from rlvr_jax.training.batch import bucket_length
 from rlvr_jax.training.dpo import PreferenceBatch, collate_pairs, make_dpo_step
+from rlvr_jax.training.dpo_reference import ReferenceCache, model_fingerprint
 from rlvr_jax.training.optimizer import make_optimizer
-from rlvr_jax.training.recipes.dpo_reference import ReferenceCache, model_fingerprint
 from rlvr_jax.training.sources import Batch, StaticWeights
 
 log = logging.getLogger(__name__)
@@ -48,23 +48,16 @@ REFERENCE_CACHE_SUBDIR = "reference_cache"
 
 
 class PreferenceSource(StaticWeights):
-    """`algorithm: dpo`: `pairs_per_batch` preference pairs per step (`collate_pairs`)."""
+    """`algorithm: dpo`: `dpo.batch_size` preference pairs per step (`collate_pairs`)."""
 
     def __init__(
-        self,
-        pairs: PromptIterator,
-        *,
-        pairs_per_batch: int,
-        groups: int,
-        full_len: int,
-        min_len: int,
-        multiple: int,
-        pad_id: int,
-        cache: ReferenceCache | None = None,
+        self, ctx: Context, pairs: PromptIterator, cache: ReferenceCache | None = None
     ) -> None:
-        self.pairs, self.per_batch, self.groups = pairs, pairs_per_batch, groups
-        self.full_len, self.min_len, self.multiple = full_len, min_len, multiple
-        self.pad_id, self.cache = pad_id, cache
+        cfg = ctx.cfg
+        self.pairs, self.per_batch, self.cache = pairs, cfg.dpo.batch_size, cache
+        self.groups, self.full_len = micro_batch_count(cfg), full_length(cfg)
+        self.min_len, self.multiple = cfg.train.bucket_min_len, ctx.length_multiple
+        self.pad_id = ctx.pad_id
 
     def next(self, policy_version: int) -> Batch:
         del policy_version
@@ -107,53 +100,56 @@ class PreferenceSource(StaticWeights):
         pass
 
 
-def response_budget(ctx: Context) -> int:
+def response_budget(cfg: Config) -> int:
     """`dpo.max_response_len`, or `rollout.max_new_tokens` when unset."""
-    budget = ctx.cfg.dpo.max_response_len
-    return ctx.cfg.rollout.max_new_tokens if budget is None else budget
+    budget = cfg.dpo.max_response_len
+    return cfg.rollout.max_new_tokens if budget is None else budget
 
 
-def full_length(ctx: Context) -> int:
+def full_length(cfg: Config) -> int:
     """The longest sequence a DPO row holds: prompt + response budgets."""
-    return ctx.cfg.data.max_prompt_len + response_budget(ctx)
+    return cfg.data.max_prompt_len + response_budget(cfg)
 
 
-def check_dpo_settings(ctx: Context) -> int:
-    """Validates `dpo.*` (naming the key) and returns the micro-batches per step."""
-    cfg = ctx.cfg
+def micro_batch_count(cfg: Config) -> int:
+    """Micro-batches per step: `train.micro_batch_size` sequences, two per pair."""
+    return micro_batches(2 * cfg.dpo.batch_size, cfg.train.micro_batch_size, "DPO batch")
+
+
+def validate(cfg: Config) -> None:
+    """The `dpo.*` values and what they need of `train.micro_batch_size` (errors name the key);
+    the preference loss is traced once on abstract pairs (no device work), so a bad variant,
+    parameter or β fails here."""
     d = cfg.dpo
     if d.batch_size < 1:
         raise ValueError(f"dpo.batch_size must be >= 1, got {d.batch_size}")
     if d.max_response_len is not None and d.max_response_len < 2:
         raise ValueError(f"dpo.max_response_len must be >= 2, got {d.max_response_len}")
-    limit = ctx.model.config.max_position_embeddings
-    if full_length(ctx) > limit:
-        raise ValueError(
-            f"data.max_prompt_len + dpo.max_response_len (or rollout.max_new_tokens) = "
-            f"{full_length(ctx)} exceeds the model's max_position_embeddings={limit}"
-        )
     mb = cfg.train.micro_batch_size
     if mb % 2:
         raise ValueError(
             f"train.micro_batch_size={mb} must be even with algorithm: dpo (a pair is two rows)"
         )
-    n_micro = micro_batches(2 * d.batch_size, mb, "DPO batch (2 × dpo.batch_size)")
-    one = jnp.zeros((1,), jnp.float32)
-    try:  # a bad variant, parameter or β fails here, before anything compiles
-        losses.preference_loss(
+    micro_batch_count(cfg)
+    one = jax.ShapeDtypeStruct((1,), np.float32)
+
+    def trial(x: jax.Array) -> Any:
+        return losses.preference_loss(
             d.variant,
-            chosen_logp=one,
-            rejected_logp=one,
-            ref_chosen_logp=one,
-            ref_rejected_logp=one,
+            chosen_logp=x,
+            rejected_logp=x,
+            ref_chosen_logp=x,
+            ref_rejected_logp=x,
             beta=d.beta,
-            chosen_len=one + 1,
-            rejected_len=one + 1,
+            chosen_len=x + 1,
+            rejected_len=x + 1,
             **d.variant_kwargs,
         )
+
+    try:
+        jax.eval_shape(trial, one)
     except (ValueError, TypeError) as e:
         raise ValueError(f"dpo.variant / dpo.variant_kwargs / dpo.beta: {e}") from None
-    return n_micro
 
 
 class DPOUpdate(Update):
@@ -163,7 +159,12 @@ class DPOUpdate(Update):
     def __init__(self, ctx: Context) -> None:
         cfg = ctx.cfg
         d = cfg.dpo
-        n_micro = check_dpo_settings(ctx)
+        limit = ctx.model.config.max_position_embeddings
+        if full_length(cfg) > limit:
+            raise ValueError(
+                f"data.max_prompt_len + dpo.max_response_len (or rollout.max_new_tokens) = "
+                f"{full_length(cfg)} exceeds the model's max_position_embeddings={limit}"
+            )
         optimizer = make_optimizer(cfg.train)
         step = make_dpo_step(
             ctx.model.config,
@@ -172,35 +173,32 @@ class DPOUpdate(Update):
             variant=d.variant,
             beta=d.beta,
             variant_kwargs=d.variant_kwargs,
-            n_micro=n_micro,
+            n_micro=micro_batch_count(cfg),
             compute_dtype=cfg.model.compute_dtype,
             memory=ctx.memory,
         )
         super().__init__(ctx, step, optimizer)
-        self.n_micro = n_micro
         self.ref_params = None
         if d.reference == "on_the_fly" and needs_reference(d.variant):
             self.ref_params = ctx.model.params
-            self.logprob = learner.make_logprob_fn(
-                ctx.model.config,
-                compute_dtype=cfg.model.compute_dtype,
-                temperature=1.0,
-                memory=ctx.memory,
-            )
-
-    def compile(self, state: Any, batch: Batch) -> None:
-        arrays = self.ctx.abstract(batch.arrays)
-        if self.ref_params is not None:
-            self._compile_once(("ref", _shapes(arrays)), self.logprob, self.ref_params, arrays)
-            arrays = arrays.replace(ref_logp_BxT=arrays.mask_BxT)
-        self._compile_once(_shapes(arrays), self.step, state, arrays)
+            self.logprob = reference_logprob_fn(ctx)
 
     def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
-        arrays: PreferenceBatch = self.ctx.put(batch.arrays)
+        arrays: PreferenceBatch = self.put(batch.arrays)
         if self.ref_params is not None:
-            arrays = arrays.replace(ref_logp_BxT=self.logprob(self.ref_params, arrays))
-        state, metrics = self.step(state, arrays)
+            arrays = arrays.replace(ref_logp_BxT=self.call(self.logprob, self.ref_params, arrays))
+        state, metrics = self.call(self.step, state, arrays)
         return state, [metrics], 1
+
+
+def reference_logprob_fn(ctx: Context) -> Any:
+    """The jitted log-probs of a token batch under the reference (τ = 1)."""
+    return learner.make_logprob_fn(
+        ctx.model.config,
+        compute_dtype=ctx.cfg.model.compute_dtype,
+        temperature=1.0,
+        memory=ctx.memory,
+    )
 
 
 def _host(x: Any) -> np.ndarray:
@@ -221,9 +219,7 @@ def reference_cache(ctx: Context, sources: list[Any], *, rows: int) -> Reference
         cfg.model.path, param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype
     )
     cache = ReferenceCache(directory, fingerprint)
-    fn = learner.make_logprob_fn(
-        ctx.model.config, compute_dtype=cfg.model.compute_dtype, temperature=1.0, memory=ctx.memory
-    )
+    fn = reference_logprob_fn(ctx)
     params = ctx.model.params
 
     def sequences():
@@ -233,14 +229,13 @@ def reference_cache(ctx: Context, sources: list[Any], *, rows: int) -> Reference
                 yield prompt, row.chosen_ids
                 yield prompt, row.rejected_ids
 
-    t = cfg.train
     computed = cache.fill(
         sequences(),
         lambda batch: _host(fn(params, ctx.put(batch))),
         rows=rows,
-        full_len=full_length(ctx),
-        min_len=t.bucket_min_len,
-        multiple=math.lcm(t.attn_chunk or 1, t.logits_chunk or 1),
+        full_len=full_length(cfg),
+        min_len=cfg.train.bucket_min_len,
+        multiple=ctx.length_multiple,
         pad_id=ctx.pad_id,
     )
     if computed and jax.process_index() == 0:
@@ -248,7 +243,7 @@ def reference_cache(ctx: Context, sources: list[Any], *, rows: int) -> Reference
     return cache
 
 
-def dpo_source(ctx: Context, params: Any, version: int) -> PreferenceSource:
+def source(ctx: Context, params: Any, version: int) -> PreferenceSource:
     """`algorithm: dpo`'s source (the learner's params and version are not needed: the pairs
     are fixed data and the reference is the starting policy)."""
     del params, version
@@ -259,19 +254,13 @@ def dpo_source(ctx: Context, params: Any, version: int) -> PreferenceSource:
         ctx.tokenizer,
         cfg.data.prompt_template,
         max_prompt_len=cfg.data.max_prompt_len,
-        max_response_len=response_budget(ctx),
+        max_response_len=response_budget(cfg),
     )
     cache = None
     if d.reference == "cache" and needs_reference(d.variant):
         cache = reference_cache(ctx, sources, rows=2 * d.batch_size)
-    t = cfg.train
-    return PreferenceSource(
-        PromptIterator(sources, seed=cfg.data.seed),
-        pairs_per_batch=d.batch_size,
-        groups=micro_batches(2 * d.batch_size, t.micro_batch_size, "DPO batch"),
-        full_len=full_length(ctx),
-        min_len=t.bucket_min_len,
-        multiple=math.lcm(t.attn_chunk or 1, t.logits_chunk or 1),
-        pad_id=ctx.pad_id,
-        cache=cache,
-    )
+    return PreferenceSource(ctx, PromptIterator(sources, seed=cfg.data.seed), cache)
+
+
+def update(ctx: Context) -> DPOUpdate:
+    return DPOUpdate(ctx)

@@ -1,0 +1,86 @@
+"""The checks of a loaded config that span several keys, run by `rlvr_jax.config.load` before
+any model or data is loaded (and by the trainer, for a `Config` built in Python): errors name
+the key and the file.
+
+- `rollout.interrupt` against the rest of `rollout`; `eval.*` against `data.eval_sources`;
+- the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
+- what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`).
+
+What needs the model, the data or the machine is checked where those are loaded;
+`check_runtime` checks what this machine must have to run a config (not to plan it).
+"""
+
+from __future__ import annotations
+
+from rlvr_jax.config import schema
+
+
+class ConfigError(ValueError):
+    """A config problem; the message names the key and where it came from."""
+
+
+def check(cfg: schema.Config, *, source: str = "<config>") -> None:
+    """Raises ConfigError (`<source>: <the key's problem>`) for the first failed check."""
+    from rlvr_jax.losses import loss_settings_from_config
+    from rlvr_jax.training.algorithms import get_algorithm
+
+    try:
+        _check_interrupt(cfg.rollout)
+        _check_eval(cfg)
+        if cfg.mesh.num_devices < 0:
+            raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")
+        loss_settings_from_config(cfg.loss)
+        get_algorithm(cfg.algorithm).validate(cfg)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _check_eval(cfg: schema.Config) -> None:
+    """pass@k needs k <= n samples; an in-loop evaluation needs held-out prompts."""
+    e = cfg.eval
+    bad = [k for k in e.ks if not 1 <= k <= e.num_samples]
+    if bad:
+        raise ValueError(f"eval.ks: pass@{bad[0]} needs 1 <= k <= eval.num_samples={e.num_samples}")
+    if e.every_steps and not cfg.data.eval_sources:
+        raise ValueError(
+            f"eval.every_steps={e.every_steps} evaluates on data.eval_sources, which is empty"
+        )
+
+
+def _check_interrupt(rollout: schema.RolloutConfig) -> None:
+    """`rollout.interrupt`'s values and what they need of the rest of `rollout`."""
+    it = rollout.interrupt
+    if it.thinking_budget < 0 or it.answer_budget < 1:
+        raise ValueError(
+            "rollout.interrupt: thinking_budget must be >= 0 (0 = off) and "
+            f"answer_budget >= 1, got {it.thinking_budget} and {it.answer_budget}"
+        )
+    if not it.thinking_budget:
+        return
+    if not it.text:
+        raise ValueError("rollout.interrupt.text must not be empty")
+    if rollout.backend == "vllm":
+        raise ValueError(
+            "rollout.interrupt (budget forcing) is not supported with "
+            "rollout.backend: vllm; use rollout.backend: jetstream or set "
+            "rollout.interrupt.thinking_budget: 0"
+        )
+    if it.thinking_budget + it.answer_budget >= rollout.max_new_tokens:
+        raise ValueError(
+            f"rollout.interrupt: thinking_budget={it.thinking_budget} + "
+            f"answer_budget={it.answer_budget} + the text's tokens must fit in "
+            f"rollout.max_new_tokens={rollout.max_new_tokens}"
+        )
+
+
+def check_runtime(cfg: schema.Config, *, source: str = "<config>") -> None:
+    """Raises ConfigError when this machine lacks what `cfg` needs to run (not to be planned:
+    `rlvr-train --dry-run` skips it): today the `vllm` package for `rollout.backend: vllm`."""
+    import importlib.util
+
+    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"{source}: rollout.backend: vllm needs the vllm package, which is not installed "
+            "here; install the extra on a GPU machine (pip install 'rlvr_jax[vllm]') or set "
+            "rollout.backend: jetstream (our engine, runs everywhere)"
+        )

@@ -1,0 +1,71 @@
+"""`algorithm` → (config checks, batch source, learner update): the table the loop runs from.
+Each algorithm reads in its own file; what they share is `common.py` (the `Context` and the
+`Update` base, whose `compile` is the update itself on abstract arrays).
+
+| algorithm | file | source → update |
+|---|---|---|
+| `rl` | `rl.py` | `RolloutSource` → `RLUpdate`: old/ref log-probs, `updates_per_batch` steps |
+| `rl`, `loss.advantage: gae` | `ppo.py` | `RolloutSource` → `PPOUpdate`: critic values, GAE |
+| `sft` | `sft.py` | `SFTSource` → `SFTUpdate`: one SFT step |
+| `expert_iteration` | `expert_iteration.py` | `ExpertIterationSource` → `SFTUpdate` |
+| `rl_sft_parallel` | `rl_sft_parallel.py` | `PairingSource` → `ParallelUpdate` |
+| `dpo` | `dpo.py` | `PreferenceSource` → `DPOUpdate`: one DPO step |
+
+`validate(cfg)` checks what the algorithm needs of the config alone; `rlvr_jax.config.load`
+runs it (errors name the key and the file), so a bad combination fails before anything is
+built. Checks that need the model or the data run when the update or the source is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from rlvr_jax.config.schema import Config
+from rlvr_jax.training.algorithms import dpo, expert_iteration, ppo, rl, rl_sft_parallel, sft
+from rlvr_jax.training.algorithms.common import Context, Update, uses_critic
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """How an `algorithm` builds its source and its learner update, and checks its config."""
+
+    source: Callable[[Context, Any, int], Any]
+    """(context, params, policy version) → the batch source (its engine starts from params)."""
+    update: Callable[[Context], Update]
+    validate: Callable[[Config], None]
+    """Raises ValueError naming the key of a setting the algorithm cannot run with."""
+
+
+def _rl_validate(cfg: Config) -> None:
+    rl.validate(cfg)
+    if uses_critic(cfg):
+        ppo.validate(cfg)
+
+
+def _rl_update(ctx: Context) -> Update:
+    return ppo.update(ctx) if ctx.settings.uses_critic else rl.update(ctx)
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "rl": Algorithm(rl.source, _rl_update, _rl_validate),
+    "sft": Algorithm(sft.source, sft.update, sft.validate),
+    "expert_iteration": Algorithm(
+        expert_iteration.source, expert_iteration.update, expert_iteration.validate
+    ),
+    "rl_sft_parallel": Algorithm(
+        rl_sft_parallel.source, rl_sft_parallel.update, rl_sft_parallel.validate
+    ),
+    "dpo": Algorithm(dpo.source, dpo.update, dpo.validate),
+}
+"""The checks, the source and the learner update of each `algorithm`."""
+
+
+def get_algorithm(name: str) -> Algorithm:
+    if name not in ALGORITHMS:
+        raise ValueError(f"algorithm: unknown {name!r}; expected one of {list(ALGORITHMS)}")
+    return ALGORITHMS[name]
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "Context", "Update", "get_algorithm"]

@@ -1,0 +1,144 @@
+"""`algorithm: expert_iteration`: SFT on the policy's own verified-correct samples
+(ALGORITHMS.md: "Expert iteration is SFT on the correct samples").
+
+    rlvr-train --config F algorithm=expert_iteration    # data.sources, verified samples
+
+Each step is one on-policy round: `train.prompts_per_batch` prompts × `rollout.num_samples`
+samples, every completion verified, and the kept ones trained on by `sft.expert_sft_steps` SFT
+steps (`sft.SFTUpdate`). A completion is kept when its *verifier* score (`ScoredGroup.scores_G`)
+— before domain weights, the format term and length penalties, which shape RL rewards but say
+nothing about correctness — is at least `sft.expert_min_score`. It is trained on exactly as
+sampled (prompt ids, then the completion ids with the stop token that ended it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from rlvr_jax.config.schema import Config
+from rlvr_jax.training.algorithms.common import Context, micro_batches
+from rlvr_jax.training.algorithms.sft import SFTUpdate
+from rlvr_jax.training.batch import TokenBatch, collate_sft
+from rlvr_jax.training.groups import BatchAssembler, ScoredGroup
+from rlvr_jax.training.rollouts import GeneratingSource, Rollouts, build_rollouts
+from rlvr_jax.training.sources import Batch
+
+
+def validate(cfg: Config) -> None:
+    """`sft.expert_min_score` in (0, 1], `sft.expert_sft_steps` >= 1, and
+    `train.micro_batch_size` dividing a round's prompts × samples rows."""
+    sft = cfg.sft
+    if not 0.0 < sft.expert_min_score <= 1.0:
+        raise ValueError(
+            f"sft.expert_min_score must be in (0, 1] (verifier scores are in [0, 1]; <= 0 "
+            f"would keep unverified samples), got {sft.expert_min_score}"
+        )
+    if sft.expert_sft_steps < 1:
+        raise ValueError(f"sft.expert_sft_steps must be >= 1, got {sft.expert_sft_steps}")
+    rows = cfg.train.prompts_per_batch * cfg.rollout.num_samples
+    micro_batches(rows, cfg.train.micro_batch_size, "SFT batch")
+
+
+def kept_mask(group: ScoredGroup, *, min_score: float) -> np.ndarray:
+    """bool[G]: the completions of `group` kept as SFT examples (verifier score ≥ `min_score`
+    and at least one token)."""
+    if len(group.scores_G) != len(group.completions):
+        raise ValueError(
+            f"group of {len(group.completions)} completions has {len(group.scores_G)} scores"
+        )
+    lengths_G = np.array([len(c.tokens) for c in group.completions])
+    return (np.asarray(group.scores_G) >= min_score) & (lengths_G > 0)
+
+
+def expert_examples(
+    groups: Sequence[ScoredGroup], *, min_score: float
+) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, completion ids) of every kept completion (`kept_mask`), in (group,
+    sample) order."""
+    prompts, responses = [], []
+    for g in groups:
+        for completion, keep in zip(g.completions, kept_mask(g, min_score=min_score)):
+            if keep:
+                prompts.append(list(g.prompt_tokens))
+                responses.append(list(completion.tokens))
+    return prompts, responses
+
+
+def expert_metrics(groups: Sequence[ScoredGroup], *, min_score: float) -> dict[str, float]:
+    """`expert/kept` (completions kept), `expert/kept_fraction`, `expert/verifier_mean` and
+    `expert/prompts_solved` (the fraction of prompts with a kept completion)."""
+    masks = [kept_mask(g, min_score=min_score) for g in groups]
+    total = sum(len(m) for m in masks)
+    kept = sum(int(m.sum()) for m in masks)
+    scores = [np.asarray(g.scores_G, np.float32) for g in groups]
+    return {
+        "expert/kept": float(kept),
+        "expert/kept_fraction": kept / max(total, 1),
+        "expert/verifier_mean": float(np.concatenate(scores).mean()) if total else 0.0,
+        "expert/prompts_solved": float(np.mean([m.any() for m in masks])) if masks else 0.0,
+    }
+
+
+class ExpertIterationSource(GeneratingSource):
+    """`algorithm: expert_iteration`: each step is one on-policy round — `prompts_per_batch`
+    prompts issued after the previous update reached the engine, every completion verified, the
+    completions whose verifier score is at least `min_score` laid out as an SFT batch of
+    prompts × samples rows (rows not filled are masked; a round that keeps nothing makes no
+    update). No group is filtered. Extra metrics: `expert/*`."""
+
+    def __init__(self, ctx: Context, rollouts: Rollouts) -> None:
+        cfg = ctx.cfg
+        self.rollouts, self.P = rollouts, cfg.train.prompts_per_batch
+        self.min_score, self.rows, self.pad_id = cfg.sft.expert_min_score, ctx.rows, ctx.pad_id
+        self.full_len, self.row_multiple = ctx.seq_len, ctx.row_multiple
+        self.max_tokens = cfg.train.max_tokens_per_micro_batch
+
+    def next(self, policy_version: int) -> Batch | None:
+        r = self.rollouts
+        t0 = time.perf_counter()
+        r.fill(self.P)
+        done: list[Any] = []
+        while len(done) < self.P:
+            more = r.completed()
+            if not more:
+                return None
+            done.extend(more)
+        r.consume([g.request_id for g in done])
+        groups, metrics = r.score(done)
+        asm = BatchAssembler(self.P, zero_variance_filter=False)
+        for g in groups:
+            asm.offer(g, policy_version)
+        metrics = {
+            **metrics,
+            **asm.metrics(),
+            **expert_metrics(groups, min_score=self.min_score),
+            **r.kv_metrics(),
+        }
+        metrics["staleness/mean"] = 0.0
+        metrics["time/rollout_s"] = time.perf_counter() - t0
+        prompts, responses = expert_examples(groups, min_score=self.min_score)
+        arrays: TokenBatch | None = None
+        if prompts:
+            arrays = collate_sft(
+                prompts, responses, rows=self.rows, seq_len=self.full_len + 1, pad_id=self.pad_id,
+                max_tokens=self.max_tokens, row_multiple=self.row_multiple,
+            )  # fmt: skip
+        return Batch(
+            arrays,
+            metrics=metrics,
+            texts=[g.texts[0] for g in groups if g.texts],
+            tokens=sum(len(c.tokens) for g in groups for c in g.completions),
+        )
+
+
+def source(ctx: Context, params: Any, version: int) -> ExpertIterationSource:
+    rollouts = build_rollouts(ctx, params, version, in_flight=ctx.cfg.train.prompts_per_batch)
+    return ExpertIterationSource(ctx, rollouts)
+
+
+def update(ctx: Context) -> SFTUpdate:
+    return SFTUpdate(ctx, rows=ctx.rows, repeat=ctx.cfg.sft.expert_sft_steps)

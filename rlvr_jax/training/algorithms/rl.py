@@ -1,0 +1,262 @@
+"""`algorithm: rl`: GRPO-family RL on the actors' rollouts (PPO with a critic is `ppo.py`).
+
+Source, `RolloutSource`: batches of `train.prompts_per_batch` kept groups from `Rollouts` —
+zero-variance filtering, active sampling, the staleness bound (async), advantages → `RLBatch`.
+Async mode keeps `rollout.queue_size` batches of requests in flight, topped up before returning
+each batch so the actors generate the next one while the learner trains on this one.
+
+Update, `RLUpdate`: the log-probs the loss needs from the learner first — θ_old's (several
+updates per batch, TIS mask mode, reward-KL), the reference policy's (KL on) — then
+`train.updates_per_batch` optimizer steps on mini-batches of the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax import losses
+from rlvr_jax.config.schema import Config
+from rlvr_jax.training import learner
+from rlvr_jax.training.algorithms.common import (
+    Context,
+    Update,
+    micro_batches,
+    step_micro_batches,
+)
+from rlvr_jax.training.critic import warn_if_unused
+from rlvr_jax.training.groups import BatchAssembler, build_batch, rewards_N
+from rlvr_jax.training.optimizer import make_optimizer
+from rlvr_jax.training.rollouts import (
+    GeneratingSource,
+    Rollouts,
+    build_rollouts,
+    merge_service_metrics,
+)
+from rlvr_jax.training.sources import Batch
+
+
+def validate(cfg: Config) -> None:
+    """`train.updates_per_batch` mini-batches must split the rollout batch, and
+    `train.micro_batch_size` each mini-batch."""
+    t = cfg.train
+    rows, u = t.prompts_per_batch * cfg.rollout.num_samples, t.updates_per_batch
+    if u < 1:
+        raise ValueError(f"train.updates_per_batch must be >= 1, got {u}")
+    if rows % u:
+        raise ValueError(f"train.updates_per_batch={u} must divide the batch of {rows} completions")
+    micro_batches(rows // u, t.micro_batch_size, "mini-batch")
+
+
+class RolloutSource(GeneratingSource):
+    """`algorithm: rl`: batches of `train.prompts_per_batch` kept groups (see module docstring)."""
+
+    def __init__(self, ctx: Context, rollouts: Rollouts) -> None:
+        cfg = ctx.cfg
+        f = cfg.filter
+        self.rollouts, self.settings, self.P = rollouts, ctx.settings, cfg.train.prompts_per_batch
+        self.mode, self.queue_size = cfg.rollout.mode, cfg.rollout.queue_size
+        self.max_staleness = cfg.rollout.max_staleness
+        self.zero_variance, self.overlong_filter = f.zero_variance, f.overlong_filter
+        self.cap = self.P * max(f.max_draws, 1) if f.active_sampling else self.P
+        self.rows, self.seq_len, self.pad_id = ctx.rows, ctx.batch_length, ctx.pad_id
+        self.packing = dict(
+            max_tokens=cfg.train.max_tokens_per_micro_batch,
+            updates=cfg.train.updates_per_batch,
+            row_multiple=ctx.row_multiple,
+        )
+        self.on_policy = self.mode == "sync"
+
+    def next(self, policy_version: int) -> Batch | None:
+        r = self.rollouts
+        asm = BatchAssembler(
+            self.P,
+            zero_variance_filter=self.zero_variance,
+            max_staleness=self.max_staleness if self.mode == "async" else None,
+        )
+        taken: list[int] = []
+        service: list[dict[str, float]] = []
+        t0 = time.perf_counter()
+        while not asm.full and asm.drawn < self.cap:
+            if self.mode == "async":
+                r.fill(self._async_target())
+            else:
+                r.fill(min(self.P - len(asm.kept), self.cap - asm.drawn))
+            done = r.completed()
+            if not done:  # stopped: nothing is consumed, the requests stay in flight
+                return None
+            taken.extend(g.request_id for g in done)
+            scored, metrics = r.score(done)
+            service.append(metrics)
+            for g in scored:
+                asm.offer(g, policy_version)
+        if r.stop():  # a signal came while these groups were scored: the run stops before
+            return None  # this step; they stay in the resume bookkeeping, not consumed
+        r.consume(taken)
+        if self.mode == "async":  # the actors generate the next batch while this one trains
+            r.fill(self._async_target())
+        kept = asm.kept
+        arrays, slots = None, None
+        if kept:
+            arrays, slots = build_batch(
+                kept,
+                self.settings,
+                rows=self.rows,
+                seq_len=self.seq_len(kept) + 1,
+                pad_id=self.pad_id,
+                overlong_filter=self.overlong_filter,
+                **self.packing,
+            )
+        metrics = {**merge_service_metrics(service), **asm.metrics(), **r.kv_metrics()}
+        metrics["staleness/mean"] = (
+            float(np.mean([policy_version - g.version for g in kept])) if kept else 0.0
+        )
+        metrics["time/rollout_s"] = time.perf_counter() - t0
+        return Batch(
+            arrays,
+            metrics=metrics,
+            texts=[g.texts[0] for g in kept if g.texts],
+            tokens=sum(len(c.tokens) for g in kept for c in g.completions),
+            rewards_B=rewards_N(kept),
+            group_size=r.num_samples,
+            slots=slots,
+        )
+
+    def _async_target(self) -> int:
+        """Requests kept in flight in async mode: `rollout.queue_size` batches."""
+        return self.P * max(self.queue_size, 1)
+
+
+def source(ctx: Context, params: Any, version: int) -> RolloutSource:
+    """The rollout source, its engine starting from `params` at policy `version`."""
+    cfg = ctx.cfg
+    in_flight = cfg.train.prompts_per_batch * max(cfg.rollout.queue_size, cfg.filter.max_draws, 1)
+    return RolloutSource(ctx, build_rollouts(ctx, params, version, in_flight=in_flight))
+
+
+class RLUpdate(Update):
+    """`train.updates_per_batch` optimizer steps on mini-batches of each RL batch (see the module
+    docstring). Subclasses make another step (`_make_step`), prepare the advantages another way
+    (`_advantages`), or give the step more batches (`_step_args`)."""
+
+    def __init__(self, ctx: Context) -> None:
+        cfg, settings = ctx.cfg, ctx.settings
+        self.updates = cfg.train.updates_per_batch
+        n_micro = step_micro_batches(cfg, ctx.rows // self.updates, "mini-batch")
+        options = dict(
+            max_len=cfg.rollout.max_new_tokens,
+            compute_dtype=cfg.model.compute_dtype,
+            temperature=cfg.rollout.temperature,
+            memory=ctx.memory,
+        )
+        step, optimizer = self._make_step(ctx, make_optimizer(cfg.train), n_micro, options)
+        super().__init__(ctx, step, optimizer)
+        self.logprob = learner.make_logprob_fn(
+            ctx.model.config,
+            compute_dtype=cfg.model.compute_dtype,
+            temperature=cfg.rollout.temperature,
+            memory=ctx.memory,
+        )
+        self.needs_old = (
+            (self.updates > 1 and settings.ratio_denominator == "old")
+            or settings.tis_mode == "mask"
+            or settings.reward_kl_coef > 0
+        )
+        self.ref_params = ctx.model.params if settings.needs_ref_logp else None
+
+    def _make_step(
+        self, ctx: Context, optimizer: Any, n_micro: int | None, options: dict[str, Any]
+    ) -> tuple[Callable, Any]:
+        """(the pure step, its optimizer)."""
+        warn_if_unused(ctx.cfg, ctx.settings)
+        step = learner.make_train_step(
+            ctx.model.config, optimizer, ctx.settings, n_micro=n_micro, **options
+        )
+        return step, optimizer
+
+    def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
+        if batch.arrays is None:
+            return state, [], 0
+        full = self.put(self._rl_part(batch.arrays))
+        if self.needs_old:
+            full = full.replace(old_logp_BxT=self.call(self.logprob, state.params, full))
+        if self.ref_params is not None:
+            full = full.replace(ref_logp_BxT=self.call(self.logprob, self.ref_params, full))
+        full, before = self._advantages(state, full, batch)
+        if self.ctx.cfg.train.save_batch and not self.abstract:
+            self._save(state, full, batch)
+        out = []
+        for u in range(self.updates):
+            mini = full if self.updates == 1 else self.mini_batch(full, u, self.updates)
+            state, metrics = self.call(self.step, state, mini, *self._step_args(batch, u))
+            out.append({**metrics, **before})
+        return state, out, self.updates
+
+    def _rl_part(self, arrays: Any) -> Any:
+        return arrays
+
+    def _step_args(self, batch: Batch, u: int) -> tuple:
+        """What the step takes after the state and the RL mini-batch."""
+        del batch, u
+        return ()
+
+    def _advantages(self, state: Any, full: Any, batch: Batch) -> tuple[Any, dict[str, Any]]:
+        """(the batch with the advantages the loss uses, metrics of making them): with
+        `loss.kl_mode: reward`, those of the KL-penalised rewards, which need the learner's
+        log-probs."""
+        del state
+        if self.ctx.settings.reward_kl_coef > 0 and not self.abstract:  # (nothing to compile)
+            adv_B = kl_advantages(self.ctx.settings, full, batch)
+            full = full.replace(advantages_B=self.put(adv_B))
+        return full, {}
+
+    def _save(self, state: Any, full: Any, batch: Batch) -> None:
+        """`train.save_batch`: the batch as a loss-lab file (`rlvr-bench losses --batch`)."""
+        from rlvr_jax.losses.batch_file import save_batch
+
+        old = full.old_logp_BxT
+        if old is None:
+            old = self.logprob(state.params, full)
+        # the completions in sample order (groups of G), as the loss lab reads them
+        slots = batch.slots
+        advantages = full.advantages_B if full.advantages_BxT is None else full.advantages_BxT
+        extra = {} if full.ref_logp_BxT is None else {"ref_logp": full.ref_logp_BxT[slots]}
+        save_batch(
+            self.ctx.cfg.train.save_batch,
+            logp=old[slots],
+            old_logp=old[slots],
+            sampler_logp=full.sampler_logp_BxT[slots],
+            advantages=advantages[slots],
+            mask=full.mask_BxT[slots],
+            rewards=batch.rewards_B,
+            group_size=np.asarray(batch.group_size),
+            max_len=np.asarray(self.ctx.cfg.rollout.max_new_tokens),
+            **extra,
+        )
+
+
+def kl_advantages(settings: losses.LossSettings, full: Any, batch: Batch) -> jax.Array:
+    """`loss.kl_mode: reward`: advantages [B] of the KL-penalised rewards (the penalty needs
+    the learner's old and reference log-probs), 0 on padding rows."""
+    slots = jnp.asarray(batch.slots)
+    penalised_N = losses.kl_reward_penalty(
+        jnp.asarray(batch.rewards_B),
+        logp=full.old_logp_BxT[slots],
+        ref_logp=full.ref_logp_BxT[slots],
+        mask=full.mask_BxT[slots],
+        kl_coef=settings.reward_kl_coef,
+        kl_estimator=settings.kl_estimator,
+    )
+    adv_N = losses.advantages(
+        settings.advantage, penalised_N.reshape(-1, batch.group_size)
+    ).reshape(-1)
+    return jnp.zeros(full.advantages_B.shape, jnp.float32).at[slots].set(adv_N)
+
+
+def update(ctx: Context) -> RLUpdate:
+    return RLUpdate(ctx)
