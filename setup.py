@@ -48,6 +48,9 @@ setup(
             "torch==2.13.0",
             "nltk>=3.9.1,<4",
             "openai>=3.57,<4",  # the official client, for rlvr-serve's tests
+            "peft>=0.21,<0.22",  # LoRA export: PeftModel.from_pretrained loads our adapters
+            "qwix>=0.1.8,<0.2",  # JAX LoRA / quantization (Tunix's)
+            "gymnasium>=1.4,<2",  # gymnasium-style text environments run unchanged
         ],
         # Never installed by the scripts here: they pull accelerator builds.
         "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
