@@ -10,7 +10,7 @@ import pytest
 from rlvr_jax import losses, models, sharding
 from rlvr_jax.config.schema import TrainConfig
 from rlvr_jax.training import learner
-from rlvr_jax.training.batch import Sample, bucket_length, collate
+from rlvr_jax.training.batch import Sample, TokenBatch, bucket_length, collate
 from rlvr_jax.training.optimizer import learning_rate_schedule, make_optimizer
 
 ARCH = models.ArchConfig.from_hf(
@@ -205,3 +205,34 @@ def test_memory_options_do_not_change_the_update():
         params, ARCH, batch, compute_dtype=jnp.float32, temperature=1.0, memory=mem
     )
     np.testing.assert_allclose(logp_a, logp_b, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_tokens", [0, 4096])
+def test_learner_passes_max_segments_to_the_kernel_choice(monkeypatch, max_tokens):
+    """`Context.memory` declares the rows' segment bound (1, or the packer's when packed) and
+    the learner's forward hands it to the attention resolution, which on a bf16 GPU then picks
+    cuDNN (the resolution is spied on here; blockwise runs on this CPU)."""
+    from rlvr_jax.config import load
+    from rlvr_jax.models import attention, decoder
+    from rlvr_jax.training.algorithms.common import Context
+    from rlvr_jax.training.packing import MAX_SEQS_PER_ROW
+
+    cfg = load("configs/demo.yaml", [f"train.max_tokens_per_micro_batch={max_tokens}"])
+    ctx = Context(cfg, None, None, None, None, None, None)
+    expected = MAX_SEQS_PER_ROW if max_tokens else 1
+    assert ctx.memory.max_segments == expected
+    seen = []
+
+    def spy(impl, **kw):
+        gpu = {**kw, "platform": "gpu", "check_library": False}
+        seen.append((kw["max_segments"], attention.resolve_impl(impl, **gpu)))
+        return "blockwise"
+
+    params = models.init_params(ARCH, jax.random.key(0))
+    monkeypatch.setattr(decoder, "resolve_impl", spy)
+    ids = jnp.ones((2, 16), jnp.int32)
+    batch = TokenBatch(ids, ids, jnp.broadcast_to(jnp.arange(16), (2, 16)), ids, ids * 1.0)
+    learner.token_logprobs(
+        params, ARCH, batch, compute_dtype=jnp.bfloat16, temperature=1.0, memory=ctx.memory
+    )
+    assert seen and all(s == (expected, "cudnn") for s in seen)

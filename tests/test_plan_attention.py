@@ -53,3 +53,13 @@ def test_blockwise_is_linear_in_t():
 def test_explicit_kernel_that_cannot_run_is_a_named_error():
     with pytest.raises(plan.PlanError, match=r"model\.attention_impl=cudnn needs an NVIDIA GPU"):
         _plan("model.attention_impl=cudnn")
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_gpu_plan_resolves_cudnn_with_the_batch_layout_declared(packed):
+    """`auto` on an H100 in bf16 needs the rows' segment bound: one sequence per row, or
+    `packing.MAX_SEQS_PER_ROW` when packed (the learner passes the same bound)."""
+    gpu = str(ROOT / "configs" / "qwen_7b_rl_gpu_vllm.yaml")
+    budget = "train.max_tokens_per_micro_batch=" + ("65536" if packed else "0")
+    p = plan.make_plan(load(gpu, ["model.attention_impl=auto", budget]))
+    assert p.attention == "cudnn"

@@ -51,12 +51,15 @@ __all__ = [
 @dataclasses.dataclass(frozen=True)
 class MemoryOptions:
     """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`,
-    `model.attention_impl`)."""
+    `model.attention_impl`), and the batches' row layout the attention kernel may rely on."""
 
     remat: bool = False
     attn_chunk: int = 0
     logits_chunk: int = 0
     attention_impl: str = "auto"
+    max_segments: int = 0
+    """Sequences per row at most: 1 for one-per-row batches, `packing.MAX_SEQS_PER_ROW` for
+    packed ones, 0 = unknown (`auto` then never picks cuDNN, whose packed layout needs it)."""
 
 
 NO_MEMORY_SAVING = MemoryOptions()
@@ -95,7 +98,10 @@ def token_logprobs(
 
 def _apply_options(memory: MemoryOptions) -> dict[str, Any]:
     return dict(
-        remat=memory.remat, attn_chunk=memory.attn_chunk, attention_impl=memory.attention_impl
+        remat=memory.remat,
+        attn_chunk=memory.attn_chunk,
+        attention_impl=memory.attention_impl,
+        max_segments=memory.max_segments,
     )
 
 

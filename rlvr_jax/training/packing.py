@@ -8,10 +8,12 @@ one compiled step serves them all, and a sequence never straddles rows or micro-
 
 - `one_per_row`: today's unpacked layout (sequence i alone in row i; one micro-batch shape
   decided later by `train.micro_batch_size`).
-- `pack_tokens`: first-fit-decreasing bin packing into rows of the batch's length bucket, and as
-  many rows per micro-batch as `train.max_tokens_per_micro_batch` allows; the number of
-  micro-batches follows the batch's tokens, rounded up on a short ladder (1, 2, 3, 4, 6, 8,
-  12, 16, ...: a few compiled shapes, at most a third of a micro-batch of padding rows).
+- `pack_tokens`: first-fit-decreasing bin packing into rows of the batch's length bucket (at
+  most `MAX_SEQS_PER_ROW` sequences a row: the bound the learner declares to cuDNN's packed
+  attention, `learner.MemoryOptions.max_segments`), and as many rows per micro-batch as
+  `train.max_tokens_per_micro_batch` allows; the number of micro-batches follows the batch's
+  tokens, rounded up on a short ladder (1, 2, 3, 4, 6, 8, 12, 16, ...: a few compiled shapes,
+  at most a third of a micro-batch of padding rows).
 - `pack_examples`: the in-order packing `scripts/pretrain_tiny.py` uses (next-fit), kept for
   the shipped base model's bit-identical recipe.
 """
@@ -73,14 +75,25 @@ def ladder(n: int) -> int:
     return p
 
 
+MAX_SEQS_PER_ROW = 32
+"""Sequences `pack_tokens` puts on one row at most."""
+
+
+def max_segments(max_tokens_per_micro_batch: int) -> int:
+    """Sequences a learner row holds at most: `MAX_SEQS_PER_ROW` when batches are packed
+    (`train.max_tokens_per_micro_batch` > 0), else 1 (one sequence per row, right-padded)."""
+    return MAX_SEQS_PER_ROW if max_tokens_per_micro_batch else 1
+
+
 def _ffd_rows(lengths: Sequence[int], row_len: int) -> list[list[int]]:
-    """First-fit-decreasing bin packing of sequences into rows of `row_len` tokens."""
+    """First-fit-decreasing bin packing of sequences into rows of `row_len` tokens, at most
+    `MAX_SEQS_PER_ROW` to a row."""
     rows: list[list[int]] = []
     free: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
         n = lengths[i]
         for r, room in enumerate(free):
-            if n <= room:
+            if n <= room and len(rows[r]) < MAX_SEQS_PER_ROW:
                 rows[r].append(i)
                 free[r] -= n
                 break

@@ -266,12 +266,14 @@ def attention_kernel(cfg: Config, arch: Any) -> str:
     """The kernel `model.attention_impl` means on the planned hardware (`mesh.hardware`, else
     this process's platform). PlanError when an explicit choice cannot run there."""
     from rlvr_jax.models import attention
+    from rlvr_jax.training.packing import max_segments
 
     try:
         return attention.resolve_impl(
             cfg.model.attention_impl,
             compute_dtype=cfg.model.compute_dtype,
             head_dim=arch.head_dim,
+            max_segments=max_segments(cfg.train.max_tokens_per_micro_batch),
             platform=attention.platform_of(cfg.mesh.hardware),
             check_library=False,
         )

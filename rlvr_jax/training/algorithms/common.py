@@ -28,6 +28,7 @@ from rlvr_jax.config.schema import Config
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import bucket_length, mini_batch
 from rlvr_jax.training.distributed import global_array
+from rlvr_jax.training.packing import max_segments
 from rlvr_jax.training.update import init_state, jit_train_step
 
 
@@ -68,6 +69,7 @@ class Context:
             attn_chunk=t.attn_chunk,
             logits_chunk=t.logits_chunk,
             attention_impl=self.cfg.model.attention_impl,
+            max_segments=max_segments(t.max_tokens_per_micro_batch),
         )
 
     @property
