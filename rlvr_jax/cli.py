@@ -117,6 +117,7 @@ _BENCH: dict[str, tuple[str, str]] = {
     "learner": ("rlvr_jax.bench.learner", "Train-step tokens/s and achieved FLOPs fraction."),
     "e2e": ("rlvr_jax.bench.e2e", "The demo RL setup in sync and async mode."),
     "waste": ("rlvr_jax.bench.waste", "Static vs continuous batching waste."),
+    "mismatch": ("rlvr_jax.bench.mismatch", "Sampler vs learner log-probs, default and exact."),
     "all": ("rlvr_jax.bench.all", "Every benchmark, one JSON and one table."),
 }
 

@@ -383,3 +383,22 @@ def test_padding_values_never_leak():
     assert np.isfinite(float(loss)) and np.isfinite(np.asarray(grad)).all()
     assert all(np.isfinite(float(v)) for v in metrics.values())
     assert float(grad[0, 2]) == 0.0
+
+
+def test_mismatch_metrics_split_the_sampler_learner_kl_by_lag():
+    # five masked-in tokens (the sixth is padding); δ = old − sampler
+    old = jnp.asarray([[-1.0, -2.0, -0.5], [-3.0, -1.25, 9.0]], jnp.float32)
+    sampler = jnp.asarray([[-1.0, -2.5, -0.5], [-2.0, -1.0, 0.0]], jnp.float32)
+    mask = jnp.asarray([[1, 1, 1], [1, 1, 0]], jnp.float32)
+    lag = jnp.asarray([[0, 0, 1], [0, 2, 0]], jnp.int32)
+    m = losses.mismatch_metrics(old, sampler, mask, lag)
+    # lag 0 and in the mask: (0,0) δ=0, (0,1) δ=.5, (1,0) δ=-1 — the padding (1,2) excluded
+    # k3 = e^δ − 1 − δ: 0, .148721, .367879; mean .172200
+    np.testing.assert_allclose(m["mismatch/kl"], (0.148721 + 0.367879) / 3, rtol=1e-5)
+    np.testing.assert_allclose(m["mismatch/max_abs_logp"], 1.0)
+    np.testing.assert_allclose(m["mismatch/bitwise_equal_fraction"], 1 / 3, rtol=1e-6)
+    assert float(m["mismatch/tokens"]) == 3 and float(m["lag/tokens"]) == 2
+    # lagging: (0,2) δ=0 → 0, (1,1) δ=-.25 → e^-.25 − .75 = .028801; mean .014400
+    np.testing.assert_allclose(m["lag/kl"], 0.028801 / 2, rtol=1e-4)
+    none = losses.mismatch_metrics(old, sampler, mask, jnp.ones_like(lag))
+    assert float(none["mismatch/kl"]) == 0 and float(none["mismatch/tokens"]) == 0

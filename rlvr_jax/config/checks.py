@@ -26,6 +26,11 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
 
     try:
         _check_interrupt(cfg.rollout)
+        if cfg.rollout.exact and cfg.rollout.backend == "vllm":
+            raise ValueError(
+                "rollout.exact replays completions through our engine's decode step; vLLM "
+                "computes another function: use rollout.backend: jetstream or rollout.exact: false"
+            )
         _check_eval(cfg)
         if cfg.mesh.num_devices < 0:
             raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")

@@ -177,6 +177,12 @@ class RolloutConfig:
     interrupt: InterruptConfig = field(default_factory=InterruptConfig)
     """Budget forcing (`rlvr_jax.rollout.interrupt`; our engine only, not vLLM); metric
     `rollout/interrupted_fraction`."""
+    exact: bool = False
+    """Sampler and learner compute the same function: the engine decodes every slot every
+    step (a slot's arithmetic then does not depend on the others), and the learner's old
+    log-probs (TIS, `mismatch/*`) are the completions replayed through the engine's own decode
+    step with the learner's params (`rlvr_jax.rollout.rescore`): equal to the sampler's bit for
+    bit on policy. Costs a second pass over the rollouts per step (docs/trainer.md)."""
 
 
 def _preset_or(default: Any) -> Any:

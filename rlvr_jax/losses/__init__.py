@@ -25,7 +25,7 @@ from rlvr_jax.losses.aggregation import AGGREGATIONS, aggregate, loss_denominato
 from rlvr_jax.losses.gae import explained_variance, gae, value_loss, whiten
 from rlvr_jax.losses.kl import KL_ESTIMATORS, get_kl_estimator, kl_reward_penalty
 from rlvr_jax.losses.masked import masked_mean
-from rlvr_jax.losses.metrics import token_entropy
+from rlvr_jax.losses.metrics import mismatch_metrics, token_entropy
 from rlvr_jax.losses.objective import policy_loss
 from rlvr_jax.losses.preference import (
     get_preference_loss,
@@ -68,6 +68,7 @@ __all__ = [
     "loss_denominator",
     "loss_settings_from_config",
     "masked_mean",
+    "mismatch_metrics",
     "policy_loss",
     "preference_loss",
     "register_advantage",

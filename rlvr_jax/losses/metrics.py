@@ -5,7 +5,8 @@ Keys (DESIGN.md's metric names where they exist): `clip_fraction`, `ratio/mean|m
 (k3 of the learner's old_logp against the sampler's log-probs: the rollout engine's health signal),
 `kl/ref` (the configured estimator against the reference), `tis/mean|min|max`,
 `tis/truncated_fraction`, `tis/masked_fraction`, `entropy` (from logits), `advantages/mean|std|
-min|max`, `tokens` (unmasked tokens that entered the loss), `variant/<key>` (a variant's aux).
+min|max`, `tokens` (unmasked tokens that entered the loss), `variant/<key>` (a variant's aux);
+`mismatch/*` and `lag/*` (`mismatch_metrics`: `kl/sampler_learner` split by policy version).
 All means are over this call's unmasked tokens (rows for [B] advantages).
 """
 
@@ -67,6 +68,29 @@ def tis_metrics(
     out["tis/truncated_fraction"] = masked_mean(truncated_BxT.astype(jnp.float32), kept_BxT)
     out["tis/masked_fraction"] = 1.0 - jnp.sum(kept_BxT) / jnp.maximum(jnp.sum(mask_BxT), 1.0)
     return out
+
+
+def mismatch_metrics(
+    old_logp_BxT: jax.Array, sampler_logp_BxT: jax.Array, mask_BxT: jax.Array, lag_BxT: jax.Array
+) -> dict[str, jax.Array]:
+    """`kl/sampler_learner` apart from policy lag. `mismatch/kl`, `mismatch/max_abs_logp` (max
+    |old_logp − sampler_logp|) and `mismatch/bitwise_equal_fraction` over the tokens whose whole
+    context the sampler computed with the params the learner scores them with (`lag_BxT` = 0):
+    the numerical gap between sampler and learner; `lag/kl` over the rest (sampled by older
+    params, or after an in-flight update on a KV cache they computed); `mismatch/tokens` and
+    `lag/tokens` count them. Each is 0 over no tokens."""
+    kl_BxT = k3(sampler_logp_BxT, old_logp_BxT)
+    same_BxT = jnp.where(lag_BxT == 0, mask_BxT, 0.0)
+    rest_BxT = mask_BxT - same_BxT
+    equal_BxT = (old_logp_BxT == sampler_logp_BxT).astype(jnp.float32)
+    return {
+        "mismatch/kl": masked_mean(kl_BxT, same_BxT),
+        "mismatch/max_abs_logp": masked_max(jnp.abs(old_logp_BxT - sampler_logp_BxT), same_BxT),
+        "mismatch/bitwise_equal_fraction": masked_mean(equal_BxT, same_BxT),
+        "mismatch/tokens": jnp.sum(same_BxT),
+        "lag/kl": masked_mean(kl_BxT, rest_BxT),
+        "lag/tokens": jnp.sum(rest_BxT),
+    }
 
 
 def advantage_metrics(advantages: jax.Array, mask_BxT: jax.Array) -> dict[str, jax.Array]:

@@ -31,13 +31,17 @@ Host half:
   top_k=0, num_samples=1, stop_token_ids=(), seed=0, batching="continuous",
   max_slots=None) -> list[Completion]`, ordered by (prompt_index, sample_index).
   `Completion(prompt_index, sample_index, tokens, logprobs, finish_reason,
-  policy_versions, sampled)`: tokens include the stop token that ended them; finish_reason is
-  "stop" or "length"; one policy version per token. Prompt i samples with seed
+  policy_versions, sampled, prompt_version)`: tokens include the stop token that ended them;
+  finish_reason is "stop" or "length"; one policy version per token (and the prompt
+  prefill's). Prompt i samples with seed
   `request_seed(seed, i)`. `batching="static"` is the baseline (a batch runs until its
   longest member ends); the tokens are the same either way. `interrupt=Interrupt(budget,
   tokens, answer_budget)` (also `GroupRequest.interrupt`, `RolloutStream(interrupt=...)`)
   forces `tokens` into a completion that reaches `budget` generated tokens, then lets it
   answer (`rlvr_jax.rollout.interrupt`, budget forcing); `Completion.sampled` marks them.
+- `rescore(engine, [(prompt, completion), ...], params=None, sampling=...)`: each completion's
+  log-probs replayed through the engine's own prefill and decode step; with
+  `EngineCore(exact=True)` (`rollout.exact`) they equal the sampler's bit for bit.
 
 The trainer's interface, `RolloutStream` (requests in continuously, completed groups out
 as soon as all their samples finish, weights swapped in flight)::
@@ -69,6 +73,7 @@ imports neither TensorFlow, JetStream, torch nor vLLM.
 
 from rlvr_jax.rollout.builder import (
     Rollout,
+    build_engine,
     build_rollout,
     engine_kwargs,
     sample_groups,
@@ -76,7 +81,7 @@ from rlvr_jax.rollout.builder import (
 )
 from rlvr_jax.rollout.core import EngineSpec
 from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest, make_engine_core
-from rlvr_jax.rollout.generation import generate, request_seed
+from rlvr_jax.rollout.generation import generate, request_seed, rescore
 from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.jetstream_engine import make_engine
 from rlvr_jax.rollout.sampling import SamplingParams
@@ -98,12 +103,14 @@ __all__ = [
     "Scheduler",
     "SchedulerStats",
     "SlotRequest",
+    "build_engine",
     "build_rollout",
     "engine_kwargs",
     "generate",
     "make_engine",
     "make_engine_core",
     "request_seed",
+    "rescore",
     "sample_groups",
     "sampling_params",
 ]

@@ -69,8 +69,9 @@ class Rollout(Protocol):
 
 def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
     """`EngineCore` keyword arguments of a `rollout:` config section (KV layout and budget,
-    page size, prefill chunk, decode chunk)."""
-    return {
+    page size, prefill chunk, decode chunk, exact; with `exact`, room to replay a whole
+    completion, `rescore`)."""
+    out = {
         "chunk": cfg.decode_chunk,
         "kv_layout": cfg.kv_layout,
         "page_size": cfg.page_size,
@@ -78,6 +79,9 @@ def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
         "kv_cache_gib": cfg.kv_cache_gib,
         "prefill_chunk": cfg.prefill_chunk,
     }
+    if cfg.exact:
+        out.update(exact=True, max_interrupt_ids=max(16, cfg.max_new_tokens))
+    return out
 
 
 def sampling_params(cfg: RolloutConfig) -> SamplingParams:
@@ -147,21 +151,30 @@ def build_rollout(
         if version:  # resumed: the engine loaded the checkpoint on disk, not these params
             engine.update_weights(model.params, version)
         return RolloutStream(None, scheduler=VllmScheduler(engine, version=version), **common)
+    engine = build_engine(cfg, model, mesh, tokenizer, max_len=max_len)
+    if compile_ahead:
+        engine.compile_ahead()
+    return RolloutStream(engine, **common)
+
+
+def build_engine(
+    cfg: RolloutConfig, model: Any, mesh: Any, tokenizer: Any, *, max_len: int | None = None
+) -> Any:
+    """The `EngineCore` `build_rollout` samples with (arguments as there): also the engine
+    the learner re-scores with under `rollout.exact` (`rescore`), which must be the same."""
     from rlvr_jax.rollout.engine import EngineCore
 
     kwargs = engine_kwargs(cfg)
+    forcing = interrupt_from_config(cfg.interrupt, tokenizer, max_new_tokens=cfg.max_new_tokens)
     if forcing is not None:  # room for the inserted tokens (the default fits most strings)
-        kwargs["max_interrupt_ids"] = max(16, len(forcing.tokens))
-    engine = EngineCore(
+        kwargs["max_interrupt_ids"] = max(kwargs.get("max_interrupt_ids", 16), len(forcing.tokens))
+    return EngineCore(
         model,
         max_slots=cfg.max_slots,
         max_len=max_len or model.config.max_position_embeddings,
         mesh=mesh,
         **kwargs,
     )
-    if compile_ahead:
-        engine.compile_ahead()
-    return RolloutStream(engine, **common)
 
 
 def sample_groups(

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.rollout import kernel
+from rlvr_jax.rollout.interrupt import REPLAY
 from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.sampling import SamplerMode, sample_tokens
 from rlvr_jax.rollout.state import (
@@ -211,6 +212,7 @@ def _decode_one(
     if spec.mesh is not None:  # the sampler reads whole rows: gather the vocab shards
         logits_BxV = constrain(logits_BxV, named(spec, ("cache_batch", None), logits_BxV.shape))
     next_pos_B = state.positions_B + 1
+    forced_token_B, forced_B, replay_B = _forced(state)
     tokens_B, logprobs_B = sample_tokens(
         logits_BxV,
         temperature_B=state.temperature_B,
@@ -220,11 +222,13 @@ def _decode_one(
         sample_B=state.sample_B,
         position_B=next_pos_B,
         mode=mode,
+        forced_B=jnp.where(forced_B, forced_token_B, -1),
     )
-    tokens_B, logprobs_B, forced_B = _force(state, tokens_B, logprobs_B)
+    inserted_B = forced_B & ~replay_B  # budget forcing: log-prob 0, never a stop
+    logprobs_B = jnp.where(inserted_B, 0.0, logprobs_B)
     produced_B = state.active_B
     generated_B = state.generated_B + produced_B.astype(jnp.int32)
-    is_stop_B = jnp.any(tokens_B[:, None] == state.stop_ids_BxE, axis=-1) & ~forced_B
+    is_stop_B = jnp.any(tokens_B[:, None] == state.stop_ids_BxE, axis=-1) & ~inserted_B
     # A token sampled at position S - 1 could not be fed back: the slot is full.
     full_B = next_pos_B >= spec.max_len - 1
     done_B = produced_B & (is_stop_B | (generated_B >= state.max_new_B) | full_B)
@@ -239,23 +243,19 @@ def _decode_one(
     return state, tokens_B, logprobs_B, produced_B, done_B
 
 
-def _force(
-    state: DecodeState, tokens_B: jax.Array, logprobs_B: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Budget forcing (`rlvr_jax.rollout.interrupt`): a slot whose generated count g is in
-    [budget, budget + inserted) emits (and feeds next) forced token g - budget instead of
-    the sampled one, with log-prob 0, and never stops on it. Returns (tokens_B,
-    logprobs_B, forced_B)."""
+def _forced(state: DecodeState) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(token_B, forced_B, replay_B): what a slot emits (and feeds next) instead of a draw.
+    Budget forcing (`rlvr_jax.rollout.interrupt`): a slot whose generated count g is in
+    [budget, budget + inserted) emits forced token g - budget (log-prob 0, never a stop). A
+    replay (budget `REPLAY`) emits forced token g, scored and stopping as a drawn one."""
     f = state.forced_BxF.shape[1]
-    index_B = state.generated_B - state.budget_B
+    replay_B = state.budget_B == REPLAY
+    index_B = state.generated_B - jnp.where(replay_B, 0, state.budget_B)
     at_B = jnp.clip(index_B, 0, f - 1)[:, None]
     token_B = jnp.take_along_axis(state.forced_BxF, at_B, axis=1)[:, 0]
-    forced_B = (state.budget_B >= 0) & (index_B >= 0) & (index_B < f) & (token_B >= 0)
-    return (
-        jnp.where(forced_B, token_B, tokens_B),
-        jnp.where(forced_B, 0.0, logprobs_B),
-        forced_B,
-    )
+    on_B = (state.budget_B >= 0) | replay_B
+    forced_B = on_B & (index_B >= 0) & (index_B < f) & (token_B >= 0)
+    return token_B, forced_B, replay_B
 
 
 _SLOT_FIELDS = (

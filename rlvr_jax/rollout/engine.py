@@ -53,6 +53,7 @@ class EngineCore(PagedOps):
         "pallas_gpu" (`paged_attention.select_impl`).
       geometry_tokens: (decode block, decode iteration, prefill block) in tokens (paged;
         default `paged_attention.GEOMETRY_TOKENS`).
+      exact: decode every slot every call (`EngineSpec.exact`, `rollout.exact`).
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class EngineCore(PagedOps):
         attention: str = "auto",
         geometry_tokens: tuple[int, int, int] | None = None,
         max_interrupt_ids: int = 16,
+        exact: bool = False,
     ):
         if chunk < 1:
             raise ValueError(f"chunk (decode steps per call) must be >= 1, got {chunk}")
@@ -86,6 +88,7 @@ class EngineCore(PagedOps):
             cache_dtype=compute if cache_dtype is None else jnp.dtype(cache_dtype).name,
             max_stop_ids=max_stop_ids,
             max_interrupt_ids=max_interrupt_ids,
+            exact=exact,
             mesh=mesh,
             rules=(sharding.ACTOR_RULES if rules is None else rules) if mesh else None,
             kv_layout=CONTIGUOUS,
@@ -229,11 +232,11 @@ class EngineCore(PagedOps):
         return SlotSettings(**arrays)
 
     def _set_interrupt(self, arrays: dict[str, np.ndarray], i: int, r: SlotRequest) -> None:
-        """Row `i` of `settings`' arrays for `r`'s budget forcing."""
+        """Row `i` of `settings`' arrays for `r`'s budget forcing (or replay)."""
         forced = r.interrupt.tokens
         if len(forced) > self.spec.max_interrupt_ids:
             raise RequestError(
-                f"{len(forced)} inserted token ids; this engine takes at most "
+                f"{len(forced)} inserted (or replayed) token ids; this engine takes at most "
                 f"{self.spec.max_interrupt_ids} (EngineCore(max_interrupt_ids=...))"
             )
         if any(not 0 <= t < self.config.vocab_size for t in forced):

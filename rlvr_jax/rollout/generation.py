@@ -1,4 +1,5 @@
-"""`generate`: completions for a list of prompts, from a model or an engine."""
+"""`generate`: completions for a list of prompts, from a model or an engine; `rescore`: the
+log-probs of given completions, replayed through an engine's decode step."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import numpy as np
 
 from rlvr_jax.models import Model
 from rlvr_jax.rollout.engine import EngineCore, RequestError
-from rlvr_jax.rollout.interrupt import Interrupt
-from rlvr_jax.rollout.sampling import SamplingParams
+from rlvr_jax.rollout.interrupt import Interrupt, Replay
+from rlvr_jax.rollout.kernel import DecodeParams
+from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.scheduler import BATCHING, Completion, GroupRequest, Scheduler
 
 DEFAULT_SLOTS = 32
@@ -128,3 +130,37 @@ def generate(
         )
     completions = [c for _, group in scheduler.run() for c in group]
     return sorted(completions, key=lambda c: (c.prompt_index, c.sample_index))
+
+
+def rescore(
+    engine: EngineCore,
+    sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    params: DecodeParams | None = None,
+    sampling: SamplingParams = DEFAULT_SAMPLING,
+) -> list[list[float]]:
+    """The per-token log-probs of each (prompt, completion) as `engine` computes them while
+    sampling: the completion is replayed through its prefill and decode step (`Replay`) with
+    `params` (decode layout, `engine.prepare`; default the engine's) and `sampling` (the
+    sampler's settings: its temperature sets the log-probs, and the same settings compile the
+    same program). With `engine.spec.exact` (every slot decoded every step, so a slot's
+    arithmetic does not depend on the others) the result equals what sampling reported, bit
+    for bit, for completions sampled by an engine of the same spec and params. Empty
+    completions give []."""
+    scheduler = Scheduler(engine, params=params)
+    for i, (prompt, tokens) in enumerate(sequences):
+        if len(tokens):
+            scheduler.add(
+                GroupRequest(
+                    key=i,
+                    prompt_index=i,
+                    prompt=tuple(int(t) for t in prompt),
+                    num_samples=1,
+                    seed=0,
+                    max_new_tokens=len(tokens),
+                    sampling=sampling,
+                    interrupt=Replay(tuple(int(t) for t in tokens)),
+                )
+            )
+    scored = {req.key: group[0].logprobs for req, group in scheduler.run()}
+    return [scored.get(i, []) for i in range(len(sequences))]

@@ -25,6 +25,33 @@ if TYPE_CHECKING:
     from rlvr_jax.config.schema import InterruptConfig
 
 
+REPLAY = -2
+"""The `budget` of a `Replay` (`DecodeState.budget_B`; -1 = no forcing)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """Teacher forcing through the decode step: the slot feeds `tokens` (a completion sampled
+    before) instead of drawing, and reports each one's log-prob as sampling does — the
+    re-score that computes exactly what the sampler computed (`rlvr_jax.rollout.rescore`).
+    Rides on budget forcing's device arrays (`budget` = `REPLAY`)."""
+
+    tokens: tuple[int, ...]
+    budget: int = REPLAY
+
+    def max_new_tokens(self, max_new_tokens: int) -> int:
+        """The slot's budget: the replayed tokens (RequestError past `max_new_tokens`)."""
+        if not 0 < len(self.tokens) <= max_new_tokens:
+            raise RequestError(
+                f"a replay of {len(self.tokens)} tokens needs 1..max_new_tokens={max_new_tokens}"
+            )
+        return len(self.tokens)
+
+    def sampled(self, n_tokens: int) -> None:
+        """Replayed tokens count as sampled (no flags)."""
+        del n_tokens
+
+
 @dataclasses.dataclass(frozen=True)
 class Interrupt:
     """One request's budget forcing."""

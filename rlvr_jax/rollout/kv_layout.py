@@ -203,9 +203,9 @@ class Paged:
 
     def row_buckets(self, spec: Any) -> tuple[int, ...]:
         """Slot counts a decode call may run on (one shard): B/8, B/4, B/2 (those of at
-        least 8) and B; with several shards just B."""
+        least 8) and B; with several shards, or exact, just B."""
         b = spec.max_slots
-        if spec.shards != 1:
+        if spec.shards != 1 or spec.exact:
             return (b,)
         return (*(b // d for d in (8, 4, 2) if b % d == 0 and b // d >= 8), b)
 
@@ -345,6 +345,7 @@ class ContiguousKV:
             req = group.request
             if group.prefix is None:
                 group.prefix = core_.prefill(sched.params, req.prompt)
+                group.kv_version = sched.version
                 sched.stats.prefills += 1
             n = min(len(free), req.num_samples - group.next_sample)
             slots, free = free[:n], free[n:]

@@ -150,6 +150,7 @@ class PagedKV:
                 return False
             pages = self.allocator.alloc(shard, pages_for(len(cached), self.spec.page_size))
             pf = group.prefill = _Prefill(shard, cached, pages)
+            group.kv_version = self.sched.version
             self.sched.stats.prefills += 1
         if not self._run_prefill(pf, budget):
             return False

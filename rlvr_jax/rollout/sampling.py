@@ -192,6 +192,7 @@ def sample_tokens(
     sample_B: jax.Array,
     position_B: jax.Array,
     mode: SamplerMode = UNFILTERED,
+    forced_B: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Samples one token per row and returns (tokens_B int32, logprobs_B float32).
 
@@ -202,6 +203,8 @@ def sample_tokens(
       seed_B, sample_B, position_B: the randomness key — request seed, sample index within
         the request's group, and absolute position of the token being sampled.
       mode: static filter switches (see `SamplerMode.for_params`).
+      forced_B: token ids emitted instead of a draw where >= 0 (budget forcing, replay); the
+        log-prob reported is theirs, computed as a drawn token's is.
     """
     logits_BxV = logits_BxV.astype(jnp.float32)
     greedy_B = temperature_B <= 0.0
@@ -216,5 +219,7 @@ def sample_tokens(
     u_token_B = uniform_from_key(seed_B, sample_B, position_B, _STREAM_TOKEN)
     drawn_B = _inverse_cdf(p_BxV, u_block_B, u_token_B)
     tokens_B = jnp.where(greedy_B, first_argmax(x_BxV, max_Bx1), drawn_B)
+    if forced_B is not None:
+        tokens_B = jnp.where(forced_B >= 0, forced_B, tokens_B)
     x_tok_B = jnp.take_along_axis(x_BxV, tokens_B[:, None], axis=-1)[:, 0]
     return tokens_B, x_tok_B - max_Bx1[:, 0] - log_z_B

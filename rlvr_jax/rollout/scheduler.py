@@ -62,6 +62,9 @@ class Completion:
     sampled: list[bool] | None = None
     """Per token: False where the engine inserted it (budget forcing, `rollout.interrupt`:
     not sampled, log-prob 0, never trained on); None = every token sampled."""
+    prompt_version: int | None = None
+    """The params version that computed the prompt's KV cache (a group's samples share one
+    prefill, which may predate an in-flight update); None = unknown."""
 
     @property
     def interrupted(self) -> bool:
@@ -112,6 +115,7 @@ class _Group:
     prefix: Prefix | None = None
     done: dict[int, Completion] = dataclasses.field(default_factory=dict)
     prefill: Any = None  # paged: the prompt's pages being (or once) prefilled
+    kv_version: int | None = None  # the params version of the prompt's prefill
 
 
 @dataclasses.dataclass
@@ -123,6 +127,7 @@ class _Slot:
     versions: list[int] = dataclasses.field(default_factory=list)
     pages: list[int] = dataclasses.field(default_factory=list)  # paged: logical order
     admitted: int = 0  # admission order (paged preemption takes the newest first)
+    prompt_version: int | None = None  # its group's `kv_version` when it was admitted
 
     @property
     def position(self) -> int:
@@ -294,7 +299,9 @@ class Scheduler:
 
     def _new_slot(self, group: _Group, sample_index: int) -> _Slot:
         self._admissions += 1
-        return _Slot(group, sample_index, admitted=self._admissions)
+        return _Slot(
+            group, sample_index, admitted=self._admissions, prompt_version=group.kv_version
+        )
 
     def step(self, *, admit: bool = True) -> list[tuple[GroupRequest, list[Completion]]]:
         """One boundary: admit waiting requests (unless `admit` is False), run one decode
@@ -356,6 +363,7 @@ class Scheduler:
                 finish_reason="stop" if stopped else "length",
                 policy_versions=slot.versions,
                 sampled=sampled,
+                prompt_version=slot.prompt_version,
             )
             if len(slot.group.done) == req.num_samples:
                 done = slot.group.done

@@ -62,7 +62,11 @@ class EngineSpec:
     geometry_tokens: tuple[int, int, int] = GEOMETRY_TOKENS
     """(decode block, decode iteration, prefill block) sizes in tokens (paged)."""
     max_interrupt_ids: int = 16
-    """F: inserted token ids a request's budget forcing may carry (`rollout.interrupt`)."""
+    """F: inserted token ids a request's budget forcing (or replay) may carry."""
+    exact: bool = False
+    """Every decode call runs all `max_slots` rows (no row buckets): XLA:CPU's matmul and
+    softmax code depends on the row count, so a fixed count makes a slot's arithmetic the same
+    whatever else is decoding (`rollout.exact`; contiguous engines always run every row)."""
 
     def __post_init__(self) -> None:
         if self.max_slots < 1:

@@ -100,6 +100,11 @@ class RLBatch:
     """PPO: per-token GAE advantages (used instead of `advantages_B`); None otherwise."""
     returns_BxT: Any = None
     """PPO: the critic's regression targets (GAE advantages + values); None otherwise."""
+    lag_BxT: Any = None
+    """int32 per completion token: policy versions between the params the learner scores the
+    batch with and the oldest params that computed the token's context (prompt prefill, earlier
+    tokens, itself); 0 = sampled by the learner's own params (the `mismatch/*` metrics), > 0 =
+    policy lag (`lag/kl`); None = unknown (no such metrics)."""
 
     @property
     def n_micro(self) -> int:
@@ -130,6 +135,8 @@ class Sample:
     sampled: Sequence[bool] | None = None
     """Per completion token: False masks that token out of the loss (tokens the engine
     inserted, budget forcing); None = every token trained on."""
+    lag: Sequence[int] | None = None
+    """Per completion token: its `RLBatch.lag_BxT` (`groups.token_lag`); None = unknown."""
 
     def token_mask(self) -> np.ndarray:
         """float32 [len(tokens)]: 1 on the tokens trained on."""
@@ -232,10 +239,12 @@ def collate(
             raise ValueError(
                 f"collate: sample {i}: {len(s.sampler_logp)} log-probs for {len(s.tokens)} tokens"
             )
-        if s.sampled is not None and len(s.sampled) != len(s.tokens):
-            raise ValueError(
-                f"collate: sample {i}: {len(s.sampled)} sampled flags for {len(s.tokens)} tokens"
-            )
+        for name, what in (("sampled", "sampled flags"), ("lag", "lag values")):
+            flags = getattr(s, name)
+            if flags is not None and len(flags) != len(s.tokens):
+                raise ValueError(
+                    f"collate: sample {i}: {len(flags)} {what} for {len(s.tokens)} tokens"
+                )
         if len(s.prompt_tokens) + len(s.tokens) > seq_len:
             raise ValueError(
                 f"collate: sample {i} has {len(s.prompt_tokens)} prompt + {len(s.tokens)} "
@@ -257,6 +266,7 @@ def collate(
     slogp_BxT = np.zeros((B, T), np.float32)
     rewards_BxT = np.zeros((B, T), np.float32)
     adv_B = np.zeros((B,), np.float32)
+    lag_BxT = np.zeros((B, T), np.int32) if any(s.lag is not None for s in samples) else None
     arange_T = np.arange(T, dtype=np.int32)
     for i, s in enumerate(samples):
         b, row, offset = layout.slot(i), layout.row(i), layout.places[i][2]
@@ -265,6 +275,8 @@ def collate(
         first = len(s.prompt_tokens) - 1
         mask_BxT[b, first : first + len(s.tokens)] = s.token_mask()
         slogp_BxT[b, first : first + len(s.tokens)] = s.sampler_logp
+        if lag_BxT is not None:  # a sample without versions counts as lagging
+            lag_BxT[b, first : first + len(s.tokens)] = 1 if s.lag is None else s.lag
         if s.tokens:
             rewards_BxT[b, first + len(s.tokens) - 1] = s.reward
         adv_B[b] = s.advantage
@@ -275,6 +287,7 @@ def collate(
         sampler_logp_BxT=slogp_BxT,
         advantages_B=adv_B,
         rewards_BxT=rewards_BxT,
+        lag_BxT=lag_BxT,
     )
 
 

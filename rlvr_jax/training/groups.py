@@ -143,6 +143,19 @@ class BatchAssembler:
         return out
 
 
+def token_lag(completion: Any, version: int) -> list[int]:
+    """Per token of `completion`: how many policy versions the params that computed its
+    context — the prompt's prefill, the earlier tokens and itself (a KV cache kept across an
+    in-flight update is context from older params) — are away from `version` (the learner's)
+    at most; 0 = all of it computed by the learner's own params."""
+    versions = np.asarray(completion.policy_versions, np.int64)
+    oldest, newest = np.minimum.accumulate(versions), np.maximum.accumulate(versions)
+    if completion.prompt_version is not None:
+        oldest = np.minimum(oldest, completion.prompt_version)
+        newest = np.maximum(newest, completion.prompt_version)
+    return np.maximum(version - oldest, newest - version).astype(int).tolist()
+
+
 def build_batch(
     groups: Sequence[ScoredGroup],
     settings: losses.LossSettings,
@@ -154,6 +167,7 @@ def build_batch(
     max_tokens: int = 0,
     updates: int = 1,
     row_multiple: int = 1,
+    version: int | None = None,
 ) -> tuple[RLBatch, np.ndarray]:
     """The learner batch of the kept `groups` (numpy) and each completion's slot in it: each
     completion with its group's advantage (`settings.advantage` over the rewards [P, G]),
@@ -162,7 +176,8 @@ def build_batch(
     advantages need the learner's log-probs and are completed on the learner; here they
     are 0. With `loss.advantage: gae` (PPO) the batch carries each completion's reward at its
     last token (`rewards_BxT`) and the learner computes per-token advantages with its critic;
-    `advantages_B` is 0."""
+    `advantages_B` is 0. `version`: the learner's policy version, which each token's
+    `lag_BxT` counts from (`token_lag`; None = no lag, no mismatch metrics)."""
     sizes = {len(g.rewards_G) for g in groups}
     if len(sizes) > 1:
         raise ValueError(f"groups of different sizes {sorted(sizes)} in one batch")
@@ -179,6 +194,7 @@ def build_batch(
             train=not (overlong_filter and c.finish_reason == "length"),
             reward=float(g.rewards_G[j]),
             sampled=c.sampled,
+            lag=None if version is None else token_lag(c, version),
         )
         for i, g in enumerate(groups)
         for j, c in enumerate(g.completions)

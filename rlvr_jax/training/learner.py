@@ -272,7 +272,8 @@ def batch_objective(settings: losses.LossSettings, batch: RLBatch, *, max_len: i
     """`objective(logp_BxT, b) -> (loss, metrics)`: the policy loss of `b` (the whole `batch`
     or one of its micro-batches) divided by the denominator of the whole `batch` (computed
     once here). Advantages: the batch's per-token ones when it has them (PPO), else per
-    completion."""
+    completion. With the batch's `lag_BxT`, the metrics also split `kl/sampler_learner` by
+    policy version (`losses.mismatch_metrics`)."""
     if settings.tis_mode == "mask" and batch.old_logp_BxT is None:
         raise ValueError(
             "TIS mask mode counts kept tokens over the whole batch: the batch needs "
@@ -288,7 +289,7 @@ def batch_objective(settings: losses.LossSettings, batch: RLBatch, *, max_len: i
 
     def objective(logp: jax.Array, b: RLBatch) -> tuple[jax.Array, dict]:
         old = jax.lax.stop_gradient(logp) if b.old_logp_BxT is None else b.old_logp_BxT
-        return losses.policy_loss(
+        loss, metrics = losses.policy_loss(
             logp=logp,
             old_logp=old,
             advantages=b.advantages_B if b.advantages_BxT is None else b.advantages_BxT,
@@ -299,6 +300,9 @@ def batch_objective(settings: losses.LossSettings, batch: RLBatch, *, max_len: i
             max_len=max_len,
             **loss_kwargs,
         )
+        if b.lag_BxT is not None and b.sampler_logp_BxT is not None:
+            metrics |= losses.mismatch_metrics(old, b.sampler_logp_BxT, b.mask_BxT, b.lag_BxT)
+        return loss, metrics
 
     return objective
 

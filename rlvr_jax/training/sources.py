@@ -42,6 +42,9 @@ class Batch:
     """G of an RL batch (its completions are grouped by prompt, G at a time)."""
     slots: Any = None
     """Each completion's slot in an RL batch's per-completion arrays (packing reorders)."""
+    sequences: Any = None
+    """An RL batch's completions as (prompt tokens, completion tokens), in row order (`slots`
+    says where each sits): what `rollout.exact` replays through the engine."""
 
 
 class BatchSource(Protocol):

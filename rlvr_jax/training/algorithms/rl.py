@@ -110,6 +110,7 @@ class RolloutSource(GeneratingSource):
                 seq_len=self.seq_len(kept) + 1,
                 pad_id=self.pad_id,
                 overlong_filter=self.overlong_filter,
+                version=policy_version,
                 **self.packing,
             )
         metrics = {**merge_service_metrics(service), **asm.metrics(), **r.kv_metrics()}
@@ -125,6 +126,7 @@ class RolloutSource(GeneratingSource):
             rewards_B=rewards_N(kept),
             group_size=r.num_samples,
             slots=slots,
+            sequences=[(g.prompt_tokens, list(c.tokens)) for g in kept for c in g.completions],
         )
 
     def _async_target(self) -> int:
@@ -162,11 +164,14 @@ class RLUpdate(Update):
             temperature=cfg.rollout.temperature,
             memory=ctx.memory,
         )
+        self.exact = cfg.rollout.exact
         self.needs_old = (
             (self.updates > 1 and settings.ratio_denominator == "old")
             or settings.tis_mode == "mask"
             or settings.reward_kl_coef > 0
+            or self.exact
         )
+        self._scorer: Any = None  # rollout.exact: the engine the old log-probs replay through
         self.ref_params = ctx.model.params if settings.needs_ref_logp else None
 
     def _make_step(
@@ -182,8 +187,11 @@ class RLUpdate(Update):
     def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
         if batch.arrays is None:
             return state, [], 0
-        full = self.put(self._rl_part(batch.arrays))
-        if self.needs_old:
+        arrays = self._rl_part(batch.arrays)
+        full = self.put(self._lag_per_update(arrays))
+        if self.exact:
+            full = full.replace(old_logp_BxT=self.put(self._replayed(state, arrays, batch)))
+        elif self.needs_old:
             full = full.replace(old_logp_BxT=self.call(self.logprob, state.params, full))
         if self.ref_params is not None:
             full = full.replace(ref_logp_BxT=self.call(self.logprob, self.ref_params, full))
@@ -199,6 +207,39 @@ class RLUpdate(Update):
 
     def _rl_part(self, arrays: Any) -> Any:
         return arrays
+
+    def _replayed(self, state: Any, arrays: Any, batch: Batch) -> np.ndarray:
+        """`rollout.exact`: the old log-probs [B, T] of the batch's completions replayed with
+        the learner's params through an engine like the actors' (`rollout.rescore`)."""
+        old_BxT = np.zeros(arrays.mask_BxT.shape, np.float32)
+        if self.abstract:  # (only its shape is compiled against)
+            return old_BxT
+        from rlvr_jax.rollout import build_engine, rescore, sampling_params
+
+        ctx, cfg = self.ctx, self.ctx.cfg
+        if self._scorer is None:
+            self._scorer = build_engine(
+                cfg.rollout, ctx.model, ctx.actor_mesh, ctx.tokenizer, max_len=ctx.seq_len
+            )
+        params = self._scorer.prepare(state.params)
+        scored = rescore(
+            self._scorer, batch.sequences, params=params, sampling=sampling_params(cfg.rollout)
+        )
+        for slot, (prompt, _), logp in zip(batch.slots, batch.sequences, scored):
+            first = len(prompt) - 1
+            old_BxT[slot, first : first + len(logp)] = logp
+        return old_BxT
+
+    def _lag_per_update(self, arrays: Any) -> Any:
+        """Without precomputed old log-probs, mini-batch u is scored by the params after u
+        updates: its tokens lag u more versions."""
+        if self.needs_old or self.updates == 1 or arrays.lag_BxT is None:
+            return arrays
+        lag_BxT = np.array(arrays.lag_BxT)
+        n = lag_BxT.shape[0] // self.updates
+        for u in range(1, self.updates):
+            lag_BxT[u * n : (u + 1) * n] += u
+        return arrays.replace(lag_BxT=lag_BxT)
 
     def _step_args(self, batch: Batch, u: int) -> tuple:
         """What the step takes after the state and the RL mini-batch."""

@@ -1,0 +1,315 @@
+"""`rlvr-bench mismatch`: do the sampler and the learner compute the same function?
+
+The same prompts are sampled (T = 1, full vocabulary) with an in-flight weight update after
+`update_after` decode chunks (version 0 → 1: each weight plus `noise` × its std of Gaussian
+noise, KV cache kept), and re-scored as the trainer does:
+- `learner` (`rollout.exact: false`): the default engine's samples against the learner's
+  training forward (`learner.make_logprob_fn`, one device, default memory options);
+- `replay` (`rollout.exact: true`): the exact engine's samples (every slot decoded every step)
+  against the completions replayed through that engine's own prefill and decode step
+  (`rollout.rescore`).
+A token is compared on policy when its whole context (prompt prefill, earlier tokens, itself)
+came from the version it is re-scored with (`groups.token_lag` = 0), `before` (version 0) or
+`after` (version 1) the update; tokens sampled on a KV cache kept across the update are policy
+lag (`lag`), not mismatch. Figures are the trainer's own (`losses.mismatch_metrics`).
+
+Settings: compute dtype (float32, bfloat16) × KV layout (paged, contiguous) × one device or
+tensor-parallel decode on 8 simulated devices (mesh data 4 × tensor 2; the bench sets
+`XLA_FLAGS=--xla_force_host_platform_device_count=8` before JAX starts when it can). Each
+setting's decode tokens/s is timed for the default engine and the exact one (every slot
+decoded every step), interleaved.
+
+Keys: `mismatch.<dtype>.{kl,max_abs_logp,bitwise_equal_fraction,tokens}` (replay: worst over
+the settings), `mismatch_default.<dtype>.*` (learner forward), `settings.<name>.{replay,
+learner}.{on_policy,before,after,lag}`, `tokens_per_s.<name>.{default,exact}`,
+`exact_over_default_tokens_per_s` (the lowest ratio), `roofline`, `machine` (load averages).
+The model is the shipped demo base (`rlvr_jax/demo/assets/base`, trained: peaked
+distributions); prompts are its own samples after BOS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import time
+from typing import Any
+
+DEVICES = 8
+"""Simulated devices of the tensor-parallel settings."""
+TP_MESH = {"data": 4, "tensor": 2}
+"""The tensor-parallel settings' actor mesh (the demo model's 2 KV heads split over 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchConfig:
+    """Sizes of one run."""
+
+    prompts: int = 16
+    samples: int = 2
+    prompt_len: int = 12
+    new: int = 48
+    slots: int = 8
+    chunk: int = 4
+    update_after: int = 3
+    """Decode chunks before the in-flight weight update."""
+    noise: float = 0.02
+    """The update: each weight + noise × its std × N(0, 1)."""
+    repeats: int = 2
+    seed: int = 0
+    dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    layouts: tuple[str, ...] = ("paged", "contiguous")
+    tensor_parallel: bool = True
+
+
+QUICK = BenchConfig(prompts=6, new=16, slots=4, update_after=2, repeats=1, layouts=("paged",))
+
+
+def _flags_for_devices() -> bool:
+    """Asks XLA for `DEVICES` simulated CPU devices unless JAX has started (True when the
+    tensor-parallel settings can run)."""
+    from jax._src import xla_bridge
+
+    if not xla_bridge.backends_are_initialized():
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_force_host_platform_device_count" not in flags:
+            flag = f"--xla_force_host_platform_device_count={DEVICES}"
+            os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+    import jax
+
+    return jax.device_count() >= DEVICES
+
+
+def _versions(model: Any, noise: float, seed: int) -> list[Any]:
+    """Params of versions 0 and 1 (v0 + noise × std × N(0, 1) per weight)."""
+    import jax
+    import jax.numpy as jnp
+
+    leaves, tree = jax.tree.flatten(model.params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    moved = [
+        (x + noise * jnp.std(x.astype(jnp.float32)) * jax.random.normal(k, x.shape)).astype(x.dtype)
+        for x, k in zip(leaves, keys)
+    ]
+    return [model.params, jax.tree.unflatten(tree, moved)]
+
+
+def _prompts(engine: Any, cfg: BenchConfig) -> list[list[int]]:
+    """The model's own samples after BOS (`prompt_len` tokens each)."""
+    from rlvr_jax.rollout import generate
+
+    bos = engine.config.bos_token_id or 0
+    done = generate(engine, [[bos]] * cfg.prompts, max_new_tokens=cfg.prompt_len - 1, seed=99)
+    return [[bos, *c.tokens] for c in done]
+
+
+def sample_with_update(engine: Any, prompts: list, dps: list, cfg: BenchConfig) -> list:
+    """Completions (prompt order) sampled from version 0, switched to version 1 after
+    `update_after` chunks (KV cache kept)."""
+    from rlvr_jax.rollout import GroupRequest, Scheduler, request_seed
+
+    sched = Scheduler(engine, params=dps[0], version=0)
+    for i, p in enumerate(prompts):
+        seed = request_seed(cfg.seed, i)
+        sched.add(GroupRequest(i, i, tuple(p), cfg.samples, seed, max_new_tokens=cfg.new))
+    done, steps = {}, 0
+    while not sched.idle:
+        for req, group in sched.step():
+            done[req.key] = group
+        steps += 1
+        if steps == cfg.update_after:
+            sched.set_params(dps[1], 1)
+    return [c for i in range(len(prompts)) for c in done[i]]
+
+
+def _batch(prompts: list, completions: list, version: int, seq_len: int) -> Any:
+    from rlvr_jax.training.batch import Sample, collate
+    from rlvr_jax.training.groups import token_lag
+
+    samples = [
+        Sample(prompts[c.prompt_index], c.tokens, c.logprobs, 0.0, lag=token_lag(c, version))
+        for c in completions
+    ]
+    return collate(samples, rows=len(samples), seq_len=seq_len, pad_id=0)
+
+
+def _figures(old: Any, batch: Any, versions: Any) -> dict[str, dict[str, float]]:
+    """`losses.mismatch_metrics` on policy, split before / after the update, and the lag."""
+    import numpy as np
+
+    from rlvr_jax import losses
+
+    def metrics(mask: Any) -> dict[str, float]:
+        m = losses.mismatch_metrics(old, batch.sampler_logp_BxT, mask, batch.lag_BxT)
+        return {k: float(v) for k, v in m.items()}
+
+    out = {}
+    for name, keep in (("on_policy", 1.0), ("before", versions == 0), ("after", versions == 1)):
+        m = metrics(batch.mask_BxT * np.asarray(keep, np.float32))
+        out[name] = {k.split("/")[1]: v for k, v in m.items() if k.startswith("mismatch/")}
+    m = metrics(batch.mask_BxT)
+    out["lag"] = {"kl": m["lag/kl"], "tokens": m["lag/tokens"]}
+    return out
+
+
+def _merge(a: dict, b: dict) -> dict:
+    """Two versions' figures, each over its own on-policy tokens (disjoint sets)."""
+    out = {}
+    for part in ("on_policy", "before", "after"):
+        x, y = a[part], b[part]
+        n = x["tokens"] + y["tokens"]
+
+        def mean(key: str, x=x, y=y, n=n) -> float:
+            return (x[key] * x["tokens"] + y[key] * y["tokens"]) / max(n, 1.0)
+
+        out[part] = {
+            "kl": mean("kl"),
+            "max_abs_logp": max(x["max_abs_logp"], y["max_abs_logp"]),
+            "bitwise_equal_fraction": mean("bitwise_equal_fraction"),
+            "tokens": n,
+        }
+    out["lag"] = b["lag"]  # version 1's lagging tokens: sampled on version 0's cache
+    return out
+
+
+def run_setting(model: Any, mesh: Any, layout: str, cfg: BenchConfig) -> dict:
+    """One setting: each engine samples with an update, its completions are re-scored (the
+    default engine's by the learner's forward, the exact one's by replay), both are timed."""
+    import jax
+    import numpy as np
+
+    from rlvr_jax.rollout import EngineCore, generate, rescore
+    from rlvr_jax.training import learner
+
+    max_len = cfg.prompt_len + cfg.new
+    kw = dict(max_slots=cfg.slots, max_len=max_len, chunk=cfg.chunk, kv_layout=layout, mesh=mesh)
+    engines = {
+        "learner": EngineCore(model, **kw),
+        "replay": EngineCore(model, **kw, exact=True, max_interrupt_ids=cfg.new),
+    }
+    prompts = _prompts(engines["learner"], cfg)
+    params = _versions(model, cfg.noise, cfg.seed)
+    forward = learner.make_logprob_fn(
+        model.config, compute_dtype=model.compute_dtype, temperature=1.0
+    )
+    out: dict[str, Any] = {}
+    for method, engine in engines.items():
+        dps = [engine.prepare(p) for p in params]
+        completions = sample_with_update(engine, prompts, dps, cfg)
+        seqs = [(prompts[c.prompt_index], c.tokens) for c in completions]
+        figures = []
+        for v in (0, 1):
+            batch = _batch(prompts, completions, v, max_len)
+            versions = np.zeros(batch.mask_BxT.shape, np.int64)
+            if method == "replay":
+                old = np.zeros(batch.mask_BxT.shape, np.float32)
+                for b, logp in enumerate(rescore(engine, seqs, params=dps[v])):
+                    first = len(seqs[b][0]) - 1
+                    old[b, first : first + len(logp)] = logp
+            else:
+                local = jax.device_put(params[v], jax.devices()[0])
+                old = np.asarray(forward(local, jax.tree.map(np.asarray, batch)))
+            for b, c in enumerate(completions):
+                first = len(seqs[b][0]) - 1
+                versions[b, first : first + len(c.tokens)] = c.policy_versions
+            figures.append(_figures(old, batch, versions))
+        out[method] = _merge(*figures)
+
+    def timed(engine: Any) -> Any:
+        return lambda: generate(engine, prompts, max_new_tokens=cfg.new, num_samples=cfg.samples)
+
+    runs = {"default": timed(engines["learner"]), "exact": timed(engines["replay"])}
+    best = {k: float("inf") for k in runs}
+    for fn in runs.values():
+        fn()  # compile and warm up
+    for _ in range(cfg.repeats):  # interleaved: a load change hits both alike
+        for k, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - start)
+    n = len(prompts) * cfg.samples * cfg.new
+    out["tokens_per_s"] = {k: n / s for k, s in best.items()}
+    return out
+
+
+def _worst(settings: dict, method: str, dtype: str) -> dict:
+    rows = [s[method]["on_policy"] for name, s in settings.items() if name.startswith(dtype)]
+    return {
+        "kl": max(r["kl"] for r in rows),
+        "max_abs_logp": max(r["max_abs_logp"] for r in rows),
+        "bitwise_equal_fraction": min(r["bitwise_equal_fraction"] for r in rows),
+        "tokens": sum(r["tokens"] for r in rows),
+    }
+
+
+def run(cfg: BenchConfig, *, quick: bool = False) -> dict:
+    """Every setting, the summary keys, the roofline probe and the machine's load."""
+    tp_ok = _flags_for_devices() if cfg.tensor_parallel else False
+    load_before = os.getloadavg()
+    import jax
+
+    from rlvr_jax import models, sharding
+    from rlvr_jax.bench import progress
+    from rlvr_jax.bench.roofline import best_roofline, machine_info
+    from rlvr_jax.demo.base_model import SHIPPED_DIR
+
+    meshes = {"1dev": None}
+    if tp_ok:
+        meshes["tp2x4"] = sharding.make_mesh(TP_MESH, jax.devices()[:DEVICES])
+    settings = {}
+    for dtype in cfg.dtypes:
+        model = models.load_pretrained(SHIPPED_DIR, dtype=dtype)
+        for layout in cfg.layouts:
+            for mesh_name, mesh in meshes.items():
+                name = f"{dtype}/{layout}/{mesh_name}"
+                progress.line(f"mismatch: {name}")
+                settings[name] = run_setting(model, mesh, layout, cfg)
+    tps = {k: s["tokens_per_s"] for k, s in settings.items()}
+    ratios = [t["exact"] / t["default"] for t in tps.values()]
+    return {
+        "mismatch": {d: _worst(settings, "replay", d) for d in cfg.dtypes},
+        "mismatch_default": {d: _worst(settings, "learner", d) for d in cfg.dtypes},
+        "tokens_per_s": tps,
+        "exact_over_default_tokens_per_s": min(ratios),
+        "settings": settings,
+        "roofline": best_roofline(quick),
+        "machine": {
+            **machine_info(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
+        "config": {
+            **dataclasses.asdict(cfg),
+            "model": str(SHIPPED_DIR),
+            "tensor_parallel_mesh": TP_MESH if tp_ok else None,
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`rlvr-bench mismatch [--json FILE] [--quick] [--repeats N] [--no-tp]`."""
+    p = argparse.ArgumentParser(prog="rlvr-bench mismatch", description=__doc__.split("\n")[0])
+    p.add_argument("--json", help="write the results here as JSON")
+    p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
+    p.add_argument("--repeats", type=int, help="timed repeats per engine (best is kept)")
+    p.add_argument("--no-tp", action="store_true", help="skip the tensor-parallel settings")
+    args = p.parse_args(argv)
+    if args.repeats is not None and args.repeats < 1:
+        p.error("--repeats must be >= 1")
+    cfg = QUICK if args.quick else BenchConfig()
+    overrides = {"repeats": args.repeats, "tensor_parallel": False if args.no_tp else None}
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    result = run(cfg, quick=args.quick)
+    from rlvr_jax.bench import common
+
+    rows = [
+        [name, m, f["on_policy"]["bitwise_equal_fraction"], f["on_policy"]["max_abs_logp"],
+         f["on_policy"]["kl"], f["lag"]["kl"], s["tokens_per_s"]["default"],
+         s["tokens_per_s"]["exact"]]
+        for name, s in result["settings"].items()
+        for m, f in (("replay", s["replay"]), ("learner", s["learner"]))
+    ]  # fmt: skip
+    headers = ["setting", "re-score", "bitwise", "max|Δlogp|", "kl", "lag kl", "tok/s", "exact"]
+    print(common.format_table(headers, rows))
+    return common.write_outputs(result, args.json)

@@ -1,0 +1,61 @@
+"""Sampler/learner mismatch measured apart from policy lag: each token's lag (`groups.token_lag`),
+the `mismatch/*` and `lag/*` metrics of a real run (sync: all on-policy; async: lag apart)."""
+
+from types import SimpleNamespace
+
+import pytest
+from helpers_train import tiny_run
+
+from rlvr_jax import cli
+from rlvr_jax.training.groups import token_lag
+from rlvr_jax.training.metrics import read_jsonl
+
+
+def test_token_lag_counts_from_the_oldest_params_of_the_context():
+    def lag(versions, prompt, learner):
+        return token_lag(SimpleNamespace(policy_versions=versions, prompt_version=prompt), learner)
+
+    assert lag([4, 4, 4], 4, 4) == [0, 0, 0]  # sampled by the learner's own params
+    assert lag([3, 3], 3, 4) == [1, 1]  # one version behind
+    # an in-flight update after two tokens: the KV cache of the first two came from version 3
+    assert lag([3, 3, 4, 4], 3, 4) == [1, 1, 1, 1]
+    # a group's prompt prefilled by version 3, this sample admitted after the update
+    assert lag([4, 4], 3, 4) == [1, 1]
+    assert lag([5, 5], None, 5) == [0, 0]  # prefill version unknown (vLLM)
+    assert lag([], 2, 3) == []
+    assert lag([0, 0, 1], 0, 0) == [0, 0, 1]  # scored by version 0: the last token is newer
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_run_reports_mismatch_apart_from_lag(tmp_path, mode):
+    cfg = tiny_run(tmp_path)
+    args = ["--config", str(cfg), f"rollout.mode={mode}", "train.max_steps=3"]
+    assert cli.train_main(args) == 0
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    for r in rows:
+        total = r["mismatch/tokens"] + r["lag/tokens"]
+        assert total > 0
+        if r["mismatch/tokens"]:  # fp32: the same function up to matmul summation order
+            assert r["mismatch/kl"] <= 1e-12 and r["mismatch/max_abs_logp"] < 1e-4
+    if mode == "sync":  # every token sampled by the params the learner holds
+        assert all(r["lag/tokens"] == 0 and r["lag/kl"] == 0 for r in rows)
+    else:  # the actors run one version ahead of what they sampled with: lag shows apart
+        assert any(r["lag/tokens"] > 0 for r in rows)
+        assert any(r["lag/kl"] > max(r["mismatch/kl"], 1e-12) for r in rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_exact_run_replays_the_sampler_bit_for_bit(tmp_path, dtype):
+    """`rollout.exact`: the old log-probs are the completions replayed through the engine's
+    decode step with the learner's params — on policy, the sampler's own numbers."""
+    cfg = tiny_run(tmp_path)
+    args = ["--config", str(cfg), "rollout.exact=true", f"model.compute_dtype={dtype}"]
+    assert cli.train_main([*args, "train.max_steps=2", "rollout.kv_layout=paged"]) == 0
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    for r in rows:
+        assert r["mismatch/tokens"] > 0 and r["lag/tokens"] == 0
+        assert r["mismatch/bitwise_equal_fraction"] == 1.0
+        assert r["mismatch/max_abs_logp"] == 0.0 and r["mismatch/kl"] == 0.0
+        assert r["tis/min"] == r["tis/max"] == 1.0  # nothing to correct
