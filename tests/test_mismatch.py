@@ -6,7 +6,11 @@ from types import SimpleNamespace
 import pytest
 from helpers_train import tiny_run
 
-from rlvr_jax import cli
+from rlvr_jax import cli, models
+from rlvr_jax.config import ConfigError, load
+from rlvr_jax.demo.base_model import SHIPPED_DIR
+from rlvr_jax.rollout import EngineCore, RequestError, generate, rescore
+from rlvr_jax.rollout.interrupt import Replay
 from rlvr_jax.training.groups import token_lag
 from rlvr_jax.training.metrics import read_jsonl
 
@@ -24,6 +28,29 @@ def test_token_lag_counts_from_the_oldest_params_of_the_context():
     assert lag([5, 5], None, 5) == [0, 0]  # prefill version unknown (vLLM)
     assert lag([], 2, 3) == []
     assert lag([0, 0, 1], 0, 0) == [0, 0, 1]  # scored by version 0: the last token is newer
+
+
+def test_exact_settings_are_checked_with_names():
+    with pytest.raises(ConfigError, match=r"rollout\.exact.*rollout\.backend: jetstream"):
+        load("configs/demo.yaml", ["rollout.exact=true", "rollout.backend=vllm"])
+    with pytest.raises(RequestError, match=r"replay of 3 tokens needs 1\.\.max_new_tokens=2"):
+        Replay((5, 6, 7)).max_new_tokens(2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["paged", "contiguous"])
+def test_replay_reports_what_sampling_reported_bit_for_bit(dtype, layout):
+    """An exact engine's slot computes the same numbers whatever else decodes beside it, so
+    completions replayed in another company and order get the sampler's log-probs exactly."""
+    model = models.load_pretrained(SHIPPED_DIR, dtype=dtype)
+    engine = EngineCore(model, max_slots=4, max_len=40, chunk=4, kv_layout=layout, exact=True)
+    prompts = [[0, *range(5 + i, 12 + 2 * i)] for i in range(5)]
+    done = generate(engine, prompts, max_new_tokens=16, num_samples=2, seed=3)
+    order = list(reversed(range(len(done))))[:7]  # other neighbours, other slots
+    scored = rescore(engine, [(prompts[done[i].prompt_index], done[i].tokens) for i in order])
+    for i, logp in zip(order, scored):
+        assert logp == done[i].logprobs
 
 
 @pytest.mark.slow

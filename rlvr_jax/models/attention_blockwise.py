@@ -1,4 +1,6 @@
 """Blockwise (flash) attention in plain XLA: online softmax over key blocks, custom backward.
+Scores, probabilities and their product with the values are fp32 whatever the compute dtype
+(the decode engine's arithmetic), the output in q's dtype.
 
 Memory is O(T · block) per layer: no [B, T, T] mask and no [B, N, T, T] scores ever exist.
 The forward keeps, for each block of `block` queries, a running max, sum and output over the
@@ -76,8 +78,8 @@ def _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg_BxT, window):
     zero = jnp.zeros((), jnp.int32)
     mask = _tile_mask(zero, zero, t, seg_BxT, seg_BxT, window)
     s = _scores(q_BxTxNxH.reshape(b, t, kv, n // kv, h), k_BxTxKxH, h**-0.5)
-    p = jax.nn.softmax(jnp.where(mask, s, _NEG), axis=-1).astype(v_BxTxKxH.dtype)
-    out = jnp.einsum("BKGqk,BkKH->BqKGH", p, v_BxTxKxH)
+    p = jax.nn.softmax(jnp.where(mask, s, _NEG), axis=-1)
+    out = jnp.einsum("BKGqk,BkKH->BqKGH", p, v_BxTxKxH.astype(jnp.float32))
     return out.reshape(b, t, n, h).astype(q_BxTxNxH.dtype)
 
 
@@ -154,9 +156,7 @@ def _forward(q, k, v, seg, window, size):
             m_new = jnp.maximum(m, jnp.where(mask, s, _NEG).max(-1))
             p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
             alpha = jnp.exp(m - m_new)
-            pv = jnp.einsum(
-                "BKGqk,BkKH->BKGqH", p.astype(v.dtype), v_n[j], preferred_element_type=jnp.float32
-            )
+            pv = jnp.einsum("BKGqk,BkKH->BKGqH", p, v_n[j].astype(jnp.float32))
             return m_new, alpha * sum_ + p.sum(-1), alpha[..., None] * acc + pv
 
         init = (

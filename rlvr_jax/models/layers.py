@@ -111,6 +111,23 @@ def _projection_params(module: Any, out_dims: int) -> tuple[jax.Array, jax.Array
     return kernel, bias
 
 
+def log_softmax_parts(x_NxV: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(max [..., 1], exp(x − max) [..., V], log Σ exp(x − max) [...]) of fp32 logits over
+    the last axis: the log-softmax the sampler and the learner both compute (one formula, so
+    one rounding: log p(v) = x_v − max − log_z, `target_logprobs`). The max is held constant
+    for the gradient (log p does not depend on it)."""
+    max_Nx1 = jax.lax.stop_gradient(jnp.max(x_NxV, axis=-1, keepdims=True))
+    p_NxV = jnp.exp(x_NxV - max_Nx1)
+    return max_Nx1, p_NxV, jnp.log(jnp.sum(p_NxV, axis=-1))
+
+
+def target_logprobs(x_NxV: jax.Array, targets_N: jax.Array) -> jax.Array:
+    """log softmax(x)[target] per row, as `log_softmax_parts` computes it."""
+    max_Nx1, _, log_z_N = log_softmax_parts(x_NxV)
+    x_tok_N = jnp.take_along_axis(x_NxV, targets_N[..., None], axis=-1)[..., 0]
+    return x_tok_N - max_Nx1[..., 0] - log_z_N
+
+
 def segment_masks(
     segment_ids_BxT: jax.Array, sliding_window: int | None
 ) -> tuple[jax.Array, jax.Array | None]:
@@ -152,7 +169,8 @@ def attend(
     *,
     q_chunk: int = 0,
 ) -> jax.Array:
-    """Grouped-query attention: query head n uses key/value head n // G; softmax in fp32.
+    """Grouped-query attention: query head n uses key/value head n // G; scores, softmax and
+    the probability-weighted values in fp32 (as the decode engine), the output in q's dtype.
 
     `q_chunk` > 0 (dividing T) computes the queries `q_chunk` at a time, each chunk
     rematerialised in the backward pass, so that only N·q_chunk·S scores live at once instead
@@ -194,9 +212,11 @@ def _attend(
         "BTKGH,BSKH->BKGTS", q_BxTxKxGxH, k_BxSxKxH, preferred_element_type=jnp.float32
     ) * (h**-0.5)
     scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS, _NEG_INF)
-    probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1).astype(v_BxSxKxH.dtype)
-    out_BxTxKxGxH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BxKxGxTxS, v_BxSxKxH)
-    return out_BxTxKxGxH.reshape(b, t, n, h)
+    probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1)
+    # fp32 probabilities and values, as the decode engine attends (its cached K/V upcast)
+    v32_BxSxKxH = v_BxSxKxH.astype(jnp.float32)
+    out_BxTxKxGxH = jnp.einsum("BKGTS,BSKH->BTKGH", probs_BxKxGxTxS, v32_BxSxKxH)
+    return out_BxTxKxGxH.reshape(b, t, n, h).astype(q_BxTxNxH.dtype)
 
 
 class QKVProjection(nn.Module):

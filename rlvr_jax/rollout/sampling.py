@@ -23,6 +23,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax.models.layers import log_softmax_parts
+
 BLOCK_W = 128
 """Tokens per block of the two-level inverse-CDF sampler."""
 
@@ -210,9 +212,7 @@ def sample_tokens(
     greedy_B = temperature_B <= 0.0
     inv_t_B = jnp.where(greedy_B, 1.0, 1.0 / jnp.where(greedy_B, 1.0, temperature_B))
     x_BxV = logits_BxV * inv_t_B[:, None]
-    max_Bx1 = jnp.max(x_BxV, axis=-1, keepdims=True)
-    p_BxV = jnp.exp(x_BxV - max_Bx1)
-    log_z_B = jnp.log(jnp.sum(p_BxV, axis=-1))
+    max_Bx1, p_BxV, log_z_B = log_softmax_parts(x_BxV)  # the learner's log-softmax too
     if mode.top_k or mode.top_p:
         p_BxV = jnp.where(filter_mask(p_BxV, top_k_B, top_p_B, mode), p_BxV, 0.0)
     u_block_B = uniform_from_key(seed_B, sample_B, position_B, _STREAM_BLOCK)

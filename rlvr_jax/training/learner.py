@@ -22,9 +22,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from rlvr_jax import losses, models
+from rlvr_jax.models.layers import target_logprobs
 from rlvr_jax.training.batch import RLBatch, TokenBatch, sequence_view
 from rlvr_jax.training.update import (
     TrainState,
@@ -159,12 +161,12 @@ def logprobs_of_hidden(
 
 
 def _pick_logp(logits_BxTxV: jax.Array, targets_BxT: jax.Array, temperature: float) -> jax.Array:
+    """The sampler's log-softmax (`models.layers.target_logprobs`), logits scaled as it does:
+    times 1/τ rounded to fp32."""
     logits_BxTxV = logits_BxTxV.astype(jnp.float32)
     if temperature != 1.0:
-        logits_BxTxV = logits_BxTxV / temperature
-    logz_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
-    picked_BxT = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
-    return picked_BxT - logz_BxT
+        logits_BxTxV = logits_BxTxV * (np.float32(1.0) / np.float32(temperature))
+    return target_logprobs(logits_BxTxV, targets_BxT)
 
 
 def sequence_logprobs(
