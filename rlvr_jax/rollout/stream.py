@@ -153,8 +153,9 @@ class RolloutStream:
         `version=v` pins the request to policy version v: it is admitted once the actors
         hold v, and no weight update is swapped in while it generates (a push waits for it);
         a pin older than the actors' version fails the future with `RolloutError`.
-        `first=True` admits it ahead of the waiting requests not started yet (the learner's
-        probe after a weight push, `rlvr_jax.training.push`)."""
+        `first=True` admits it ahead of the waiting requests not started yet, and
+        `budget_forcing=False` leaves the stream's budget forcing off for it (both for the
+        learner's probe after a weight push, `rlvr_jax.training.push`)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._enqueue(
             request_id,
@@ -182,6 +183,7 @@ class RolloutStream:
         stop_token_ids: Sequence[int] | None = None,
         version: int | None = None,
         first: bool = False,
+        budget_forcing: bool = True,
         future: concurrent.futures.Future | None = None,
         on_tokens: TokenHook | None = None,
     ) -> None:
@@ -198,7 +200,7 @@ class RolloutStream:
             stop_token_ids=d_stop if stop_token_ids is None else tuple(stop_token_ids),
             meta=meta,
             on_tokens=on_tokens,
-            interrupt=self.interrupt,
+            interrupt=self.interrupt if budget_forcing else None,
             first=first,
         )
         self.scheduler.check(request)  # the one validation: bad requests fail their caller

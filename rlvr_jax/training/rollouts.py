@@ -167,13 +167,13 @@ class Rollouts:
 
     def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> Any:
         """One sample of `prompt` by the actors at policy `version` (pinned: it waits for that
-        version, ahead of the queue), for `training.push`; None when the stream is stepped on
+        version, ahead of the queue; no budget forcing), for `training.push`; None when the stream is stepped on
         the caller's thread (multi-process), where nothing else would step it."""
         if not self.threaded:
             return None
         future = self.stream.submit_future(
             ("push-probe", version), prompt, 1, seed=0, version=version, first=True,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=max_new_tokens, budget_forcing=False,
         )  # fmt: skip
         return future.result()
 
