@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rlvr_jax.training.metrics import read_jsonl
+from rlvr_jax.training.metrics import truncate_after
 
 log = logging.getLogger("rlvr_jax.train")
 
@@ -79,25 +79,13 @@ class Ledger:
                     self.path, resume_step, expected,
                 )  # fmt: skip
             return 0
-        rows = read_jsonl(self.path)
-        kept = [r for r in rows if r["step"] <= resume_step and r["outcome"] != "pending"]
-        if len(kept) != len(rows):
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            with open(tmp, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            log.info(
-                "ledger: kept %d records up to step %d, dropped %d (re-drawn on resume)",
-                len(kept), resume_step, len(rows) - len(kept),
-            )  # fmt: skip
-        if expected is not None and expected != len(kept):
+        kept = truncate_after(self.path, resume_step, keep=lambda r: r["outcome"] != "pending")
+        if expected is not None and expected != kept:
             log.warning(
                 "%s holds %d records up to step %d, but that checkpoint counted %d: the ledger "
-                "was edited or lost lines", self.path, len(kept), resume_step, expected,
+                "was edited or lost lines", self.path, kept, resume_step, expected,
             )  # fmt: skip
-        return len(kept)
+        return kept
 
     def write(self, step: int, records: Iterable[dict[str, Any]]) -> None:
         """Appends `records` (from `entry`) as settled in `step`, durably."""

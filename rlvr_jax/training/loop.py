@@ -220,9 +220,9 @@ class Trainer:
             step, dict(batch.metrics), device, batch.texts, t0, batch.tokens, self.version
         )
         watched = (self.state.params, device) if n else device
-        if n and self.source.on_policy:
-            self._push(self.state.params, self.version, pending)
+        if n and self.source.on_policy:  # watched first: the train span ends with the update
             self._watch(pending, watched, push=None)
+            self._push(self.state.params, self.version, pending)
         else:
             self._watch(pending, watched, push=(self.state.params, self.version) if n else None)
         return pending

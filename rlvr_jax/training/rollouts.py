@@ -167,8 +167,9 @@ class Rollouts:
 
     def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> Any:
         """One sample of `prompt` by the actors at policy `version` (pinned: it waits for that
-        version, ahead of the queue; no budget forcing), for `training.push`; None when the stream is stepped on
-        the caller's thread (multi-process), where nothing else would step it."""
+        version, ahead of the queue; no budget forcing), for `training.push`; None when the
+        stream is stepped on the caller's thread (multi-process), where nothing else would
+        step it."""
         if not self.threaded:
             return None
         future = self.stream.submit_future(
