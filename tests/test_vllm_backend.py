@@ -83,11 +83,15 @@ def test_vllm_generates_and_takes_pushed_weights(tmp_path):
 
 
 class EngineAsVllm:
-    """Stands in for `VllmRollout` where vLLM cannot run (CPU): the same two methods, backed by
-    our engine, so `VllmStream`'s queueing, grouping, meta and weight hand-over are exercised."""
+    """Stands in for `VllmRollout` where vLLM cannot run (CPU): the same two methods and
+    `signature`, backed by our engine, so `VllmStream`'s queueing, grouping, meta and weight
+    hand-over are exercised."""
 
     def __init__(self, model):
+        from rlvr_jax.rollout.push import signature
+
         self.model, self.version, self.calls, self.loaded = model, 0, [], []
+        self.signature = signature(model.params)
 
     def update_weights(self, params, version):
         import dataclasses
@@ -171,6 +175,7 @@ def test_trainer_runs_on_the_vllm_backend_source(tmp_path, monkeypatch):
     from rlvr_jax import config
     from rlvr_jax.rollout import vllm_backend
     from rlvr_jax.training.loop import Trainer
+    from rlvr_jax.training.metrics import read_jsonl
 
     built = []
 
@@ -191,5 +196,8 @@ def test_trainer_runs_on_the_vllm_backend_source(tmp_path, monkeypatch):
     finally:
         trainer.close()
     # each update's weights were loaded into the one engine (step 2 generated with update 1's)
-    # (how the driver splits a step's prompts over generate calls depends on thread timing)
-    assert len(built) == 1 and sum(built[0].calls) == 4 and built[0].loaded == [1, 2]
+    # (how the driver splits a step's prompts over generate calls depends on thread timing):
+    # 4 training prompts, and the probe prompt after each of the two pushes
+    assert len(built) == 1 and sum(built[0].calls) == 4 + 2 and built[0].loaded == [1, 2]
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert all(0 <= r["push/probe_max_abs_logp"] < 1e-4 for r in rows), rows

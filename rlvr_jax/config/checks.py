@@ -2,7 +2,8 @@
 any model or data is loaded (and by the trainer, for a `Config` built in Python): errors name
 the key and the file.
 
-- `rollout.interrupt` against the rest of `rollout`; `eval.*` against `data.eval_sources`;
+- `rollout.interrupt` and `rollout.push_*` against the rest of `rollout`; `eval.*` against
+  `data.eval_sources`;
 - the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
 - what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`).
 
@@ -31,6 +32,7 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
                 "rollout.exact replays completions through our engine's decode step; vLLM "
                 "computes another function: use rollout.backend: jetstream or rollout.exact: false"
             )
+        _check_push(cfg.rollout)
         _check_eval(cfg)
         if cfg.mesh.num_devices < 0:
             raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")
@@ -49,6 +51,23 @@ def _check_eval(cfg: schema.Config) -> None:
     if e.every_steps and not cfg.data.eval_sources:
         raise ValueError(
             f"eval.every_steps={e.every_steps} evaluates on data.eval_sources, which is empty"
+        )
+
+
+def _check_push(rollout: schema.RolloutConfig) -> None:
+    """`rollout.push_*`: a timeout >= 0, a probe that fits a completion, a tolerance > 0."""
+    if rollout.push_timeout_s < 0:
+        raise ValueError(
+            f"rollout.push_timeout_s must be >= 0 (0 = none), got {rollout.push_timeout_s}"
+        )
+    if not 0 <= rollout.push_probe_tokens <= rollout.max_new_tokens:
+        raise ValueError(
+            f"rollout.push_probe_tokens must be in [0, rollout.max_new_tokens="
+            f"{rollout.max_new_tokens}], got {rollout.push_probe_tokens}"
+        )
+    if not rollout.push_probe_tolerance > 0:
+        raise ValueError(
+            f"rollout.push_probe_tolerance must be > 0, got {rollout.push_probe_tolerance}"
         )
 
 

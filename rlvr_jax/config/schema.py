@@ -174,6 +174,16 @@ class RolloutConfig:
     """KV pool size in GiB per actor device (paged; set this or `kv_pages`)."""
     prefill_chunk: int = 512
     """Prompt tokens prefilled per chunk, interleaved with decode chunks (paged)."""
+    push_timeout_s: float = 600.0
+    """A weight push to the actors (hand-over, swap and probe) still running after this many
+    seconds stops the run with `PushTimeoutError` instead of hanging; 0 = no limit."""
+    push_probe_tokens: int = 4
+    """After each push, the actors sample this many tokens of a fixed prompt on the new
+    weights and the learner re-scores them (`push/probe_max_abs_logp`); 0 = no probe."""
+    push_probe_tolerance: float = 1.0
+    """The probe's largest |actor − learner| log-prob above which the run stops with
+    `StaleWeightsError` (the actors do not hold the pushed weights). The on-policy mismatch is
+    ~1e-6 in float32 and up to ~0.07 in bfloat16; tighten it to catch smaller updates."""
     interrupt: InterruptConfig = field(default_factory=InterruptConfig)
     """Budget forcing (`rlvr_jax.rollout.interrupt`; our engine only, not vLLM); metric
     `rollout/interrupted_fraction`."""

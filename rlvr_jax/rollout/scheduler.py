@@ -33,6 +33,7 @@ from rlvr_jax.rollout.core import Prefix
 from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest
 from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
+from rlvr_jax.rollout.push import check_complete, check_order, signature
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
 
 Batching = Literal["continuous", "static"]
@@ -95,6 +96,8 @@ class GroupRequest:
     """Optional streaming hook (`TokenHook`): sees every sample's tokens as they are made."""
     interrupt: Interrupt | None = None
     """Budget forcing (`rlvr_jax.rollout.interrupt`); None = off."""
+    first: bool = False
+    """Admitted ahead of the waiting requests not started yet (the weight-push probe)."""
 
     def slot_request(self, sample_index: int) -> SlotRequest:
         """What the slot running sample `sample_index` generates for."""
@@ -116,6 +119,12 @@ class _Group:
     done: dict[int, Completion] = dataclasses.field(default_factory=dict)
     prefill: Any = None  # paged: the prompt's pages being (or once) prefilled
     kv_version: int | None = None  # the params version of the prompt's prefill
+
+
+def _started(item: Any) -> bool:
+    """Whether a waiting item has begun (samples admitted, pages prefilled, or a preempted
+    sample): a `first` request queues behind those."""
+    return not isinstance(item, _Group) or item.next_sample > 0 or item.prefill is not None
 
 
 @dataclasses.dataclass
@@ -232,14 +241,22 @@ class Scheduler:
         self.core.settings([0], [request.slot_request(0)])  # seed / stop-id checks
 
     def prepare(self, params: Any) -> DecodeParams:
-        """Policy params (models layout, any mesh) in this engine's decode layout."""
+        """Policy params (models layout, any mesh) in this engine's decode layout; raises
+        `push.PartialPushError` unless they are a whole policy of the engine's shapes."""
+        check_complete(params, signature(self.core.model.params))
         return self.core.prepare(params)
 
     def add(self, request: GroupRequest, *, checked: bool = False) -> None:
-        """Queues a request, validated now (`check`) unless its submitter already did."""
+        """Queues a request, validated now (`check`) unless its submitter already did; a
+        `request.first` goes ahead of the waiting ones not started yet."""
         if not checked:
             self.check(request)
-        self._waiting.append(_Group(request))
+        at = len(self._waiting)
+        if request.first:
+            at = 0
+            while at < len(self._waiting) and _started(self._waiting[at]):
+                at += 1
+        self._waiting.insert(at, _Group(request))
 
     @property
     def waiting(self) -> int:
@@ -284,7 +301,9 @@ class Scheduler:
         }
 
     def set_params(self, params: DecodeParams, version: int) -> None:
-        """Decode with `params` (decode layout, actor devices) from the next chunk on."""
+        """Decode with `params` (decode layout, actor devices) from the next chunk on; a
+        `version` not newer than the current one is refused (`push.OutOfOrderPushError`)."""
+        check_order(version, self.version)
         self.params, self.version = params, version
 
     # ---- driving --------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from rlvr_jax import dispatch
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
+from rlvr_jax.rollout.push import check_order
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.scheduler import Batching, Completion, GroupRequest, Scheduler, TokenHook
 from rlvr_jax.timeline import Timeline
@@ -151,7 +152,10 @@ class RolloutStream:
         `scheduler.TokenHook`): quick, never raising, e.g. a `call_soon_threadsafe`.
         `version=v` pins the request to policy version v: it is admitted once the actors
         hold v, and no weight update is swapped in while it generates (a push waits for it);
-        a pin older than the actors' version fails the future with `RolloutError`."""
+        a pin older than the actors' version fails the future with `RolloutError`.
+        `first=True` admits it ahead of the waiting requests not started yet, and
+        `budget_forcing=False` leaves the stream's budget forcing off for it (both for the
+        learner's probe after a weight push, `rlvr_jax.training.push`)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._enqueue(
             request_id,
@@ -178,6 +182,8 @@ class RolloutStream:
         sampling: SamplingParams | None = None,
         stop_token_ids: Sequence[int] | None = None,
         version: int | None = None,
+        first: bool = False,
+        budget_forcing: bool = True,
         future: concurrent.futures.Future | None = None,
         on_tokens: TokenHook | None = None,
     ) -> None:
@@ -194,7 +200,8 @@ class RolloutStream:
             stop_token_ids=d_stop if stop_token_ids is None else tuple(stop_token_ids),
             meta=meta,
             on_tokens=on_tokens,
-            interrupt=self.interrupt,
+            interrupt=self.interrupt if budget_forcing else None,
+            first=first,
         )
         self.scheduler.check(request)  # the one validation: bad requests fail their caller
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -221,12 +228,22 @@ class RolloutStream:
     def update_weights(self, params: Any, version: int) -> None:
         """New policy params (models layout, any mesh); thread-safe. They are moved to the
         actor devices and re-laid now, and swapped in at the next boundary between decode
-        chunks; the KV cache is kept (PipelineRL) and tokens record `version`."""
+        chunks; the KV cache is kept (PipelineRL) and tokens record `version`. Refused
+        (`rollout.push`): a `version` not newer than the one the actors hold or were last
+        sent (`OutOfOrderPushError`), params that are not a whole policy of the actors' shapes
+        (`PartialPushError`, from the scheduler's `prepare`)."""
+        with self._cond:
+            check_order(version, self._sent_locked())
         with dispatch.LOCK:
             prepared = self.scheduler.prepare(params)
         with self._cond:
+            check_order(version, self._sent_locked())  # another thread may have pushed since
             self._weights = (prepared, version)
             self._cond.notify_all()
+
+    def _sent_locked(self) -> int:
+        """The newest version the actors hold or were sent."""
+        return self.scheduler.version if self._weights is None else self._weights[1]
 
     # ---- consumer side --------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from rlvr_jax.models import ArchConfig, Model
 from rlvr_jax.models.hf_io import get_path, tensor_maps
+from rlvr_jax.rollout.push import PartialPushError, check_complete, check_order, signature
 from rlvr_jax.rollout.sampling import SamplingParams
 from rlvr_jax.rollout.scheduler import Completion
 
@@ -66,7 +67,8 @@ class VllmRollout:
     """A running vLLM engine serving `model` (read from `model.path`).
 
     `rlvr_jax.rollout.generate(rollout, prompts, ...)` samples from it; `update_weights`
-    pushes new learner params in. Keyword arguments go to `vllm.LLM`.
+    pushes new learner params in (the `rollout.push` contract: in version order, whole).
+    Keyword arguments go to `vllm.LLM`.
     """
 
     def __init__(self, model: Model, *, dtype: str = "bfloat16", **llm_kwargs: Any):
@@ -74,6 +76,8 @@ class VllmRollout:
             raise ValueError("VllmRollout needs a model loaded from a checkpoint directory")
         vllm = _import_vllm()
         self.config = model.config
+        self.signature = signature(model.params)
+        """The policy's leaf shapes: a push must match them (`push.check_complete`)."""
         self.version = 0
         self._vllm = vllm
         self.llm = vllm.LLM(
@@ -82,9 +86,19 @@ class VllmRollout:
 
     def update_weights(self, params: Any, version: int) -> None:
         """Loads `params` (models layout) into every vLLM worker; later requests use them.
-        The prefix cache (KV of the old weights) is dropped."""
+        The prefix cache (KV of the old weights) is dropped. Refuses an out-of-order or
+        partial push (`rollout.push`), and raises `PartialPushError` when a worker loaded
+        fewer tensors than were sent (its weights are then mixed: the run must stop)."""
+        check_order(version, self.version)
+        check_complete(params, self.signature, version=version)
         weights = [(name, _to_torch_cpu(x)) for name, x in hf_weights(params, self.config)]
-        self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+        loaded = self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+        short = [f"worker {i}: {n}" for i, n in enumerate(loaded) if n != len(weights)]
+        if short:
+            raise PartialPushError(
+                f"weight push of policy version {version}: vLLM loaded fewer than the "
+                f"{len(weights)} tensors sent ({', '.join(short)})"
+            )
         self.llm.reset_prefix_cache()
         self.version = version
 
@@ -163,7 +177,10 @@ class VllmScheduler:
             )
 
     def prepare(self, params: Any) -> Any:
-        return params  # vLLM takes the HF-named tensors when they are loaded (`set_params`)
+        """`params` as they are (vLLM takes the HF-named tensors when they are loaded, in
+        `set_params`), once checked whole (`push.PartialPushError`)."""
+        check_complete(params, self.engine.signature)
+        return params
 
     def add(self, request: Any, *, checked: bool = False) -> None:
         if not checked:
@@ -171,6 +188,7 @@ class VllmScheduler:
         self._waiting.append(request)
 
     def set_params(self, params: Any, version: int) -> None:
+        check_order(version, self.version)
         self.engine.update_weights(params, version)
 
     @property

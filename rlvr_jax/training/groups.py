@@ -35,6 +35,8 @@ class ScoredGroup:
     extra terms): what expert iteration selects by."""
     domain: str
     texts: list[str] = field(default_factory=list)
+    request_id: Any = None
+    """The rollout request it came from (`Rollouts`: the prompt's draw number)."""
 
     @property
     def version(self) -> int:
@@ -78,6 +80,7 @@ def score_groups(
             scores_G=np.asarray(result.verifier_scores[a:b], np.float32),
             domain=result.domains[a] if b > a else "unknown",
             texts=texts[a:b],
+            request_id=g.request_id,
         )
         for g, (a, b) in zip(groups, spans)
     ]
@@ -100,6 +103,9 @@ class BatchAssembler:
     lengths: list[int] = field(default_factory=list)
     interrupted: list[bool] = field(default_factory=list)
     """Per drawn completion made with budget forcing on: whether it was interrupted."""
+    settled: list[tuple[ScoredGroup, str]] = field(default_factory=list)
+    """Each group offered and what became of it: `trained` (kept), `filtered`, `stale`, or
+    `full` (offered to a full batch: drawn, not kept)."""
 
     @property
     def full(self) -> bool:
@@ -109,6 +115,7 @@ class BatchAssembler:
         """Adds `group` unless it is too stale or has zero reward variance; True if kept."""
         if self.max_staleness is not None and current_version - group.version > self.max_staleness:
             self.stale += 1
+            self.settled.append((group, "stale"))
             return False
         self.drawn += 1
         self.all_rewards.extend(group.rewards_G.tolist())
@@ -116,11 +123,14 @@ class BatchAssembler:
         self.lengths.extend(len(c.tokens) for c in group.completions)
         self.interrupted.extend(c.interrupted for c in group.completions if c.sampled is not None)
         if self.full:
+            self.settled.append((group, "full"))
             return False
         if self.zero_variance_filter and group.zero_variance:
             self.filtered += 1
+            self.settled.append((group, "filtered"))
             return False
         self.kept.append(group)
+        self.settled.append((group, "trained"))
         return True
 
     def metrics(self) -> dict[str, float]:

@@ -2,11 +2,13 @@
 `algorithms.ALGORITHMS`).
 
 Each step: take the next batch from the source (host work: rollouts, rewards, filtering,
-collation), compile what its shapes need outside the dispatch lock, dispatch the update (the
-device trains while the host goes on), write step N−1's metrics (fetched now: step N is already
-queued), push the new weights to the actors, checkpoint `{train state, source.state()}` every
-`checkpoint.every_steps`, evaluate every `eval.every_steps`, stop on SIGINT/SIGTERM. The policy
-version (optimizer updates dispatched) is counted on the host: no device sync per step.
+collation), record the prompts it settled in the prompt ledger (`training.ledger`), compile
+what its shapes need outside the dispatch lock, dispatch the update (the device trains while the
+host goes on), write step N−1's metrics (fetched now: step N is already queued), push the new
+weights to the actors (`training.push`: bounded in time, probed), checkpoint `{train state,
+source.state(), ledger count}` every `checkpoint.every_steps`, evaluate every `eval.every_steps`,
+stop on SIGINT/SIGTERM. The policy version (optimizer updates dispatched) is counted on the
+host: no device sync per step.
 
 Weights reach the actors right after the update is dispatched when the source is on-policy (sync
 mode, expert iteration: the next batch must come from them), and otherwise once the update has
@@ -34,11 +36,14 @@ from rlvr_jax import dispatch, losses, models, sharding
 from rlvr_jax.config.checks import check
 from rlvr_jax.config.schema import Config
 from rlvr_jax.models.bootstrap import ensure_model
+from rlvr_jax.rollout.push import PushTimeoutError
 from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
 from rlvr_jax.training.algorithms import Context, get_algorithm
 from rlvr_jax.training.distributed import used_devices
+from rlvr_jax.training.ledger import Ledger
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
+from rlvr_jax.training.push import WeightPusher
 
 log = logging.getLogger("rlvr_jax.train")
 
@@ -133,13 +138,13 @@ class Trainer:
         self.checkpointer = ckpt.Checkpointer(
             self.out, keep=cfg.checkpoint.keep, verify=cfg.checkpoint.verify
         )
-        self.start_step, self.version, source_state = 0, 0, None
+        self.start_step, self.version, source_state, settled = 0, 0, None, None
         if cfg.checkpoint.resume:
             restored = self.checkpointer.restore_latest(ckpt.abstract_like(self.state))
             if restored is not None:
                 step, self.state, meta = restored
                 self.start_step, self.version = int(meta["step"]), int(meta["version"])
-                source_state = meta["source"]
+                source_state, settled = meta["source"], meta.get("ledger")
                 log.info("resumed from checkpoint %d (policy version %d)", step, self.version)
         self.steps_done = self.start_step
         self.source = self.algorithm.source(self.ctx, self.state.params, self.version)
@@ -151,7 +156,16 @@ class Trainer:
             resume_step=self.start_step,
             enabled=jax.process_index() == 0,  # one process writes the run's files
         )
+        self.ledger = Ledger(
+            self.out,
+            resume_step=self.start_step,
+            expected=settled,
+            enabled=jax.process_index() == 0,
+        )
+        self.pusher = WeightPusher(self.ctx)
         self._pusher: threading.Thread | None = None
+        self._push_error: BaseException | None = None  # of the watcher thread's push
+        self._hung = False  # a push timed out: the actors may never answer again
         self._last_reward = math.nan
         self._saved: int | None = None
         self._eval_rollout: Any = None
@@ -169,6 +183,7 @@ class Trainer:
                 if batch is None:  # stopped while collecting: nothing was consumed
                     break
                 step += 1
+                self.ledger.write(step, batch.settled)  # before step's checkpoint can be
                 current = self._dispatch(step, batch)
                 self.dispatched = step
                 if pending is not None:
@@ -205,9 +220,9 @@ class Trainer:
             step, dict(batch.metrics), device, batch.texts, t0, batch.tokens, self.version
         )
         watched = (self.state.params, device) if n else device
-        if n and self.source.on_policy:
-            self._push(self.state.params, self.version)
+        if n and self.source.on_policy:  # watched first: the train span ends with the update
             self._watch(pending, watched, push=None)
+            self._push(self.state.params, self.version, pending)
         else:
             self._watch(pending, watched, push=(self.state.params, self.version) if n else None)
         return pending
@@ -223,21 +238,32 @@ class Trainer:
                 if self.timeline is not None:
                     self.timeline.add("train", pending.dispatched, pending.finished)
                 if push is not None:
-                    self._push(*push)
+                    self._push(*push, pending)
+            except BaseException as e:  # raised on the loop's thread by `_wait_push`
+                self._push_error = e
+                self.stop.set()
             finally:
                 pending.done.set()
 
         self._pusher = threading.Thread(target=wait, name=f"step-{pending.step}", daemon=True)
         self._pusher.start()
 
-    def _push(self, params: Any, version: int) -> None:
-        with dispatch.LOCK:
-            self.source.push_weights(params, version)
+    def _push(self, params: Any, version: int, pending: _Pending) -> None:
+        """Pushes and probes (`WeightPusher`); the `push/*` metrics join the step's row."""
+        try:
+            pending.host.update(self.pusher.push(self.source, params, version))
+        except PushTimeoutError:
+            self._hung = True
+            raise
 
     def _wait_push(self) -> None:
+        """Joins the watcher thread; raises the error of its push."""
         if self._pusher is not None:
             self._pusher.join()
             self._pusher = None
+        if self._push_error is not None:
+            error, self._push_error = self._push_error, None
+            raise error
 
     def _write(self, p: _Pending) -> None:
         """Fetches the step's device metrics and writes its row (once)."""
@@ -271,6 +297,7 @@ class Trainer:
 
     def _checkpoint(self, step: int) -> None:
         meta = {"step": step, "version": self.version, "source": self.source.state()}
+        meta["ledger"] = self.ledger.count  # the ledger's records of steps <= step
         self.checkpointer.save(step, self.state, meta)
         self._saved = step
 
@@ -326,6 +353,7 @@ class Trainer:
         if self._saved != step:
             self._checkpoint(step)
         self.checkpointer.wait()
+        self.ledger.write(step, self.source.pending())  # dropped again on resume
         cfg = self.cfg
         if cfg.log.plots and self.metrics.enabled:
             plot_curves(read_jsonl(self.metrics.path), self.out / "curves.png")
@@ -341,8 +369,17 @@ class Trainer:
                 log.info("exported the final policy to %s", self.out / "final")
 
     def close(self) -> None:
-        self._wait_push()
-        closers = [self.source.close, self.checkpointer.close, self.metrics.close]
+        if self._pusher is not None:
+            self._pusher.join()  # bounded by rollout.push_timeout_s
+        closers = [
+            self.source.close,
+            self.checkpointer.close,
+            self.metrics.close,
+            self.ledger.close,
+        ]
+        if self._hung:  # a push timed out: the actors' threads may never answer
+            log.error("a weight push timed out: not waiting for the actors to stop")
+            closers.remove(self.source.close)
         if self._eval_rollout is not None:
             closers.append(self._eval_rollout.close)
         for closer in closers:

@@ -12,7 +12,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +46,15 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def truncate_after(path: str | Path, last_step: int) -> int:
-    """Keeps the rows with `step` ≤ last_step (atomically); returns how many were kept."""
+def truncate_after(
+    path: str | Path, last_step: int, keep: Callable[[dict], bool] = lambda row: True
+) -> int:
+    """Keeps the rows with `step` ≤ last_step (and `keep(row)`), atomically; returns how many
+    were kept."""
     p = Path(path)
     if not p.exists():
         return 0
-    kept = [r for r in read_jsonl(p) if int(r.get("step", 0)) <= last_step]
+    kept = [r for r in read_jsonl(p) if int(r.get("step", 0)) <= last_step and keep(r)]
     tmp = p.with_suffix(".jsonl.tmp")
     with open(tmp, "w") as f:
         for r in kept:

@@ -2,9 +2,11 @@
 
 `Rollouts` draws prompts from the resumable mixture, submits them to the rollout stream (the row
 rides along as the request's `meta`), takes completed groups, scores them with the reward
-service, pushes the learner's weights to the actors, and keeps the exact-resume bookkeeping: a
-checkpoint stores the mixture's state before the oldest request not yet trained on, plus the ids
-trained on after it, so a restart re-issues exactly the unseen prompts. `build_rollouts` makes
+service, pushes the learner's weights to the actors (and submits the push's probe), and keeps
+the exact-resume bookkeeping: a checkpoint stores the mixture's state before the oldest request
+not yet settled (trained on, filtered or dropped as stale: consumed), plus the ids consumed after
+it, so a restart re-issues exactly the unsettled prompts — request id k is the mixture's draw k,
+which the prompt ledger (`training.ledger`) records. `build_rollouts` makes
 it from the run's `Context`, over `rollout_stream` (the `rollout.backend` engine). The sources
 over it are `algorithms.rl.RolloutSource` and `algorithms.expert_iteration.
 ExpertIterationSource`.
@@ -17,13 +19,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
-from rlvr_jax.training.algorithms.common import Context
+from rlvr_jax.training import ledger
 from rlvr_jax.training.groups import ScoredGroup, score_groups
+
+if TYPE_CHECKING:  # at run time, `algorithms` (which imports this module) would be half-made
+    from rlvr_jax.training.algorithms.common import Context
 
 log = logging.getLogger("rlvr_jax.train")
 
@@ -66,10 +71,11 @@ class Rollouts:
         self.num_samples, self.seed, self.max_new_tokens = num_samples, seed, max_new_tokens
         self.threaded, self.stop = threaded, stop
         self.next_request = 0
-        self._snapshots: dict[int, dict] = {}  # not trained on yet -> mixture state before it
+        self._snapshots: dict[int, dict] = {}  # not consumed yet -> mixture state before it
+        self._rows: dict[int, Any] = {}  # not consumed yet -> its data row
         self._generating: set[int] = set()  # submitted, not returned by the stream yet
-        self._consumed: set[int] = set()  # trained on
-        self._skip: set[int] = set()  # trained on before the restart
+        self._consumed: set[int] = set()  # settled (here or before the restart)
+        self._skip: set[int] = set()  # settled before the restart, not re-drawn yet
 
     # -- requests -------------------------------------------------------------------------
     @property
@@ -84,12 +90,13 @@ class Rollouts:
             snapshot = self.prompts.state()
             row = self.prompts.next_batch(1)[0]
             self.next_request += 1
-            if rid in self._skip:  # trained on before the restart
+            if rid in self._skip:  # settled before the restart
                 self._skip.discard(rid)
                 continue
             if row.prompt_ids is None:
                 raise ValueError(f"row {row.index} of {row.source!r} was loaded without prompt ids")
             self._snapshots[rid] = snapshot
+            self._rows[rid] = row
             self._generating.add(rid)
             self.stream.submit(
                 rid,
@@ -132,10 +139,44 @@ class Rollouts:
         return self.stream.kv_metrics()
 
     def consume(self, request_ids: list[int]) -> None:
-        """Marks requests as trained on (they leave the in-flight bookkeeping)."""
+        """Marks requests as settled (they leave the in-flight bookkeeping)."""
         for rid in request_ids:
             self._snapshots.pop(rid, None)
+            self._rows.pop(rid, None)
             self._consumed.add(rid)
+
+    def pending(self) -> list[dict]:
+        """Ledger records (`pending`) of the requests drawn and not consumed: in flight,
+        queued, or completed and waiting for a batch — and, after a restart, those between
+        the draw cursor and the last request consumed before it (drawn then, not re-drawn
+        yet: replayed from the data iterator, whose position is left as it was)."""
+        out = [ledger.entry(rid, row, "pending") for rid, row in sorted(self._rows.items())]
+        if self._skip:
+            saved, rid = self.prompts.state(), self.next_request
+            for row in self.prompts.next_batch(max(self._skip) + 1 - rid):
+                if rid not in self._skip:
+                    out.append(ledger.entry(rid, row, "pending"))
+                rid += 1
+            self.prompts.restore(saved)
+        return out
+
+    def ledger_metrics(self) -> dict[str, float]:
+        """`ledger/drawn` (prompts drawn from the data so far) and `ledger/pending` (drawn and
+        not settled yet)."""
+        return {"ledger/drawn": float(self.next_request), "ledger/pending": float(len(self._rows))}
+
+    def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> Any:
+        """One sample of `prompt` by the actors at policy `version` (pinned: it waits for that
+        version, ahead of the queue; no budget forcing), for `training.push`; None when the
+        stream is stepped on the caller's thread (multi-process), where nothing else would
+        step it."""
+        if not self.threaded:
+            return None
+        future = self.stream.submit_future(
+            ("push-probe", version), prompt, 1, seed=0, version=version, first=True,
+            max_new_tokens=max_new_tokens, budget_forcing=False,
+        )  # fmt: skip
+        return future.result()
 
     # -- the loop's interface -------------------------------------------------------------
     def start(self) -> None:
@@ -157,6 +198,7 @@ class Rollouts:
         self.prompts.restore(state["data"])
         self.next_request = int(state["next_request"])
         self._skip = set(state["consumed_after"])
+        self._consumed = set(self._skip)  # still consumed at the next checkpoint
 
     def close(self) -> None:
         self.stream.stop()
@@ -173,6 +215,12 @@ class GeneratingSource:
 
     def push_weights(self, params: Any, version: int) -> None:
         self.rollouts.push_weights(params, version)
+
+    def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> Any:
+        return self.rollouts.probe(version, prompt, max_new_tokens)
+
+    def pending(self) -> list[dict]:
+        return self.rollouts.pending()
 
     def start(self) -> None:
         self.rollouts.start()

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.config.schema import Config
+from rlvr_jax.training import ledger
 from rlvr_jax.training.algorithms.common import Context, micro_batches
 from rlvr_jax.training.algorithms.sft import SFTUpdate
 from rlvr_jax.training.batch import TokenBatch, collate_sft
@@ -85,10 +86,11 @@ def expert_metrics(groups: Sequence[ScoredGroup], *, min_score: float) -> dict[s
 
 class ExpertIterationSource(GeneratingSource):
     """`algorithm: expert_iteration`: each step is one on-policy round — `prompts_per_batch`
-    prompts issued after the previous update reached the engine, every completion verified, the
-    completions whose verifier score is at least `min_score` laid out as an SFT batch of
-    prompts × samples rows (rows not filled are masked; a round that keeps nothing makes no
-    update). No group is filtered. Extra metrics: `expert/*`."""
+        prompts issued after the previous update reached the engine, every completion verified, the
+        completions whose verifier score is at least `min_score` laid out as an SFT batch of
+        prompts × samples rows (rows not filled are masked; a round that keeps nothing makes no
+        update). No group is filtered; the ledger records a prompt with no completion kept as
+    `filtered`. Extra metrics: `expert/*`."""
 
     def __init__(self, ctx: Context, rollouts: Rollouts) -> None:
         cfg = ctx.cfg
@@ -120,6 +122,16 @@ class ExpertIterationSource(GeneratingSource):
         }
         metrics["staleness/mean"] = 0.0
         metrics["time/rollout_s"] = time.perf_counter() - t0
+        metrics.update(r.ledger_metrics())
+        settled = [
+            ledger.entry(
+                g.request_id,
+                g.row,
+                "trained" if kept_mask(g, min_score=self.min_score).any() else "filtered",
+                g.version,
+            )
+            for g in groups
+        ]
         prompts, responses = expert_examples(groups, min_score=self.min_score)
         arrays: TokenBatch | None = None
         if prompts:
@@ -132,6 +144,7 @@ class ExpertIterationSource(GeneratingSource):
             metrics=metrics,
             texts=[g.texts[0] for g in groups if g.texts],
             tokens=sum(len(c.tokens) for g in groups for c in g.completions),
+            settled=settled,
         )
 
 

@@ -3,7 +3,9 @@
 Source, `RolloutSource`: batches of `train.prompts_per_batch` kept groups from `Rollouts` —
 zero-variance filtering, active sampling, the staleness bound (async), advantages → `RLBatch`.
 Async mode keeps `rollout.queue_size` batches of requests in flight, topped up before returning
-each batch so the actors generate the next one while the learner trains on this one.
+each batch so the actors generate the next one while the learner trains on this one; groups
+that complete once the batch is full wait for the next one (none is dropped unsettled). Each
+batch lists what became of every group it settled (`Batch.settled`, the prompt ledger).
 
 Update, `RLUpdate`: the log-probs the loss needs from the learner first — θ_old's (several
 updates per batch, TIS mask mode, reward-KL), the reference policy's (KL on) — then
@@ -22,7 +24,7 @@ import numpy as np
 
 from rlvr_jax import losses
 from rlvr_jax.config.schema import Config
-from rlvr_jax.training import learner
+from rlvr_jax.training import learner, ledger
 from rlvr_jax.training.algorithms.common import (
     Context,
     Update,
@@ -71,6 +73,7 @@ class RolloutSource(GeneratingSource):
             row_multiple=ctx.row_multiple,
         )
         self.on_policy = self.mode == "sync"
+        self._carry: list[Any] = []  # scored groups a full batch left: the next batch's first
 
     def next(self, policy_version: int) -> Batch | None:
         r = self.rollouts
@@ -79,25 +82,25 @@ class RolloutSource(GeneratingSource):
             zero_variance_filter=self.zero_variance,
             max_staleness=self.max_staleness if self.mode == "async" else None,
         )
-        taken: list[int] = []
         service: list[dict[str, float]] = []
         t0 = time.perf_counter()
+        carried, self._carry = self._carry, []
+        self._offer(asm, carried, policy_version)
         while not asm.full and asm.drawn < self.cap:
             if self.mode == "async":
                 r.fill(self._async_target())
             else:
                 r.fill(min(self.P - len(asm.kept), self.cap - asm.drawn))
             done = r.completed()
-            if not done:  # stopped: nothing is consumed, the requests stay in flight
-                return None
-            taken.extend(g.request_id for g in done)
+            if not done:
+                break
             scored, metrics = r.score(done)
             service.append(metrics)
-            for g in scored:
-                asm.offer(g, policy_version)
-        if r.stop():  # a signal came while these groups were scored: the run stops before
-            return None  # this step; they stay in the resume bookkeeping, not consumed
-        r.consume(taken)
+            self._offer(asm, scored, policy_version)
+        if r.stop():  # stopped (maybe while these groups were scored): nothing is consumed,
+            self._carry = [g for g, _ in asm.settled] + self._carry  # they stay pending, and
+            return None  # are re-issued on resume
+        r.consume([g.request_id for g, _ in asm.settled])
         if self.mode == "async":  # the actors generate the next batch while this one trains
             r.fill(self._async_target())
         kept = asm.kept
@@ -114,6 +117,7 @@ class RolloutSource(GeneratingSource):
                 **self.packing,
             )
         metrics = {**merge_service_metrics(service), **asm.metrics(), **r.kv_metrics()}
+        metrics.update(r.ledger_metrics())
         metrics["staleness/mean"] = (
             float(np.mean([policy_version - g.version for g in kept])) if kept else 0.0
         )
@@ -127,7 +131,16 @@ class RolloutSource(GeneratingSource):
             group_size=r.num_samples,
             slots=slots,
             sequences=[(g.prompt_tokens, list(c.tokens)) for g in kept for c in g.completions],
+            settled=[ledger.entry(g.request_id, g.row, o, g.version) for g, o in asm.settled],
         )
+
+    def _offer(self, asm: BatchAssembler, groups: list[Any], policy_version: int) -> None:
+        """Offers `groups` to the batch; those that complete after it is full are carried."""
+        for g in groups:
+            if asm.full:
+                self._carry.append(g)
+            else:
+                asm.offer(g, policy_version)
 
     def _async_target(self) -> int:
         """Requests kept in flight in async mode: `rollout.queue_size` batches."""

@@ -180,6 +180,12 @@ class PairingSource:
     def push_weights(self, params: Any, version: int) -> None:
         self.rl.push_weights(params, version)
 
+    def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> Any:
+        return self.rl.probe(version, prompt, max_new_tokens)
+
+    def pending(self) -> list[dict]:
+        return self.rl.pending()
+
     def start(self) -> None:
         self.rl.start()
 
