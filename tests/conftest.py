@@ -60,9 +60,11 @@ JAX_CACHE = Path(
 )
 """JAX's persistent compilation cache for the tests: compiled XLA programs on disk, shared by
 the xdist workers and by every test module (`jax.clear_caches()` below drops only the programs
-in memory), kept between runs. Measured on six compile-heavy test files in one process: a cold
-cache (what CI's fresh clone has) saves ~20% of the CPU time, a warm one (a developer's second
-run) ~?%. Emptied at the start of a run once it holds over `JAX_CACHE_MAX_BYTES`."""
+in memory), kept between runs. Measured on six compile-heavy test files (kv_cache,
+models_parity, losses_reference, rollout_engine, ppo, sft_packing; 163 tests, one process): 243
+CPU-seconds without it (two runs), 198 with a cold cache (CI's fresh clone: programs recompiled
+after each module's clear come from disk), 56 with a warm one (a developer's next run).
+Emptied at the start of a run once it holds over `JAX_CACHE_MAX_BYTES`."""
 JAX_CACHE_MAX_BYTES = 2 << 30
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

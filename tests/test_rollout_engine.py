@@ -37,10 +37,7 @@ def _hf_greedy(hf_model, prompt, n):
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.fixture(
-    scope="module",  # the fast tier runs qwen2
-    params=[pytest.param(a, marks=() if a == "qwen2" else pytest.mark.slow) for a in ARCHS],
-)
+@pytest.fixture(scope="module", params=[pytest.param(a, marks=pytest.mark.slow) for a in ARCHS])
 def tiny(request, tmp_path_factory):
     """(arch, HF torch model, engine over the same weights); one compiled engine per arch."""
     path = tmp_path_factory.mktemp(request.param)
