@@ -37,7 +37,7 @@ def _hf_greedy(hf_model, prompt, n):
     return out[0, len(prompt) :].tolist()
 
 
-@pytest.fixture(scope="module", params=[pytest.param(a, marks=pytest.mark.slow) for a in ARCHS])
+@pytest.fixture(scope="module", params=ARCHS)
 def tiny(request, tmp_path_factory):
     """(arch, HF torch model, engine over the same weights); one compiled engine per arch."""
     path = tmp_path_factory.mktemp(request.param)
@@ -60,6 +60,7 @@ def test_greedy_tokens_equal_transformers_generate(tiny):
         assert c.finish_reason == "length" and c.policy_versions == [0] * 10
 
 
+@pytest.mark.slow
 def test_sampled_logprobs_equal_hf_log_softmax(tiny):
     arch, hf_model, core = tiny
     prompts = _prompts([4, 7], seed=2)
