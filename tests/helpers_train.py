@@ -65,3 +65,17 @@ log: {{progress_bar: false, tensorboard: true}}
 """
     )
     return cfg
+
+
+def check_mismatch_apart_from_lag(rows: list[dict], mode: str) -> None:
+    """The `mismatch/*` and `lag/*` metrics of a run's metrics.jsonl rows (tiny_run, fp32): on
+    policy the two sides agree to rounding; sync has no lag; async shows lag apart."""
+    for r in rows:
+        assert r["mismatch/tokens"] + r["lag/tokens"] > 0, r
+        if r["mismatch/tokens"]:  # fp32: the same function up to matmul summation order
+            assert r["mismatch/kl"] <= 1e-12 and r["mismatch/max_abs_logp"] < 1e-4, r
+    if mode == "sync":  # every token sampled by the params the learner holds
+        assert all(r["lag/tokens"] == 0 and r["lag/kl"] == 0 for r in rows)
+    else:  # the actors run one version ahead of what they sampled with: lag shows apart
+        assert any(r["lag/tokens"] > 0 for r in rows)
+        assert any(r["lag/kl"] > max(r["mismatch/kl"], 1e-12) for r in rows)

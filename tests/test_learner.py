@@ -223,11 +223,10 @@ def test_learner_passes_max_segments_to_the_kernel_choice(monkeypatch, max_token
         seen.append((kw["max_segments"], attention.resolve_impl(impl, **gpu)))
         return "blockwise"
 
-    params = models.init_params(ARCH, jax.random.key(0))
+    params = jax.eval_shape(lambda: models.init_params(ARCH, jax.random.key(0)))
     monkeypatch.setattr(decoder, "resolve_impl", spy)
     ids = jnp.ones((2, 16), jnp.int32)
     batch = TokenBatch(ids, ids, jnp.broadcast_to(jnp.arange(16), (2, 16)), ids, ids * 1.0)
-    learner.token_logprobs(
-        params, ARCH, batch, compute_dtype=jnp.bfloat16, temperature=1.0, memory=ctx.memory
-    )
+    kw = {"compute_dtype": jnp.bfloat16, "temperature": 1.0, "memory": ctx.memory}
+    jax.eval_shape(lambda p: learner.token_logprobs(p, ARCH, batch, **kw), params)  # traced only
     assert seen and all(s == (expected, "cudnn") for s in seen)

@@ -19,7 +19,7 @@ from pathlib import Path
 import helpers_cli as C
 import numpy as np
 import pytest
-from helpers_train import tiny_run
+from helpers_train import check_mismatch_apart_from_lag, tiny_run
 
 from rlvr_jax import config
 from rlvr_jax.data import build_prompt_iterator, load_tokenizer
@@ -201,7 +201,9 @@ def test_async_run_killed_three_times_has_every_prompt_once(tmp_path, xla_cache)
         print(f"kill {kill + 1}: after step {_steps(out)} (checkpoints {_checkpoints(out)})")
     proc = _train(tmp_path, cfg, out, xla_cache, *args)
     assert proc.wait(900) == 0, proc.stderr()[-3000:]
-    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == list(range(1, 21))
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(1, 21))
+    check_mismatch_apart_from_lag(rows, "async")  # (one run less than a test of its own)
     records = _check_ledger(cfg, out)
     outcomes = Counter(r["outcome"] for r in records)
     assert outcomes["trained"] >= 20 and outcomes["pending"] > 0, outcomes
@@ -223,6 +225,7 @@ def test_sync_run_killed_and_resumed_trains_the_same_prompts_in_the_same_steps(t
     args = ["rollout.mode=sync", "train.max_steps=8"]
     whole = _train(tmp_path, cfg, tmp_path / "whole", xla_cache, *args)
     assert whole.wait(900) == 0, whole.stderr()[-3000:]
+    check_mismatch_apart_from_lag(read_jsonl(tmp_path / "whole" / "metrics.jsonl"), "sync")
     killed = _train(tmp_path, cfg, tmp_path / "killed", xla_cache, *args)
     at = rng.randint(4, 6)  # past the checkpoint at step 3, before the one at step 6 or after
     delay = rng.uniform(0.0, 0.5)

@@ -1,5 +1,7 @@
 """Sampler/learner mismatch measured apart from policy lag: each token's lag (`groups.token_lag`),
-the `mismatch/*` and `lag/*` metrics of a real run (sync: all on-policy; async: lag apart)."""
+`rollout.exact`'s replay. The `mismatch/*` and `lag/*` metrics of real runs (sync: all
+on-policy; async: lag apart) are checked on tests/test_ledger.py's runs
+(`helpers_train.check_mismatch_apart_from_lag`)."""
 
 from types import SimpleNamespace
 
@@ -39,10 +41,10 @@ def test_exact_settings_are_checked_with_names():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("layout", ["paged", "contiguous"])
-def test_replay_reports_what_sampling_reported_bit_for_bit(dtype, layout):
+def test_replay_reports_what_sampling_reported_bit_for_bit(dtype, layout="contiguous"):
     """An exact engine's slot computes the same numbers whatever else decodes beside it, so
-    completions replayed in another company and order get the sampler's log-probs exactly."""
+    completions replayed in another company and order get the sampler's log-probs exactly
+    (the paged layout: tests/test_bench_mismatch.py)."""
     model = models.load_pretrained(SHIPPED_DIR, dtype=dtype)
     engine = EngineCore(model, max_slots=4, max_len=40, chunk=4, kv_layout=layout, exact=True)
     prompts = [[0, *range(5 + i, 12 + 2 * i)] for i in range(5)]
@@ -54,31 +56,12 @@ def test_replay_reports_what_sampling_reported_bit_for_bit(dtype, layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_run_reports_mismatch_apart_from_lag(tmp_path, mode):
-    cfg = tiny_run(tmp_path)
-    args = ["--config", str(cfg), f"rollout.mode={mode}", "train.max_steps=3"]
-    assert cli.train_main(args) == 0
-    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
-    for r in rows:
-        total = r["mismatch/tokens"] + r["lag/tokens"]
-        assert total > 0
-        if r["mismatch/tokens"]:  # fp32: the same function up to matmul summation order
-            assert r["mismatch/kl"] <= 1e-12 and r["mismatch/max_abs_logp"] < 1e-4
-    if mode == "sync":  # every token sampled by the params the learner holds
-        assert all(r["lag/tokens"] == 0 and r["lag/kl"] == 0 for r in rows)
-    else:  # the actors run one version ahead of what they sampled with: lag shows apart
-        assert any(r["lag/tokens"] > 0 for r in rows)
-        assert any(r["lag/kl"] > max(r["mismatch/kl"], 1e-12) for r in rows)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_exact_run_replays_the_sampler_bit_for_bit(tmp_path, dtype):
+def test_exact_run_replays_the_sampler_bit_for_bit(tmp_path):
     """`rollout.exact`: the old log-probs are the completions replayed through the engine's
-    decode step with the learner's params — on policy, the sampler's own numbers."""
+    decode step with the learner's params — on policy, the sampler's own numbers (bf16, the
+    harder case; fp32 replays: the test above and tests/test_bench_mismatch.py)."""
     cfg = tiny_run(tmp_path)
-    args = ["--config", str(cfg), "rollout.exact=true", f"model.compute_dtype={dtype}"]
+    args = ["--config", str(cfg), "rollout.exact=true", "model.compute_dtype=bfloat16"]
     assert cli.train_main([*args, "train.max_steps=2", "rollout.kv_layout=paged"]) == 0
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     for r in rows:

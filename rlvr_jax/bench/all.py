@@ -101,6 +101,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         ),
         plots=True,
     ),
+    "mismatch": Subcommand(
+        "rlvr_jax.bench.mismatch",
+        quick_argv=("--quick", "--no-tp"),
+        headlines=("mismatch", "mismatch_default", "exact_over_default_tokens_per_s"),
+    ),
 }
 """Every `rlvr-bench` subcommand `all` knows, in the order it runs them."""
 
