@@ -11,23 +11,7 @@ sees every program in one global order, and host work still overlaps.
 
 from __future__ import annotations
 
-import functools
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
 
 LOCK = threading.RLock()
 """Held while enqueuing device work from any thread of the trainer or the rollout driver."""
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def serialized(fn: F) -> F:
-    """`fn` called under `LOCK` (for functions that only enqueue device work)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with LOCK:
-            return fn(*args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
