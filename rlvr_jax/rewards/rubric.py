@@ -53,6 +53,7 @@ from rlvr_jax.rewards.judge_client import (
     Messages,
     Prompt,
     RowScores,
+    batch_prompts,
     final_answer,
     options_key,
     render_prompt,
@@ -364,14 +365,9 @@ def score_rows(
     Raises:
       ValueError: mismatched lengths, or a bad rubric (naming its position in the batch).
     """
-    if len(ground_truths) != len(responses) or (
-        prompts is not None and len(prompts) != len(responses)
-    ):
-        raise ValueError("rubric score_rows needs one ground truth (and prompt) per response")
+    prompts = batch_prompts("rubric score_rows", responses, ground_truths, prompts)
     items = []
-    for i, (prompt, response, truth) in enumerate(
-        zip(prompts or [""] * len(responses), responses, ground_truths)
-    ):
+    for i, (prompt, response, truth) in enumerate(zip(prompts, responses, ground_truths)):
         try:
             items.append(RubricItem(prompt, response, parse_rubric(truth)))
         except ValueError as e:
