@@ -37,7 +37,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.losses.registry import Registry, check_params, display_name
+from rlvr_jax.losses.registry import Registry, check_params, display_name, split_output
 
 PREFERENCE_LOSSES = Registry("preference loss")
 register_preference_loss = PREFERENCE_LOSSES.register
@@ -224,13 +224,7 @@ def preference_loss(
     mask_B = jnp.ones(shape, jnp.float32) if mask is None else _pair_array("mask", mask, shape)
     check_params(fn, f"preference loss {name!r}", (*PREFERENCE_ARRAYS, "beta"), variant_kwargs)
     out = fn(chosen_logp=logp_w, rejected_logp=logp_l, beta=beta, **fixed, **variant_kwargs)
-    loss_B, aux = out if isinstance(out, tuple) else (out, {})
-    loss_B = jnp.asarray(loss_B, jnp.float32)
-    if loss_B.shape != shape:
-        raise ValueError(
-            f"preference loss {name!r} returned a loss of shape {loss_B.shape}; a variant "
-            f"returns one loss per pair, [B] = {shape}"
-        )
+    loss_B, aux = split_output(out, f"preference loss {name!r}", shape, "one loss per pair, [B]")
     if loss_denominator is None:
         loss_denominator = jnp.sum(mask_B)
     denominator = jnp.maximum(jnp.asarray(loss_denominator, jnp.float32), 1.0)
