@@ -6,16 +6,12 @@ Inputs are per-sequence log-probs **summed** over each response's tokens, [B] pa
     ref_chosen_logp, ref_rejected_logp   the same under the frozen reference π_ref
     chosen_len, rejected_len             |y_w|, |y_l| in tokens (the length-normalised variants)
 
-With the implicit rewards r_w = β·(log π_θ(y_w) − log π_ref(y_w)), r_l likewise, and the
-margin h = (log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l)) = (r_w − r_l)/β:
-
-- `dpo` (Rafailov et al. 2023): ℓ = −(1−ε)·log σ(β·h) − ε·log σ(−β·h), ε = `label_smoothing`
-  (0 by default; ε > 0 is cDPO).
-- `ipo` (Azar et al. 2023): ℓ = (h − 1/(2β))², on summed log-probs as in the paper.
-- `dpo_norm`: ℓ = −log σ(β·h̄), h̄ = h with each side divided by its response length — the
-  length-normalised DPO of open-instruct (`dpo_norm`) that OLMo 3 Think's DPO uses (β = 5).
-- `simpo` (Meng et al. 2024, reference-free): ℓ = −log σ(β·log π_θ(y_w)/|y_w|
-  − β·log π_θ(y_l)/|y_l| − γ), γ = `gamma` (0.5).
+With the margin h = (log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l)) and the
+implicit rewards β·(log π_θ(y) − log π_ref(y)), the registered variants (each function's
+docstring gives its ℓ) are `dpo` (Rafailov et al. 2023; cDPO with `label_smoothing`), `ipo`
+(Azar et al. 2023, on summed log-probs as in the paper), `dpo_norm` (open-instruct's
+length-normalised DPO, the one OLMo 3 Think uses with β = 5) and `simpo` (Meng et al. 2024,
+reference-free, margin `gamma`).
 
 A user variant (`module:function`) is called with those keyword arrays ([B] each; the lengths
 None when not given) plus `beta` and its own parameters (`dpo.variant_kwargs`), and returns ℓ[B]
@@ -179,18 +175,12 @@ def preference_loss(
     loss_denominator: jax.Array | float | None = None,
     **variant_kwargs: Any,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The batch-mean preference loss of B pairs, and its metrics.
+    """The batch-mean preference loss of B pairs (the inputs as in the module docstring; only
+    `chosen_logp` and `rejected_logp` carry a gradient), and its metrics.
 
-    Args:
-      variant: `dpo`, `ipo`, `dpo_norm`, `simpo`, a `module:function` string or a callable.
-      chosen_logp, rejected_logp: [B] summed log-probs of each response under the policy (the
-        only inputs with a gradient).
-      ref_chosen_logp, ref_rejected_logp: [B] the same under the reference (no gradient).
-      beta: β (> 0).
-      chosen_len, rejected_len: [B] response lengths in tokens (needed by `dpo_norm`, `simpo`).
-      mask: [B] 1 for the pairs that count (default all); values under 0 are ignored.
-      loss_denominator: the pair count of the whole optimizer batch (default Σ mask).
-      **variant_kwargs: the variant's own parameters (`label_smoothing`, `gamma`, ...).
+    `mask` [B] marks the pairs that count (default all; values under 0 are ignored);
+    `loss_denominator` is the pair count of the whole optimizer batch (default Σ mask);
+    `variant_kwargs` are the variant's own parameters (`label_smoothing`, `gamma`, ...).
 
     Returns:
       (loss, metrics): loss = Σ m·ℓ / D; metrics `dpo/loss`, `dpo/accuracy` (fraction of pairs
