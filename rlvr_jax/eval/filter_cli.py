@@ -73,14 +73,8 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
 
 
 def _filter(cfg: Any, args: argparse.Namespace) -> Any:
-    return filter_source(
-        cfg,
-        args.input,
-        args.output,
-        max_pass_rate=args.max_pass_rate,
-        chunk_prompts=args.chunk_prompts,
-        **sampling_kwargs(cfg, args),
-    )
+    kwargs = {"max_pass_rate": args.max_pass_rate, "chunk_prompts": args.chunk_prompts}
+    return filter_source(cfg, args.input, args.output, **kwargs, **sampling_kwargs(cfg, args))
 
 
 def _show(args: argparse.Namespace, report: Any) -> None:
