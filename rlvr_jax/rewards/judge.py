@@ -153,28 +153,20 @@ def _reference(ground_truth: Any) -> str | None:
 
 
 def score_batch(
-    responses: Sequence[str],
-    ground_truths: Sequence[str | None],
-    *,
-    prompts: Sequence[Prompt] | None = None,
-    base_url: str | None = None,
-    model: str | None = None,
-    **options: Any,
+    responses: Sequence[str], ground_truths: Sequence[str | None], **settings: Any
 ) -> list[float]:
     """Judge rewards for a batch of responses.
 
     Args:
       responses: policy completions; anything up to the last `</think>` is dropped.
       ground_truths: reference answers, or None for open-ended scoring, one per response.
-      prompts: the prompts, one per response (default: empty).
-      base_url, model, options: `JudgeClient` settings (see `client_for`).
+      settings: `score_rows`' keywords: `prompts` (one per response, default empty),
+        `base_url`, `model` and `JudgeClient` options (see `client_for`).
 
     Returns:
       One reward in [0, 1] per response (0 for an unparsable reply or a failed request).
     """
-    return score_rows(
-        responses, ground_truths, prompts=prompts, base_url=base_url, model=model, **options
-    ).scores
+    return score_rows(responses, ground_truths, **settings).scores
 
 
 def score_rows(
