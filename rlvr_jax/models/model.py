@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import shutil
 from pathlib import Path
@@ -147,35 +146,10 @@ def segments_from_positions(positions_BxT: np.ndarray, mask_BxT: np.ndarray) -> 
     return (np.cumsum(starts_BxT, axis=1) * (np.asarray(mask_BxT) != 0)).astype(np.int32)
 
 
-@functools.partial(
-    jax.jit,
+_apply_jit = jax.jit(
+    apply,
     static_argnames=("config", "compute_dtype", "mesh", "rules", "return_hidden", "attention_impl"),
 )
-def _apply_jit(
-    params,
-    tokens,
-    positions,
-    segments,
-    *,
-    config,
-    compute_dtype,
-    mesh,
-    rules,
-    return_hidden,
-    attention_impl,
-):
-    return apply(
-        params,
-        config,
-        tokens,
-        positions,
-        segments,
-        compute_dtype=compute_dtype,
-        mesh=mesh,
-        rules=rules,
-        return_hidden=return_hidden,
-        attention_impl=attention_impl,
-    )
 
 
 def forward(
@@ -215,8 +189,8 @@ def forward(
         )
     return _apply_jit(
         model.params,
+        model.config,
         *inputs,
-        config=model.config,
         compute_dtype=jnp.dtype(model.compute_dtype),
         mesh=model.mesh,
         rules=rules,
