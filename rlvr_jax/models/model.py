@@ -67,10 +67,9 @@ def read_config(path: str | Path) -> ArchConfig:
     if not config_file.is_file():
         raise CheckpointError(f"{path}: no config.json")
     try:
-        hf_config = json.loads(config_file.read_text())
+        return ArchConfig.from_hf(json.loads(config_file.read_text()), source=str(config_file))
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{config_file}: not valid JSON ({e})") from None
-    return ArchConfig.from_hf(hf_config, source=str(config_file))
 
 
 def load_pretrained(
