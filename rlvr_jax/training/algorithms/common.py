@@ -44,6 +44,9 @@ class Context:
     settings: losses.LossSettings
     stop: Callable[[], bool]
     timeline: Any = None
+    turns: Any = None
+    """`dispatch.DeviceTurns` when actors and learner share devices in async mode (else None):
+    the rollout decodes in the learner's gaps instead of beside its updates."""
 
     @property
     def seq_len(self) -> int:
