@@ -340,10 +340,13 @@ def collate_shared(
     j of a group is branch j + 1 of its segment (`TokenBatch.branches` = G + 1): it sees the
     prompt and itself (`models.layers.same_segment`), at the positions it would have alone.
 
-    The per-completion arrays are exactly `collate`'s ([slots, `slot_len`], one slot per
-    sample); `gather_BxT` points at the row position whose prefix is the slot's prefix (its
-    prompt's tokens, then its own), and `targets_BxT` carries each slot's next tokens. Returns
-    the batch and each sample's slot (the samples' order)."""
+    The per-completion arrays [slots, `slot_len`] hold each completion's own tokens only (index
+    t: its token t, predicted from its prompt and its tokens before t; `slot_len` ≥ the longest
+    completion): `collate`'s arrays without the prompt positions, which the loss never reads,
+    so the LM head runs over completion tokens alone. `gather_BxT` points at the row position
+    whose prefix predicts token t (the prompt's last token for t = 0), and `targets_BxT`
+    carries the tokens. Returns the batch and each sample's slot (the samples' order).
+    """
     g = group_size
     if len(samples) % (g * updates) or rows % (g * updates) or len(samples) > rows:
         raise ValueError(
@@ -395,17 +398,16 @@ def collate_shared(
                 n_c, b = len(s.tokens), u * slots_u + layout.slot(k) * g + j
                 ids[row, at : at + n_c], seg[row, at : at + n_c] = s.tokens, group_id * M + j + 1
                 pos[row, at : at + n_c] = n_p + np.arange(n_c)
-                n = n_p + n_c - 1  # the slot's positions on the shifted grid
-                if n > T:
-                    raise ValueError(f"collate_shared: sample {i * g + j} is longer than {T + 1}")
+                if n_c > T:
+                    raise ValueError(f"collate_shared: sample {i * g + j} has {n_c} > {T} tokens")
                 base = (row - u * rows_u) * row_len
-                gather[b, :n_p] = base + start + np.arange(n_p)
-                gather[b, n_p:n] = base + at + np.arange(n_c - 1)
-                targets[b, :n] = [*prompt[1:], *s.tokens]
-                mask[b, n_p - 1 : n] = s.token_mask()
-                slogp[b, n_p - 1 : n] = s.sampler_logp
+                sources = [start + n_p - 1, *range(at, at + n_c - 1)][:n_c]
+                gather[b, :n_c] = base + np.asarray(sources, np.int32)
+                targets[b, :n_c] = s.tokens
+                mask[b, :n_c] = s.token_mask()
+                slogp[b, :n_c] = s.sampler_logp
                 if n_c:
-                    rewards[b, n - 1] = s.reward
+                    rewards[b, n_c - 1] = s.reward
                 adv[b] = s.advantage
                 slots[i * g + j] = b
                 at += n_c

@@ -143,6 +143,17 @@ class Context:
         )
         return kernel in ("blockwise", "xla")
 
+    def completion_length(self, groups: list[Any]) -> int:
+        """Positions of a completion slot of shared-prompt rows: the batch's longest completion
+        rounded up to a length bucket (`train.bucket_min_len`)."""
+        longest = max((len(c.tokens) for g in groups for c in g.completions), default=1)
+        return bucket_length(
+            longest,
+            full=self.cfg.rollout.max_new_tokens,
+            min_len=self.cfg.train.bucket_min_len,
+            multiple=math.lcm(self.cfg.train.logits_chunk or 1, 1),
+        )
+
     def group_length(self, groups: list[Any]) -> int:
         """Positions of a shared-prompt row (`shares_prompts`) of a batch of scored groups: its
         longest group (prompt + G completions) rounded up to a length bucket."""
