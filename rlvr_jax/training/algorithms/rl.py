@@ -65,6 +65,7 @@ class RolloutSource(GeneratingSource):
         self.zero_variance, self.overlong_filter = f.zero_variance, f.overlong_filter
         self.cap = self.P * max(f.max_draws, 1) if f.active_sampling else self.P
         self.rows, self.seq_len, self.pad_id = ctx.rows, ctx.batch_length, ctx.pad_id
+        self.shared = (ctx.group_length, ctx.completion_length) if ctx.shares_prompts else None
         self.packing = dict(
             max_tokens=cfg.train.max_tokens_per_micro_batch,
             updates=cfg.train.updates_per_batch,
@@ -110,6 +111,8 @@ class RolloutSource(GeneratingSource):
                 seq_len=self.seq_len(kept) + 1,
                 pad_id=self.pad_id,
                 overlong_filter=self.overlong_filter,
+                shared_row_len=self.shared[0](kept) if self.shared else 0,
+                completion_len=self.shared[1](kept) if self.shared else 0,
                 **self.packing,
             )
         metrics = {**merge_service_metrics(service), **asm.metrics(), **r.kv_metrics()}
