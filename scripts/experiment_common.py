@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import experiment_report as report  # the sibling module
+import experiment_data as data  # the sibling modules
+import experiment_report as report
 
 log = logging.getLogger("experiment")
 
@@ -249,7 +250,7 @@ def run(
         raise ValueError(f"{config}: set data.sources and data.eval_sources (the held-out split)")
     out.mkdir(parents=True, exist_ok=True)
     if probe:
-        common += probe_overrides(cfg, probe, out / "data")
+        common += data.probe_overrides(cfg, probe, out / "data")
     base = ensure_model(cfg).absolute()
     seeds = seeds or [cfg.seed]
     ctx = Context(config, common, load(config, common), base, out, seeds, quick, settings)
@@ -325,7 +326,7 @@ def run_arm(
         phases.append(
             (phase.algorithm, ctx.load(overrides), read_metrics(run_dir / "metrics.jsonl"))
         )
-    record = {"runs": runs, "train_s": time.perf_counter() - t0, **report.account(ctx, phases)}
+    record = {"runs": runs, "train_s": time.perf_counter() - t0, **data.account(ctx, phases)}
     if exp.record:
         record.update(exp.record(ctx, record, [r for _, _, rows in phases for r in rows]))
     return model, record
@@ -384,7 +385,7 @@ def evaluate(
         seed=EVAL_SEED,
     )
     if results is not None:
-        results["eval"] = {
+        results["heldout"] = {
             "n": n,
             "ks": list(EVAL_KS),
             "seed": EVAL_SEED,
@@ -427,40 +428,3 @@ def machine(quick: bool) -> dict[str, Any]:
         "memory_gbps": roof["memory_gbps"],
         **{k: roof["machine"][k] for k in keys},
     }
-
-
-# -- data: the probe, and what an arm trained on ---------------------------------------------
-
-
-def probe_overrides(cfg: Any, probe: str, data_dir: Path) -> list[str]:
-    """`data.sources` rewritten without the `probe` domain's rows (JSONL sources only)."""
-    if cfg.sft.sources:
-        raise ValueError("--probe filters data.sources; sft.sources is set: filter it yourself")
-    sources = []
-    for i, src in enumerate(cfg.data.sources):
-        path = Path(src.path)
-        if not path.name.endswith((".jsonl", ".jsonl.gz")) or path.name.endswith(".gz"):
-            raise ValueError(f"--probe: data.sources[{i}] {path} is not a .jsonl file")
-        lines = [x for x in path.read_text().splitlines() if x.strip()]
-        kept = [x for x in lines if domain_of(json.loads(x), src.domain) != probe]
-        target = data_dir / f"{i}_{path.name}"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text("".join(x + "\n" for x in kept))
-        sources.append(
-            {"path": str(target.absolute()), "weight": src.weight, "name": src.name or path.stem}
-        )
-    evals = {
-        domain_of(json.loads(x), s.domain)
-        for s in cfg.data.eval_sources
-        for x in Path(s.path).read_text().splitlines()
-        if x.strip()
-    }
-    if probe not in evals:
-        raise ValueError(
-            f"--probe {probe}: no held-out row has that domain (domains: {sorted(evals)})"
-        )
-    return [f"data.sources={json.dumps(sources)}"]
-
-
-def domain_of(row: dict[str, Any], default: str | None) -> str:
-    return row.get("domain") or default or row.get("verifier", "")

@@ -1,8 +1,4 @@
-"""The experiment harness's accounting, statistics, tables and plot (`experiment_common` runs
-the arms).
-
-What an arm trained on comes from its runs' metrics rows (`account`): updates, RL prompts and
-completions, SFT examples, training FLOPs, and curves (per step; the in-loop evaluations).
+"""The experiment harness's statistics, tables and plot (`experiment_common` runs the arms).
 
 pass@k per prompt is the unbiased estimator (`rlvr_jax.eval.pass_at_k`) of that prompt's
 n = 32 samples. An arm's figure is the mean over its seeds and the held-out prompts; its 95%
@@ -15,7 +11,6 @@ its data order, all policies the sampling seed), the base being one seed shared 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,123 +21,6 @@ BOOTSTRAP = 2000
 """Bootstrap resamples."""
 
 BOOTSTRAP_SEED = 0
-
-
-def training_rows(cfg: Any, tokenizer: Any) -> list[Any]:
-    """The rows of `data.sources` the trainer would load (`PromptRow`s; `.index` is the line)."""
-    from rlvr_jax.data import load_sources
-    from rlvr_jax.data.formatting import prompt_length_fn
-    from rlvr_jax.rewards import known_verifiers
-
-    length = prompt_length_fn(tokenizer, cfg.data.prompt_template)
-    loaded = load_sources(
-        cfg.data.sources,
-        known_verifiers=known_verifiers(),
-        token_length=length,
-        max_prompt_len=cfg.data.max_prompt_len,
-    )
-    return [r for s in loaded for r in s.rows]
-
-
-_PROMPT_TOKENS: dict[tuple, float] = {}
-
-
-def prompt_tokens(cfg: Any, tokenizer_path: Path) -> float:
-    """Mean prompt length (tokens, under the run's template) of the training sources."""
-    from rlvr_jax.data import load_tokenizer
-    from rlvr_jax.data.formatting import prompt_length_fn
-
-    key = (tuple(s.path for s in cfg.data.sources), cfg.data.prompt_template, str(tokenizer_path))
-    if key not in _PROMPT_TOKENS:
-        tokenizer = load_tokenizer(cfg.model.tokenizer or tokenizer_path)
-        length = prompt_length_fn(tokenizer, cfg.data.prompt_template)
-        lengths = [length(r) for r in training_rows(cfg, tokenizer)]
-        _PROMPT_TOKENS[key] = sum(lengths) / max(1, len(lengths))
-    return _PROMPT_TOKENS[key]
-
-
-def account(ctx: Any, phases: list[tuple[str, Any, list[dict]]]) -> dict[str, Any]:
-    """An arm's budget and per-step curves from its runs' metrics rows.
-
-    Training FLOPs use the bench's FLOP model (`rlvr_jax.bench.common.token_flops`, 2·P per
-    token + attention): rollout decode = every generated completion's (prompt + response)
-    tokens at the mean context (as `rlvr-bench decode` counts); learner = 3 × the forward of
-    the trained sequences (`train_flops`: forward + backward over kept groups' prompt and
-    response tokens; SFT examples likewise); the old-log-prob forward (a forward of the trained
-    sequences) only where it runs (`train.updates_per_batch` > 1), also reported alone. Prompt
-    lengths are the training sources' mean; padding is not counted."""
-    from rlvr_jax.bench.common import forward_flops, token_flops, train_flops
-    from rlvr_jax.models.config import ArchConfig
-
-    arch = ArchConfig.from_hf(json.loads((ctx.base / "config.json").read_text()))
-    budget = dict.fromkeys(
-        (
-            "updates",
-            "rl_prompts",
-            "rl_completions",
-            "samples",
-            "trained_groups",
-            "sft_examples",
-            "flops",
-            "decode_flops",
-            "learner_flops",
-            "old_logprob_flops",
-        ),
-        0.0,
-    )
-    curve: dict[str, list] = {
-        k: [] for k in ("step", "prompts", "samples", "flops", "reward", "eval")
-    }
-    for algorithm, cfg, rows in phases:
-        g, sft_batch = cfg.rollout.num_samples, cfg.sft.batch_size
-        lp = prompt_tokens(cfg, ctx.base)
-        for r in rows:
-            drawn, kept = r.get("groups/drawn", 0.0), r.get("groups/kept", 0.0)
-            lr = r.get("response_length/mean", 0.0)
-            decode = drawn * g * (lp + lr) * token_flops(arch, lp + lr / 2)
-            seq = lp + r.get("tokens", 0.0) / max(1.0, kept * g)
-            learner = train_flops(arch, 1, round(seq)) * kept * g if kept else 0.0
-            old = (
-                forward_flops(arch, 1, round(seq)) * kept * g
-                if cfg.train.updates_per_batch > 1
-                else 0.0
-            )
-            if algorithm in ("sft", "rl_sft_parallel"):  # each step also trains an SFT batch
-                examples = sft_batch
-                budget["sft_examples"] += examples
-                sft_seq = lp + r.get("sft/tokens", 0.0) / examples
-                learner += train_flops(arch, 1, round(sft_seq)) * examples
-            for key, value in (
-                ("rl_prompts", drawn),
-                ("rl_completions", drawn * g),
-                ("trained_groups", kept),
-                ("samples", (drawn + r.get("groups/stale_dropped", 0.0)) * g),
-                ("decode_flops", decode),
-                ("learner_flops", learner),
-                ("old_logprob_flops", old),
-                ("flops", decode + learner + old),
-            ):
-                budget[key] += value
-            curve["step"].append(len(curve["step"]) + 1)
-            for key, name in (
-                ("prompts", "rl_prompts"),
-                ("samples", "samples"),
-                ("flops", "flops"),
-            ):
-                curve[key].append(budget[name])
-            curve["reward"].append(r.get("reward/mean"))
-            if any(
-                k.startswith("eval/pass@") for k in r
-            ):  # an in-loop evaluation (`eval.every_steps`)
-                point = {k: curve[k][-1] for k in ("step", "prompts", "samples", "flops")}
-                curve["eval"].append(
-                    {**point, **{k[5:]: v for k, v in r.items() if k.startswith("eval/pass@")}}
-                )
-        budget["updates"] += int(rows[-1]["policy_version"]) if rows else 0
-    every = [r for _, _, rows in phases for r in rows]
-    for key in sorted({k for r in every for k in r if k.startswith("value/")}):
-        curve[key] = [r.get(key) for r in every]
-    return {"budget": budget, "curve": curve}
 
 
 def pass_at_k(counts: Sequence[int], domains: Sequence[str], n: int, ks: Sequence[int]) -> dict:
@@ -192,7 +70,7 @@ def bootstrap(values_SxP: np.ndarray, rng: np.random.Generator) -> dict[str, flo
 def summarize(results: dict[str, Any]) -> dict[str, Any]:
     """`{"arms": {arm: {group: {"pass@k": {mean, lo, hi}}}}, "deltas": {"a − b": ...}}` over
     the seeds each arm has, from the per-prompt counts."""
-    ev = results["eval"]
+    ev = results["heldout"]
     n, ks, masks = ev["n"], ev["ks"], groups(ev["domains"], results.get("probe"))
     counts = {"base": np.asarray([results["base"]["counts"]])}
     for runs in results["seeds"].values():
@@ -236,7 +114,7 @@ def seeds_of(results: dict[str, Any], arm: str) -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The results page: setup, pass@k with intervals (headline group, per domain), the
     compared differences, the budgets, then the experiment's own section."""
-    ev, summary, probe = results["eval"], results["summary"], results.get("probe")
+    ev, summary, probe = results["heldout"], results["summary"], results.get("probe")
     ks = [f"pass@{k}" for k in ev["ks"]]
     head = "trained" if probe else "all"
     m = results["machine"]
@@ -277,7 +155,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {cells} |")
     lines += [
         "",
-        "| policy | updates | RL prompts | RL completions | SFT examples | training PFLOP | "
+        "| policy | updates | RL prompts | RL completions | SFT examples | training TFLOP | "
         "train s |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
@@ -292,7 +170,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append(
             f"| {arm} | {mean('updates'):.0f} | {mean('rl_prompts'):.0f} | "
             f"{mean('rl_completions'):.0f} | {mean('sft_examples'):.0f} | "
-            f"{mean('flops') / 1e15:.3f} | {np.mean([r['train_s'] for r in recs]):.0f} |"
+            f"{mean('flops') / 1e12:.2f} | {np.mean([r['train_s'] for r in recs]):.0f} |"
         )
     extra = results.get("extra_markdown")
     return "\n".join([*lines, *(["", extra] if extra else [])]) + "\n"
@@ -333,7 +211,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(fontsize=8)
-    ks = [f"pass@{k}" for k in results["eval"]["ks"]]
+    ks = [f"pass@{k}" for k in results["heldout"]["ks"]]
     for ax, group in zip(axes[1:], ["trained" if probe else "all", *([probe] if probe else [])]):
         width = 0.8 / len(ks)
         for j, k in enumerate(ks):

@@ -20,7 +20,7 @@ n = 32 for about the same training FLOPs. In-loop held-out pass@1/pass@8 (the fi
 `--curve-prompts` (128) held-out prompts, n = 8, `eval.every_steps`: 4 points for the largest
 n, and for the others every as many steps as the largest n takes — one point at the same
 prompts seen) give the curves; the final policies get the harness's n = 32 evaluation.
-Training FLOPs: `experiment_report.account` (rollout decode + learner forward/backward).
+Training FLOPs: `experiment_data.account` (rollout decode + learner forward/backward).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def split_rows(ctx: harness.Context, seed: int, finals: dict) -> list[str]:
         raise ValueError("the easy/hard splits need exactly one .jsonl training source")
     lines = Path(sources[0].path).read_text().splitlines()
     policy, tokenizer = load_policy(ctx.cfg)
-    rows = harness.report.training_rows(ctx.cfg, tokenizer)[: s["difficulty_prompts"]]
+    rows = harness.data.training_rows(ctx.cfg, tokenizer)[: s["difficulty_prompts"]]
     k = s["difficulty_samples"]
     sampled = sample_rows(
         ctx.cfg, policy, tokenizer, rows, temperature=1.0, num_samples=k, seed=ctx.cfg.seed
@@ -131,7 +131,7 @@ def matched(results: dict[str, Any]) -> str:
     ns = results["settings"]["ns"]
     lines = [
         "| split | n | at prompts seen | pass@1 | pass@8 | at the end: prompts | "
-        "completions | training PFLOP | pass@1 | pass@8 |",
+        "completions | training TFLOP | pass@1 | pass@8 |",
         "|---|---:|" + "---:|" * 8,
     ]
     for split in SPLITS:
@@ -153,7 +153,7 @@ def matched(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {split} | {n} | {m(at, 'prompts'):.0f} | {m(at, 'pass@1'):.3f} | "
                 f"{m(at, 'pass@8'):.3f} | {m(end, 'prompts'):.0f} | {m(end, 'samples'):.0f} | "
-                f"{m(end, 'flops') / 1e15:.3f} | {m(end, 'pass@1'):.3f} | {m(end, 'pass@8'):.3f} |"
+                f"{m(end, 'flops') / 1e12:.2f} | {m(end, 'pass@1'):.3f} | {m(end, 'pass@8'):.3f} |"
             )
     return "In-loop held-out pass@k (n = 8, mean over seeds):\n\n" + "\n".join(lines)
 
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = harness.parser(__doc__, out="runs/rollouts_per_prompt")
     p.add_argument("--ns", default="4,32", help="samples per prompt of the arms (default 4,32)")
     p.add_argument("--prompts-per-step", type=int, help="default: train.prompts_per_batch")
-    p.add_argument("--completions", type=int, help="completions per arm (default 4096, quick 64)")
+    p.add_argument("--completions", type=int, help="completions per arm (default 4096, quick 32)")
     p.add_argument("--curve-prompts", type=int, help="in-loop held-out prompts (128, quick 8)")
     p.add_argument("--difficulty-samples", type=int, help="samples per prompt (16, quick 4)")
     p.add_argument(
@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     q = args.quick
     s = dict(
         ns=ns,
-        completions=args.completions or (64 if q else 4096),
+        completions=args.completions or (32 if q else 4096),
         curve_prompts=args.curve_prompts or (8 if q else 128),
         difficulty_samples=args.difficulty_samples or (4 if q else 16),
         difficulty_prompts=args.difficulty_prompts or (32 if q else None),
