@@ -144,6 +144,7 @@ def test_quick_budget_forcing_keeps_its_table(tmp_path):
     exp = load_script("experiment_budget_forcing")
     cfg, out = tiny_run(tmp_path), tmp_path / "bf"
     argv = ["--config", str(cfg), "--quick", "--out", str(out), "--budget", "4", "--answer", "4"]
+    argv += ["--text", " ok"]  # 4 + 1 + 4 tokens fit 16 new tokens
     assert exp.main([*argv, "rollout.max_new_tokens=16", "log.tensorboard=false"]) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["meta"]["steps"] == 1 and len(results["meta"]["load_after"]) == 3
