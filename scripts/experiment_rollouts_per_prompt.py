@@ -14,7 +14,7 @@ most `--hard-max` (12.5%: ≤ 8 of 64) the hard split (`<out>/data/{easy,hard}.j
 Arms, per split and seed, from the base model, everything else equal (the config's GRPO —
 the demo: `olmo3` preset — in `rollout.mode: sync` without active sampling, so each step draws
 exactly `--prompts-per-step` prompts): `rollout.num_samples` = each of `--ns` (4, 32). Equal
-completion budgets: each arm generates `--completions` (4096) completions, i.e.
+completion budgets: each arm generates `--completions` (2048) completions, i.e.
 ⌈C / (prompts per step · n)⌉ steps, so n = 4 takes 8× the steps and sees 8× the prompts of
 n = 32 for about the same training FLOPs. In-loop held-out pass@1/pass@8 (the first
 `--curve-prompts` (128) held-out prompts, n = 8, `eval.every_steps`: 4 points for the largest
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = harness.parser(__doc__, out="runs/rollouts_per_prompt")
     p.add_argument("--ns", default="4,32", help="samples per prompt of the arms (default 4,32)")
     p.add_argument("--prompts-per-step", type=int, help="default: train.prompts_per_batch")
-    p.add_argument("--completions", type=int, help="completions per arm (default 4096, quick 32)")
+    p.add_argument("--completions", type=int, help="completions per arm (default 2048, quick 32)")
     p.add_argument("--curve-prompts", type=int, help="in-loop held-out prompts (128, quick 8)")
     p.add_argument("--difficulty-samples", type=int, help="samples per prompt (16, quick 4)")
     p.add_argument(
@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     q = args.quick
     s = dict(
         ns=ns,
-        completions=args.completions or (32 if q else 4096),
+        completions=args.completions or (32 if q else 2048),
         curve_prompts=args.curve_prompts or (8 if q else 128),
         difficulty_samples=args.difficulty_samples or (4 if q else 16),
         difficulty_prompts=args.difficulty_prompts or (32 if q else None),
