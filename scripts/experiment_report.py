@@ -132,7 +132,8 @@ def markdown(results: dict[str, Any]) -> str:
     ]
     if probe:
         lines.append(f"General-skill probe: `{probe}` (held out of every arm's training).")
-    lines += ["", f"| policy | seeds | {' | '.join(ks)} |", "|---|---|" + "---:|" * len(ks)]
+    cols = " | ".join(f"trained {k}" if probe else k for k in ks)
+    lines += ["", f"| policy | seeds | {cols} |", "|---|---|" + "---:|" * len(ks)]
     for arm, table in summary["arms"].items():
         cells = " | ".join(fmt(table[head][k]) for k in ks)
         lines.append(f"| {arm} | {seeds_of(results, arm)} | {cells} |")
