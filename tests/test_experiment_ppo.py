@@ -24,14 +24,8 @@ def load_script():
 exp = load_script()
 
 
-def test_samples_and_the_equal_sample_budget_by_hand():
-    rows = [
-        {"groups/drawn": 3.0, "groups/stale_dropped": 1.0},
-        {"groups/drawn": 2.0},
-        {"groups/drawn": 5.0, "groups/stale_dropped": 0.0},
-    ]
-    # (3 + 1) · 8 = 32, + 2 · 8 = 48, + 5 · 8 = 88
-    assert exp.samples_generated(rows, 8) == [32.0, 48.0, 88.0]
+def test_the_equal_sample_budget_by_hand():
+    # (samples generated, drawn and stale-dropped groups × G: tests/test_experiment_harness.py)
     # 88 samples at 2 prompts × 8 per update: ⌈88 / 16⌉ = 6 updates
     assert exp.ppo_steps(88, 2, 8) == 6
     assert exp.ppo_steps(96, 2, 8) == 6
@@ -59,6 +53,7 @@ def test_quick_run_gives_ppo_the_samples_of_grpo(tmp_path):
     cfg = tiny_run(tmp_path)
     out = tmp_path / "experiment"
     argv = ["--config", str(cfg), "--quick", "--out", str(out), "--arms", "grpo,ppo_shared"]
+    argv += ["--probe", "ifeval"]  # tiny_run trains on `parity` rows: nothing to drop
     assert exp.main([*argv, "log.tensorboard=false"]) == 0
     results = json.loads((out / "results.json").read_text())
     runs = results["seeds"]["0"]
@@ -73,5 +68,8 @@ def test_quick_run_gives_ppo_the_samples_of_grpo(tmp_path):
     assert len(ppo["curve"]["value/explained_variance"]) == ppo["updates"]
     for r in (results["base"], grpo, ppo):
         assert 0.0 <= r["pass@1"] <= r["pass@8"] <= 1.0
-    assert "| ppo_shared | 0 |" in (out / "results.md").read_text()
+    table = (out / "results.md").read_text()
+    assert "| ppo_shared | 0 |" in table
+    assert "ifeval (probe) pass@32" in table and "| ppo_shared − grpo |" in table
+    assert results["probe"] == "ifeval" and "data.sources=" in grpo["runs"][0]["command"]
     assert (out / "ppo_vs_grpo.png").stat().st_size > 10_000

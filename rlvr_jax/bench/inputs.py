@@ -1,5 +1,6 @@
 """The random inputs benchmarks run on: the bench model as an HF twin and ours with the same
-weights (`build_models`), and RL learner batches (`random_sample`, `synthetic_batch`).
+weights (`build_models`), RL learner batches (`random_sample`, `synthetic_batch`) and the
+trainer's step compiled on one (`compiled_train_step`).
 
 Below every benchmark module (it imports only `common`), so the benchmarks share these without
 importing each other.
@@ -80,3 +81,36 @@ def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp:
         noise = 0.05 * rng.standard_normal(batch.mask_BxT.shape).astype(np.float32)
         batch = batch.replace(old_logp_BxT=batch.sampler_logp_BxT + noise * batch.mask_BxT)
     return batch
+
+
+def compiled_train_step(
+    cfg: Any, arrays: Any, *, max_len: int, n_micro: int | None, seed: int
+) -> Any:
+    """The trainer's train step (`learner.make_train_step`: the loss preset `cfg.loss`, AdamW)
+    for the bench model of `cfg` (params seeded by `seed`) on the batch `arrays`, compiled
+    ahead of time. Returns (call, compiled, compile_s, holder, optimizer): `call()` runs one
+    step (the state carried over in `holder["state"]`) and returns its metrics."""
+    import jax
+    import jax.numpy as jnp
+
+    from rlvr_jax import losses, models
+    from rlvr_jax.config.schema import TrainConfig
+    from rlvr_jax.training import learner
+    from rlvr_jax.training.optimizer import make_optimizer
+
+    arch = cfg.arch()
+    optimizer = make_optimizer(TrainConfig())
+    params = models.init_params(arch, jax.random.key(seed))
+    batch = jax.tree.map(jnp.asarray, arrays)
+    step = learner.make_train_step(
+        arch, optimizer, losses.resolve_loss_settings(cfg.loss), max_len=max_len,
+        n_micro=n_micro, compute_dtype=jnp.dtype(cfg.dtype), memory=cfg.memory(),
+    )  # fmt: skip
+    holder = {"state": learner.init_state(params, optimizer)}
+    train, compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))
+
+    def call() -> dict[str, Any]:
+        holder["state"], metrics = train(holder["state"], batch)
+        return jax.block_until_ready(metrics)
+
+    return call, train, compile_s, holder, optimizer

@@ -36,7 +36,7 @@ import numpy as np
 
 from rlvr_jax import losses, models
 from rlvr_jax.bench import common, progress
-from rlvr_jax.bench.inputs import synthetic_batch
+from rlvr_jax.bench.inputs import compiled_train_step, synthetic_batch
 from rlvr_jax.models.attention import IMPLS, resolve_impl
 
 WORKLOADS = ("step", "attention-memory", "long")
@@ -180,31 +180,19 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     the profile pieces; with `trace_dir` one more step runs under the profiler. Returns the
     raw measurements: `timings` (every timed call), `compile_s`, `memory`, `loss`, `profile`,
     `op_profile`, `old_from`."""
-    from rlvr_jax.config.schema import TrainConfig
     from rlvr_jax.training import learner
-    from rlvr_jax.training.optimizer import make_optimizer
 
     arch = cfg.arch()
     settings = losses.resolve_loss_settings(cfg.loss)
     old_from = "batch" if settings.tis_mode == "mask" else "self"
-    optimizer = make_optimizer(TrainConfig())
     compute_dtype = jnp.dtype(cfg.dtype)
-    params = models.init_params(arch, jax.random.key(cfg.seed))
     arrays = synthetic_batch(
         arch, rows=cfg.batch, seq=cfg.seq, seed=cfg.seed, with_old_logp=old_from == "batch"
     )
+    train_call, train, train_compile_s, holder, optimizer = compiled_train_step(
+        cfg, arrays, max_len=cfg.seq, n_micro=cfg.n_micro, seed=cfg.seed
+    )
     batch = jax.tree.map(jnp.asarray, arrays)
-    step = learner.make_train_step(
-        arch, optimizer, settings, max_len=cfg.seq, n_micro=cfg.n_micro,
-        compute_dtype=compute_dtype, memory=cfg.memory(),
-    )  # fmt: skip
-    holder = {"state": learner.init_state(params, optimizer)}
-    train, train_compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))
-
-    def train_call() -> dict[str, jax.Array]:
-        holder["state"], metrics = train(holder["state"], batch)
-        return jax.block_until_ready(metrics)
-
     train_s = common.time_calls(train_call, cfg.repeats)
     metrics = jax.device_get(train_call())
     if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):

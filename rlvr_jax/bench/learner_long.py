@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlvr_jax import losses, models
+from rlvr_jax import losses
 from rlvr_jax.bench import attention_memory, common, progress
-from rlvr_jax.bench.inputs import random_sample
+from rlvr_jax.bench.inputs import compiled_train_step, random_sample
 from rlvr_jax.bench.waste import LengthDistribution
 
 OLMO3 = LengthDistribution.fit(mean=14_700.0, cap=32_768, sigma=0.7)
@@ -110,29 +110,14 @@ def layouts(work: LongWorkload, batch: list[Any]) -> dict[str, tuple[Any, int | 
 def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro: int | None):
     """The train step on one layout, compiled ahead of time: (call, facts), `call()` running one
     step (the state carried over) and returning its metrics."""
-    from rlvr_jax.config.schema import TrainConfig
-    from rlvr_jax.training import learner, update
-    from rlvr_jax.training.optimizer import make_optimizer
+    from rlvr_jax.training import update
 
-    arch = cfg.arch()
-    settings = losses.resolve_loss_settings(cfg.loss)
-    if settings.tis_mode == "mask":
+    if losses.resolve_loss_settings(cfg.loss).tis_mode == "mask":
         arrays = arrays.replace(old_logp_BxT=arrays.sampler_logp_BxT)
-    optimizer = make_optimizer(TrainConfig())
-    params = models.init_params(arch, jax.random.key(work.seed))
-    batch = jax.tree.map(jnp.asarray, arrays)
-    step = learner.make_train_step(
-        arch, optimizer, settings, max_len=work.cap, n_micro=n_micro,
-        compute_dtype=jnp.dtype(cfg.dtype), memory=cfg.memory(),
-    )  # fmt: skip
-    holder = {"state": learner.init_state(params, optimizer)}
     progress.line(f"{name}: {arrays.tokens.rows} rows x {arrays.tokens.length} positions")
-    train, compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))
-
-    def call() -> dict[str, jax.Array]:
-        holder["state"], metrics = train(holder["state"], batch)
-        return jax.block_until_ready(metrics)
-
+    call, train, compile_s, _, _ = compiled_train_step(
+        cfg, arrays, max_len=work.cap, n_micro=n_micro, seed=work.seed
+    )
     rows, T = arrays.tokens.rows, arrays.tokens.length
     facts = {
         "compile_s": compile_s,

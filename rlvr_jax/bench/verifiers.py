@@ -20,7 +20,6 @@ import pathlib
 import random
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rlvr_jax.bench import progress
@@ -133,36 +132,24 @@ def bench_math(n: int, workers: int) -> dict[str, Any]:
     }
 
 
-_PROGRAM = "def add(a, b):\n    return a + b\n"
-_TESTS = [
-    {"call": "add", "args": [1, 2], "expected": 3},
-    {"call": "add", "args": [-5, 5], "expected": 0},
-    "assert add(10, 20) == 30",
-]
-
-
 def bench_code(n: int, parallel: int) -> dict[str, Any]:
-    """Sandbox programs/s (a correct program, 3 tests), sequential and `parallel` threads."""
+    """Sandbox programs/s (`rewards.code.bench`: a correct program, 3 tests), sequential and
+    `parallel` threads."""
     try:
-        from rlvr_jax.rewards.code import run_tests
+        from rlvr_jax.rewards.code.bench import programs_per_second
     except ImportError as e:
         return {"skipped": f"rlvr_jax.rewards.code.run_tests is not available: {e}"}
     try:
-        first = run_tests(_PROGRAM, _TESTS)
+        _, first = programs_per_second(1, 1)
     except Exception as e:  # e.g. the sandbox cannot isolate on this machine
         return {"skipped": f"the sandbox does not run here: {type(e).__name__}: {e}"}
     progress.line(f"code: {n} sandboxed programs, sequential then {parallel} threads")
-    start = time.perf_counter()
-    scores = [run_tests(_PROGRAM, _TESTS) for _ in range(n)]
-    sequential_s = time.perf_counter() - start
-    with ThreadPoolExecutor(parallel) as threads:
-        start = time.perf_counter()
-        scores += list(threads.map(lambda _: run_tests(_PROGRAM, _TESTS), range(n)))
-        parallel_s = time.perf_counter() - start
+    sequential, ok_sequential = programs_per_second(n, 1)
+    threaded, ok_threaded = programs_per_second(n, parallel)
     return {
-        "programs_per_s": {"sequential": n / sequential_s, f"parallel_{parallel}": n / parallel_s},
+        "programs_per_s": {"sequential": sequential, f"parallel_{parallel}": threaded},
         "n": n,
-        "all_passed": first == 1.0 and all(s == 1.0 for s in scores),
+        "all_passed": first and ok_sequential and ok_threaded,
     }
 
 

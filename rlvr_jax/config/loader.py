@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import difflib
 import functools
@@ -167,6 +168,10 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+_SCALARS = {bool: bool, int: int, float: int | float, str: str}
+"""The scalar schema types and the YAML values each takes (a bool is never an int or float)."""
+
+
 def _convert(tp: Any, value: Any, key: str, source: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -176,14 +181,10 @@ def _convert(tp: Any, value: Any, key: str, source: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _convert(arg, value, key, source)
-            except ConfigError as e:
-                errors.append(e)
+            if arg is not type(None):
+                with contextlib.suppress(ConfigError):
+                    return _convert(arg, value, key, source)
         raise bad
     if origin is Literal:
         if value in args:
@@ -206,26 +207,14 @@ def _convert(tp: Any, value: Any, key: str, source: str) -> Any:
             _convert(args[0], k, f"{key}.<key>", source): _convert(args[1], v, f"{key}.{k}", source)
             for k, v in value.items()
         }
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise bad
-    if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise bad
-    if tp is float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-6" as a string
+    if tp in _SCALARS:
+        if isinstance(value, _SCALARS[tp]) and (tp is bool or not isinstance(value, bool)):
+            return float(value) if tp is float else value
+        if tp is float and isinstance(value, str):  # YAML 1.1 reads "1e-6" as a string
             try:
                 return float(value)
             except ValueError:
                 raise bad from None
-        raise bad
-    if tp is str:
-        if isinstance(value, str):
-            return value
         raise bad
     raise ConfigError(f"{source}: {key}: unsupported schema type {tp!r}")
 

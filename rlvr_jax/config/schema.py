@@ -357,6 +357,14 @@ class TrainConfig:
     sequence per row, `micro_batch_size` rows per micro-batch. `sft` and `expert_iteration`
     pack their examples the same way; `rl_sft_parallel` packs its RL half (its SFT rows stay
     one per row). `--dry-run` plans one micro-batch as the full-length rows this holds."""
+    share_prompts: bool = True
+    """Lay out each group's prompt once in the learner's rows, followed by its G completions
+    (each sees the prompt and itself, at its own positions): the same log-probs, losses and
+    gradients as one completion per row, the prompt's forward and backward done once instead
+    of G times (RL, PPO, the RL half of rl_sft_parallel). Applies where the attention kernel
+    is blockwise or xla anyway (CPU, or chosen; not where cuDNN or splash would run), for
+    models without sliding-window layers, and when mini- and micro-batches hold whole groups;
+    elsewhere, and with false, one completion per row."""
     bucket_min_len: int = 32
     """Learner rows are padded to the batch's longest prompt + completion rounded up to
     bucket_min_len·2^k (a multiple of the chunk sizes; at most max_prompt_len +

@@ -62,25 +62,27 @@ TEMPLATES: dict[str, Callable[[PromptRow, Any], list[int]]] = {
 """Prompt templates by name (`DataConfig.prompt_template`)."""
 
 
-def format_prompt(row: PromptRow, tokenizer: Any, template: str) -> list[int]:
-    """Token ids of `row`'s prompt under `template` (`chat`, `r1` or `plain`)."""
+def _check_template(template: str) -> None:
     if template not in TEMPLATES:
         raise ValueError(f"unknown prompt template {template!r}; expected one of {list(TEMPLATES)}")
+
+
+def format_prompt(row: PromptRow, tokenizer: Any, template: str) -> list[int]:
+    """Token ids of `row`'s prompt under `template` (`chat`, `r1` or `plain`)."""
+    _check_template(template)
     return TEMPLATES[template](row, tokenizer)
 
 
 def prompt_length_fn(tokenizer: Any, template: str) -> Callable[[PromptRow], int]:
     """`row -> len(format_prompt(row, tokenizer, template))`, for the sources' length filter."""
-    if template not in TEMPLATES:
-        raise ValueError(f"unknown prompt template {template!r}; expected one of {list(TEMPLATES)}")
+    _check_template(template)
     return lambda row: len(format_prompt(row, tokenizer, template))
 
 
 def prompt_encoder(tokenizer: Any, template: str) -> Callable[[PromptRow], list[int]]:
     """`row -> format_prompt(row, tokenizer, template)`: the sources' `encode` (a row's prompt
     is tokenized once, when its source loads, and kept as `row.prompt_ids`)."""
-    if template not in TEMPLATES:
-        raise ValueError(f"unknown prompt template {template!r}; expected one of {list(TEMPLATES)}")
+    _check_template(template)
     return lambda row: format_prompt(row, tokenizer, template)
 
 
@@ -98,8 +100,7 @@ demo corpus) starts with it, as the policy's completions do."""
 
 def encode_response(response: str, tokenizer: Any, template: str) -> list[int]:
     """The ids of a response as it follows a `template` prompt: separator, text, EOS id."""
-    if template not in RESPONSE_SEPARATORS:
-        raise ValueError(f"unknown prompt template {template!r}; expected one of {list(TEMPLATES)}")
+    _check_template(template)
     if tokenizer.eos_token_id is None:
         raise ValueError("a response ends with EOS: the tokenizer has no EOS token")
     text = RESPONSE_SEPARATORS[template] + response

@@ -151,13 +151,20 @@ def write_jsonl(rows: Iterable[Mapping], path: str | Path) -> Path:
     return write_lines((json.dumps(row, ensure_ascii=False) for row in rows), path)
 
 
+def splits_parser(module: str, doc: str | None, *, test: int) -> argparse.ArgumentParser:
+    """The command line of `python -m <module>` writing train/test splits: `--out DIR`,
+    `--train N` (2000), `--test N`, `--seed`."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=doc)
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--train", type=int, default=2000, help="training rows")
+    parser.add_argument("--test", type=int, default=test, help="held-out rows")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Writes `train.jsonl` and `test.jsonl` of the synthetic family under `--out`."""
-    parser = argparse.ArgumentParser(prog="python -m rlvr_jax.data.synthetic", description=__doc__)
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--train", type=int, default=2000, help="train rows")
-    parser.add_argument("--test", type=int, default=200, help="held-out rows")
-    parser.add_argument("--seed", type=int, default=0)
+    parser = splits_parser("rlvr_jax.data.synthetic", __doc__, test=200)
     parser.add_argument("--domains", default=",".join(DOMAINS), help="comma-separated")
     parser.add_argument("--level", type=int, default=2, help="arithmetic difficulty 1..5")
     args = parser.parse_args(argv)

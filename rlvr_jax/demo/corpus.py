@@ -27,7 +27,6 @@ The RL run then has something to find: which styles pay off. Splits for the trai
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
@@ -263,12 +262,7 @@ def write_splits(out_dir: str | Path, *, train: int, test: int, seed: int = 0) -
 
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m rlvr_jax.demo.corpus --out data/demo`: writes the demo's JSONL splits."""
-    parser = argparse.ArgumentParser(prog="python -m rlvr_jax.demo.corpus", description=__doc__)
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--train", type=int, default=2000, help="training rows")
-    parser.add_argument("--test", type=int, default=256, help="held-out rows")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = synthetic.splits_parser("rlvr_jax.demo.corpus", __doc__, test=256).parse_args(argv)
     for path in write_splits(args.out, train=args.train, test=args.test, seed=args.seed):
         n = sum(1 for _ in path.open(encoding="utf-8"))
         print(json.dumps({"path": str(path), "rows": n, "bytes": path.stat().st_size}))

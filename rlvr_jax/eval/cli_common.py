@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.eval.difficulty import OUTPUT_SUFFIXES
 from rlvr_jax.eval.evaluate import DEFAULT_CHUNK_PROMPTS, resolve_config
 
 EXIT_USAGE = 2
@@ -34,6 +35,25 @@ def add_chunk_prompts_arg(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_CHUNK_PROMPTS,
         help="prompts generated per chunk (the next generates while one is verified)",
     )
+
+
+def sampling_problem(args: argparse.Namespace) -> str | None:
+    """What `rlvr-filter` and `rlvr-prefs` check alike: `--samples`, `--seed`, `--output`'s
+    suffix and that it is not the `--input` file; None when all is well."""
+    if args.samples < 1:
+        return f"--samples must be >= 1, got {args.samples}"
+    if args.seed is not None and args.seed < 0:
+        return f"--seed must be >= 0, got {args.seed}"
+    if not args.output.lower().endswith(OUTPUT_SUFFIXES):
+        return f"--output {args.output!r} must end in one of {OUTPUT_SUFFIXES}"
+    if Path(args.input).resolve() == Path(args.output).resolve():
+        return "--output must not be the --input file"
+    return None
+
+
+def sampling_kwargs(cfg: Any, args: argparse.Namespace) -> dict[str, int]:
+    """`num_samples` (`--samples`) and `seed` (`--seed`, default the config's seed)."""
+    return {"num_samples": args.samples, "seed": cfg.seed if args.seed is None else args.seed}
 
 
 def write_json(path: str, obj: Any, label: str) -> None:

@@ -201,20 +201,14 @@ def _jsonl_lines(path: Path, wanted: set[int]) -> dict[int, str]:
 
 
 def _parquet_lines(path: Path, wanted: set[int]) -> dict[int, str]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from rlvr_jax.config.schema import SourceConfig
+    from rlvr_jax.data.sources import read_parquet
 
-    out: dict[int, str] = {}
-    index = 0
-    try:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
-            for record in batch.to_pylist():  # the same numbering as sources.read_parquet
-                if index in wanted:
-                    out[index] = _to_json(record, f"{path} row {index}")
-                index += 1
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path}: reading the rows back failed at row {index}: {e}") from e
-    return out
+    try:  # the same reader, so the same numbering
+        records = read_parquet(SourceConfig(path=str(path), format="parquet"))
+        return {i: _to_json(r, f"{path} row {i}") for i, _, r in records if i in wanted}
+    except OSError as e:
+        raise DataError(f"{path}: reading the rows back failed: {e}") from e
 
 
 def _to_json(record: dict[str, Any], where: str) -> str:

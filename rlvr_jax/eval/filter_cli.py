@@ -14,19 +14,23 @@ names it). The logic lives in `rlvr_jax.eval.difficulty`.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from rlvr_jax.eval.cli_common import (
-    EXIT_USAGE as EXIT_USAGE,
-)
+from rlvr_jax.eval.cli_common import EXIT_USAGE as EXIT_USAGE
 from rlvr_jax.eval.cli_common import (
     add_chunk_prompts_arg,
     add_config_args,
     run_cli,
+    sampling_kwargs,
+    sampling_problem,
     write_json,
 )
-from rlvr_jax.eval.difficulty import DEFAULT_MAX_PASS_RATE, DEFAULT_SAMPLES, OUTPUT_SUFFIXES
+from rlvr_jax.eval.difficulty import (
+    DEFAULT_MAX_PASS_RATE,
+    DEFAULT_SAMPLES,
+    filter_source,
+    plot_histogram,
+)
 
 PROG = "rlvr-filter"
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
@@ -59,40 +63,21 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments themselves, or None."""
     if args.config is None and args.model is None:
         return "give --config FILE (or at least --model PATH)"
-    if args.samples < 1:
-        return f"--samples must be >= 1, got {args.samples}"
     if not 0.0 <= args.max_pass_rate <= 1.0:
         return f"--max-pass-rate must be in [0, 1], got {args.max_pass_rate}"
     if args.chunk_prompts < 1:
         return f"--chunk-prompts must be >= 1, got {args.chunk_prompts}"
-    if args.seed is not None and args.seed < 0:
-        return f"--seed must be >= 0, got {args.seed}"
-    if not args.output.lower().endswith(OUTPUT_SUFFIXES):
-        return f"--output {args.output!r} must end in one of {OUTPUT_SUFFIXES}"
     if args.histogram and not args.histogram.lower().endswith(PLOT_SUFFIXES):
         return f"--histogram {args.histogram!r} must end in one of {PLOT_SUFFIXES}"
-    if Path(args.input).resolve() == Path(args.output).resolve():
-        return "--output must not be the --input file"
-    return None
+    return sampling_problem(args)
 
 
 def _filter(cfg: Any, args: argparse.Namespace) -> Any:
-    from rlvr_jax.eval.difficulty import filter_source
-
-    return filter_source(
-        cfg,
-        args.input,
-        args.output,
-        num_samples=args.samples,
-        max_pass_rate=args.max_pass_rate,
-        seed=cfg.seed if args.seed is None else args.seed,
-        chunk_prompts=args.chunk_prompts,
-    )
+    kwargs = {"max_pass_rate": args.max_pass_rate, "chunk_prompts": args.chunk_prompts}
+    return filter_source(cfg, args.input, args.output, **kwargs, **sampling_kwargs(cfg, args))
 
 
 def _show(args: argparse.Namespace, report: Any) -> None:
-    from rlvr_jax.eval.difficulty import plot_histogram
-
     print(report.summary())
     print(f"wrote {int(report.kept_P.sum())} rows to {args.output}")
     if args.histogram:

@@ -17,16 +17,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rlvr_jax.eval.cli_common import (
-    EXIT_USAGE as EXIT_USAGE,
-)
+from rlvr_jax.eval.cli_common import EXIT_USAGE as EXIT_USAGE
 from rlvr_jax.eval.cli_common import (
     add_config_args,
     run_cli,
+    sampling_kwargs,
+    sampling_problem,
     write_json,
 )
-from rlvr_jax.eval.difficulty import OUTPUT_SUFFIXES
-from rlvr_jax.eval.preference_pairs import REJECTED_MODES
+from rlvr_jax.eval.preference_pairs import REJECTED_MODES, build_pairs
 
 PROG = "rlvr-prefs"
 
@@ -59,16 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the arguments themselves, or None."""
-    if args.samples < 1:
-        return f"--samples must be >= 1, got {args.samples}"
     if args.max_prompts is not None and args.max_prompts < 1:
         return f"--max-prompts must be >= 1, got {args.max_prompts}"
-    if args.seed is not None and args.seed < 0:
-        return f"--seed must be >= 0, got {args.seed}"
-    if not args.output.lower().endswith(OUTPUT_SUFFIXES):
-        return f"--output {args.output!r} must end in one of {OUTPUT_SUFFIXES}"
-    if Path(args.input).resolve() == Path(args.output).resolve():
-        return "--output must not be the --input file"
+    problem = sampling_problem(args)
+    if problem is not None:
+        return problem
     for flag in ("strong", "weak"):
         path = Path(getattr(args, flag))
         if not (path / "config.json").is_file():
@@ -79,19 +73,16 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
 
 
 def _build_pairs(cfg: Any, args: argparse.Namespace) -> Any:
-    from rlvr_jax.eval.preference_pairs import build_pairs
-
     return build_pairs(
         cfg,
         args.input,
         args.output,
         strong=args.strong,
         weak=args.weak,
-        num_samples=args.samples,
-        seed=cfg.seed if args.seed is None else args.seed,
         rejected=args.rejected,
         max_prompts=args.max_prompts,
         progress=not args.no_progress,
+        **sampling_kwargs(cfg, args),
     )
 
 

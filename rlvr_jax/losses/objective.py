@@ -37,7 +37,7 @@ from rlvr_jax.losses.metrics import (
     tis_metrics,
     token_entropy,
 )
-from rlvr_jax.losses.registry import check_params, display_name, takes_any_keyword
+from rlvr_jax.losses.registry import check_params, display_name, split_output, takes_any_keyword
 from rlvr_jax.losses.tis import TisConfig, tis_weights
 from rlvr_jax.losses.variants import CONTRACT_ARRAYS, get_loss, variant_parameters
 
@@ -91,19 +91,6 @@ def variant_call_params(
     params |= dict(variant_kwargs)
     check_params(fn, f"loss variant {name!r}", CONTRACT_ARRAYS, params)
     return params
-
-
-def _split_output(out: Any, name: str, shape: tuple[int, ...]) -> tuple[jax.Array, dict]:
-    loss_BxT, aux = out if isinstance(out, tuple) else (out, {})
-    if not isinstance(aux, dict):
-        raise ValueError(f"loss variant {name!r} returned aux of type {type(aux).__name__}")
-    loss_BxT = jnp.asarray(loss_BxT)
-    if loss_BxT.shape != shape:
-        raise ValueError(
-            f"loss variant {name!r} returned a loss of shape {loss_BxT.shape}; a variant returns "
-            f"the per-token loss [B, T] = {shape}"
-        )
-    return loss_BxT.astype(jnp.float32), aux
 
 
 def policy_loss(
@@ -184,7 +171,8 @@ def policy_loss(
         mask=loss_mask_BxT,
         **variant_call_params(fn, name, clip, variant_kwargs),
     )
-    policy_BxT, aux = _split_output(out, name, mask_BxT.shape)
+    what = f"loss variant {name!r}"
+    policy_BxT, aux = split_output(out, what, mask_BxT.shape, "the per-token loss [B, T]")
     total_BxT = w_BxT * policy_BxT
     if "ref_logp" in given:
         kl_BxT = kl_per_token(kl_estimator, logp_BxT, given["ref_logp"])

@@ -6,16 +6,12 @@ Inputs are per-sequence log-probs **summed** over each response's tokens, [B] pa
     ref_chosen_logp, ref_rejected_logp   the same under the frozen reference π_ref
     chosen_len, rejected_len             |y_w|, |y_l| in tokens (the length-normalised variants)
 
-With the implicit rewards r_w = β·(log π_θ(y_w) − log π_ref(y_w)), r_l likewise, and the
-margin h = (log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l)) = (r_w − r_l)/β:
-
-- `dpo` (Rafailov et al. 2023): ℓ = −(1−ε)·log σ(β·h) − ε·log σ(−β·h), ε = `label_smoothing`
-  (0 by default; ε > 0 is cDPO).
-- `ipo` (Azar et al. 2023): ℓ = (h − 1/(2β))², on summed log-probs as in the paper.
-- `dpo_norm`: ℓ = −log σ(β·h̄), h̄ = h with each side divided by its response length — the
-  length-normalised DPO of open-instruct (`dpo_norm`) that OLMo 3 Think's DPO uses (β = 5).
-- `simpo` (Meng et al. 2024, reference-free): ℓ = −log σ(β·log π_θ(y_w)/|y_w|
-  − β·log π_θ(y_l)/|y_l| − γ), γ = `gamma` (0.5).
+With the margin h = (log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l)) and the
+implicit rewards β·(log π_θ(y) − log π_ref(y)), the registered variants (each function's
+docstring gives its ℓ) are `dpo` (Rafailov et al. 2023; cDPO with `label_smoothing`), `ipo`
+(Azar et al. 2023, on summed log-probs as in the paper), `dpo_norm` (open-instruct's
+length-normalised DPO, the one OLMo 3 Think uses with β = 5) and `simpo` (Meng et al. 2024,
+reference-free, margin `gamma`).
 
 A user variant (`module:function`) is called with those keyword arrays ([B] each; the lengths
 None when not given) plus `beta` and its own parameters (`dpo.variant_kwargs`), and returns ℓ[B]
@@ -37,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.losses.registry import Registry, check_params, display_name
+from rlvr_jax.losses.registry import Registry, check_params, display_name, split_output
 
 PREFERENCE_LOSSES = Registry("preference loss")
 register_preference_loss = PREFERENCE_LOSSES.register
@@ -179,18 +175,12 @@ def preference_loss(
     loss_denominator: jax.Array | float | None = None,
     **variant_kwargs: Any,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The batch-mean preference loss of B pairs, and its metrics.
+    """The batch-mean preference loss of B pairs (the inputs as in the module docstring; only
+    `chosen_logp` and `rejected_logp` carry a gradient), and its metrics.
 
-    Args:
-      variant: `dpo`, `ipo`, `dpo_norm`, `simpo`, a `module:function` string or a callable.
-      chosen_logp, rejected_logp: [B] summed log-probs of each response under the policy (the
-        only inputs with a gradient).
-      ref_chosen_logp, ref_rejected_logp: [B] the same under the reference (no gradient).
-      beta: β (> 0).
-      chosen_len, rejected_len: [B] response lengths in tokens (needed by `dpo_norm`, `simpo`).
-      mask: [B] 1 for the pairs that count (default all); values under 0 are ignored.
-      loss_denominator: the pair count of the whole optimizer batch (default Σ mask).
-      **variant_kwargs: the variant's own parameters (`label_smoothing`, `gamma`, ...).
+    `mask` [B] marks the pairs that count (default all; values under 0 are ignored);
+    `loss_denominator` is the pair count of the whole optimizer batch (default Σ mask);
+    `variant_kwargs` are the variant's own parameters (`label_smoothing`, `gamma`, ...).
 
     Returns:
       (loss, metrics): loss = Σ m·ℓ / D; metrics `dpo/loss`, `dpo/accuracy` (fraction of pairs
@@ -224,13 +214,7 @@ def preference_loss(
     mask_B = jnp.ones(shape, jnp.float32) if mask is None else _pair_array("mask", mask, shape)
     check_params(fn, f"preference loss {name!r}", (*PREFERENCE_ARRAYS, "beta"), variant_kwargs)
     out = fn(chosen_logp=logp_w, rejected_logp=logp_l, beta=beta, **fixed, **variant_kwargs)
-    loss_B, aux = out if isinstance(out, tuple) else (out, {})
-    loss_B = jnp.asarray(loss_B, jnp.float32)
-    if loss_B.shape != shape:
-        raise ValueError(
-            f"preference loss {name!r} returned a loss of shape {loss_B.shape}; a variant "
-            f"returns one loss per pair, [B] = {shape}"
-        )
+    loss_B, aux = split_output(out, f"preference loss {name!r}", shape, "one loss per pair, [B]")
     if loss_denominator is None:
         loss_denominator = jnp.sum(mask_B)
     denominator = jnp.maximum(jnp.asarray(loss_denominator, jnp.float32), 1.0)

@@ -21,6 +21,8 @@ import inspect
 from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
+import jax.numpy as jnp
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -111,6 +113,20 @@ class Registry:
                 f"(it is a {type(obj).__name__})"
             )
         return obj
+
+
+def split_output(out: Any, what: str, shape: tuple[int, ...], one: str) -> tuple[Any, dict]:
+    """A variant's result `ℓ` or `(ℓ, aux)` as (float32 ℓ of `shape`, aux dict); `what` names
+    the variant and `one` what ℓ holds (e.g. "one loss per pair, [B]") in the ValueError."""
+    loss, aux = out if isinstance(out, tuple) else (out, {})
+    if not isinstance(aux, dict):
+        raise ValueError(f"{what} returned aux of type {type(aux).__name__}")
+    loss = jnp.asarray(loss)
+    if loss.shape != shape:
+        raise ValueError(
+            f"{what} returned a loss of shape {loss.shape}; a variant returns {one} = {shape}"
+        )
+    return loss.astype(jnp.float32), aux
 
 
 def unknown_name(kind: str, name: str, choices: Iterable[str], suffix: str = "") -> RegistryError:

@@ -26,6 +26,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax.models.layers import same_segment
+
 DEFAULT_BLOCK = 512
 """Queries (and keys) per tile: 512 × 512 fp32 scores per head are 1 MiB."""
 
@@ -42,12 +44,14 @@ def blockwise_attention(
     window: jax.Array | int | None = None,
     *,
     block: int = DEFAULT_BLOCK,
+    branches: int = 1,
 ) -> jax.Array:
     """Causal grouped-query self-attention within segments, `block` queries × keys per tile.
 
     `window` (a static int or a traced int32 scalar, e.g. chosen per layer inside a scan):
     sliding-window attention over the `window` most recent keys; None = unlimited. Softmax
     in fp32; the output has q's dtype. Differentiable in q, k, v (O(T · block) memory).
+    `branches` > 1: shared-prompt rows (`layers.same_segment`).
     """
     b_, t = q_BxTxNxH.shape[:2]
     if k_BxTxKxH.shape[1] != t or segment_ids_BxT.shape != (b_, t):
@@ -66,17 +70,17 @@ def blockwise_attention(
         q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, segment_ids_BxT, padded
     )
     if padded == size:  # one tile: plain autodiff holds the same O(T · block) scores
-        return _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg, window_)
-    out = _flash(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg, window_, size)
+        return _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg, window_, branches)
+    out = _flash(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg, window_, size, branches)
     return out[:, :t]
 
 
-def _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg_BxT, window):
+def _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg_BxT, window, branches):
     """T <= block: one tile, its mask computed in place, differentiated by autodiff."""
     b, t, n, h = q_BxTxNxH.shape
     kv = k_BxTxKxH.shape[2]
     zero = jnp.zeros((), jnp.int32)
-    mask = _tile_mask(zero, zero, t, seg_BxT, seg_BxT, window)
+    mask = _tile_mask(zero, zero, t, seg_BxT, seg_BxT, window, branches)
     s = _scores(q_BxTxNxH.reshape(b, t, kv, n // kv, h), k_BxTxKxH, h**-0.5)
     p = jax.nn.softmax(jnp.where(mask, s, _NEG), axis=-1)
     out = jnp.einsum("BKGqk,BkKH->BqKGH", p, v_BxTxKxH.astype(jnp.float32))
@@ -109,14 +113,20 @@ def _unblock(x: jax.Array) -> jax.Array:
 
 
 def _tile_mask(
-    i: jax.Array, j: jax.Array, size: int, seg_q_Bxq: jax.Array, seg_k_Bxk: jax.Array, window
+    i: jax.Array,
+    j: jax.Array,
+    size: int,
+    seg_q_Bxq: jax.Array,
+    seg_k_Bxk: jax.Array,
+    window: jax.Array,
+    branches: int,
 ) -> jax.Array:
     """[B, 1, 1, q, k] visibility of key block j from query block i."""
     t_q = i * size + jnp.arange(size)
     s_k = j * size + jnp.arange(size)
     delta_qxk = t_q[:, None] - s_k[None, :]
     allowed_qxk = (delta_qxk >= 0) & (delta_qxk < window)
-    same_Bxqxk = seg_q_Bxq[:, :, None] == seg_k_Bxk[:, None, :]
+    same_Bxqxk = same_segment(seg_q_Bxq[:, :, None], seg_k_Bxk[:, None, :], branches)
     return (allowed_qxk[None] & same_Bxqxk)[:, None, None]
 
 
@@ -137,7 +147,7 @@ def _query_range(j: jax.Array, size: int, window: jax.Array, n: int) -> tuple[ja
     return j, jnp.minimum(n, last_query // size + 1)
 
 
-def _forward(q, k, v, seg, window, size):
+def _forward(q, k, v, seg, window, size, branches):
     b, t, n_heads, h = q.shape
     kv = k.shape[2]
     g = n_heads // kv
@@ -152,7 +162,7 @@ def _forward(q, k, v, seg, window, size):
         def body(j, carry):
             m, sum_, acc = carry
             s = _scores(q_i, k_n[j], scale)
-            mask = _tile_mask(i, j, size, seg_i, seg_n[j], window)
+            mask = _tile_mask(i, j, size, seg_i, seg_n[j], window, branches)
             m_new = jnp.maximum(m, jnp.where(mask, s, _NEG).max(-1))
             p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
             alpha = jnp.exp(m - m_new)
@@ -173,17 +183,17 @@ def _forward(q, k, v, seg, window, size):
     return _unblock(out_n).reshape(b, t, n_heads, h), lse_n
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _flash(q, k, v, seg, window, size):
-    return _forward(q, k, v, seg, window, size)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _flash(q, k, v, seg, window, size, branches):
+    return _forward(q, k, v, seg, window, size, branches)[0]
 
 
-def _flash_fwd(q, k, v, seg, window, size):
-    out, lse_n = _forward(q, k, v, seg, window, size)
+def _flash_fwd(q, k, v, seg, window, size, branches):
+    out, lse_n = _forward(q, k, v, seg, window, size, branches)
     return out, (q, k, v, seg, window, out, lse_n)
 
 
-def _flash_bwd(size, residuals, dout):
+def _flash_bwd(size, branches, residuals, dout):
     q, k, v, seg, window, out, lse_n = residuals
     b, t, n_heads, h = q.shape
     kv = k.shape[2]
@@ -209,7 +219,7 @@ def _flash_bwd(size, residuals, dout):
             dq_n, dk, dv = carry
             q_i, do_i = q_n[i], do_n[i]
             s = _scores(q_i, k_j, scale)
-            mask = _tile_mask(i, j, size, seg_n[i], seg_j, window)
+            mask = _tile_mask(i, j, size, seg_n[i], seg_j, window, branches)
             p = jnp.where(mask, jnp.exp(s - lse_n[i][..., None]), 0.0)
             dv = dv + jnp.einsum(
                 "BKGqk,BqKGH->BkKH", p.astype(cdt), do_i, preferred_element_type=jnp.float32

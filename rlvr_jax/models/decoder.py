@@ -93,6 +93,7 @@ class DecoderLayer(nn.Module):
     attn_chunk: int = 0
     attention_kernel: str = "xla"
     max_segments: int = 0
+    segment_branches: int = 1
 
     @nn.compact
     def __call__(
@@ -140,7 +141,8 @@ class DecoderLayer(nn.Module):
                 impl=self.attention_kernel,
                 sliding_window=cfg.sliding_window if cfg.has_sliding else None,
                 is_sliding=is_sliding if cfg.has_sliding and not all_sliding(cfg) else None,
-                chunk=self.attn_chunk, max_segments=self.max_segments, **shard,
+                chunk=self.attn_chunk, max_segments=self.max_segments,
+                branches=self.segment_branches, **shard,
             )  # fmt: skip
         out_BxTxD = OutProjection(cfg, name="attn_out", **dtypes)(attn_BxTxNxH)
         if cfg.post_norm:
@@ -187,6 +189,7 @@ class Decoder(nn.Module):
     """Attention in forward/prefill (`rlvr_jax.models.attention`: auto | xla | blockwise |
     cudnn | splash); decode always attends to its cache with masks."""
     max_segments: int = 0
+    segment_branches: int = 1
     """Sequences per row at most (0 = unknown); cuDNN's packed layout needs it."""
 
     @nn.compact
@@ -220,7 +223,7 @@ class Decoder(nn.Module):
         if self.mode != "decode":
             kernel = resolve_impl(
                 self.attention_impl, compute_dtype=self.compute_dtype, head_dim=cfg.head_dim,
-                max_segments=self.max_segments,
+                max_segments=self.max_segments, branches=self.segment_branches,
             )  # fmt: skip
         ctx = self._context(positions_BxT, segment_ids_BxT, cache, kernel)
 
@@ -242,6 +245,7 @@ class Decoder(nn.Module):
             attn_chunk=self.attn_chunk if self.mode != "decode" else 0,
             attention_kernel=kernel,
             max_segments=self.max_segments,
+            segment_branches=self.segment_branches,
             **shard,
         )
         layer_idx_L = jnp.arange(cfg.n_layers, dtype=jnp.int32)
@@ -279,7 +283,7 @@ class Decoder(nn.Module):
         elif segment_ids_BxT is None:
             raise ValueError(f"{self.mode} mode needs segment ids")
         elif kernel == "xla":
-            mask_full, mask_sliding = segment_masks(segment_ids_BxT, window)
+            mask_full, mask_sliding = segment_masks(segment_ids_BxT, window, self.segment_branches)
         else:  # the kernel builds its masks from the segment ids, tile by tile
             mask_full = mask_sliding = None
             kernel_segments_BxT = segment_ids_BxT

@@ -128,19 +128,31 @@ def target_logprobs(x_NxV: jax.Array, targets_N: jax.Array) -> jax.Array:
     return x_tok_N - max_Nx1[..., 0] - log_z_N
 
 
+def same_segment(seg_q: jax.Array, seg_k: jax.Array, branches: int = 1) -> jax.Array:
+    """Whether a query of segment `seg_q` may see a key of segment `seg_k` (broadcast): the
+    same id; with `branches` > 1 (shared-prompt rows: id = group · branches + branch, branch 0
+    the group's prompt, branch j + 1 its j-th completion) also any key of the query's group's
+    prompt, so the G completions of a prompt share one copy of it."""
+    if branches == 1:
+        return seg_q == seg_k
+    same_group = seg_q // branches == seg_k // branches
+    return same_group & ((seg_k % branches == 0) | (seg_q == seg_k))
+
+
 def segment_masks(
-    segment_ids_BxT: jax.Array, sliding_window: int | None
+    segment_ids_BxT: jax.Array, sliding_window: int | None, branches: int = 1
 ) -> tuple[jax.Array, jax.Array | None]:
     """(full, sliding) boolean masks [B, T, T] of a packed / padded batch.
 
-    Query t sees key s iff s <= t and both carry the same segment id; on sliding layers also
-    t - s < W (the W most recent tokens, itself included — HF's `kv_idx > q_idx - W`).
-    Every query sees at least itself, so no softmax row is empty.
+    Query t sees key s iff s <= t and `same_segment` (the same segment id; with `branches` > 1
+    also its group's prompt); on sliding layers also t - s < W (the W most recent tokens,
+    itself included — HF's `kv_idx > q_idx - W`). Every query sees at least itself, so no
+    softmax row is empty.
     """
     t = segment_ids_BxT.shape[1]
     idx = jnp.arange(t)
     causal_1xTxT = (idx[:, None] >= idx[None, :])[None]
-    same_BxTxT = segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
+    same_BxTxT = same_segment(segment_ids_BxT[:, :, None], segment_ids_BxT[:, None, :], branches)
     full_BxTxT = causal_1xTxT & same_BxTxT
     if sliding_window is None:
         return full_BxTxT, None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import shutil
 from pathlib import Path
@@ -68,10 +67,9 @@ def read_config(path: str | Path) -> ArchConfig:
     if not config_file.is_file():
         raise CheckpointError(f"{path}: no config.json")
     try:
-        hf_config = json.loads(config_file.read_text())
+        return ArchConfig.from_hf(json.loads(config_file.read_text()), source=str(config_file))
     except json.JSONDecodeError as e:
         raise ModelConfigError(f"{config_file}: not valid JSON ({e})") from None
-    return ArchConfig.from_hf(hf_config, source=str(config_file))
 
 
 def load_pretrained(
@@ -147,35 +145,10 @@ def segments_from_positions(positions_BxT: np.ndarray, mask_BxT: np.ndarray) -> 
     return (np.cumsum(starts_BxT, axis=1) * (np.asarray(mask_BxT) != 0)).astype(np.int32)
 
 
-@functools.partial(
-    jax.jit,
+_apply_jit = jax.jit(
+    apply,
     static_argnames=("config", "compute_dtype", "mesh", "rules", "return_hidden", "attention_impl"),
 )
-def _apply_jit(
-    params,
-    tokens,
-    positions,
-    segments,
-    *,
-    config,
-    compute_dtype,
-    mesh,
-    rules,
-    return_hidden,
-    attention_impl,
-):
-    return apply(
-        params,
-        config,
-        tokens,
-        positions,
-        segments,
-        compute_dtype=compute_dtype,
-        mesh=mesh,
-        rules=rules,
-        return_hidden=return_hidden,
-        attention_impl=attention_impl,
-    )
 
 
 def forward(
@@ -215,8 +188,8 @@ def forward(
         )
     return _apply_jit(
         model.params,
+        model.config,
         *inputs,
-        config=model.config,
         compute_dtype=jnp.dtype(model.compute_dtype),
         mesh=model.mesh,
         rules=rules,

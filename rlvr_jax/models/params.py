@@ -131,6 +131,7 @@ def apply(
     attn_chunk: int = 0,
     attention_impl: str = "auto",
     max_segments: int = 0,
+    segment_branches: int = 1,
 ) -> jax.Array:
     """Logits fp32 [B, T, V] of a packed / padded batch (pure; jit with `config` static).
 
@@ -141,7 +142,8 @@ def apply(
     `attention_impl` picks the attention kernel (`rlvr_jax.models.attention`: auto | xla |
     blockwise | cudnn | splash; auto = splash on TPU, cuDNN on GPU where it applies, else
     blockwise); `attn_chunk` is the query chunk of `xla` / the tile of `blockwise`;
-    `max_segments` bounds the sequences per row (0 = unknown; cuDNN needs it).
+    `max_segments` bounds the sequences per row (0 = unknown; cuDNN needs it);
+    `segment_branches` > 1: shared-prompt rows (`layers.same_segment`).
     """
     module = Decoder(
         config,
@@ -154,6 +156,7 @@ def apply(
         attn_chunk=attn_chunk,
         attention_impl=attention_impl,
         max_segments=max_segments,
+        segment_branches=segment_branches,
     )
     out, _ = module.apply(
         {"params": params},

@@ -26,6 +26,7 @@ from rlvr_jax.rewards.judge_client import (
     JudgeResult,
     Prompt,
     RowScores,
+    batch_prompts,
     final_answer,
     options_key,
     parse_score,
@@ -151,50 +152,21 @@ def _reference(ground_truth: Any) -> str | None:
     )
 
 
-def _judge_all(
-    responses: Sequence[str],
-    ground_truths: Sequence[str | None],
-    prompts: Sequence[Prompt] | None,
-    base_url: str | None,
-    model: str | None,
-    options: Mapping[str, Any],
-) -> list[JudgeResult]:
-    if len(ground_truths) != len(responses) or (
-        prompts is not None and len(prompts) != len(responses)
-    ):
-        raise ValueError("judge score_batch needs one ground truth (and prompt) per response")
-    client = client_for(base_url, model, **options)
-    items = [
-        JudgeItem(prompt, final_answer(response), _reference(truth))
-        for prompt, response, truth in zip(
-            prompts or [""] * len(responses), responses, ground_truths
-        )
-    ]
-    return client.score_batch_sync(items)
-
-
 def score_batch(
-    responses: Sequence[str],
-    ground_truths: Sequence[str | None],
-    *,
-    prompts: Sequence[Prompt] | None = None,
-    base_url: str | None = None,
-    model: str | None = None,
-    **options: Any,
+    responses: Sequence[str], ground_truths: Sequence[str | None], **settings: Any
 ) -> list[float]:
     """Judge rewards for a batch of responses.
 
     Args:
       responses: policy completions; anything up to the last `</think>` is dropped.
       ground_truths: reference answers, or None for open-ended scoring, one per response.
-      prompts: the prompts, one per response (default: empty).
-      base_url, model, options: `JudgeClient` settings (see `client_for`).
+      settings: `score_rows`' keywords: `prompts` (one per response, default empty),
+        `base_url`, `model` and `JudgeClient` options (see `client_for`).
 
     Returns:
       One reward in [0, 1] per response (0 for an unparsable reply or a failed request).
     """
-    results = _judge_all(responses, ground_truths, prompts, base_url, model, options)
-    return [result.score for result in results]
+    return score_rows(responses, ground_truths, **settings).scores
 
 
 def score_rows(
@@ -208,7 +180,12 @@ def score_rows(
 ) -> RowScores:
     """`score_batch` for the reward service: every row is "ok" (a failure scores 0, as OlmoRL
     does), and the batch's parse failures and failed requests are counted."""
-    results = _judge_all(responses, ground_truths, prompts, base_url, model, options)
+    prompts = batch_prompts("judge score_batch", responses, ground_truths, prompts)
+    items = [
+        JudgeItem(prompt, final_answer(response), _reference(truth))
+        for prompt, response, truth in zip(prompts, responses, ground_truths)
+    ]
+    results = client_for(base_url, model, **options).score_batch_sync(items)
     return RowScores(
         scores=[r.score for r in results],
         statuses=["ok"] * len(results),

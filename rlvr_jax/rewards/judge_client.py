@@ -86,6 +86,16 @@ class RowScores:
     """Batch counters, reported as `rewards/<verifier>/<name>` metrics."""
 
 
+def batch_prompts(
+    what: str, responses: Sequence[str], truths: Sequence[Any], prompts: Sequence[Prompt] | None
+) -> Sequence[Prompt]:
+    """`prompts` (default: empty ones) after checking one truth and prompt per response;
+    `what` names the caller in the ValueError."""
+    if len(truths) != len(responses) or (prompts is not None and len(prompts) != len(responses)):
+        raise ValueError(f"{what} needs one ground truth (and prompt) per response")
+    return prompts if prompts is not None else [""] * len(responses)
+
+
 def render_prompt(prompt: Prompt) -> str:
     """Plain text of a prompt; chat messages become "role: content" paragraphs."""
     if isinstance(prompt, str):

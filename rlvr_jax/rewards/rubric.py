@@ -1,39 +1,16 @@
 """Rubric rewards: an LLM judge scores a response against each weighted criterion of a rubric.
 
-DR Tulu trains with rubric rewards: a prompt's ground truth is a list of criteria, each judged
-on its own, and the reward is their weighted combination
+DR Tulu trains with rubric rewards: a prompt's ground truth is a list of criteria (a string, or
+`{"criterion": ..., "weight": ...}`; weights finite, non-zero, at least one positive), each
+judged on its own (`SCORE: 0-10` → s_k in [0, 1]), and the reward is
 
-    r = clip( Σ_k w_k · s_k / Σ_{k: w_k > 0} w_k , 0, 1 ),   s_k = judge(criterion_k, response)
+    r = clip( Σ_k w_k · s_k / Σ_{k: w_k > 0} w_k , 0, 1 )
 
-with s_k in [0, 1]: the weighted mean of the scores when every weight is positive. A negative
-weight marks a pitfall ("The response claims that IL-6 rose"): meeting it takes reward away.
-
-Ground truth (a data row's `ground_truth`, or its JSON text), a non-empty list of
-
-    {"criterion": "States that IL-10 suppresses TNF-α", "weight": 2.0}
-    {"criterion": "Cites a clinical trial"}          weight absent or null: 1.0
-    "Is under 300 words"                              a bare string: weight 1.0
-
-Weights are finite and non-zero, at least one positive; other keys are errors (a misspelt
-"weight" must not silently become 1.0).
-
-Judging: one chat request per (prompt, response, criterion) through the judge's transport
-(`judge_client.ChatJudge`: bounded concurrency, per-attempt timeout, retries with backoff),
-asking for `SCORE: <0-10>` (10 = fully met). The judge sees the prompt and the response's final
-answer (after its last `</think>`). Default endpoint: our own `rlvr-serve` on this machine
-(`http://127.0.0.1:8000/v1`), model: the one it serves (`GET /v1/models`).
-
-Cache: successful judgements live in a bounded LRU keyed by a 128-bit BLAKE2b digest of
-(prompt, response, criterion), one per judge endpoint/model/settings, shared by every thread of
-the process; identical criteria within one batch are sent once. Failures are never cached.
-
-Failures: a criterion whose request fails for good (after its retries) or whose reply has no
-score makes its sample *failed* rather than partly scored: verifier score 0 with status
-"timeout" (the last attempt timed out) or "error" and a reason naming the criterion, which the
-reward service counts in `rewards/rubric/{timeouts,errors}` and `rewards/{timeouts,errors}`.
-(Renormalising over the criteria that were scored would quietly change what the reward means:
-a dropped pitfall raises it.) Per batch it also reports the counters `COUNTERS` as
-`rewards/rubric/<name>`.
+(negative weights are pitfalls). Judgements go through `judge_client.ChatJudge`, by default to
+our own `rlvr-serve`; successes are cached (`ScoreCache`), failures never. A criterion that
+cannot be scored fails its sample (score 0, status "timeout" or "error" naming it) rather than
+being dropped: renormalising over the scored criteria would quietly change what the reward
+means (a dropped pitfall raises it). Settings, metrics and examples: docs/rewards.md.
 """
 
 from __future__ import annotations
@@ -53,6 +30,7 @@ from rlvr_jax.rewards.judge_client import (
     Messages,
     Prompt,
     RowScores,
+    batch_prompts,
     final_answer,
     options_key,
     render_prompt,
@@ -364,14 +342,9 @@ def score_rows(
     Raises:
       ValueError: mismatched lengths, or a bad rubric (naming its position in the batch).
     """
-    if len(ground_truths) != len(responses) or (
-        prompts is not None and len(prompts) != len(responses)
-    ):
-        raise ValueError("rubric score_rows needs one ground truth (and prompt) per response")
+    prompts = batch_prompts("rubric score_rows", responses, ground_truths, prompts)
     items = []
-    for i, (prompt, response, truth) in enumerate(
-        zip(prompts or [""] * len(responses), responses, ground_truths)
-    ):
+    for i, (prompt, response, truth) in enumerate(zip(prompts, responses, ground_truths)):
         try:
             items.append(RubricItem(prompt, response, parse_rubric(truth)))
         except ValueError as e:

@@ -102,6 +102,7 @@ def build_rollout(
     max_ready_groups: int = 64,
     timeline: Timeline | None = None,
     compile_ahead: bool = True,
+    turns: Any = None,
 ) -> RolloutStream:
     """The `rollout.backend` engine for `model` on `mesh` (the actor mesh; None = one
     device) behind a `RolloutStream` (not started: `start()` it, or `step()` it in lockstep
@@ -119,6 +120,8 @@ def build_rollout(
       timeline: records the driver's decode chunks as "rollout" spans.
       compile_ahead: compile every engine program now (before the trainer takes
         `dispatch.LOCK`).
+      turns: `dispatch.DeviceTurns` of a learner sharing the actors' devices (decode chunks
+        then never run beside a train step).
 
     Raises:
       ValueError: a stop string that is not one token, budget forcing that does not fit
@@ -138,6 +141,7 @@ def build_rollout(
         version=version,
         timeline=timeline,
         interrupt=forcing,
+        turns=turns,
     )
     if cfg.backend == "vllm":
         from rlvr_jax.rollout.vllm_backend import VllmRollout, VllmScheduler

@@ -16,6 +16,7 @@ with the original exception as its cause) by the next `get`, `submit` or `step`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import threading
 import time
@@ -74,6 +75,8 @@ class RolloutStream:
       timeline: when given, each decode chunk the driver thread runs is recorded in it as a
         "rollout" span (`rlvr_jax.timeline`; `rlvr-bench e2e` measures overlap with it).
       interrupt: budget forcing of every request (`rlvr_jax.rollout.interrupt`); None = off.
+      turns: `dispatch.DeviceTurns` shared with a learner on the same devices: each decode
+        chunk runs in an actor turn (never beside a train step); None = no turns.
     """
 
     def __init__(
@@ -91,6 +94,7 @@ class RolloutStream:
         timeline: Timeline | None = None,
         scheduler: Any = None,
         interrupt: Interrupt | None = None,
+        turns: dispatch.DeviceTurns | None = None,
     ):
         if max_pending_groups < 1 or max_ready_groups < 1:
             raise ValueError("max_pending_groups and max_ready_groups must be >= 1")
@@ -117,6 +121,7 @@ class RolloutStream:
         self._thread: threading.Thread | None = None
         self._next_index = 0
         self.timeline = timeline
+        self.turns = turns
 
     # ---- producer side --------------------------------------------------------------------
 
@@ -398,7 +403,7 @@ class RolloutStream:
         with self._cond:
             self._raise_if_failed()
             self._boundary_locked()
-        return self._deliver(self.scheduler.step())
+        return self._deliver(self._chunk(admit=True))
 
     def pump(self) -> None:
         """`step`, the groups of `submit` it completes left queued for `get`."""
@@ -423,6 +428,16 @@ class RolloutStream:
             bool(self.scheduler.waiting) and len(self._ready) < self.max_ready_groups
         )
 
+    def _chunk(self, *, admit: bool) -> list:
+        """One scheduler step (admission + a decode chunk), in an actor turn when turns are
+        kept, recorded as a "rollout" span when a timeline is kept."""
+        with contextlib.ExitStack() as stack:
+            if self.turns is not None:
+                stack.enter_context(self.turns.actor())
+            if self.timeline is not None:
+                stack.enter_context(self.timeline.span("rollout"))
+            return self.scheduler.step(admit=admit)
+
     def _run(self) -> None:
         try:
             while True:
@@ -432,11 +447,7 @@ class RolloutStream:
                     if self._stopping:
                         return
                     admit = self._boundary_locked()
-                if self.timeline is None:
-                    unclaimed = self._deliver(self.scheduler.step(admit=admit))
-                else:
-                    with self.timeline.span("rollout"):
-                        unclaimed = self._deliver(self.scheduler.step(admit=admit))
+                unclaimed = self._deliver(self._chunk(admit=admit))
                 with self._cond:
                     self._ready.extend(unclaimed)
                     self._cond.notify_all()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 from typing import Any
@@ -22,6 +23,7 @@ from rlvr_jax.rollout import jetstream_compat
 logger = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(eq=False)
 class JetStreamFrontEnd:
     """JetStream's orchestrator (`driver`) behind a gRPC server on `host:port` (0 = any).
 
@@ -31,26 +33,19 @@ class JetStreamFrontEnd:
         driver's threads.
     """
 
-    def __init__(
-        self,
-        driver: Any,
-        *,
-        host: str,
-        port: int,
-        threads: int = 8,
-        grace: float = 1.0,
-        driver_timeout: float = 3.0,
-    ):
-        self.driver = driver
-        self.host = host
-        self.port = port
-        self.threads = threads
-        self.grace = grace
-        self.driver_timeout = driver_timeout
+    driver: Any
+    _: dataclasses.KW_ONLY
+    host: str
+    port: int
+    threads: int = 8
+    grace: float = 1.0
+    driver_timeout: float = 3.0
+
+    def __post_init__(self) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self._server: Any = None
-        self._executor = concurrent.futures.ThreadPoolExecutor(threads, "jetstream-rpc")
+        self._executor = concurrent.futures.ThreadPoolExecutor(self.threads, "jetstream-rpc")
 
     def start(self) -> JetStreamFrontEnd:
         """Binds and serves; returns self. Raises OSError when the port cannot be bound."""

@@ -390,8 +390,8 @@ class _SSE:
         await self.response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
 
     async def error(self, message: str, kind: str) -> Any:
-        error = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-        await self.response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
+        error = json.dumps(_error_body(message, kind)).encode()
+        await self.response.write(b"data: " + error + b"\n\n")
         await self.response.write_eof()
         return self.response
 
@@ -444,19 +444,22 @@ def _merge(a: Delta, b: Delta) -> Delta:
     return Delta(a.text + b.text, a.tokens + b.tokens, a.logprobs + b.logprobs)
 
 
+_PARAMS = (
+    ("max_tokens", ("max_new_tokens", "max_len")),
+    ("prompt", ("prompt",)),
+    ("seed", ("seed",)),
+    ("stop", ("stop",)),
+)
+
+
 def _param_of(message: str) -> str | None:
     """The request parameter an engine `RequestError` is about."""
-    if "max_new_tokens" in message or "max_len" in message:
-        return "max_tokens"
-    if "prompt" in message:
-        return "prompt"
-    if "seed" in message:
-        return "seed"
-    if "stop" in message:
-        return "stop"
-    return None
+    return next((param for param, words in _PARAMS if any(w in message for w in words)), None)
+
+
+def _error_body(message: str, kind: str, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
 def _error(status: int, message: str, kind: str, param: str | None = None) -> Any:
-    payload = {"error": {"message": message, "type": kind, "param": param, "code": None}}
-    return web.json_response(payload, status=status)
+    return web.json_response(_error_body(message, kind, param), status=status)

@@ -312,19 +312,10 @@ def choice_object(
 ) -> dict:
     """A complete choice of a plain (non-streamed) answer."""
     if kind == "chat":
-        message = {"role": "assistant", "content": delta.text}
-        return {
-            "index": index,
-            "message": message,
-            "finish_reason": finish_reason,
-            "logprobs": logprobs,
-        }
-    return {
-        "index": index,
-        "text": delta.text,
-        "finish_reason": finish_reason,
-        "logprobs": logprobs,
-    }
+        body: dict = {"message": {"role": "assistant", "content": delta.text}}
+    else:
+        body = {"text": delta.text}
+    return {"index": index, **body, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
 def chunk_choice(
@@ -335,18 +326,10 @@ def chunk_choice(
         delta = {"role": "assistant", "content": ""} if text is None else {}
         if text:
             delta["content"] = text
-        return {
-            "index": index,
-            "delta": delta,
-            "finish_reason": finish_reason,
-            "logprobs": logprobs,
-        }
-    return {
-        "index": index,
-        "text": text or "",
-        "finish_reason": finish_reason,
-        "logprobs": logprobs,
-    }
+        body: dict = {"delta": delta}
+    else:
+        body = {"text": text or ""}
+    return {"index": index, **body, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
 def envelope(

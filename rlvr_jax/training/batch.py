@@ -36,6 +36,7 @@ __all__ = [
     "collate",
     "collate_packed",
     "collate_sft",
+    "collate_shared",
     "mini_batch",
     "pack_examples",
     "sequence_view",
@@ -55,6 +56,9 @@ class TokenBatch:
     """1.0 where `target_ids_BxT` is trained on (float32)."""
     n_micro: int = flax.struct.field(pytree_node=False, default=0)
     """Micro-batches the rows are laid out for (token-budget packing); 0 = any split."""
+    branches: int = flax.struct.field(pytree_node=False, default=1)
+    """1, or M > 1 for shared-prompt rows (`collate_shared`: segment id = group · M + branch,
+    branch 0 the prompt; `models.layers.same_segment`)."""
 
     @property
     def rows(self) -> int:
@@ -105,6 +109,9 @@ class RLBatch:
     batch with and the oldest params that computed the token's context (prompt prefill, earlier
     tokens, itself); 0 = sampled by the learner's own params (the `mismatch/*` metrics), > 0 =
     policy lag (`lag/kl`); None = unknown (no such metrics)."""
+    targets_BxT: Any = None
+    """Shared-prompt rows (`collate_shared`): completion slot b's next token at each position
+    (its own, where the row continues with another completion); None: the rows' targets."""
 
     @property
     def n_micro(self) -> int:
@@ -323,6 +330,124 @@ def collate_packed(
     slots = [u * layouts[u].slots + layouts[u].slot(i) for u in range(updates) for i in
              range(len(parts[u]))]  # fmt: skip
     return full, np.asarray(slots, np.int64)
+
+
+def collate_shared(
+    samples: Sequence[Sample],
+    *,
+    group_size: int,
+    rows: int,
+    row_len: int,
+    pad_id: int,
+    max_tokens: int = 0,
+    updates: int = 1,
+    row_multiple: int = 1,
+    slot_len: int,
+) -> tuple[RLBatch, np.ndarray]:
+    """The RL batch of `samples` (groups of `group_size` consecutive samples with one prompt)
+    with each group's prompt laid out once, followed by its G completions: a group takes
+    `len(prompt) + Σ len(completion)` tokens of a row instead of G · len(prompt) more. Rows of
+    `row_len`: one per group of a batch of `rows` completions (`max_tokens` = 0; missing groups
+    are empty rows), or groups packed to `max_tokens` per micro-batch; separately for each of
+    `updates` mini-batches (whole groups each). Completion
+    j of a group is branch j + 1 of its segment (`TokenBatch.branches` = G + 1): it sees the
+    prompt and itself (`models.layers.same_segment`), at the positions it would have alone.
+
+    The per-completion arrays [slots, `slot_len`] hold each completion's own tokens only (index
+    t: its token t, predicted from its prompt and its tokens before t; `slot_len` ≥ the longest
+    completion): `collate`'s arrays without the prompt positions, which the loss never reads,
+    so the LM head runs over completion tokens alone. `gather_BxT` points at the row position
+    whose prefix predicts token t (the prompt's last token for t = 0), and `targets_BxT`
+    carries the tokens. Returns the batch and each sample's slot (the samples' order).
+    """
+    g = group_size
+    if len(samples) % (g * updates) or rows % (g * updates) or len(samples) > rows:
+        raise ValueError(
+            f"collate_shared: {len(samples)} samples (of {rows}) are not whole groups of {g} "
+            f"in each of {updates} mini-batches"
+        )
+    groups = [samples[i : i + g] for i in range(0, len(samples), g)]
+    for i, grp in enumerate(groups):
+        if any(list(s.prompt_tokens) != list(grp[0].prompt_tokens) for s in grp):
+            raise ValueError(f"collate_shared: group {i} does not share one prompt")
+    lengths = [len(grp[0].prompt_tokens) + sum(len(s.tokens) for s in grp) for grp in groups]
+    for i, n in enumerate(lengths):
+        if n > row_len:
+            raise ValueError(f"collate_shared: group {i} has {n} tokens > a row of {row_len}")
+    per = len(groups) // updates
+    parts = [range(u * per, (u + 1) * per) for u in range(updates)]
+    if max_tokens:
+        kwargs = dict(row_len=row_len, max_tokens=max_tokens, row_multiple=row_multiple)
+        first = [pack_tokens([lengths[i] for i in part], **kwargs, what="group") for part in parts]
+        shape = dict(
+            n_micro=max(x.n_micro for x in first),
+            seqs_per_micro=max(x.seqs_per_micro for x in first),
+        )
+        layouts = [pack_tokens([lengths[i] for i in part], **kwargs, **shape) for part in parts]
+    else:
+        layouts = [one_per_row(per, rows // g // updates, "groups") for _ in parts]
+    rows_u, slots_u = layouts[0].rows, layouts[0].slots * g
+    R, B, T, M = rows_u * updates, slots_u * updates, slot_len, g + 1
+    ids = np.full((R, row_len), pad_id, np.int32)
+    seg = np.zeros((R, row_len), np.int32)
+    pos = np.zeros((R, row_len), np.int32)
+    gather = np.zeros((B, T), np.int32)
+    targets = np.zeros((B, T), np.int32)
+    mask = np.zeros((B, T), np.float32)
+    slogp = np.zeros((B, T), np.float32)
+    rewards = np.zeros((B, T), np.float32)
+    adv = np.zeros((B,), np.float32)
+    lag = np.zeros((B, T), np.int32) if any(s.lag is not None for s in samples) else None
+    slots = np.zeros((len(samples),), np.int64)
+    for u, (part, layout) in enumerate(zip(parts, layouts)):
+        for k, i in enumerate(part):
+            grp, prompt = groups[i], list(groups[i][0].prompt_tokens)
+            row = u * rows_u + layout.row(k)
+            start, n_p = layout.places[k][2], len(prompt)
+            group_id = 1 + int((seg[row] // M).max(initial=0))
+            at = start + n_p
+            ids[row, start:at], seg[row, start:at] = prompt, group_id * M
+            pos[row, start:at] = np.arange(n_p)
+            for j, s in enumerate(grp):
+                n_c, b = len(s.tokens), u * slots_u + layout.slot(k) * g + j
+                ids[row, at : at + n_c], seg[row, at : at + n_c] = s.tokens, group_id * M + j + 1
+                pos[row, at : at + n_c] = n_p + np.arange(n_c)
+                if n_c > T:
+                    raise ValueError(f"collate_shared: sample {i * g + j} has {n_c} > {T} tokens")
+                base = (row - u * rows_u) * row_len
+                sources = [start + n_p - 1, *range(at, at + n_c - 1)][:n_c]
+                gather[b, :n_c] = base + np.asarray(sources, np.int32)
+                targets[b, :n_c] = s.tokens
+                mask[b, :n_c] = s.token_mask()
+                slogp[b, :n_c] = s.sampler_logp
+                if lag is not None:  # as in `collate`
+                    lag[b, :n_c] = 1 if s.lag is None else s.lag
+                if n_c:
+                    rewards[b, n_c - 1] = s.reward
+                adv[b] = s.advantage
+                slots[i * g + j] = b
+                at += n_c
+    n_micro = layouts[0].n_micro * updates if max_tokens else 0
+    tokens = TokenBatch(
+        input_ids_BxT=ids,
+        target_ids_BxT=np.zeros_like(ids),  # per slot: `targets_BxT`
+        positions_BxT=pos,
+        segment_ids_BxT=seg,
+        mask_BxT=np.zeros((R, row_len), np.float32),
+        n_micro=n_micro,
+        branches=M,
+    )
+    batch = RLBatch(
+        tokens=tokens,
+        gather_BxT=gather,
+        mask_BxT=mask,
+        sampler_logp_BxT=slogp,
+        advantages_B=adv,
+        rewards_BxT=rewards,
+        targets_BxT=targets,
+        lag_BxT=lag,
+    )
+    return batch, slots
 
 
 def collate_sft(

@@ -269,15 +269,9 @@ def make_ppo_step(
             hidden_RxTxD = learner.hidden_states(
                 policy_params, arch, mb.tokens, compute_dtype=compute_dtype, memory=memory
             )
-            logp_RxT = learner.logprobs_of_hidden(
-                policy_params,
-                arch,
-                hidden_RxTxD,
-                mb.tokens.target_ids_BxT,
-                temperature=temperature,
-                memory=memory,
+            logp_BxT = learner.slot_logprobs_of_hidden(
+                policy_params, arch, hidden_RxTxD, mb, temperature=temperature, memory=memory
             )
-            logp_BxT = sequence_view(logp_RxT, mb.gather_BxT)
             policy_loss, _ = objective(logp_BxT, mb)
             values_RxT = critic.values(critic_params, mb.tokens, policy_hidden_RxTxD=hidden_RxTxD)
             values_BxT = sequence_view(values_RxT, mb.gather_BxT)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax import losses
-from rlvr_jax.training.batch import RLBatch, Sample, collate, collate_packed
+from rlvr_jax.training.batch import RLBatch, Sample, collate, collate_packed, collate_shared
 
 
 @dataclass(frozen=True)
@@ -178,11 +178,15 @@ def build_batch(
     updates: int = 1,
     row_multiple: int = 1,
     version: int | None = None,
+    shared_row_len: int = 0,
+    completion_len: int = 0,
 ) -> tuple[RLBatch, np.ndarray]:
     """The learner batch of the kept `groups` (numpy) and each completion's slot in it: each
     completion with its group's advantage (`settings.advantage` over the rewards [P, G]),
     overlong completions masked out when asked; one completion per row, or packed to
-    `max_tokens` per micro-batch (`batch.collate_packed`). With `loss.kl_mode: reward` the
+    `max_tokens` per micro-batch (`batch.collate_packed`); with `shared_row_len`, each group's
+    prompt once in rows of that length, the completions' own `completion_len` positions per
+    slot (`batch.collate_shared`). With `loss.kl_mode: reward` the
     advantages need the learner's log-probs and are completed on the learner; here they
     are 0. With `loss.advantage: gae` (PPO) the batch carries each completion's reward at its
     last token (`rewards_BxT`) and the learner computes per-token advantages with its critic;
@@ -209,7 +213,19 @@ def build_batch(
         for i, g in enumerate(groups)
         for j, c in enumerate(g.completions)
     ]
-    if max_tokens:
+    if shared_row_len:
+        batch, slots = collate_shared(
+            samples,
+            group_size=len(groups[0].completions),
+            rows=rows,
+            row_len=shared_row_len,
+            pad_id=pad_id,
+            max_tokens=max_tokens,
+            updates=updates,
+            row_multiple=row_multiple,
+            slot_len=completion_len,
+        )
+    elif max_tokens:
         batch, slots = collate_packed(
             samples,
             rows=rows,

@@ -46,6 +46,7 @@ __all__ = [
     "logprobs_of_hidden",
     "make_logprob_fn",
     "make_train_step",
+    "slot_logprobs_of_hidden",
     "token_logprobs",
 ]
 
@@ -90,7 +91,7 @@ def token_logprobs(
         )
     inputs = (batch.input_ids_BxT, batch.positions_BxT, batch.segment_ids_BxT)
     logits_BxTxV = models.apply(
-        params, arch, *inputs, compute_dtype=compute_dtype, **_apply_options(memory)
+        params, arch, *inputs, compute_dtype=compute_dtype, **_apply_options(memory, batch)
     ).astype(jnp.float32)
     logp_BxT = _pick_logp(logits_BxTxV, batch.target_ids_BxT, temperature)
     if return_logits:
@@ -98,12 +99,13 @@ def token_logprobs(
     return logp_BxT
 
 
-def _apply_options(memory: MemoryOptions) -> dict[str, Any]:
+def _apply_options(memory: MemoryOptions, batch: TokenBatch) -> dict[str, Any]:
     return dict(
         remat=memory.remat,
         attn_chunk=memory.attn_chunk,
         attention_impl=memory.attention_impl,
         max_segments=memory.max_segments,
+        segment_branches=batch.branches,
     )
 
 
@@ -128,7 +130,7 @@ def hidden_states(
         batch.segment_ids_BxT,
         compute_dtype=compute_dtype,
         return_hidden=True,
-        **_apply_options(memory),
+        **_apply_options(memory, batch),
     )
 
 
@@ -180,7 +182,16 @@ def sequence_logprobs(
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ):
     """`token_logprobs` of an RL batch's packed rows, seen per completion slot [B, T] (and,
-    `with_entropy`, the sampling distribution's entropy per token [B, T])."""
+    `with_entropy`, the sampling distribution's entropy per token [B, T]). Shared-prompt rows
+    (`batch.targets_BxT`) go through `slot_logprobs_of_hidden`."""
+    if batch.targets_BxT is not None:
+        hidden_RxTxD = hidden_states(
+            params, arch, batch.tokens, compute_dtype=compute_dtype, memory=memory
+        )
+        return slot_logprobs_of_hidden(
+            params, arch, hidden_RxTxD, batch, temperature=temperature,
+            with_entropy=with_entropy, memory=memory,
+        )  # fmt: skip
     out = token_logprobs(
         params,
         arch,
@@ -198,6 +209,41 @@ def sequence_logprobs(
             sequence_view(entropy_RxT, batch.gather_BxT),
         )
     return sequence_view(out, batch.gather_BxT)
+
+
+def slot_logprobs_of_hidden(
+    params: Any,
+    arch: models.ArchConfig,
+    hidden_RxTxD: jax.Array,
+    batch: RLBatch,
+    *,
+    temperature: float,
+    with_entropy: bool = False,
+    memory: MemoryOptions = NO_MEMORY_SAVING,
+):
+    """log π of each completion slot's tokens [B, T] from the trunk's hidden states of the
+    rows (and, `with_entropy`, the entropy per token). Rows with one target per position
+    take the LM head over the rows, then each slot's view; shared-prompt rows, where a
+    prompt's last position is followed by G different tokens, take each slot's view of the
+    hidden states first (`gather_BxT`) and the slot's own next tokens (`targets_BxT`)."""
+    if batch.targets_BxT is None:
+        if with_entropy:
+            raise ValueError("entropies of rows need the logits: use sequence_logprobs")
+        logp_RxT = logprobs_of_hidden(
+            params, arch, hidden_RxTxD, batch.tokens.target_ids_BxT,
+            temperature=temperature, memory=memory,
+        )  # fmt: skip
+        return sequence_view(logp_RxT, batch.gather_BxT)
+    hidden_BxTxD = sequence_view(hidden_RxTxD, batch.gather_BxT)
+    if not with_entropy:
+        return logprobs_of_hidden(
+            params, arch, hidden_BxTxD, batch.targets_BxT, temperature=temperature, memory=memory
+        )
+    logits_BxTxV = models.lm_head(params, arch, hidden_BxTxD).astype(jnp.float32)
+    if temperature != 1.0:
+        logits_BxTxV = logits_BxTxV / temperature
+    logp_BxT = _pick_logp(logits_BxTxV, batch.targets_BxT, 1.0)
+    return logp_BxT, jax.lax.stop_gradient(losses.token_entropy(logits_BxTxV))
 
 
 def make_logprob_fn(

@@ -132,6 +132,7 @@ class Trainer:
             settings=losses.loss_settings_from_config(cfg.loss),
             stop=lambda: bool(self.stop),
             timeline=timeline,
+            turns=_device_turns(cfg),
         )
         self.update = self.algorithm.update(self.ctx)
         self.state = self.update.init_state(model.params)
@@ -212,9 +213,17 @@ class Trainer:
         weights to the actors; returns the step's pending metrics."""
         self._wait_push()  # the previous weights are on their way: the state may be donated
         self.update.compile(self.state, batch)
+        turns = self.ctx.turns  # shared devices, async: the update runs alone (`_watch` ends it)
+        if turns is not None:
+            turns.acquire("learner")
         t0 = time.perf_counter()
-        with dispatch.LOCK:
-            self.state, device, n = self.update.update(self.state, batch)
+        try:
+            with dispatch.LOCK:
+                self.state, device, n = self.update.update(self.state, batch)
+        except BaseException:
+            if turns is not None:
+                turns.release()
+            raise
         self.version += n
         pending = _Pending(
             step, dict(batch.metrics), device, batch.texts, t0, batch.tokens, self.version
@@ -233,7 +242,11 @@ class Trainer:
 
         def wait() -> None:
             try:
-                jax.block_until_ready(arrays)
+                try:
+                    jax.block_until_ready(arrays)
+                finally:
+                    if self.ctx.turns is not None:
+                        self.ctx.turns.release()
                 pending.finished = time.perf_counter()
                 if self.timeline is not None:
                     self.timeline.add("train", pending.dispatched, pending.finished)
@@ -387,6 +400,13 @@ class Trainer:
                 closer()
             except Exception:  # keep closing the rest
                 log.exception("while closing")
+
+
+def _device_turns(cfg: Config) -> dispatch.DeviceTurns | None:
+    """Turns on the devices when actors and learner share them in async mode, in one process
+    (multi-process runs step the rollout on the loop's thread already)."""
+    shared = cfg.mesh.actor_devices == 0 and cfg.rollout.mode == "async"
+    return dispatch.DeviceTurns() if shared and jax.process_count() == 1 else None
 
 
 def _progress(cfg: Config, start: int):

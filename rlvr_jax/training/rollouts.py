@@ -265,6 +265,7 @@ def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -
         max_pending_groups=in_flight + 1,
         max_ready_groups=in_flight + 1,
         timeline=ctx.timeline,
+        turns=ctx.turns,
     )
 
 

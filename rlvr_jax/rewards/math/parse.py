@@ -61,6 +61,7 @@ MAX_ITEMS = 64
 
 _RELOPS = {"=": "=", "<": "<", ">": ">", "\\leq": "<=", "\\geq": ">=", "\\neq": "!="}
 _RELOPS |= {"\\lt": "<", "\\gt": ">"}
+_SIGNS = {"+": 1, "-": -1, "\\pm": PM, "\\mp": -PM}
 _MUL = ("*", "\\cdot", "\\times")
 _DIV = ("/", "\\div")
 _MATRIX_ENVS = ("pmatrix", "bmatrix", "matrix", "Bmatrix", "vmatrix", "smallmatrix", "array")
@@ -105,6 +106,13 @@ class _Parser:
         self.pos += 1
         return tok
 
+    def accept(self, text: str) -> bool:
+        """Takes the next token when it is `text`."""
+        if not self.at(text):
+            return False
+        self.pos += 1
+        return True
+
     def expect(self, text: str) -> None:
         tok = self.take()
         if tok.text != text:
@@ -120,8 +128,7 @@ class _Parser:
         if closers and self.at(*closers):
             return []
         items = [self.item()]
-        while self.at(","):
-            self.take()
+        while self.accept(","):
             items.append(self.item())
             if len(items) > MAX_ITEMS:
                 raise ParseError(f"more than {MAX_ITEMS} items")
@@ -129,8 +136,7 @@ class _Parser:
 
     def item(self) -> Value:
         parts = [self.relation()]
-        while self.at("\\cup"):
-            self.take()
+        while self.accept("\\cup"):
             parts.append(self.relation())
         if len(parts) == 1:
             return parts[0]
@@ -138,19 +144,15 @@ class _Parser:
             return Assignment(parts[0].var, UnionValue((parts[0].value, *parts[1:])))
         return UnionValue(tuple(parts))
 
-    def at_relop(self) -> bool:
-        tok = self.peek()
-        return tok is not None and tok.kind in ("sym", "cmd") and tok.text in _RELOPS
-
     def relation(self) -> Value:
         first = self.sum()
         operands, ops = [first], []
-        while self.at_relop():
+        while self.at(*_RELOPS):
             ops.append(_RELOPS[self.take().text])
             rhs = self.sum()
             structured = not isinstance(rhs, sympy.Expr)
             if ops == ["="] and isinstance(first, sympy.Symbol) and structured:
-                if self.at_relop():
+                if self.at(*_RELOPS):
                     raise ParseError("a relation chain cannot hold a tuple, set or interval")
                 return Assignment(first, rhs)
             operands.append(as_expr(rhs, "a relation"))
@@ -164,8 +166,7 @@ class _Parser:
             op = self.take().text
             right = as_expr(self.term(), f"'{op}'")
             left = as_expr(left, f"'{op}'")
-            sign = {"+": 1, "-": -1, "\\pm": PM, "\\mp": -PM}[op]
-            left = check_size(left + sign * right)
+            left = check_size(left + _SIGNS[op] * right)
         return left
 
     def term(self) -> Value:
@@ -194,14 +195,13 @@ class _Parser:
             self.enter()
             operand = as_expr(self.unary(), f"'{op}'")
             self.depth -= 1
-            return {"+": 1, "-": -1, "\\pm": PM, "\\mp": -PM}[op] * operand
+            return _SIGNS[op] * operand
         return self.power()
 
     def power(self) -> Value:
         base = self.postfix()
-        if not self.at("^"):
+        if not self.accept("^"):
             return base
-        self.take()
         self.enter()
         exp = self.exponent()
         self.depth -= 1
@@ -217,8 +217,7 @@ class _Parser:
 
     def postfix(self) -> Value:
         value = self.primary()
-        while self.at("!"):
-            self.take()
+        while self.accept("!"):
             if self.at("!"):
                 raise ParseError("double factorial is not supported")
             arg = as_expr(value, "'!'")
@@ -310,8 +309,7 @@ class _Parser:
     def word(self, text: str) -> Value:
         if text in _FUNCTIONS:
             return self.function(text)
-        if self.at("_"):  # x_1, a_{10}: one symbol
-            self.take()
+        if self.accept("_"):  # x_1, a_{10}: one symbol
             return sympy.Symbol(f"{text}_{self.subscript()}")
         if text == "pi" or (len(text) == 1 and text in _CONSTANTS):
             return _CONSTANTS[text]
@@ -350,8 +348,7 @@ class _Parser:
             return check_size(num / den)
         if name == "sqrt":
             index = None
-            if self.at("["):
-                self.take()
+            if self.accept("["):
                 index = as_expr(self.sum(), "a root index")
                 self.expect("]")
             radicand = self.arg()
@@ -385,13 +382,11 @@ class _Parser:
         if name == "log" and self.at("_"):
             self.take()
             base = self.arg()
-        if self.at("^"):
-            self.take()
+        if self.accept("^"):
             power = self.exponent()
             if power == -1 and name in _INVERSE:
                 fn, power = _INVERSE[name], None
-        if self.at("("):
-            self.take()
+        if self.accept("("):
             argument = as_expr(self.sum(), f"\\{name}")
             self.expect(")")
         elif self.at("{"):
@@ -427,10 +422,7 @@ class _Parser:
                     raise ParseError(f"\\begin{{{env}}} closed by \\end{{{tok.text}}}")
                 break
             row.append(as_expr(self.sum(), "a matrix entry"))
-            if self.at("&"):
-                self.take()
-            elif self.at("\\\\"):
-                self.take()
+            if not self.accept("&") and self.accept("\\\\"):
                 rows.append(tuple(row))
                 row = []
             if sum(map(len, rows)) + len(row) > MAX_ITEMS * 4:

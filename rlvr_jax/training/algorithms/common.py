@@ -45,6 +45,9 @@ class Context:
     settings: losses.LossSettings
     stop: Callable[[], bool]
     timeline: Any = None
+    turns: Any = None
+    """`dispatch.DeviceTurns` when actors and learner share devices in async mode (else None):
+    the rollout decodes in the learner's gaps instead of beside its updates."""
 
     @property
     def seq_len(self) -> int:
@@ -117,6 +120,53 @@ class Context:
         return bucket_length(
             longest,
             full=self.seq_len,
+            min_len=self.cfg.train.bucket_min_len,
+            multiple=self.length_multiple,
+        )
+
+    @functools.cached_property
+    def shares_prompts(self) -> bool:
+        """Whether RL batches lay each group's prompt out once (`train.share_prompts`, where
+        it applies)."""
+        from rlvr_jax.models.attention import resolve_impl
+
+        t, arch = self.cfg.train, self.model.config
+        if not t.share_prompts or arch.has_sliding or t.prompts_per_batch % t.updates_per_batch:
+            return False
+        groups = t.prompts_per_batch // t.updates_per_batch
+        micro = 0 if t.max_tokens_per_micro_batch else t.micro_batch_size
+        if micro and groups % (self.rows // t.updates_per_batch // micro):
+            return False  # micro-batches would split a group
+        kernel = resolve_impl(
+            self.cfg.model.attention_impl,
+            compute_dtype=self.cfg.model.compute_dtype,
+            head_dim=arch.head_dim,
+            max_segments=1,
+        )
+        return kernel in ("blockwise", "xla")
+
+    def completion_length(self, groups: list[Any]) -> int:
+        """Positions of a completion slot of shared-prompt rows: the batch's longest completion
+        rounded up to a length bucket (`train.bucket_min_len`)."""
+        longest = max((len(c.tokens) for g in groups for c in g.completions), default=1)
+        return bucket_length(
+            longest,
+            full=self.cfg.rollout.max_new_tokens,
+            min_len=self.cfg.train.bucket_min_len,
+            multiple=math.lcm(self.cfg.train.logits_chunk or 1, 1),
+        )
+
+    def group_length(self, groups: list[Any]) -> int:
+        """Positions of a shared-prompt row (`shares_prompts`) of a batch of scored groups: its
+        longest group (prompt + G completions) rounded up to a length bucket."""
+        longest = max(
+            (len(g.prompt_tokens) + sum(len(c.tokens) for c in g.completions) for g in groups),
+            default=1,
+        )
+        r = self.cfg.rollout
+        return bucket_length(
+            longest,
+            full=self.cfg.data.max_prompt_len + r.num_samples * r.max_new_tokens,
             min_len=self.cfg.train.bucket_min_len,
             multiple=self.length_multiple,
         )

@@ -67,6 +67,7 @@ class RolloutSource(GeneratingSource):
         self.zero_variance, self.overlong_filter = f.zero_variance, f.overlong_filter
         self.cap = self.P * max(f.max_draws, 1) if f.active_sampling else self.P
         self.rows, self.seq_len, self.pad_id = ctx.rows, ctx.batch_length, ctx.pad_id
+        self.shared = (ctx.group_length, ctx.completion_length) if ctx.shares_prompts else None
         self.packing = dict(
             max_tokens=cfg.train.max_tokens_per_micro_batch,
             updates=cfg.train.updates_per_batch,
@@ -114,6 +115,8 @@ class RolloutSource(GeneratingSource):
                 pad_id=self.pad_id,
                 overlong_filter=self.overlong_filter,
                 version=policy_version,
+                shared_row_len=self.shared[0](kept) if self.shared else 0,
+                completion_len=self.shared[1](kept) if self.shared else 0,
                 **self.packing,
             )
         metrics = {**merge_service_metrics(service), **asm.metrics(), **r.kv_metrics()}
@@ -239,7 +242,7 @@ class RLUpdate(Update):
             self._scorer, batch.sequences, params=params, sampling=sampling_params(cfg.rollout)
         )
         for slot, (prompt, _), logp in zip(batch.slots, batch.sequences, scored):
-            first = len(prompt) - 1
+            first = 0 if arrays.targets_BxT is not None else len(prompt) - 1  # shared: own tokens
             old_BxT[slot, first : first + len(logp)] = logp
         return old_BxT
 
