@@ -3,6 +3,7 @@ any model or data is loaded (and by the trainer, for a `Config` built in Python)
 the key and the file.
 
 - `rollout.interrupt` against the rest of `rollout`; `eval.*` against `data.eval_sources`;
+- `model.lora` and `rollout.weight_dtype` (and what the vLLM backend cannot do with them);
 - the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
 - what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`).
 
@@ -26,6 +27,7 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
 
     try:
         _check_interrupt(cfg.rollout)
+        _check_lora(cfg)
         _check_eval(cfg)
         if cfg.mesh.num_devices < 0:
             raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")
@@ -44,6 +46,35 @@ def _check_eval(cfg: schema.Config) -> None:
     if e.every_steps and not cfg.data.eval_sources:
         raise ValueError(
             f"eval.every_steps={e.every_steps} evaluates on data.eval_sources, which is empty"
+        )
+
+
+def _check_lora(cfg: schema.Config) -> None:
+    """`model.lora`'s values; LoRA and quantized decode weights run on our engine only."""
+    lo = cfg.model.lora
+    if lo.rank < 0:
+        raise ValueError(f"model.lora.rank must be >= 0 (0 = off), got {lo.rank}")
+    if not lo.rank:
+        if lo.base_dtype != "param":
+            raise ValueError(
+                f"model.lora.base_dtype: {lo.base_dtype} needs LoRA (model.lora.rank > 0): only "
+                "a frozen base is stored quantized"
+            )
+    else:
+        if lo.alpha <= 0:
+            raise ValueError(f"model.lora.alpha must be > 0, got {lo.alpha}")
+        if not 0 <= lo.dropout < 1:
+            raise ValueError(f"model.lora.dropout must be in [0, 1), got {lo.dropout}")
+        bad = sorted(set(lo.targets) - set(schema.LORA_TARGETS))
+        if bad or not lo.targets:
+            raise ValueError(
+                f"model.lora.targets: {bad or 'empty'}; expected a non-empty subset of "
+                f"{list(schema.LORA_TARGETS)}"
+            )
+    if cfg.rollout.backend == "vllm" and (lo.rank or cfg.rollout.weight_dtype):
+        raise ValueError(
+            "model.lora and rollout.weight_dtype run on our engine only: with rollout.backend: "
+            "vllm set model.lora.rank: 0 and leave rollout.weight_dtype unset"
         )
 
 

@@ -57,8 +57,9 @@ class Rollout(Protocol):
     def wait(self, futures: Sequence[concurrent.futures.Future]) -> list[CompletedGroup]:
         """The groups of `submit_future`'s futures (stepping an unstarted rollout)."""
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """New policy params (models layout, any mesh), swapped in at the next boundary."""
+    def update_weights(self, params: Any, version: int) -> dict[str, float] | None:
+        """New policy params (models layout, any mesh), swapped in at the next boundary;
+        returns the push's `push/bytes` and `push/seconds` where the backend measures them."""
 
     def kv_metrics(self) -> dict[str, float]:
         """KV-cache metrics since the previous call ({} where the backend has none)."""
@@ -69,7 +70,7 @@ class Rollout(Protocol):
 
 def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
     """`EngineCore` keyword arguments of a `rollout:` config section (KV layout and budget,
-    page size, prefill chunk, decode chunk)."""
+    page size, prefill chunk, decode chunk, decode weight dtype)."""
     return {
         "chunk": cfg.decode_chunk,
         "kv_layout": cfg.kv_layout,
@@ -77,6 +78,7 @@ def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
         "kv_pages": cfg.kv_pages,
         "kv_cache_gib": cfg.kv_cache_gib,
         "prefill_chunk": cfg.prefill_chunk,
+        "weight_dtype": cfg.weight_dtype,
     }
 
 

@@ -23,7 +23,10 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import jax
+
 from rlvr_jax import dispatch
+from rlvr_jax.models.quant import nbytes
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
@@ -218,15 +221,22 @@ class RolloutStream:
             self._incoming.append(request)
             self._cond.notify_all()
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """New policy params (models layout, any mesh); thread-safe. They are moved to the
-        actor devices and re-laid now, and swapped in at the next boundary between decode
-        chunks; the KV cache is kept (PipelineRL) and tokens record `version`."""
+    def update_weights(self, params: Any, version: int) -> dict[str, float]:
+        """New policy params (models layout, any mesh; LoRA: the adapters alone once the engine
+        holds the base); thread-safe. They are moved to the actor devices and re-laid now, and
+        swapped in at the next boundary between decode chunks; the KV cache is kept
+        (PipelineRL) and tokens record `version`. Returns once the actors hold them:
+        `push/bytes` moved and `push/seconds` from the params being ready to that."""
+        jax.block_until_ready(params)
+        start = time.perf_counter()
         with dispatch.LOCK:
             prepared = self.scheduler.prepare(params)
+        jax.block_until_ready(prepared)
+        stats = {"push/bytes": float(nbytes(params)), "push/seconds": time.perf_counter() - start}
         with self._cond:
             self._weights = (prepared, version)
             self._cond.notify_all()
+        return stats
 
     # ---- consumer side --------------------------------------------------------------------
 
