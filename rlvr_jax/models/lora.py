@@ -33,7 +33,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.models.quant import dense, is_quantized
+from rlvr_jax.models.quant import axes_like, dense, is_quantized
 
 KEY = "lora"
 """The adapter's key beside `kernel` in a projection's params."""
@@ -140,36 +140,6 @@ def attach(
 
     out = None if shardings is None else shardings(jax.eval_shape(init, rng))
     return graft(params, jax.jit(init, out_shardings=out)(rng))
-
-
-def adapt(model: Any, settings: Any, *, seed: int = 0) -> Any:
-    """`model` (a `models.Model`) with fresh adapters by `settings` (`model.lora` of the config:
-    rank, alpha, dropout, targets, base_dtype), its base kernels int8 when `base_dtype` says
-    so, all placed like its params; unchanged when `settings.rank` is 0."""
-    import dataclasses
-
-    from rlvr_jax.models.params import tree_shardings
-
-    if not settings.rank:
-        return model
-    params = model.params
-    if settings.base_dtype != "param":
-        params = quantize_base(params, settings.base_dtype)
-    shardings = None
-    if model.mesh is not None:
-        shardings = functools.partial(
-            tree_shardings, config=model.config, mesh=model.mesh, rules=model.rules
-        )
-    params = attach(
-        params,
-        jax.random.PRNGKey(seed),
-        rank=settings.rank,
-        alpha=settings.alpha,
-        dropout=settings.dropout,
-        targets=tuple(settings.targets),
-        shardings=shardings,
-    )
-    return dataclasses.replace(model, params=params)
 
 
 def _is_adapter(x: Any) -> bool:
@@ -294,8 +264,6 @@ def axes(params: Any, base_axes: dict) -> Any:
     (FSDP-split on the learner when no other dim of the array took the axis; whole on the
     actors)."""
     if is_quantized(params):
-        from rlvr_jax.models.quant import axes_like
-
         return axes_like(params, base_axes)
     if not isinstance(params, dict):
         return base_axes

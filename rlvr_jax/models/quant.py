@@ -55,7 +55,7 @@ def project(x_BxTxI: jax.Array, kernel_IxO: Any) -> jax.Array:
         return jnp.einsum("...i,io->...o", x_BxTxI.astype(kernel_IxO.dtype), kernel_IxO)
     dtype = kernel_IxO.scale.dtype
     y = jnp.einsum("...i,io->...o", x_BxTxI.astype(dtype), kernel_IxO.qvalue.astype(dtype))
-    return y * kernel_IxO.scale[0]
+    return y * kernel_IxO.scale.reshape((1,) * (y.ndim - 1) + (-1,))
 
 
 def axes_like(x: Any, axes: tuple) -> Any:

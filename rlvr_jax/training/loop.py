@@ -124,7 +124,7 @@ class Trainer:
         model = models.load_pretrained(
             path, dtype=cfg.model.param_dtype, mesh=learner_mesh, rules=sharding.LEARNER_RULES
         )
-        model = lora.adapt(model, cfg.model.lora, seed=cfg.seed)
+        model = models.adapt_lora(model, cfg.model.lora, seed=cfg.seed)
         self.ctx = Context(
             cfg=cfg,
             model=model,
