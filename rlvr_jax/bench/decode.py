@@ -23,6 +23,11 @@ the host's share; `decode_step_memory_fraction` is the bytes a decode step must 
 
 `--preset bench` (default; the 56M bench model), `quick` (smoke test), `gpu-1b` (≈1B params,
 bf16); `--dtype` sets both models' dtype. On a GPU transformers runs on CUDA too.
+
+`--weight-dtype D` / `--lora-rank R` (`rlvr_jax.bench.decode_weights`): the engine decoding
+from weights stored in D (int8, fp8, bfloat16) against the compute dtype on the same run, with
+the per-token sampler/learner mismatch it causes, and with LoRA what an adapters-only push
+costs.
 """
 
 from __future__ import annotations
@@ -331,6 +336,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long-requests", type=int, help="long workload: requests (default 64)")
     p.add_argument("--paged-slots", type=int, help="long workload: paged engine slots (64)")
     p.add_argument("--long-capacity", type=int, help="long workload: tokens a slot holds (4096)")
+    p.add_argument(
+        "--weight-dtype",
+        choices=("float32", "bfloat16", "int8", "fp8"),
+        help="decode weights stored so, against the compute dtype (with the mismatch)",
+    )
+    p.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters: time their push")
     args = p.parse_args(argv)
     quick = args.quick or args.preset == "quick"
     cfg = QUICK if quick else PRESETS[args.preset]
@@ -343,6 +354,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeats must be >= 1")
     overrides = {"repeats": args.repeats, "dtype": args.dtype}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    if args.weight_dtype or args.lora_rank:
+        from rlvr_jax.bench import decode_weights
+
+        if args.lora_rank < 0:
+            p.error("--lora-rank must be >= 0")
+        result = decode_weights.run(
+            cfg, weight_dtype=args.weight_dtype, lora_rank=args.lora_rank, quick=quick
+        )
+        print(decode_weights.format_result(result))
+        return common.write_outputs(result, args.json)
     if args.workload == "long":
         from rlvr_jax.bench import decode_long
 
