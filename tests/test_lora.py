@@ -45,6 +45,7 @@ def tiny_model(arch="llama", **overrides):
     return models.Model(config, models.init_params(config, jax.random.key(0)))
 
 
+@pytest.mark.slow  # tens of seconds on two loaded cores
 def test_adapters_start_at_the_base_and_equal_their_merged_weights():
     base = tiny_model()
     tokens = random_tokens(2, 7)
@@ -64,6 +65,7 @@ def test_adapters_start_at_the_base_and_equal_their_merged_weights():
     np.testing.assert_array_equal(models.forward(stripped, tokens), models.forward(base, tokens))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["qwen2", "olmo3"])
 def test_peft_export_loads_in_peft_and_merged_in_transformers_with_our_logits(tmp_path, arch):
     import peft
@@ -87,6 +89,7 @@ def test_peft_export_loads_in_peft_and_merged_in_transformers_with_our_logits(tm
     assert set(with_adapter.peft_config["default"].target_modules) == set(ALL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("base_dtype", ["param", "int8"])
 def test_a_step_trains_the_adapters_only(base_dtype):
     model = models.adapt_lora(tiny_model(), settings(base_dtype=base_dtype))
@@ -123,6 +126,7 @@ def _is_pair(x):
     return isinstance(x, lora.Adapter)
 
 
+@pytest.mark.slow  # tens of seconds on two loaded cores
 def test_dropout_applies_in_gradient_passes_only_keyed_by_the_step():
     model = models.adapt_lora(tiny_model(), settings(dropout=0.5))
     model = trained(model)
@@ -174,7 +178,9 @@ def test_the_engine_holds_the_base_and_merges_pushed_adapters():
         plain.prepare(lora.adapters(pushed.params))
 
 
-@pytest.mark.parametrize("weight_dtype", ["int8", "fp8", "bfloat16"])
+@pytest.mark.parametrize(
+    "weight_dtype", [pytest.param("int8", marks=pytest.mark.slow), "fp8", "bfloat16"]
+)
 def test_quantized_decode_weights_stay_close_to_float32(weight_dtype):
     model = tiny_model()
     config, params = model.config, model.params

@@ -38,13 +38,12 @@ import functools
 import os
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
-import jax
 import numpy as np
 
 from rlvr_jax.bench import common, progress
+from rlvr_jax.bench.engine_timing import interleaved_best, profile_engine
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.bench.roofline import best_roofline, machine_info
 from rlvr_jax.rollout import (
@@ -52,10 +51,8 @@ from rlvr_jax.rollout import (
     GroupRequest,
     SamplingParams,
     Scheduler,
-    SlotRequest,
     generate,
 )
-from rlvr_jax.rollout.sampling import SamplerMode
 from rlvr_jax.rollout.scheduler import SchedulerStats
 from rlvr_jax.rollout.waste import continuous_steps, static_steps, waste
 
@@ -114,23 +111,6 @@ def long_tail_lengths(n: int, max_len: int, mean_over_max: float, seed: int) -> 
     return lengths((lo * hi) ** 0.5).tolist()
 
 
-def _interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict, dict]:
-    """Best wall time (and its output) of each fn, timed in interleaved rounds so that a
-    load change on a shared machine hits every contender alike."""
-    best = {name: float("inf") for name in fns}
-    outputs: dict[str, Any] = {}
-    for r in range(repeats):
-        if len(fns) > 1:  # a comparison (single probes are quick)
-            progress.line(f"timing {', '.join(fns)}: round {r + 1}/{repeats}")
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            out = fn()
-            seconds = time.perf_counter() - start
-            if seconds < best[name]:
-                best[name], outputs[name] = seconds, out
-    return best, outputs
-
-
 def _hf_generate(hf: Any, prompts: np.ndarray, new: int) -> float:
     import torch
 
@@ -169,29 +149,6 @@ def run_long_tail(
     return sched.stats
 
 
-def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:
-    """Seconds per prefill of one prompt and per decode step with every slot live."""
-    dp = core.params
-    prefill = {"prefill": lambda: jax.block_until_ready(core.prefill(dp, prompts[0]))}
-    prefill_s = _interleaved_best(prefill, repeats + 2)[0]["prefill"]
-    state = core.init_decode_state()
-    prefix = core.prefill(dp, prompts[0])
-    slots = list(range(core.spec.max_slots))
-
-    requests = [SlotRequest(0, i, 10**6) for i in slots]
-    state = core.insert(prefix, state, slots, requests)
-    state, out = core.generate(dp, state, mode=SamplerMode())
-    jax.block_until_ready(out)
-    holder = {"state": state}
-
-    def chunk() -> Any:
-        holder["state"], out = core.generate(dp, holder["state"], mode=SamplerMode())
-        return jax.block_until_ready(out)
-
-    chunk_s = _interleaved_best({"chunk": chunk}, repeats + 2)[0]["chunk"]
-    return {"prefill_s_per_prompt": prefill_s, "decode_ms_per_step": 1e3 * chunk_s / core.chunk}
-
-
 def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict:
     """Runs both workloads and the roofline probe (`quick`: its tiny sizes); returns the
     JSON-able results."""
@@ -215,7 +172,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
     progress.line("throughput workload: compiling and warming up the engine")
     for b in ("continuous", "static"):
         throughput[b]()  # compile + warm up
-    walls, outs = _interleaved_best(throughput, cfg.repeats)
+    walls, outs = interleaved_best(throughput, cfg.repeats)
     for b in ("continuous", "static"):
         if sum(len(c.tokens) for c in outs[b]) != n_tokens:
             raise RuntimeError(f"{b}: wrong number of generated tokens")
@@ -228,7 +185,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
     )
     progress.line("long-tailed workload: compiling and warming up")
     run_long_tail(long_core, long_prompts[: cfg.batch], lengths[: cfg.batch], "continuous")
-    long_walls, stats = _interleaved_best(
+    long_walls, stats = interleaved_best(
         {
             b: functools.partial(run_long_tail, long_core, long_prompts, lengths, b)
             for b in ("continuous", "static")

@@ -35,6 +35,7 @@ import numpy as np
 
 from rlvr_jax import models
 from rlvr_jax.bench import common, progress
+from rlvr_jax.bench.engine_timing import interleaved_best, profile_engine
 from rlvr_jax.bench.roofline import best_roofline, machine_info
 from rlvr_jax.losses.kl import kl_per_token
 from rlvr_jax.models import lora, quant
@@ -100,8 +101,6 @@ def _best(fn: Any, repeats: int) -> float:
 
 def run(cfg: Any, *, weight_dtype: str | None, lora_rank: int, quick: bool) -> dict:
     """The comparison (module docstring); JSON-able."""
-    from rlvr_jax.bench.decode import _interleaved_best, profile_engine
-
     load_before = os.getloadavg()
     progress.line("building the policy and the two engines")
     model = _policy(cfg, lora_rank)
@@ -116,7 +115,7 @@ def run(cfg: Any, *, weight_dtype: str | None, lora_rank: int, quick: bool) -> d
     progress.line("compiling and warming up")
     for fn in fns.values():
         fn()
-    walls, outs = _interleaved_best(fns, cfg.repeats)
+    walls, outs = interleaved_best(fns, cfg.repeats)
     n_tokens = cfg.batch * cfg.new
     for name, out in outs.items():
         if sum(len(c.tokens) for c in out) != n_tokens:
