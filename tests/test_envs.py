@@ -209,6 +209,20 @@ def test_an_episode_turn_by_turn(tokenizer):
     runner.close()
 
 
+def test_a_model_that_never_closes_its_tool_call(tokenizer):
+    runner = _runner(tokenizer)
+    group = runner.group({"prompt": "Add.", "index": 0})
+    tokens = _say(tokenizer, '<tool_call>{"name": "calculator", "arguments": {"expression": "1"}')
+    appended = group.next_turn(0, tokens, "stop").result()  # the turn ended, the call did not
+    assert "error: the <tool_call> is never closed" in tokenizer.decode(appended)
+    record = group.episode(0)
+    assert record.tool_errors == 1 and record.tool_calls == 1 and not record.truncated
+    tokens += appended + _say(tokenizer, "\\boxed{1}")  # and the episode goes on
+    assert group.next_turn(0, tokens, "stop").result() is None
+    assert group.episode(0).final_text == "\\boxed{1}"
+    runner.close()
+
+
 def test_episode_limits_and_failures(tokenizer):
     runner = _runner(tokenizer, max_turns=1)
     group = runner.group({"prompt": "Add.", "index": 0})

@@ -18,12 +18,15 @@ import concurrent.futures
 import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlvr_jax.envs.base import Message, as_step, env_factory
 from rlvr_jax.envs.chat import ChatFormat
+
+if TYPE_CHECKING:  # envs does not import the config at run time
+    from rlvr_jax.config.schema import EnvConfig
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +145,12 @@ class EnvRunner:
     """
 
     def __init__(
-        self, cfg: Any, tokenizer: Any, *, max_new_tokens: int, stop_token_ids: Sequence[int]
+        self,
+        cfg: EnvConfig,
+        tokenizer: Any,
+        *,
+        max_new_tokens: int,
+        stop_token_ids: Sequence[int],
     ):
         self.factory = env_factory(cfg.name)
         self.kwargs = dict(cfg.kwargs)
