@@ -39,12 +39,17 @@ class ScriptedToolEnv(ToolEnv):
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_rl_with_tools_in_the_engine(tmp_path, mode):
     cfg = tiny_run(tmp_path)
+    # room for the tools' system prompt in the tiny tokenizer (RoPE: no weights change)
+    config = tmp_path / "policy" / "config.json"
+    config.write_text(
+        json.dumps({**json.loads(config.read_text()), "max_position_embeddings": 512})
+    )
     out = tmp_path / "out"
     overrides = [
         f"rollout.mode={mode}",
         "train.max_steps=2",
-        "rollout.max_new_tokens=96",
-        "data.max_prompt_len=160",
+        "rollout.max_new_tokens=192",
+        "data.max_prompt_len=256",
         "env.name=test_envs_train:ScriptedToolEnv",
         "env.kwargs={tools: [python, calculator], timeout_s: 20.0}",
         "env.max_turns=3",
@@ -52,6 +57,7 @@ def test_rl_with_tools_in_the_engine(tmp_path, mode):
         "rollout.stop_strings=[e, t, a, o, ' ']",
         "eval.every_steps=2",
         "eval.max_prompts=2",
+        *(["train.max_tokens_per_micro_batch=1024"] if mode == "async" else []),  # packed
     ]
     assert cli.train_main(["--config", str(cfg), *overrides]) == 0
     rows = read_jsonl(out / "metrics.jsonl")

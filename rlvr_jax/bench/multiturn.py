@@ -187,11 +187,12 @@ def main_result(cfg: MultiturnConfig, quick: bool) -> dict:
     }
 
 
-def main(sizes: common.ModelSize, quick: bool, json_path: str | None, plot_path: str | None) -> int:
-    """`rlvr-bench decode --workload multiturn`: the decode preset's model sizes (`quick`: the
-    smoke sizes), the result printed and written."""
-    fields = {f.name: getattr(sizes, f.name) for f in dataclasses.fields(common.ModelSize)}
-    cfg = QUICK if quick else dataclasses.replace(MultiturnConfig(), **fields)
+def main(sizes: Any, quick: bool, json_path: str | None, plot_path: str | None) -> int:
+    """`rlvr-bench decode --workload multiturn`: the decode preset's model sizes and repeats
+    (`quick`: the smoke sizes), the result printed and written."""
+    names = [f.name for f in dataclasses.fields(common.ModelSize)] + ["repeats"]
+    cfg = QUICK if quick else MultiturnConfig()
+    cfg = dataclasses.replace(cfg, **{n: getattr(sizes, n) for n in names if not quick})
     result = main_result(cfg, quick)
     m = result["multiturn"]
     for side, tps in m["tokens_per_s"].items():

@@ -33,6 +33,8 @@ log = logging.getLogger("rlvr_jax.train")
 
 POLL_S = 0.25
 """How often a waiting source checks the stop flag."""
+MAX_SKIPS_IN_A_ROW = 1000
+"""Rows whose environment prompt is too long skipped in a row before that is an error."""
 
 
 class Rollouts:
@@ -90,6 +92,7 @@ class Rollouts:
 
     def submit_one(self) -> None:
         """Draws the next unseen prompt and submits it for G samples."""
+        skipped = 0
         while True:
             rid = self.next_request
             snapshot = self.prompts.state()
@@ -105,6 +108,13 @@ class Rollouts:
                 group = self.env.group(row)
                 if len(group.prompt_ids) > self.max_prompt_len:
                     self._skip_long(row, len(group.prompt_ids))
+                    skipped += 1
+                    if skipped > MAX_SKIPS_IN_A_ROW:
+                        raise ValueError(
+                            f"{skipped} rows in a row: the environment's prompt exceeds "
+                            f"data.max_prompt_len={self.max_prompt_len} (the last one has "
+                            f"{len(group.prompt_ids)} tokens); raise data.max_prompt_len"
+                        )
                     continue
                 prompt, options = group.prompt_ids, {"turns": group}
             self._snapshots[rid] = snapshot
