@@ -6,7 +6,7 @@ follows; every sampled token's log-prob equals a full re-forward of prompt + com
 the cache holds exactly the appended tokens); both layouts give the same tokens; parked
 sequences preempted under page pressure resume identically; a hook that is slow, raises, or
 answers with too many tokens ends nothing but its own episode; on a tensor-parallel mesh the
-contiguous append equals the single-device one."""
+appended turns equal the single-device ones (both layouts; two slot shards)."""
 
 from __future__ import annotations
 
@@ -181,14 +181,15 @@ def test_a_failing_or_overlong_hook_ends_its_episode_only(qwen):
 
 
 @pytest.mark.slow
-def test_contiguous_append_on_a_tensor_parallel_mesh_matches_one_device(qwen):
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_turns_on_a_tensor_parallel_mesh_match_one_device(qwen, layout):
     from rlvr_jax import sharding
 
     mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 2}, __import__("jax").devices()[:4])
     prompts = _prompts([5, 7], seed=6)
     got = {}
     for name, m in (("mesh", mesh), ("one", None)):
-        core = EngineCore(qwen, max_slots=4, max_len=64, mesh=m, kv_layout="contiguous", **SMALL)
+        core = EngineCore(qwen, max_slots=4, max_len=64, mesh=m, kv_layout=layout, **SMALL)
         got[name] = _run(core, prompts, [Hook(), Hook()])[1]
     assert [c.tokens for c in got["mesh"]] == [c.tokens for c in got["one"]]
     np.testing.assert_allclose(
