@@ -12,12 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-SERVE_VOCAB = 320
-SERVE_CORPUS = [
-    "the quick brown fox jumps over the lazy dog",
-    "a plus b equals c",
-    "hello world",
-] * 20
 FAULTS = Path(__file__).with_name("serve_faults")
 """PYTHONPATH entry whose sitecustomize injects engine faults (see its docstring)."""
 
@@ -104,15 +98,3 @@ class Proc:
             assert time.monotonic() < deadline, f"no {path.name} after {timeout} s"
             time.sleep(0.05)
         return json.loads(path.read_text())
-
-
-def build_serve_model(path: Path) -> Path:
-    """A tiny random Qwen2 checkpoint with a trained 320-token BPE tokenizer (EOS id 1, a
-    ChatML chat template) at `path`: what the rlvr-serve tests serve."""
-    import helpers_models as H
-
-    from rlvr_jax.data.tokenizer import train_tokenizer
-
-    H.build_hf_checkpoint("qwen2", path, seed=4, vocab_size=SERVE_VOCAB)
-    train_tokenizer(SERVE_CORPUS, vocab_size=SERVE_VOCAB, path=path, min_frequency=1)
-    return path

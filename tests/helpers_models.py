@@ -1,10 +1,19 @@
-"""Tiny random HF checkpoints for tests (built locally with transformers; nothing downloaded).
+"""The tiny test models and tokenizer, defined once (built locally; nothing downloaded).
 
-`build_hf_checkpoint("olmo3", tmp_path)` writes a directory that both
-`transformers.AutoModelForCausalLM.from_pretrained` and `rlvr_jax.models.load_pretrained`
-read, and returns the torch model (fp32, eval mode, eager attention) for reference logits.
-Weights are perturbed away from HF's init (norm scales near 1 but not 1, non-zero biases,
-larger projections) so that a wrong mapping of any tensor changes the logits.
+- `build_hf_checkpoint("olmo3", tmp_path)` writes a tiny random HF checkpoint (one per
+  architecture in `BASE`) that both `transformers.AutoModelForCausalLM.from_pretrained` and
+  `rlvr_jax.models.load_pretrained` read, and returns the torch model (fp32, eval mode, eager
+  attention) for reference logits. Weights are perturbed away from HF's init (norm scales near
+  1 but not 1, non-zero biases, larger projections) so that a wrong mapping of any tensor
+  changes the logits.
+- `tiny_arch()` / `micro_arch()`: the JAX-native architectures of the learner tests (params
+  from `rlvr_jax.models.init_params`, no checkpoint on disk).
+- `train_tiny_tokenizer(path)`: the 320-token byte-level BPE tokenizer (ChatML template, ids
+  bos 0 / eos 1 / pad 2 / im_start 3) trained on `CORPUS`; `build_chat_model(path)`: a tiny
+  Qwen2 checkpoint of that vocabulary with the tokenizer beside it (what rlvr-serve serves).
+
+tests/conftest.py turns the common ones into session fixtures (`qwen`, `tiny_tokenizer`,
+`chat_model_dir`); the trainer's tiny policy is `helpers_train.build_policy`.
 """
 
 from __future__ import annotations
@@ -77,6 +86,67 @@ BASE: dict[str, dict[str, Any]] = {
         eos_token_id=1,
     ),
 }
+
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a plus b equals c",
+    "hello world",
+] * 20
+"""What the tiny tokenizer is trained on."""
+TOKENIZER_VOCAB = 320
+
+TINY_ARCH: dict[str, Any] = dict(
+    model_type="qwen2",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=True,
+)
+"""The learner tests' model (HF config keys): 2 layers, d=32, GQA 4/2, vocab 64."""
+
+MICRO_ARCH: dict[str, Any] = dict(
+    TINY_ARCH,
+    vocab_size=32,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=32,
+)
+"""The smallest model with every part (1 layer, d=16, GQA 2/1, vocab 32): DPO, recipes."""
+
+
+def tiny_arch(**overrides: Any):
+    """`rlvr_jax.models.ArchConfig` of `TINY_ARCH` with `overrides` (HF config keys)."""
+    from rlvr_jax import models
+
+    return models.ArchConfig.from_hf({**TINY_ARCH, **overrides})
+
+
+def micro_arch(**overrides: Any):
+    """`rlvr_jax.models.ArchConfig` of `MICRO_ARCH` with `overrides` (HF config keys)."""
+    return tiny_arch(**{**MICRO_ARCH, **overrides})
+
+
+def train_tiny_tokenizer(path: Path) -> Path:
+    """Trains the tiny tokenizer (`TOKENIZER_VOCAB` tokens, on `CORPUS`) into `path`."""
+    from rlvr_jax.data.tokenizer import train_tokenizer
+
+    return train_tokenizer(CORPUS, vocab_size=TOKENIZER_VOCAB, path=path, min_frequency=1)
+
+
+def build_chat_model(path: Path, *, seed: int = 4, **overrides: Any) -> Path:
+    """A tiny random Qwen2 checkpoint over the tiny tokenizer's vocabulary (EOS id 1, a ChatML
+    chat template), the tokenizer saved beside it, at `path`."""
+    build_hf_checkpoint("qwen2", path, seed=seed, vocab_size=TOKENIZER_VOCAB, **overrides)
+    train_tiny_tokenizer(path)
+    return path
 
 
 def hf_config(arch: str, **overrides: Any):

@@ -1,15 +1,28 @@
 """A tiny RL setup built locally for trainer tests: a random policy, a trained tokenizer and
 synthetic verifiable prompts (nothing downloaded)."""
 
+import atexit
+import shutil
+import tempfile
 from pathlib import Path
 
 from rlvr_jax.bench.common import tiny_policy
 from rlvr_jax.data import synthetic
 
+_BUILT: dict[tuple, Path] = {}  # (texts, seed) -> a policy built in this process
+
 
 def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
-    """A 2-layer Qwen2-shaped random policy with a 320-token BPE tokenizer at `path`."""
-    return tiny_policy(path, texts, seed=seed)
+    """A 2-layer Qwen2-shaped random policy with a 320-token BPE tokenizer at `path`
+    (`rlvr_jax.bench.common.tiny_policy`). Built once per process for the same texts and seed
+    (initialising the params compiles ~20 XLA programs: seconds), then copied file for file."""
+    key = (tuple(texts), seed)
+    if key not in _BUILT:
+        built = Path(tempfile.mkdtemp(prefix="rlvr_test_policy_"))
+        atexit.register(shutil.rmtree, built, ignore_errors=True)
+        _BUILT[key] = tiny_policy(built / "policy", texts, seed=seed)
+    shutil.copytree(_BUILT[key], path, dirs_exist_ok=True)
+    return Path(path)
 
 
 def word_parity(response: str, ground_truth, **_) -> float:

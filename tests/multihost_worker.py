@@ -13,6 +13,7 @@ pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sy
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // nproc}"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
+import helpers_models as H  # noqa: E402
 import jax  # noqa: E402
 import jax.experimental.multihost_utils  # noqa: E402
 import numpy as np  # noqa: E402
@@ -28,18 +29,7 @@ if nproc > 1:
     init_local(pid, nproc, port)
 assert jax.device_count() == 8, jax.device_count()
 
-ARCH = models.ArchConfig.from_hf(
-    dict(
-        model_type="llama",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-)
+ARCH = H.tiny_arch(model_type="llama", tie_word_embeddings=False)
 rng = np.random.default_rng(0)
 samples = [
     Sample(

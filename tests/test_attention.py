@@ -63,6 +63,7 @@ def assert_same(fn, ref_fn, q, k, v, atol=2e-5):
 # ---- blockwise ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the first case compiles for ~10 s on two cores
 @pytest.mark.parametrize("window", [None, 1, 3, 17])
 @pytest.mark.parametrize("block", [8, 7, 64])  # 7: T is padded up to whole blocks
 def test_blockwise_equals_reference(window, block):
@@ -78,6 +79,7 @@ def test_blockwise_equals_reference(window, block):
     )
 
 
+@pytest.mark.slow
 def test_blockwise_traced_window_and_mha():
     """A window chosen inside jit (per layer in the decoder's scan), N == K, one segment."""
     rng = np.random.default_rng(1)
@@ -91,6 +93,7 @@ def test_blockwise_traced_window_and_mha():
         )
 
 
+@pytest.mark.slow
 def test_blockwise_bf16_close_to_reference():
     rng = np.random.default_rng(2)
     seg = random_segments(rng, 2, 48, pad_rows=())
@@ -129,6 +132,7 @@ def _grad_temp_bytes(kernel: str, t: int) -> int:
     return jax.jit(grad).lower(*args).compile().memory_analysis().temp_size_in_bytes
 
 
+@pytest.mark.slow
 def test_blockwise_memory_grows_linearly_in_t():
     """Doubling T doubles blockwise's temp memory (O(T·block)) but quadruples xla's
     (O(T²) masks and scores); at T = 2048 blockwise needs far less."""
@@ -143,6 +147,7 @@ def test_blockwise_memory_grows_linearly_in_t():
 
 
 @pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.slow
 def test_splash_interpret_equals_reference(window):
     rng = np.random.default_rng(3)
     seg = random_segments(rng, 2, 200, max_len=90)  # T padded to 256 inside
@@ -159,6 +164,7 @@ def test_splash_interpret_equals_reference(window):
     )
 
 
+@pytest.mark.slow
 def test_splash_per_layer_window_under_jit():
     """`is_sliding` traced (the decoder's scan): a lax.cond between the two static masks."""
     rng = np.random.default_rng(4)
@@ -194,6 +200,7 @@ def test_splash_lowers_for_tpu():
     assert text.count("tpu_custom_call") == 3
 
 
+@pytest.mark.slow
 def test_splash_sharded_over_a_mesh_equals_unsharded():
     from rlvr_jax import sharding
 

@@ -17,6 +17,7 @@ from test_attention import qkv, random_segments, reference
 from rlvr_jax.models import attention_kernels as K
 
 
+@pytest.mark.slow
 def test_segment_runs_by_hand():
     seg = jnp.asarray(
         [
@@ -41,6 +42,7 @@ def test_segment_runs_by_hand():
     np.testing.assert_array_equal(ok, [True, True, True, False])
 
 
+@pytest.mark.slow
 def test_layout_check_rejects_what_cudnn_cannot_express():
     seg = jnp.asarray(
         [
@@ -96,6 +98,7 @@ def _packed_standin(calls):
 
 
 @pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.slow
 def test_one_sequence_per_row_through_the_public_api(monkeypatch, window):
     calls = []
     monkeypatch.setattr(jax.nn, "dot_product_attention", _public_standin(calls))
@@ -117,6 +120,7 @@ def test_one_sequence_per_row_through_the_public_api(monkeypatch, window):
 
 
 @pytest.mark.parametrize("window", [None, 4])
+@pytest.mark.slow
 def test_packed_rows_through_the_packed_layout(monkeypatch, window):
     calls = []
     monkeypatch.setattr(cudnn, "dot_product_attention", _packed_standin(calls))
@@ -131,6 +135,7 @@ def test_packed_rows_through_the_packed_layout(monkeypatch, window):
     )
 
 
+@pytest.mark.slow
 def test_a_row_beyond_max_segments_is_nan_not_wrong(monkeypatch):
     monkeypatch.setattr(cudnn, "dot_product_attention", _packed_standin([]))
     seg = jnp.asarray([[1, 1, 2, 2, 3, 3, 0, 0], [1, 1, 1, 2, 2, 2, 2, 0]])

@@ -180,6 +180,7 @@ def test_bad_override_is_named_before_any_run(capsys):
     assert "train.max_stepz" in err and "train.max_steps" in err
 
 
+@pytest.mark.slow
 def test_bench_preset_is_the_bench_model_with_256_token_completions(tmp_path, monkeypatch):
     """`--preset bench`: no active sampling, 256 new tokens, and a policy of the 56M bench
     model (random weights, the prompts' tokenizer) built where the run points model.path."""

@@ -33,13 +33,6 @@ def _prompts(lengths, seed=0):
     return [rng.integers(2, H.VOCAB, n).tolist() for n in lengths]
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen2_forcing")
-    H.build_hf_checkpoint("qwen2", path, seed=5)
-    return models.load_pretrained(path)
-
-
 def _reforward_logprobs(model, prompt, tokens):
     """log softmax(logits)[token] of each completion token from one forward of the whole
     sequence (float64 log-sum-exp)."""
@@ -50,6 +43,7 @@ def _reforward_logprobs(model, prompt, tokens):
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "paged"])
+@pytest.mark.slow
 def test_inserted_tokens_are_not_sampled_and_the_cache_continues(qwen, layout):
     prompts = _prompts([5, 9], seed=1)
     core = EngineCore(qwen, max_slots=4, max_len=40, kv_layout=layout, **SMALL)
@@ -73,6 +67,7 @@ def test_inserted_tokens_are_not_sampled_and_the_cache_continues(qwen, layout):
         assert c.tokens[b + n :] != f.tokens[b + n :]  # the answer follows the insertion
 
 
+@pytest.mark.slow
 def test_layouts_agree_and_early_stops_are_not_interrupted(qwen):
     prompts = _prompts([3, 7, 12], seed=2)
     stop = (7, 11, 19, 23, 29, 31, 37, 43)  # frequent stops: some end before the budget
@@ -91,6 +86,7 @@ def test_layouts_agree_and_early_stops_are_not_interrupted(qwen):
         assert len(c.tokens) <= INTERRUPT.total
 
 
+@pytest.mark.slow
 def test_a_stop_id_among_the_inserted_tokens_does_not_stop(qwen):
     interrupt = Interrupt(budget=4, tokens=(7, 50), answer_budget=3)
     done = generate(
@@ -106,6 +102,7 @@ def test_a_stop_id_among_the_inserted_tokens_does_not_stop(qwen):
     assert len(c.tokens) > 6  # it went on after the forced stop id
 
 
+@pytest.mark.slow
 def test_preempted_interrupted_sequences_resume_identically(qwen):
     # 6 requests of up to 4 + 20 positions on a pool of 24 pages of 4 tokens: the newest are
     # preempted (before, during or after their insertion) and recomputed
@@ -279,6 +276,7 @@ def test_experiment_script_arms_and_summary():
         exp.arm_overrides("both", budget=1, text="x", answer=1)
 
 
+@pytest.mark.slow
 def test_forcing_on_a_mesh_equals_one_device(qwen):
     """Slots (and their forced tokens) split over 4 data shards, heads over 2 tensor shards:
     the same tokens, flags and log-probs as one device."""

@@ -70,6 +70,7 @@ def resume(out: Path, caplog, **kw):
     return result
 
 
+@pytest.mark.smoke("checkpoint")
 def test_save_restore_keep_and_manifest(tmp_path):
     root = save_steps(tmp_path, steps=(1, 2, 3, 4), keep=2)
     assert sorted(os.listdir(root)) == ["3", "4"]  # keep-last-2, nothing half-deleted left
@@ -277,6 +278,7 @@ FULL_DISK = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_save_that_fails_for_lack_of_room(tmp_path):
     """One subprocess (the file-size limit is per process), both save modes."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}

@@ -20,6 +20,7 @@ def write(tmp_path, text, name="c.yaml"):
     return p
 
 
+@pytest.mark.smoke("config")
 def test_demo_config_loads_with_typed_sections():
     cfg = load(DEMO)
     assert isinstance(cfg, Config)

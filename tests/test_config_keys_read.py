@@ -17,6 +17,8 @@ import dataclasses
 import typing
 from pathlib import Path
 
+import pytest
+
 from rlvr_jax.config import schema
 
 PACKAGE = Path(schema.__file__).resolve().parents[1]
@@ -200,6 +202,7 @@ def dry_run_only(cls_name: str, field_name: str) -> bool:
     return bool(f.metadata.get("dry_run_only"))
 
 
+@pytest.mark.slow
 def test_every_config_key_is_read_somewhere():
     reads, whole = package_reads()
     # a section is read when any of its keys is

@@ -2,10 +2,9 @@
 
 import pytest
 
-from rlvr_jax.data import synthetic
 from rlvr_jax.data.formatting import R1_INSTRUCTION, format_prompt, prompt_length_fn
 from rlvr_jax.data.rows import PromptRow
-from rlvr_jax.data.tokenizer import load_tokenizer, train_tokenizer
+from rlvr_jax.data.tokenizer import load_tokenizer
 
 TEXT_ROW = PromptRow("What is 1 + 1?", "2", "math", "math")
 CHAT_ROW = PromptRow(
@@ -17,14 +16,8 @@ CHAT_ROW = PromptRow(
 
 
 @pytest.fixture(scope="module")
-def tok_dir(tmp_path_factory):
-    texts = [r["prompt"] for r in synthetic.generate("train", 200, seed=0)] + [R1_INSTRUCTION]
-    return train_tokenizer(texts, vocab_size=400, path=tmp_path_factory.mktemp("fmt_tok"))
-
-
-@pytest.fixture(scope="module")
-def tok(tok_dir):
-    return load_tokenizer(tok_dir)
+def tok(tiny_tokenizer):
+    return tiny_tokenizer  # tests/conftest.py
 
 
 def test_chat_template(tok):
@@ -52,20 +45,22 @@ def test_plain_template(tok):
     assert tok.decode(format_prompt(CHAT_ROW, tok, "plain")) == "Be terse.\n\nHi"
 
 
-def test_plain_follows_the_tokenizers_bos_policy(tmp_path, tok_dir):
+def test_plain_follows_the_tokenizers_bos_policy(tmp_path, tiny_tokenizer_dir):
     """A tokenizer that prepends BOS (like Llama's) gets it in plain and r1 prompts."""
     from tokenizers import Tokenizer, processors
 
-    raw = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    raw = Tokenizer.from_file(str(tiny_tokenizer_dir / "tokenizer.json"))
     raw.post_processor = processors.TemplateProcessing(
         single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)]
     )
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        (tmp_path / name).write_bytes((tok_dir / name).read_bytes())
+        (tmp_path / name).write_bytes((tiny_tokenizer_dir / name).read_bytes())
     raw.save(str(tmp_path / "tokenizer.json"))
     bos_tok = load_tokenizer(tmp_path)
     plain = format_prompt(TEXT_ROW, bos_tok, "plain")
-    assert plain[0] == 0 and plain[1:] == format_prompt(TEXT_ROW, load_tokenizer(tok_dir), "plain")
+    assert plain[0] == 0 and plain[1:] == format_prompt(
+        TEXT_ROW, load_tokenizer(tiny_tokenizer_dir), "plain"
+    )
     assert format_prompt(TEXT_ROW, bos_tok, "r1")[0] == 0
 
 

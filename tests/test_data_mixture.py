@@ -10,7 +10,6 @@ from rlvr_jax.data import synthetic
 from rlvr_jax.data.mixture import PromptIterator, build_prompt_iterator, load_eval_rows
 from rlvr_jax.data.rows import DataError, PromptRow
 from rlvr_jax.data.sources import PromptSource, load_sources
-from rlvr_jax.data.tokenizer import load_tokenizer, train_tokenizer
 
 
 def make_source(name: str, n: int, weight: float = 1.0) -> PromptSource:
@@ -136,13 +135,12 @@ def test_bad_iterator_arguments():
         PromptIterator([make_source("a", 2)]).next_batch(-1)
 
 
-def test_build_from_config_with_length_filter(tmp_path):
+@pytest.mark.smoke("data")
+def test_build_from_config_with_length_filter(tmp_path, tiny_tokenizer):
     rows = [{"prompt": "short " * k, "ground_truth": "1", "verifier": "math"} for k in (2, 200, 3)]
     synthetic.write_jsonl(rows, tmp_path / "p.jsonl")
     synthetic.write_jsonl(synthetic.generate("test", 6, seed=0), tmp_path / "held.jsonl")
-    tok = load_tokenizer(
-        train_tokenizer(["short words here"] * 4, vocab_size=300, path=tmp_path / "tok")
-    )
+    tok = tiny_tokenizer
     cfg = DataConfig(
         sources=[SourceConfig(path=str(tmp_path / "p.jsonl"))],
         eval_sources=[SourceConfig(path=str(tmp_path / "held.jsonl"))],

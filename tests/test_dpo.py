@@ -2,6 +2,7 @@
 reference that runs each sequence alone, packed == unpacked, micro-batching == one batch,
 cached reference sums == per-token reference log-probs, and the reference cache on disk."""
 
+import helpers_models as H
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,19 +18,7 @@ from rlvr_jax.training.dpo_reference import (
 )
 from rlvr_jax.training.learner import init_state, make_logprob_fn
 
-ARCH = models.ArchConfig.from_hf(
-    dict(
-        model_type="qwen2",
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-        tie_word_embeddings=True,
-    )
-)
+ARCH = H.micro_arch()
 PARAMS = models.init_params(ARCH, jax.random.key(0))
 REF_PARAMS = models.init_params(ARCH, jax.random.key(1))
 SGD = optax.sgd(1.0)  # new params = params − gradient
@@ -244,6 +233,7 @@ def test_cached_sums_equal_per_token_reference_logprobs(data):
     tree_close(p_c, p_f, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_starting_from_the_reference_the_loss_is_log_2():
     prompts, chosen, rejected = pairs(4, seed=3)
     batch = collate_pairs(prompts, chosen, rejected, rows=8, seq_len=12, pad_id=0)
@@ -266,6 +256,7 @@ def test_make_dpo_step_rejects_bad_settings():
 # -- the reference cache -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_reference_cache_fills_saves_reloads_and_checks_its_model(tmp_path, data):
     prompts, chosen, _, ref_w, _ = data
     logprob = make_logprob_fn(ARCH, compute_dtype=jnp.float32, temperature=1.0)

@@ -274,6 +274,18 @@ def hand_pass_at_k(counts: list[int], n: int, k: int) -> float:
     return sum(1 - comb(n - c, k) / comb(n, k) for c in counts) / len(counts)
 
 
+@pytest.mark.smoke("eval")
+def test_one_prompt_end_to_end(setup, tmp_path):
+    """`rlvr-eval` at the tiniest size: two prompts, two samples each, a JSON report."""
+    d, _, _ = setup
+    out = tmp_path / "eval.json"
+    argv = ["--config", str(d / "eval.yaml"), "--ks", "1", "2", "--max-prompts", "2"]
+    assert main([*argv, "--json", str(out)]) == 0
+    j = json.loads(out.read_text())
+    assert j["n"] == 2 and j["prompts"] == 2 and j["generated_tokens"] > 0
+    assert 0.0 <= j["pass@k"]["1"] <= j["pass@k"]["2"] <= 1.0
+
+
 @pytest.mark.slow
 def test_eval_end_to_end_matches_reference(setup, tmp_path, capsys):
     d, records, _ = setup

@@ -11,19 +11,16 @@ import numpy as np
 import pytest
 
 from rlvr_jax import models
-from rlvr_jax.data.tokenizer import train_tokenizer
 from rlvr_jax.rollout import SamplingParams, generate, make_engine
 from rlvr_jax.rollout import jetstream_compat as compat
 
-VOCAB = 320
-CORPUS = ["the quick brown fox jumps over the lazy dog", "a plus b equals c", "hello world"] * 20
+pytestmark = pytest.mark.slow  # compiles the engine of a chat model (~25 s on two cores)
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     path = tmp_path_factory.mktemp("qwen2_js")
-    H.build_hf_checkpoint("qwen2", path, seed=2, vocab_size=VOCAB)
-    train_tokenizer(CORPUS, vocab_size=VOCAB, path=path, min_frequency=1)
+    H.build_chat_model(path, seed=2)
     model = models.load_pretrained(path)
     return make_engine(
         model,

@@ -71,6 +71,7 @@ def _prefill_then_decode(core, full_BxT, lengths_B, n_steps):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "olmo3"])
+@pytest.mark.slow
 def test_prefill_and_decode_match_full_forward(tmp_path, arch, layout):
     hf_model = H.build_hf_checkpoint(arch, tmp_path, seed=7)
     core = _engine(models.load_pretrained(tmp_path), layout, max_len=16)
@@ -86,6 +87,7 @@ def test_prefill_and_decode_match_full_forward(tmp_path, arch, layout):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.slow
 def test_sliding_window_decode_beyond_window(tmp_path, layout):
     """OLMo 3 with W=3 decoding 12 steps past a 2-token prompt: sliding layers must forget
     keys older than 3 positions, the full layer must not."""
@@ -98,6 +100,7 @@ def test_sliding_window_decode_beyond_window(tmp_path, layout):
     np.testing.assert_allclose(decoded_BxNxV, ref_BxTxV[:, 1:13], rtol=0, atol=TOL)
 
 
+@pytest.mark.slow
 def test_paged_prefill_writes_only_its_own_pages(tmp_path):
     """A prompt extended into pages [5, 2] of a pool full of sentinels changes those pages
     (padding goes to the trash page 0) and nothing else."""
@@ -115,6 +118,7 @@ def test_paged_prefill_writes_only_its_own_pages(tmp_path):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.slow
 def test_bfloat16_params_compute_and_cache(tmp_path, layout):
     """bf16 params, compute and cache: the cache really is bf16, logits stay fp32 and within
     bf16 noise of transformers' fp32 logits (but are not bit-equal to the fp32 path)."""

@@ -1,6 +1,7 @@
 """The learner step: batch layout, log-prob alignment, gradient accumulation with the global
 denominator, skipping non-finite steps, and the sharded step equal to the unsharded one."""
 
+import helpers_models as H
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,19 +14,7 @@ from rlvr_jax.training import learner
 from rlvr_jax.training.batch import Sample, bucket_length, collate
 from rlvr_jax.training.optimizer import learning_rate_schedule, make_optimizer
 
-ARCH = models.ArchConfig.from_hf(
-    dict(
-        model_type="qwen2",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=True,
-    )
-)
+ARCH = H.tiny_arch()
 
 
 def make_batch(seed=0, rows=4, seq_len=16, lengths=(3, 7, 1, 6)):
@@ -82,6 +71,7 @@ def test_bucket_length_by_hand():
 
 
 @pytest.mark.parametrize("preset", ["olmo3", "drgrpo"])
+@pytest.mark.slow
 def test_bucketed_padding_gives_the_full_length_update(preset):
     # the same samples collated to the bucket length and to the full length: same update
     params = models.init_params(ARCH, jax.random.key(2))
@@ -99,6 +89,7 @@ def test_bucketed_padding_gives_the_full_length_update(preset):
         np.testing.assert_allclose(x, y, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_token_logprobs_match_the_full_forward():
     params = models.init_params(ARCH, jax.random.key(1))
     samples, batch = make_batch()
@@ -116,6 +107,7 @@ def test_token_logprobs_match_the_full_forward():
 
 
 @pytest.mark.parametrize("preset", ["olmo3", "grpo", "drgrpo", "gspo"])
+@pytest.mark.slow
 def test_micro_batches_give_the_full_batch_update(preset):
     params = models.init_params(ARCH, jax.random.key(0))
     opt = optax.sgd(0.5)
@@ -135,6 +127,7 @@ def test_micro_batches_give_the_full_batch_update(preset):
             np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_non_finite_step_is_skipped_and_counted():
     params = models.init_params(ARCH, jax.random.key(0))
     opt = optax.sgd(0.1)
@@ -150,6 +143,7 @@ def test_non_finite_step_is_skipped_and_counted():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_sharded_step_equals_unsharded():
     params = models.init_params(ARCH, jax.random.key(0))
     opt = optax.adamw(1e-3)
@@ -184,6 +178,7 @@ def test_schedules_by_hand():
     make_optimizer(TrainConfig(max_grad_norm=0.0))  # clipping off builds too
 
 
+@pytest.mark.slow
 def test_memory_options_do_not_change_the_update():
     """remat, query-chunked attention and chunked log-probs are exact rewrites."""
     params = models.init_params(ARCH, jax.random.key(3))

@@ -82,6 +82,7 @@ def test_save_batch_stores_float32(tmp_path):
     np.testing.assert_array_equal(loaded["advantages"], [1.0, -1.0])
 
 
+@pytest.mark.slow
 def test_lab_numbers_by_hand(tmp_path):
     """reinforce on logp = −1, A = [1, −1], two full rows of T = 4 tokens, token-mean:
     ℓ = −A·logp = A → loss (4 − 4)/8 = 0; ∂loss/∂logp = −A/8 = ∓0.125 on all 8 tokens →
@@ -107,6 +108,7 @@ def test_lab_numbers_by_hand(tmp_path):
     assert results["presets"]["grpo"]["note"] == "adv=batch, KL off: no ref_logp"
 
 
+@pytest.mark.slow
 def test_user_variant_in_the_lab(monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     assert lab.main([*SMALL, "--variant", "user_losses:weighted_pg", "--variant", "cispo"]) == 0

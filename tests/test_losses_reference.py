@@ -98,8 +98,11 @@ def library_loss(logp, variant, agg, tis, kl, **extra):
 
 
 @pytest.mark.parametrize(
-    ("variant", "agg", "tis", "kl"),
-    list(itertools.product(EPS, AGGS, [False, True], [False, True])),
+    ("variant", "agg", "tis", "kl"),  # the fast tier runs each variant x agg with TIS and KL on
+    [
+        pytest.param(*case, marks=() if case[2] and case[3] else pytest.mark.slow)
+        for case in itertools.product(EPS, AGGS, [False, True], [False, True])
+    ],
 )
 def test_matches_reference(variant, agg, tis, kl):
     args = dict(variant=variant, agg=agg, tis=tis, kl=kl)
@@ -162,7 +165,10 @@ def _split(x, sizes):
     return np.split(np.asarray(x), np.cumsum(sizes)[:-1])
 
 
-@pytest.mark.parametrize("agg", AGGS)
+@pytest.mark.parametrize(
+    "agg",
+    [AGGS[0], *(pytest.param(a, marks=pytest.mark.slow) for a in AGGS[1:])],  # fast: token-mean
+)
 @pytest.mark.parametrize(
     "extra",
     [{}, {"tis_mode": "mask", "tis_low": 0.6, "tis_high": 1.6, "tis_cap": 1.5}],

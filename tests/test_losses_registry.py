@@ -91,6 +91,7 @@ def test_lookup_errors(user_module_path, lookup, name, message):
         lookup(name)
 
 
+@pytest.mark.smoke("losses")
 def test_user_variant_by_module_function_jitted(user_module_path):
     """The README's worked example (Losses), with tests/user_losses.py as `my_pkg.my_losses`."""
 

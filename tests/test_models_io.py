@@ -70,6 +70,7 @@ SAVE_CASES = {
 }
 
 
+@pytest.mark.slow  # ~4 s a case on two cores (transformers loads and runs each)
 @pytest.mark.parametrize("case", sorted(SAVE_CASES))
 def test_save_pretrained_loads_in_transformers(tmp_path, case):
     from transformers import AutoModelForCausalLM
@@ -95,6 +96,7 @@ def test_save_pretrained_loads_in_transformers(tmp_path, case):
     assert _params_equal(models.load_pretrained(tmp_path / "out").params, model.params)
 
 
+@pytest.mark.slow
 def test_sharded_checkpoints_both_ways(tmp_path):
     """HF-sharded input (index.json) loads like a single file; our sharded output carries an
     index that transformers follows."""
@@ -120,6 +122,7 @@ def test_sharded_checkpoints_both_ways(tmp_path):
     assert _params_equal(models.load_pretrained(tmp_path / "ours").params, sharded.params)
 
 
+@pytest.mark.slow
 def test_bfloat16_load_and_save(tmp_path):
     from safetensors import safe_open
 
@@ -557,6 +560,7 @@ def test_n_params_matches_transformers_at_real_scale(name):
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(shapes))
 
 
+@pytest.mark.slow
 def test_init_params_axes_and_shapes_agree():
     cfg = models.ArchConfig.from_hf({**H.BASE["olmo3"]})
     params = models.init_params(cfg, jax.random.key(0), dtype="bfloat16")

@@ -90,7 +90,10 @@ def _load(tmp_path, arch: str, overrides: dict, seed: int = 0):
     return hf_model, models.load_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize(
+    "case",  # the fast tier checks olmo3 (sliding + full layers, QK-norm, post-norm)
+    [pytest.param(c, marks=() if c == "olmo3" else pytest.mark.slow) for c in sorted(CASES)],
+)
 def test_logits_match_transformers(tmp_path, case):
     arch, overrides = CASES[case]
     hf_model, model = _load(tmp_path, arch, overrides)
@@ -107,6 +110,7 @@ def test_logits_match_transformers(tmp_path, case):
         np.testing.assert_allclose(ours, ref, rtol=0, atol=TOL, err_msg=impl)
 
 
+@pytest.mark.slow
 def test_config_variants_are_not_interchangeable(tmp_path):
     """Negative control: the parity tolerance does detect an architecture detail (here,
     dropping the sliding window of OLMo 3 changes the logits far beyond 1e-4)."""
@@ -129,6 +133,7 @@ def test_config_variants_are_not_interchangeable(tmp_path):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("arch", ["llama", "olmo3"])
+@pytest.mark.slow
 def test_left_and_right_padding(tmp_path, arch, impl):
     hf_model, model = _load(tmp_path, arch, {})
     tokens_BxT = H.random_tokens(4, 10, seed=3)
@@ -151,6 +156,7 @@ def test_left_and_right_padding(tmp_path, arch, impl):
             np.testing.assert_allclose(ours[b][mask_BxT[b] == 1], ref, rtol=0, atol=TOL)
 
 
+@pytest.mark.smoke("models")
 def test_left_padding_matches_hf_padded_batch(tmp_path):
     """Same batch through HF with attention_mask and generate-style position ids."""
     hf_model, model = _load(tmp_path, "qwen3", {})
@@ -167,6 +173,7 @@ def test_left_padding_matches_hf_padded_batch(tmp_path):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("arch", ["llama", "olmo3"])
+@pytest.mark.slow
 def test_packed_rows_attend_within_segments(tmp_path, arch, impl):
     hf_model, model = _load(tmp_path, arch, {"tie_word_embeddings": True})
     rng = np.random.default_rng(5)

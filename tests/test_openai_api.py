@@ -7,18 +7,14 @@ import itertools
 
 import pytest
 
-from rlvr_jax.data.tokenizer import load_tokenizer, train_tokenizer
 from rlvr_jax.serve.openai_api import BadRequest, ChoiceText, parse_request
 
-CORPUS = ["the quick brown fox jumps over the lazy dog", "a plus b equals c", "hello world"] * 20
 EOS = 1  # "<|im_end|>" (ids: bos 0, eos 1, pad 2, im_start 3)
 
 
 @pytest.fixture(scope="module")
-def tok(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok_api")
-    train_tokenizer(CORPUS, vocab_size=320, path=path, min_frequency=1)
-    return load_tokenizer(path)
+def tok(tiny_tokenizer):
+    return tiny_tokenizer
 
 
 def _parse(tok, body, kind="completion"):

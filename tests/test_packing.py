@@ -4,17 +4,19 @@ aggregation, TIS and KL mode, with micro-batch accumulation."""
 
 import itertools
 
+import helpers_models as H
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_learner import ARCH
 
 from rlvr_jax import losses, models
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import Sample, collate, collate_packed, mini_batch
 from rlvr_jax.training.packing import ladder, pack_tokens
+
+ARCH = H.tiny_arch()  # the learner tests' model
 
 SEQ = 33  # tokens per row before the shift: T = 32
 
@@ -164,6 +166,7 @@ def test_packed_mini_batches_equal_unpacked_ones():
         np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_a_packed_batch_refuses_another_micro_batch_count():
     settings = losses.resolve_loss_settings("olmo3")
     params = models.init_params(ARCH, jax.random.key(0))

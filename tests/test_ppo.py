@@ -5,12 +5,12 @@ for the preparation, the PPO loss, its gradients and every metric."""
 
 import dataclasses
 
+import helpers_models as H
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_learner import ARCH  # the tiny Qwen2 architecture of the learner tests
 from test_packing import SEQ
 from test_packing import samples as packing_samples
 
@@ -21,6 +21,8 @@ from rlvr_jax.training import learner
 from rlvr_jax.training.batch import Sample, collate, collate_packed, mini_batch, sequence_view
 from rlvr_jax.training.packing import in_order
 from rlvr_jax.training.update import init_state
+
+ARCH = H.tiny_arch()  # the learner tests' model
 
 
 # -- GAE ------------------------------------------------------------------------------------
@@ -76,7 +78,13 @@ def gae_reference(rewards, values, mask, gamma, lam, segment_ids=None):
     return adv, ret
 
 
-@pytest.mark.parametrize("gamma,lam", [(1.0, 0.95), (0.9, 0.7), (1.0, 0.0), (0.5, 1.0)])
+@pytest.mark.parametrize(
+    "gamma,lam",
+    [
+        (1.0, 0.95),
+        *(pytest.param(*p, marks=pytest.mark.slow) for p in ((0.9, 0.7), (1.0, 0.0), (0.5, 1.0))),
+    ],
+)
 def test_gae_matches_the_python_recursion(gamma, lam):
     rng = np.random.default_rng(0)
     B, T = 6, 40
@@ -95,6 +103,7 @@ def test_gae_matches_the_python_recursion(gamma, lam):
     np.testing.assert_allclose(ret, ref_ret, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_gae_on_a_row_holding_two_completions_equals_each_alone():
     # segment mode over a packed row == GAE of each completion slot on its own
     rng = np.random.default_rng(1)
@@ -219,6 +228,7 @@ def critic_params(kind, seed=3):
 
 
 @pytest.mark.parametrize("kind", ["separate", "shared"])
+@pytest.mark.slow
 def test_prepare_computes_values_and_gae_of_the_rollout_tokens(kind):
     policy = models.init_params(ARCH, jax.random.key(0))
     params = critic_params(kind)
@@ -246,6 +256,7 @@ def test_prepare_computes_values_and_gae_of_the_rollout_tokens(kind):
     assert abs(white.mean()) < 1e-5 and white.std() == pytest.approx(1.0, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_prepare_subtracts_the_kl_per_token_from_the_rewards():
     policy = models.init_params(ARCH, jax.random.key(0))
     params = critic_params("separate")

@@ -85,6 +85,7 @@ def test_ppo_async_with_a_shared_critic(tmp_path):
         (["critic.path=/nonexistent/critic"], "/nonexistent/critic"),
     ],
 )
+@pytest.mark.slow
 def test_bad_critic_settings_are_named_errors(tmp_path, capsys, overrides, message):
     cfg = tiny_run(tmp_path)
     args = ["--config", str(cfg), "loss.advantage=gae", "sft.batch_size=2", *overrides]

@@ -65,6 +65,7 @@ def tiny(tmp_path_factory):
     return root, tiny_run(root)
 
 
+@pytest.mark.slow
 def test_bad_input_is_a_named_error(tmp_path):
     missing_model = run_prefs(
         "--strong", str(tmp_path / "nope"), "--weak", str(tmp_path), "--input", "x.jsonl",

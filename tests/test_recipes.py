@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import helpers_models as H
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,19 +39,7 @@ from rlvr_jax.training.sft import collate_sft
 
 # -- the parallel-averaging step ---------------------------------------------------------
 
-ARCH = models.ArchConfig.from_hf(
-    dict(
-        model_type="qwen2",
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-        tie_word_embeddings=True,
-    )
-)
+ARCH = H.micro_arch()
 S = 8  # tokens per row before the shift: the arrays have T = 7 positions
 
 
@@ -278,6 +267,7 @@ def test_load_source_carries_responses_and_counts_skips(tmp_path):
     assert {r.response for r in load_source(SourceConfig(path=str(path))).rows} == {None}
 
 
+@pytest.mark.slow
 def test_sft_iterator_and_batcher_with_synthetic_references(tiny):
     root, cfg_path = tiny
     data = synthetic.generate("train", 64, seed=0)
@@ -311,6 +301,7 @@ def test_sft_iterator_and_batcher_with_synthetic_references(tiny):
     assert examples.state()["draws"] == 3  # (sft.batch_size >= 1 is checked at config load)
 
 
+@pytest.mark.slow
 def test_sft_iterator_needs_some_source(tiny):
     _, cfg_path = tiny
     cfg = load_config(cfg_path, "data.sources=[]")
@@ -325,6 +316,7 @@ def completion(tokens: list[int], i: int) -> Completion:
     return Completion(0, i, tokens, [0.0] * len(tokens), "stop", [0] * len(tokens))
 
 
+@pytest.mark.slow
 def test_expert_selection_keeps_only_verified_correct_samples(tiny):
     root, _ = tiny
     tokenizer = load_tokenizer(root / "policy")
@@ -378,6 +370,7 @@ def final_params(out: Path):
     return models.load_pretrained(out).params
 
 
+@pytest.mark.slow
 def test_bad_recipe_settings_are_errors_naming_the_key(tiny, tmp_path, capsys):
     _, cfg_path = tiny
     args = common_args(cfg_path, tmp_path, "algorithm=expert_iteration", "sft.expert_min_score=0")

@@ -580,6 +580,7 @@ def random_kwargs(instruction_id, rng):
     }.get(instruction_id)
 
 
+@pytest.mark.slow
 def test_random_responses_match_reference(reference):
     rng = random.Random(1234)
     ids = [i for i in INSTRUCTION_IDS if i not in PUNKT_IDS]

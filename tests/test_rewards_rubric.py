@@ -347,13 +347,9 @@ def test_rubric_judged_by_rlvr_serve(tmp_path):
     request is answered, and replies without a score fail the sample with a counted reason."""
     import helpers_models as H
 
-    from rlvr_jax.data.tokenizer import train_tokenizer
     from rlvr_jax.serve.cli import build_parser, serve
 
-    model_dir = tmp_path / "judge"
-    H.build_hf_checkpoint("qwen2", model_dir, seed=3, vocab_size=320, max_position_embeddings=2048)
-    corpus = ["the response names paris as the capital", "score ten out of ten", "hello"] * 20
-    train_tokenizer(corpus, vocab_size=320, path=model_dir, min_frequency=1)
+    model_dir = H.build_chat_model(tmp_path / "judge", seed=3, max_position_embeddings=2048)
     ready = tmp_path / "ports.json"
     flags = ["--no-grpc", "--http-port", "0", "--max-slots", "2", "--max-len", "2048"]
     args = build_parser().parse_args(

@@ -87,6 +87,7 @@ def service():
 
 
 # -- the service -----------------------------------------------------------------------------
+@pytest.mark.smoke("rewards")
 def test_weights_domains_and_format_term_by_hand():
     config = RewardsConfig(
         domain_weights={"algebra": 2.0, "misc": 0.5}, format_weight=0.25, timeout_s=5.0

@@ -39,6 +39,7 @@ def test_flops_per_token_hand_derived():
     assert common.token_flops(cfg, 10) == 3904 + 640
 
 
+@pytest.mark.smoke("bench")
 def test_roofline_quick(tmp_path):
     out = tmp_path / "roof.json"
     assert roofline.main(["--quick", "--json", str(out)]) == 0

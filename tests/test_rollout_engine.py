@@ -49,6 +49,7 @@ def tiny(request, tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 def test_greedy_tokens_equal_transformers_generate(tiny):
     # Prompt lengths 1 (nothing to prefill), 5, and 9 (> OLMo 3's sliding window of 3).
     arch, hf_model, core = tiny
@@ -59,6 +60,7 @@ def test_greedy_tokens_equal_transformers_generate(tiny):
         assert c.finish_reason == "length" and c.policy_versions == [0] * 10
 
 
+@pytest.mark.slow
 def test_sampled_logprobs_equal_hf_log_softmax(tiny):
     arch, hf_model, core = tiny
     prompts = _prompts([4, 7], seed=2)
@@ -79,13 +81,7 @@ def test_sampled_logprobs_equal_hf_log_softmax(tiny):
     assert got[0].tokens != got[1].tokens or got[2].tokens != got[3].tokens
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen2_sched")
-    H.build_hf_checkpoint("qwen2", path, seed=1)
-    return models.load_pretrained(path)
-
-
+@pytest.mark.slow
 def test_continuous_equals_static_and_any_slot_count(qwen):
     # Sampling (T=1) with stop tokens: lengths differ, so the schedules differ a lot, but each
     # completion is keyed by (seed, sample, position) and must come out identical.
@@ -116,6 +112,7 @@ def test_continuous_equals_static_and_any_slot_count(qwen):
             assert len(c.tokens) == 12
 
 
+@pytest.mark.slow
 def test_top_k_and_top_p_reach_the_jitted_sampler(qwen):
     # top_k = 2 leaves two candidates; top_p = 1e-6 then keeps only the most likely one, so
     # sampling at T = 1 must reproduce greedy decoding, with the unfiltered T = 1 log-probs.
@@ -131,6 +128,7 @@ def test_top_k_and_top_p_reach_the_jitted_sampler(qwen):
         assert max(c.logprobs) < 0  # not the log-prob of the filtered distribution (0)
 
 
+@pytest.mark.smoke("rollout")
 def test_group_prefix_is_prefilled_once_and_batching_waste(qwen):
     core = EngineCore(qwen, max_slots=4, max_len=64)
     prompts = _prompts([5, 6], seed=5)

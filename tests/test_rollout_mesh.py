@@ -25,6 +25,7 @@ def setup(tmp_path_factory):
     return learner_model, actor_mesh, models.load_pretrained(path)
 
 
+@pytest.mark.slow
 def test_engine_state_and_params_live_on_the_actor_devices(setup):
     learner_model, actor_mesh, single = setup
     actor_devices = set(actor_mesh.devices.flat)
@@ -52,6 +53,7 @@ def test_engine_state_and_params_live_on_the_actor_devices(setup):
     )
 
 
+@pytest.mark.slow
 def test_weight_update_moves_learner_params_to_the_actor(setup):
     learner_model, actor_mesh, single = setup
     core = EngineCore(learner_model, max_slots=4, max_len=32, mesh=actor_mesh)
@@ -79,6 +81,7 @@ def test_weight_update_moves_learner_params_to_the_actor(setup):
     assert c.tokens == want[0].tokens
 
 
+@pytest.mark.slow
 def test_tensor_parallel_engine_holds_what_the_plan_says(tmp_path_factory):
     """8 devices as data 4 × tensor 2: decode weights split over heads / mlp (the fused
     q|k|v and gate|up grouped per tensor shard), the page pool over KV heads and data

@@ -65,6 +65,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow
 def test_paged_equals_contiguous(tmp_path_factory, case):
     arch, overrides, cache_dtype = CASES[case]
     model = _model(tmp_path_factory, arch, **overrides)
@@ -79,11 +80,7 @@ def test_paged_equals_contiguous(tmp_path_factory, case):
         _same(generate(paged, prompts, **gen), generate(contiguous, prompts, **gen), atol)
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    return _model(tmp_path_factory, "qwen2")
-
-
+@pytest.mark.slow
 def test_group_samples_share_prompt_pages(qwen):
     core = EngineCore(qwen, max_slots=4, max_len=40, **SMALL)
     sched = Scheduler(core)
@@ -110,6 +107,7 @@ def test_group_samples_share_prompt_pages(qwen):
     _same(done[0][1], reference)
 
 
+@pytest.mark.slow
 def test_chunked_prefill_equals_one_shot(qwen):
     prompts = _prompts([30, 17], seed=3)
     kw = dict(max_new_tokens=8, temperature=1.0, num_samples=2, seed=2)
@@ -121,6 +119,7 @@ def test_chunked_prefill_equals_one_shot(qwen):
         _same(generate(core, prompts, **kw), one_shot)
 
 
+@pytest.mark.slow
 def test_preempted_sequences_resume_identically(qwen):
     # 6 requests of up to 36 positions on a pool of 24 pages (96 tokens): they cannot all
     # grow at once, so the newest are preempted, requeued and recomputed.
@@ -158,6 +157,7 @@ def test_preempted_sequences_resume_identically(qwen):
         assert streamed[c.prompt_index] == (c.tokens, c.logprobs)
 
 
+@pytest.mark.slow
 def test_weight_update_keeps_pages_and_versions(qwen):
     rng = np.random.default_rng(0)
     core = EngineCore(qwen, max_slots=2, max_len=40, **SMALL)
@@ -178,6 +178,7 @@ def test_weight_update_keeps_pages_and_versions(qwen):
         assert c.policy_versions == [0] * 8 + [1] * 12
 
 
+@pytest.mark.slow
 def test_request_larger_than_pool_is_refused_and_others_served(qwen):
     core = EngineCore(qwen, max_slots=2, max_len=64, kv_pages=6, **SMALL)  # 24 tokens
     with pytest.raises(
@@ -196,6 +197,7 @@ def test_request_larger_than_pool_is_refused_and_others_served(qwen):
 
 
 @pytest.mark.parametrize("layout", ["paged", "contiguous"])
+@pytest.mark.slow
 def test_compile_ahead_leaves_nothing_to_compile(qwen, layout):
     import logging
 
@@ -218,6 +220,7 @@ def test_compile_ahead_leaves_nothing_to_compile(qwen, layout):
     assert not [m for m in messages if m.startswith("Compiling")], messages
 
 
+@pytest.mark.slow
 def test_packed_rows_equal_full_rows(qwen):
     """16 slots (row buckets 8 and 16): as slots finish, live ones are moved down and the
     engine decodes 8 rows; the completions equal the contiguous engine's."""
@@ -243,6 +246,7 @@ def test_packed_rows_equal_full_rows(qwen):
     )
 
 
+@pytest.mark.slow
 def test_static_batching_decodes_its_whole_batch(qwen):
     """Static batching keeps its batch shape until the longest request ends (no row buckets:
     what HF `generate` and the waste model count), with the same completions."""

@@ -134,6 +134,7 @@ def _decode_xla(q, kp, vp, positions, table, geometry, window, *, length):
 
 
 @pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.slow
 def test_decode_xla_equals_dense_attention(window):
     """Two slots with scattered pages; the work list covers one slot's first block only up
     to its position; blocks are walked 2 per iteration with a dynamic trip count."""

@@ -93,6 +93,7 @@ def test_top_k_top_p_hand_derived():
     )
 
 
+@pytest.mark.slow
 def test_filter_mask_matches_transformers_warpers():
     torch = pytest.importorskip("torch")
     from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
@@ -116,6 +117,7 @@ def test_filter_mask_matches_transformers_warpers():
         np.testing.assert_array_equal(np.asarray(got), want, err_msg=f"{top_k=} {top_p=}")
 
 
+@pytest.mark.slow
 def test_greedy_is_first_argmax_with_temperature_one_logprob():
     logits = jnp.array([[1.0, 3.0, 3.0, 0.0], [0.0, -1.0, 2.0, 2.5]], jnp.float32)
     tokens, logprobs = sample_tokens(
@@ -136,6 +138,7 @@ def test_greedy_is_first_argmax_with_temperature_one_logprob():
     np.testing.assert_allclose(logprobs, want, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_randomness_keyed_by_request_not_row():
     rng = np.random.default_rng(1)
     logits = jnp.asarray(rng.normal(size=(8, 257)), jnp.float32)

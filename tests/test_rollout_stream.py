@@ -9,7 +9,6 @@ import jax
 import numpy as np
 import pytest
 
-from rlvr_jax import models
 from rlvr_jax.rollout import (
     EngineCore,
     RequestError,
@@ -31,10 +30,8 @@ def _prompts(lengths, seed=0):
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen2_stream")
-    H.build_hf_checkpoint("qwen2", path, seed=1)
-    return EngineCore(models.load_pretrained(path), max_slots=4, max_len=64)
+def core(qwen):
+    return EngineCore(qwen, max_slots=4, max_len=64)
 
 
 def _wait(predicate, seconds=60.0):
@@ -44,6 +41,7 @@ def _wait(predicate, seconds=60.0):
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_threaded_stream_matches_generate(core):
     prompts = _prompts([4, 6, 3, 5], seed=2)
     want = generate(core, prompts, max_new_tokens=10, num_samples=2, seed=3, stop_token_ids=STOP)
@@ -60,6 +58,7 @@ def test_threaded_stream_matches_generate(core):
             np.testing.assert_allclose(c.logprobs, w.logprobs, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_groups_come_out_as_they_finish(core):
     stream = RolloutStream(core, max_new_tokens=40, sampling=GREEDY).start()
     try:
@@ -73,6 +72,7 @@ def test_groups_come_out_as_they_finish(core):
     assert [len(c.tokens) for c in second.completions] == [40, 40]
 
 
+@pytest.mark.slow
 def test_backpressure_on_submit_and_on_ready_groups(core):
     idle = RolloutStream(core, max_new_tokens=4, max_pending_groups=1)  # never started
     idle.submit("a", [3, 4], num_samples=1, seed=0)
@@ -92,6 +92,7 @@ def test_backpressure_on_submit_and_on_ready_groups(core):
         stream.stop()
 
 
+@pytest.mark.slow
 def test_weight_update_mid_generation_keeps_kv_and_records_versions(core):
     prompt = _prompts([5], seed=6)[0]
     rng = np.random.default_rng(0)

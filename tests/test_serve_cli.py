@@ -14,6 +14,7 @@ from pathlib import Path
 
 import grpc
 import helpers_cli as C
+import helpers_models as H
 import openai
 import psutil
 import pytest
@@ -26,30 +27,25 @@ from rlvr_jax.rollout import generate
 
 pytestmark = pytest.mark.slow
 
-VOCAB = C.SERVE_VOCAB
+VOCAB = H.TOKENIZER_VOCAB
 EOS = 1  # the trained tokenizer's <|im_end|>
 READY_S = 60.0
 STOP_S = 10.0
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return C.build_serve_model(tmp_path_factory.mktemp("serve_model"))
-
-
 class Server:
     """A running `rlvr-serve` (both front ends) and its ports."""
 
-    def __init__(self, model_dir: Path, workdir: Path, *extra: str, **env: str):
+    def __init__(self, chat_model_dir: Path, workdir: Path, *extra: str, **env: str):
         self.ready_file = workdir / "ready.json"
         # the engine from a trainer-style config's rollout: section (a flag overrides it):
         # 8 slots over 1,024 tokens of pages
         config = workdir / "serve.yaml"
         config.write_text(
-            f"model: {{path: {model_dir}}}\n"
+            f"model: {{path: {chat_model_dir}}}\n"
             "rollout: {max_slots: 8, page_size: 8, kv_pages: 128, temperature: 1.0}\n"
         )
-        args = ["--model", str(model_dir), "--http-port", "0", "--grpc-port", "0"]
+        args = ["--model", str(chat_model_dir), "--http-port", "0", "--grpc-port", "0"]
         args += ["--config", str(config), "--max-len", "128", "--temperature", "0"]
         self.proc = C.Proc(
             "rlvr-serve", [*args, "--ready-file", str(self.ready_file), *extra], workdir, **env
@@ -79,8 +75,8 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    s = Server(model_dir, tmp_path_factory.mktemp("serve_cli"))
+def server(chat_model_dir, tmp_path_factory):
+    s = Server(chat_model_dir, tmp_path_factory.mktemp("serve_cli"))
     print(f"rlvr-serve ready (ready file, /health 200, gRPC live) in {s.ready_s:.1f} s")
     yield s
     s.proc.kill()
@@ -106,9 +102,9 @@ def test_kv_flags_reach_the_engine_and_conflicts_are_named(tmp_path):
     assert "--kv-pages or --kv-cache-gib, not both" in proc.stderr()
 
 
-def _greedy(model_dir, ids, n_tokens):
+def _greedy(chat_model_dir, ids, n_tokens):
     c = generate(
-        models.load_pretrained(model_dir),
+        models.load_pretrained(chat_model_dir),
         [ids],
         max_new_tokens=n_tokens,
         temperature=0.0,
@@ -117,18 +113,18 @@ def _greedy(model_dir, ids, n_tokens):
     return c.tokens[:-1] if c.finish_reason == "stop" else c.tokens
 
 
-def test_openai_client_completions_chat_and_n(server, model_dir):
-    tok = load_tokenizer(model_dir)
+def test_openai_client_completions_chat_and_n(server, chat_model_dir):
+    tok = load_tokenizer(chat_model_dir)
     client = server.client()
     r = client.completions.create(model="m", prompt="hello world", max_tokens=8, temperature=0)
     assert r.choices[0].text == tok.decode(
-        _greedy(model_dir, tok.encode("hello world"), 8), skip_special_tokens=True
+        _greedy(chat_model_dir, tok.encode("hello world"), 8), skip_special_tokens=True
     )
     messages = [{"role": "user", "content": "a plus b"}]
     r = client.chat.completions.create(model="m", messages=messages, max_tokens=6, temperature=0)
     ids = apply_chat_template(tok, messages)
     assert r.choices[0].message.content == tok.decode(
-        _greedy(model_dir, ids, 6), skip_special_tokens=True
+        _greedy(chat_model_dir, ids, 6), skip_special_tokens=True
     )
     assert r.usage.prompt_tokens == len(ids)
     r = client.completions.create(model="m", prompt=[[5, 6], [7]], max_tokens=4, n=3, seed=1)
@@ -240,9 +236,9 @@ def test_sigterm_while_idle(server):
     assert "SIGTERM received" in server.proc.stderr()
 
 
-def test_sigterm_while_streaming(model_dir, tmp_path):
+def test_sigterm_while_streaming(chat_model_dir, tmp_path):
     # one token per decode call, 0.3 s each: both streams last > 30 s unless stopped
-    s = Server(model_dir, tmp_path, "--chunk", "1", RLVR_TEST_SLOW_GENERATE="0.3")
+    s = Server(chat_model_dir, tmp_path, "--chunk", "1", RLVR_TEST_SLOW_GENERATE="0.3")
     stream = s.client().completions.create(model="m", prompt="hello", max_tokens=100, stream=True)
     first = next(iter(stream))
     assert first.choices[0].finish_reason is None
@@ -263,9 +259,9 @@ def test_sigterm_while_streaming(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("front_end", ["http", "grpc"])
-def test_sigterm_after_an_engine_failure(model_dir, tmp_path, front_end):
+def test_sigterm_after_an_engine_failure(chat_model_dir, tmp_path, front_end):
     fail = tmp_path / "fail-now"
-    s = Server(model_dir, tmp_path, RLVR_TEST_FAIL_FILE=str(fail))
+    s = Server(chat_model_dir, tmp_path, RLVR_TEST_FAIL_FILE=str(fail))
     fail.touch()
     if front_end == "http":
         with pytest.raises((openai.APIError, openai.APIConnectionError)):

@@ -9,7 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import helpers_cli as C
+import helpers_models as H
 import pytest
 
 from rlvr_jax import models
@@ -17,12 +17,7 @@ from rlvr_jax.data.tokenizer import load_tokenizer
 from rlvr_jax.rollout import generate
 from rlvr_jax.serve.cli import build_parser, serve
 
-VOCAB = C.SERVE_VOCAB
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return C.build_serve_model(tmp_path_factory.mktemp("serve_model"))
+VOCAB = H.TOKENIZER_VOCAB
 
 
 def _wait_ready(ready_file: Path, proc_alive=lambda: True, seconds=180.0) -> dict:
@@ -35,12 +30,12 @@ def _wait_ready(ready_file: Path, proc_alive=lambda: True, seconds=180.0) -> dic
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
+def server(chat_model_dir, tmp_path_factory):
     ready = tmp_path_factory.mktemp("ready") / "ports.json"
     args = build_parser().parse_args(
         [
             "--model",
-            str(model_dir),
+            str(chat_model_dir),
             "--http-port",
             "0",
             "--grpc-port",
@@ -79,10 +74,10 @@ def _post(port, path, body):
         return e.code, json.loads(e.read())
 
 
-def _expected(model_dir, ids, n_tokens):
+def _expected(chat_model_dir, ids, n_tokens):
     """Greedy tokens / log-probs of our engine on the same checkpoint (EOS = id 1 stops)."""
     c = generate(
-        models.load_pretrained(model_dir),
+        models.load_pretrained(chat_model_dir),
         [ids],
         max_new_tokens=n_tokens,
         temperature=0.0,
@@ -93,11 +88,27 @@ def _expected(model_dir, ids, n_tokens):
     return c.tokens, c.logprobs
 
 
-def test_completions_endpoint_answers_on_loopback(server, model_dir):
+@pytest.mark.smoke("serve")
+def test_one_completion_over_loopback(server):
+    """rlvr-serve end to end at the tiniest size: started in-process, it answers one greedy
+    completion on its OpenAI endpoint."""
+    status, body = _post(
+        server["http_port"],
+        "/v1/completions",
+        {"prompt": "hello", "max_tokens": 2, "temperature": 0},
+    )
+    assert status == 200, body
+    assert body["object"] == "text_completion" and len(body["choices"]) == 1
+    assert body["choices"][0]["finish_reason"] in ("length", "stop")
+    assert 1 <= body["usage"]["completion_tokens"] <= 2
+
+
+@pytest.mark.slow
+def test_completions_endpoint_answers_on_loopback(server, chat_model_dir):
     port = server["http_port"]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as r:
-        assert json.loads(r.read())["data"][0]["id"] == Path(model_dir).name
-    tok = load_tokenizer(model_dir)
+        assert json.loads(r.read())["data"][0]["id"] == Path(chat_model_dir).name
+    tok = load_tokenizer(chat_model_dir)
     status, body = _post(
         port,
         "/v1/completions",
@@ -109,7 +120,7 @@ def test_completions_endpoint_answers_on_loopback(server, model_dir):
         },
     )
     assert status == 200, body
-    tokens, logprobs = _expected(model_dir, tok.encode("hello world"), 6)
+    tokens, logprobs = _expected(chat_model_dir, tok.encode("hello world"), 6)
     choice = body["choices"][0]
     assert choice["text"] == tok.decode(tokens, skip_special_tokens=True)
     assert choice["logprobs"]["token_logprobs"] == pytest.approx(logprobs, abs=1e-4)
@@ -131,7 +142,8 @@ def test_completions_endpoint_answers_on_loopback(server, model_dir):
     assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
 
 
-def test_chat_completions_endpoint(server, model_dir):
+@pytest.mark.slow
+def test_chat_completions_endpoint(server, chat_model_dir):
     messages = [{"role": "user", "content": "a plus b"}]
     status, body = _post(
         server["http_port"],
@@ -143,11 +155,11 @@ def test_chat_completions_endpoint(server, model_dir):
         },
     )
     assert status == 200, body
-    tok = load_tokenizer(model_dir)
+    tok = load_tokenizer(chat_model_dir)
     ids = tok.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    tokens, _ = _expected(model_dir, ids, 5)
+    tokens, _ = _expected(chat_model_dir, ids, 5)
     assert body["choices"][0]["message"] == {
         "role": "assistant",
         "content": tok.decode(tokens, skip_special_tokens=True),
@@ -178,6 +190,7 @@ def test_bad_requests_get_clear_errors(server, path, body, status, needle):
     assert got_status == status and needle in got["error"]["message"]
 
 
+@pytest.mark.slow
 def test_jetstream_grpc_server_answers(server):
     import grpc
     from jetstream.core.proto import jetstream_pb2 as pb
@@ -199,7 +212,7 @@ def test_jetstream_grpc_server_answers(server):
 
 @pytest.mark.slow
 def test_a_failed_jetstream_thread_stops_the_server_with_status_1(
-    server, model_dir, tmp_path, capsys, monkeypatch
+    server, chat_model_dir, tmp_path, capsys, monkeypatch
 ):
     # A second server whose engine's generate raises: it must exit 1 with the error on
     # stderr, and the (idle) module server, which shares the engine class, must not notice.
@@ -217,7 +230,7 @@ def test_a_failed_jetstream_thread_stops_the_server_with_status_1(
     args = build_parser().parse_args(
         [
             "--model",
-            str(model_dir),
+            str(chat_model_dir),
             "--no-http",
             "--grpc-port",
             "0",

@@ -7,7 +7,6 @@ import threading
 import time
 import urllib.request
 
-import helpers_cli as C
 import openai
 import pytest
 
@@ -20,9 +19,8 @@ CHUNK_S = 0.25  # each decode chunk is slowed to this
 
 
 @pytest.fixture
-def slow_server(tmp_path, request):
-    C.build_serve_model(tmp_path)
-    core = EngineCore(models.load_pretrained(tmp_path), max_slots=2, max_len=64, chunk=4)
+def slow_server(chat_model_dir, request):
+    core = EngineCore(models.load_pretrained(chat_model_dir), max_slots=2, max_len=64, chunk=4)
     generate = core.generate
 
     def slow_generate(*args, **kwargs):
@@ -33,7 +31,7 @@ def slow_server(tmp_path, request):
     stream = RolloutStream(core, max_new_tokens=16).start()
     timeout = getattr(request, "param", 600.0)
     server = OpenAIServer(
-        stream, load_tokenizer(tmp_path), model_name="tiny", stop_token_ids=(),
+        stream, load_tokenizer(chat_model_dir), model_name="tiny", stop_token_ids=(),
         request_timeout=timeout,
     ).start()  # fmt: skip
     yield server
@@ -45,6 +43,7 @@ def _client(server):
     return openai.OpenAI(api_key="-", base_url=f"{server.url}/v1", max_retries=0)
 
 
+@pytest.mark.slow
 def test_tokens_arrive_while_the_completion_is_generated(slow_server):
     start = time.monotonic()
     stream = _client(slow_server).completions.create(
@@ -59,6 +58,7 @@ def test_tokens_arrive_while_the_completion_is_generated(slow_server):
     assert len(texted) >= 3
 
 
+@pytest.mark.slow
 def test_stopping_the_server_ends_open_streams(slow_server):
     stream = _client(slow_server).chat.completions.create(
         model="tiny",
@@ -79,6 +79,7 @@ def test_stopping_the_server_ends_open_streams(slow_server):
 
 
 @pytest.mark.parametrize("slow_server", [0.5], indirect=True)  # request_timeout 0.5 s
+@pytest.mark.slow
 def test_a_timed_out_request_leaves_the_engine_serving(slow_server):
     client = _client(slow_server)
     with pytest.raises(openai.APIStatusError) as e:

@@ -3,6 +3,7 @@ numpy), global normalisation under micro-batching, and the non-finite guard."""
 
 import math
 
+import helpers_models as H
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,30 +86,18 @@ def _one_hot_model():
     (rms of c·e_tok is c/2) and logits = 2·e_tok · E^T = 2c·[v == tok] = ln 3 at the input
     token, 0 elsewhere: log p(same token) = ln 3 − ln(3 + 3) = −ln 2, log p(other) = −ln 6.
     """
-    arch = models.ArchConfig.from_hf(
-        dict(
-            model_type="qwen2",
-            vocab_size=4,
-            hidden_size=4,
-            intermediate_size=8,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            tie_word_embeddings=True,
-            rms_norm_eps=1e-12,
-        )
-    )
-    params = models.init_params(arch, jax.random.key(0))
+    arch = H.micro_arch(vocab_size=4, hidden_size=4, intermediate_size=8, rms_norm_eps=1e-12)
+    params = models.abstract_params(arch)  # every value is set below: no random init
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     treedef = jax.tree_util.tree_structure(params)
 
     def value(path, leaf):
         name = jax.tree_util.keystr(path)
         if "norm" in name:
-            return jnp.ones_like(leaf)
+            return jnp.ones(leaf.shape, leaf.dtype)
         if "embedding" in name:
             return jnp.eye(4, dtype=jnp.float32) * (math.log(3.0) / 2)
-        return jnp.zeros_like(leaf)
+        return jnp.zeros(leaf.shape, leaf.dtype)
 
     return arch, jax.tree_util.tree_unflatten(treedef, [value(p, x) for p, x in flat])
 

@@ -2,18 +2,21 @@
 `collate_sft` packs examples by `packing.pack_tokens`, the batch carries its micro-batch count,
 and the SFT step on it equals the step on one example per row."""
 
+import helpers_models as H
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_packing import ARCH, SEQ  # the same tiny model and rows of 33 tokens
+from test_packing import SEQ  # rows of 33 tokens
 
 from rlvr_jax import models
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import collate_sft
 from rlvr_jax.training.packing import pack_tokens
 from rlvr_jax.training.sft import make_sft_step
+
+ARCH = H.tiny_arch()  # the learner tests' model
 
 
 def _examples(n: int = 10, seed: int = 0) -> tuple[list, list]:

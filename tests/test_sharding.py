@@ -121,6 +121,7 @@ def _batch(b: int = 8, t: int = 10):
         ({"data": 2, "tensor": 4}, "qwen3", 2, P(None, None, "tensor", None)),
     ],
 )
+@pytest.mark.slow
 def test_sharded_forward_equals_unsharded(tmp_path_factory, axes, arch, kv_heads, expected_q_spec):
     path = _checkpoint(str(tmp_path_factory.getbasetemp()), arch, kv_heads)
     model = models.load_pretrained(path)
@@ -155,6 +156,7 @@ def test_sharded_forward_equals_unsharded(tmp_path_factory, axes, arch, kv_heads
     np.testing.assert_allclose(np.asarray(logits), ref, rtol=0, atol=TOL)
 
 
+@pytest.mark.slow
 def test_load_pretrained_streams_into_mesh(tmp_path_factory):
     path = _checkpoint(str(tmp_path_factory.getbasetemp()), "olmo3", 4)
     mesh = sharding.make_mesh({"fsdp": 4, "tensor": 2})
@@ -180,6 +182,7 @@ def test_load_pretrained_streams_into_mesh(tmp_path_factory):
 # ---- learner / actor sub-meshes ---------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_learner_to_actor_reshard_and_sharded_decode(tmp_path_factory):
     path = _checkpoint(str(tmp_path_factory.getbasetemp()), "olmo3", 4)
     cfg = MeshConfig(

@@ -19,6 +19,7 @@ def plain(x, w_CxDxF, b_CxF):
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize(("dtype", "atol"), [(jnp.float32, 2e-5), (jnp.bfloat16, 0.1)])
+@pytest.mark.slow
 def test_swiglu_value_and_gradients_match_autodiff(bias, dtype, atol):
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((3, 5, 8)), dtype)

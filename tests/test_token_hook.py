@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import threading
 
-import helpers_models as H
 import numpy as np
 import pytest
 
-from rlvr_jax import models
 from rlvr_jax.rollout import EngineCore, RolloutStream, SamplingParams, Scheduler
 from rlvr_jax.rollout.scheduler import GroupRequest
 
@@ -17,12 +15,11 @@ CHUNK = 4
 
 
 @pytest.fixture(scope="module")
-def core(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen2_hook")
-    H.build_hf_checkpoint("qwen2", path, seed=5)
-    return EngineCore(models.load_pretrained(path), max_slots=4, max_len=64, chunk=CHUNK)
+def core(qwen):
+    return EngineCore(qwen, max_slots=4, max_len=64, chunk=CHUNK)
 
 
+@pytest.mark.slow
 def test_hook_sees_every_token_per_chunk_before_the_group_completes(core):
     calls: list[tuple[int, list[int], list[float], bool]] = []
     resolved = threading.Event()
@@ -45,6 +42,7 @@ def test_hook_sees_every_token_per_chunk_before_the_group_completes(core):
         np.testing.assert_allclose([x for _, _, lps, _ in mine for x in lps], c.logprobs)
 
 
+@pytest.mark.slow
 def test_requests_without_a_hook_are_unchanged(core):
     # the hook is optional and not part of a request's identity
     a = GroupRequest("k", 0, (5, 6), 1, seed=1, max_new_tokens=4)

@@ -39,6 +39,20 @@ def steps_of(out: Path) -> list[int]:
     return [r["step"] for r in read_jsonl(out / "metrics.jsonl")]
 
 
+@pytest.mark.smoke("training")
+def test_one_step_end_to_end(tmp_path):
+    """`rlvr-train` at the tiniest size: one synchronous step (two prompts, four samples of at
+    most four tokens), scored, filtered, trained on and logged; no evaluation, plots or export."""
+    cfg = tiny_run(tmp_path)
+    overrides = ["train.max_steps=1", "rollout.max_new_tokens=4", "log.tensorboard=false"]
+    overrides += ["log.plots=false", "checkpoint.every_steps=0", "checkpoint.export_hf=false"]
+    assert cli.train_main(["--config", str(cfg), *overrides]) == 0
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1] and rows[0]["policy_version"] == 1
+    for key in DESIGN_KEYS:
+        assert key in rows[0], key
+
+
 @pytest.mark.slow
 def test_sync_run_then_resume_continues(tmp_path):
     cfg = tiny_run(tmp_path)
@@ -105,6 +119,7 @@ def test_async_sigkill_then_rerun_has_every_step_once(tmp_path):
     assert last["policy_version"] >= 6 and last["staleness/mean"] <= 1.0
 
 
+@pytest.mark.slow
 def test_missing_model_is_a_named_error(tmp_path, capsys):
     cfg = tiny_run(tmp_path)
     meta = json.loads((tmp_path / "policy" / "config.json").read_text())

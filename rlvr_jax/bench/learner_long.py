@@ -111,7 +111,7 @@ def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro:
     """The train step on one layout, compiled ahead of time: (call, facts), `call()` running one
     step (the state carried over) and returning its metrics."""
     from rlvr_jax.config.schema import TrainConfig
-    from rlvr_jax.training import learner
+    from rlvr_jax.training import learner, update
     from rlvr_jax.training.optimizer import make_optimizer
 
     arch = cfg.arch()
@@ -138,7 +138,7 @@ def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro:
         "compile_s": compile_s,
         "rows": rows,
         "positions": T,
-        "n_micro": learner.micro_count(arrays.tokens, n_micro),
+        "n_micro": update.micro_count(arrays.tokens, n_micro),
         "computed_tokens": rows * T,
         "memory": common.compiled_memory(train),
     }
