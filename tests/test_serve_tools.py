@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import helpers_cli as C
+import helpers_models as H
 import numpy as np
 import openai
 import pytest
@@ -132,7 +133,7 @@ def _memorize(path: Path, steps: int = 300) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    path = C.build_serve_model(tmp_path_factory.mktemp("serve_tools_model"))
+    path = H.build_chat_model(tmp_path_factory.mktemp("serve_tools_model"))
     _memorize(path)
     work = tmp_path_factory.mktemp("serve_tools")
     ready = work / "ready.json"
