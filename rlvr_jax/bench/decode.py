@@ -12,7 +12,8 @@ slot-steps, continuous only the final drain.
 Workload 3 (`--workload long`, `rlvr_jax.bench.decode_long`): the paged KV cache against
 the contiguous one at equal KV memory on long, LogNormal-length rollouts, and decode step
 time against live tokens. `--workload short` (the default) runs workloads 1 and 2, `all`
-all three.
+all three. `--workload multiturn` (`rlvr_jax.bench.multiturn`): tool-using episodes with
+their turns continued in the slot against re-prefilling the conversation every turn.
 
 `roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
 token, plus attention) per second, over this machine's measured fp32 matmul throughput
@@ -286,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-hf", action="store_true", help="do not time transformers' generate")
     p.add_argument(
         "--workload",
-        choices=("short", "long", "all"),
+        choices=("short", "long", "all", "multiturn"),
         default="short",
-        help="short: throughput + long-tail (default); long: paged vs contiguous KV; all",
+        help="short: throughput + long-tail (default); long: paged vs contiguous KV; all; "
+        "multiturn: in-slot tool turns vs re-prefilling each turn",
     )
     p.add_argument("--long-requests", type=int, help="long workload: requests (default 64)")
     p.add_argument("--paged-slots", type=int, help="long workload: paged engine slots (64)")
@@ -311,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeats must be >= 1")
     overrides = {"repeats": args.repeats, "dtype": args.dtype}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    if args.workload == "multiturn":
+        from rlvr_jax.bench import multiturn
+
+        return multiturn.main(cfg, quick, args.json, args.plot)
     if args.weight_dtype or args.lora_rank:
         from rlvr_jax.bench import decode_weights
 

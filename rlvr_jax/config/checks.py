@@ -4,6 +4,7 @@ the key and the file.
 
 - `rollout.interrupt` against the rest of `rollout`; `eval.*` against `data.eval_sources`;
 - `model.lora` and `rollout.weight_dtype` (and what the vLLM backend cannot do with them);
+- `env.*` against `rollout` and `algorithm`;
 - the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
 - what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`).
 
@@ -28,6 +29,7 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
     try:
         _check_interrupt(cfg.rollout)
         _check_lora(cfg)
+        _check_env(cfg)
         _check_eval(cfg)
         if cfg.mesh.num_devices < 0:
             raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")
@@ -76,6 +78,28 @@ def _check_lora(cfg: schema.Config) -> None:
             "model.lora and rollout.weight_dtype run on our engine only: with rollout.backend: "
             "vllm set model.lora.rank: 0 and leave rollout.weight_dtype unset"
         )
+
+
+def _check_env(cfg: schema.Config) -> None:
+    """A multi-turn environment needs our engine, no budget forcing, and `algorithm: rl`
+    (the other algorithms would train on the environment's tokens)."""
+    env = cfg.env
+    if env.max_turns < 1 or env.workers < 1 or env.tool_timeout_s <= 0:
+        raise ValueError(
+            "env: max_turns and workers must be >= 1 and tool_timeout_s > 0, got "
+            f"{env.max_turns}, {env.workers} and {env.tool_timeout_s}"
+        )
+    if env.name is None:
+        return
+    if cfg.rollout.backend == "vllm":
+        raise ValueError(f"env.name={env.name!r} needs rollout.backend: jetstream (not vllm)")
+    if cfg.rollout.interrupt.thinking_budget:
+        raise ValueError(
+            f"env.name={env.name!r} and rollout.interrupt (budget forcing) cannot be combined; "
+            "set rollout.interrupt.thinking_budget: 0"
+        )
+    if cfg.algorithm != "rl":
+        raise ValueError(f"env.name={env.name!r} needs algorithm: rl, not {cfg.algorithm}")
 
 
 def _check_interrupt(rollout: schema.RolloutConfig) -> None:

@@ -211,6 +211,30 @@ class RolloutConfig:
     `rollout/interrupted_fraction`."""
 
 
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str | None = None
+    """Multi-turn environment (`rlvr_jax.envs`): `tools` (`ToolEnv`: the model may call
+    `env.tools`), `gym` (a gymnasium-style text environment), a registered name or
+    `module:function`; None = one turn per completion. Its turns run inside the engine's
+    slots; `rollout.max_new_tokens` is each episode's budget (generated and appended tokens);
+    prompts are rendered by the environment through the chat template (`data.prompt_template`
+    is not used) and must fit `data.max_prompt_len`."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment's factory (`tools`: `system`,
+    `max_output_chars`; `gym`: `id` or `entry_point`, `make_kwargs`)."""
+    tools: list[str] = field(default_factory=lambda: ["python", "calculator"])
+    """`env.name: tools`: the tools offered, built-in (`python`: runs in the code sandbox;
+    `calculator`: exact arithmetic) or `module:function` (a typed Python function: its JSON
+    schema comes from its signature and docstring)."""
+    max_turns: int = 4
+    """Assistant turns per episode; an episode still calling tools then is truncated."""
+    tool_timeout_s: float = 10.0
+    """`env.name: tools`: bound of each tool call (an error message to the model past it)."""
+    workers: int = 4
+    """Threads running the environments' turns (tools included), off the engine's thread."""
+
+
 def _preset_or(default: Any) -> Any:
     """A `loss.*` key that may be left unset (None): it then takes the preset's value, else
     `default` (`rlvr_jax.losses.LossSettings` resolves them)."""
@@ -489,6 +513,8 @@ class Config:
     """Prompt sources."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """The rollout engine."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Multi-turn environments and tools (off by default)."""
     loss: LossConfig = field(default_factory=LossConfig)
     """Policy loss, advantages, KL, TIS."""
     critic: CriticConfig = field(default_factory=CriticConfig)

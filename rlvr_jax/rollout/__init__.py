@@ -38,6 +38,9 @@ Host half:
   tokens, answer_budget)` (also `GroupRequest.interrupt`, `RolloutStream(interrupt=...)`)
   forces `tokens` into a completion that reaches `budget` generated tokens, then lets it
   answer (`rlvr_jax.rollout.interrupt`, budget forcing); `Completion.sampled` marks them.
+  `GroupRequest.turns` (a `rollout.turns.TurnHook`, e.g. an `rlvr_jax.envs.EnvGroup`; also
+  `submit(..., turns=...)`) runs each sample as a multi-turn episode: a stopped sample is
+  parked and the hook's response appended to it in place (`sampled=False`), then it resumes.
 
 The trainer's interface, `RolloutStream` (requests in continuously, completed groups out
 as soon as all their samples finish, weights swapped in flight)::

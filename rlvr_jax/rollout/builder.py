@@ -177,12 +177,14 @@ def sample_groups(
     first_index: int = 0,
     key: Hashable = "sample",
     on_group: Callable[[int, CompletedGroup], None] | None = None,
+    turns: Sequence[Any] | None = None,
 ) -> list[CompletedGroup]:
     """`num_samples` completions of each of `prompts` through `rollout`, in prompt order.
     Prompt i (counted from `first_index`) samples with `request_seed(seed, i)`, whatever else
     the rollout generates; `version` pins every request to that policy version
     (`RolloutStream.submit_future`); `on_group(i, group)` is called as each completes (on the
-    driver thread when the rollout runs one)."""
+    driver thread when the rollout runs one); `turns[j]` makes prompt j multi-turn (its
+    `rollout.turns.TurnHook`, e.g. an `rlvr_jax.envs.EnvGroup`)."""
     futures = []
     for j, prompt in enumerate(prompts):
         i = first_index + j
@@ -194,6 +196,7 @@ def sample_groups(
             request_seed(seed, i),
             sampling=sampling,
             version=version,
+            **({} if turns is None else {"turns": turns[j]}),
         )
         if on_group is not None:
             future.add_done_callback(
