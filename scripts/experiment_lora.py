@@ -94,9 +94,8 @@ def cost_table(arms: dict[str, dict[str, Any]]) -> str:
         cells = []
         for key in COSTS:
             v = r[key]
-            cell = (
-                "—" if v is None else (f"{v:.2e}" if key == "kl_sampler_learner" else f"{v:,.4g}")
-            )
+            fmt = ".2e" if key == "kl_sampler_learner" else ",.0f" if key in SHARED else ".4g"
+            cell = "—" if v is None else format(v, fmt)
             if key in SHARED and v is not None and full.get(key):
                 cell += f" ({v / full[key]:.1%})"
             cells.append(cell)

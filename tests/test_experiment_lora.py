@@ -42,3 +42,4 @@ def test_costs_by_hand_and_the_table(tmp_path):
     assert len(lines) == 4 and lines[2].startswith("| full |")  # header, rule, full, lora8
     share = got["optimizer_bytes"] / full["optimizer_bytes"]
     assert f"({share:.1%})" in lines[3] and "| — |" in lines[3]  # no kl measured
+    assert "| 2 | 200 (100.0%) | 0.5 |" in lines[3]  # step s, push bytes, push s

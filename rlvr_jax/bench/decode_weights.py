@@ -14,7 +14,7 @@ exp(δ) leaves [0.5, 2]. The fp32 engine's own figures are the floor (≈ 0).
 so merging matters); `push` times what the trainer's push does on the actors — adapters alone
 merged onto the held base and re-laid (`EngineCore.prepare`) — against a push of the whole
 policy, with the bytes each moves. The engine merges on push rather than applying adapters in
-every decode step (docs/lora.md has the measurement that chose it).
+every decode step (docs/lora.md: why, and that the alternative is not measured).
 
 Roofline: each engine's model FLOPs per second over the measured fp32 matmul peak, and its
 decode step's minimal bytes (weights at their stored size + the KV cache) per step second over

@@ -1,6 +1,6 @@
 """A LoRA policy's adapters as a PEFT adapter directory: `adapter_config.json` and
 `adapter_model.safetensors`, which `peft.PeftModel.from_pretrained(base, path)` loads onto the
-HF base checkpoint (tests/test_lora_export.py checks the logits against ours).
+HF base checkpoint (tests/test_lora.py checks the logits against ours).
 
 PEFT's layout per adapted linear layer: `lora_A.weight` [r, in_features] and `lora_B.weight`
 [out_features, r], scaled by lora_alpha / r, under `base_model.model.<the HF module>`. Ours
