@@ -257,3 +257,27 @@ def test_plan_says_how_many_learner_chips_lora_rank_64_needs_for_olmo3_7b():
     )  # per layer: q k v o of D -> D, gate up down of D <-> F, r (in + out) each
     assert 1 <= lo["learner_devices_needed"] <= lo["full_learner_devices_needed"] <= 64
     assert lo["optimizer_bytes"] < 0.05 * lo["full_optimizer_bytes"]
+
+
+@pytest.mark.slow  # ~30 s: two engines compiled, timed and compared
+def test_decode_bench_weight_dtype_and_lora_rank_quick_through_the_cli(tmp_path):
+    import json
+
+    from rlvr_jax.cli import bench_main
+
+    out = tmp_path / "decode_weights.json"
+    args = ["decode", "--quick", "--weight-dtype", "int8", "--lora-rank", "4", "--json", str(out)]
+    assert bench_main(args) == 0
+    r = json.loads(out.read_text())
+    assert set(r["tokens_per_s"]) == {"float32", "int8"} and min(r["tokens_per_s"].values()) > 0
+    # int8 kernels (1 byte + a scale per channel) against fp32's 4 bytes; embedding, norms and
+    # head unchanged: smaller, but more than a quarter
+    w = r["decode_weight_bytes"]
+    assert w["float32"] / 4 < w["int8"] < w["float32"]
+    # the fp32 engine is the floor of the mismatch; int8 adds some, within TIS's range
+    m = r["mismatch"]
+    assert m["float32"]["kl_sampler_learner"] < m["int8"]["kl_sampler_learner"] < 1e-3
+    assert m["int8"]["tokens"] == m["float32"]["tokens"] > 0
+    push = r["push"]["bytes"]
+    assert push["adapters"] < push["whole_policy"]
+    assert r["push"]["bytes_fraction"] == pytest.approx(push["adapters"] / push["whole_policy"])
