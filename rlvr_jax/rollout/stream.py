@@ -24,7 +24,10 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import jax
+
 from rlvr_jax import dispatch
+from rlvr_jax.models.quant import nbytes
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
@@ -70,7 +73,7 @@ class RolloutStream:
       version: policy version of the engine's current params.
       scheduler: drive this scheduler instead of our engine's (`engine` is then unused): an
         object with `Scheduler`'s `check`, `prepare`, `add`, `set_params`, `step`, `waiting`,
-        `live`, `idle` — e.g. `vllm_backend.VllmScheduler`.
+        `live`, `parked`, `idle` — e.g. `vllm_backend.VllmScheduler`.
       timeline: when given, each decode chunk the driver thread runs is recorded in it as a
         "rollout" span (`rlvr_jax.timeline`; `rlvr-bench e2e` measures overlap with it).
       interrupt: budget forcing of every request (`rlvr_jax.rollout.interrupt`); None = off.
@@ -135,8 +138,9 @@ class RolloutStream:
     ) -> None:
         """Queues a prompt for `num_samples` samples; blocks while the queue is full (raises
         `TimeoutError` after `timeout` s). Invalid requests raise `RequestError` here.
-        Options: `timeout`, and per-request `max_new_tokens`, `sampling`, `stop_token_ids`
-        and `version` (see `submit_future`)."""
+        Options: `timeout`, and per-request `max_new_tokens`, `sampling`, `stop_token_ids`,
+        `version` (see `submit_future`) and `turns` (a multi-turn episode per sample:
+        `rollout.turns.TurnHook`, e.g. an `rlvr_jax.envs.EnvGroup`)."""
         self._enqueue(request_id, prompt_tokens, num_samples, seed, meta, **options)
 
     def submit_future(
@@ -185,6 +189,7 @@ class RolloutStream:
         version: int | None = None,
         future: concurrent.futures.Future | None = None,
         on_tokens: TokenHook | None = None,
+        turns: Any = None,
     ) -> None:
         d_max_new, d_sampling, d_stop = self.defaults
         prompt = tuple(int(t) for t in prompt_tokens)
@@ -199,7 +204,8 @@ class RolloutStream:
             stop_token_ids=d_stop if stop_token_ids is None else tuple(stop_token_ids),
             meta=meta,
             on_tokens=on_tokens,
-            interrupt=self.interrupt,
+            interrupt=None if turns is not None else self.interrupt,
+            turns=turns,
         )
         self.scheduler.check(request)  # the one validation: bad requests fail their caller
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -223,15 +229,22 @@ class RolloutStream:
             self._incoming.append(request)
             self._cond.notify_all()
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """New policy params (models layout, any mesh); thread-safe. They are moved to the
-        actor devices and re-laid now, and swapped in at the next boundary between decode
-        chunks; the KV cache is kept (PipelineRL) and tokens record `version`."""
+    def update_weights(self, params: Any, version: int) -> dict[str, float]:
+        """New policy params (models layout, any mesh; LoRA: the adapters alone once the engine
+        holds the base); thread-safe. They are moved to the actor devices and re-laid now, and
+        swapped in at the next boundary between decode chunks; the KV cache is kept
+        (PipelineRL) and tokens record `version`. Returns once the actors hold them:
+        `push/bytes` moved and `push/seconds` from the params being ready to that."""
+        jax.block_until_ready(params)
+        start = time.perf_counter()
         with dispatch.LOCK:
             prepared = self.scheduler.prepare(params)
+        jax.block_until_ready(prepared)
+        stats = {"push/bytes": float(nbytes(params)), "push/seconds": time.perf_counter() - start}
         with self._cond:
             self._weights = (prepared, version)
             self._cond.notify_all()
+        return stats
 
     # ---- consumer side --------------------------------------------------------------------
 
@@ -402,6 +415,8 @@ class RolloutStream:
 
     def _has_work_locked(self) -> bool:
         if self.scheduler.live or (self._weights is not None and not self._pinned_live):
+            return True
+        if self.scheduler.parked:  # multi-turn sequences between turns
             return True
         runnable = any(
             self._pins.get(r.key, self.scheduler.version) <= self.scheduler.version

@@ -170,7 +170,7 @@ class RLUpdate(Update):
             or settings.tis_mode == "mask"
             or settings.reward_kl_coef > 0
         )
-        self.ref_params = ctx.model.params if settings.needs_ref_logp else None
+        self.needs_ref = settings.needs_ref_logp
 
     def _make_step(
         self, ctx: Context, optimizer: Any, n_micro: int | None, options: dict[str, Any]
@@ -188,8 +188,9 @@ class RLUpdate(Update):
         full = self.put(self._rl_part(batch.arrays))
         if self.needs_old:
             full = full.replace(old_logp_BxT=self.call(self.logprob, state.params, full))
-        if self.ref_params is not None:
-            full = full.replace(ref_logp_BxT=self.call(self.logprob, self.ref_params, full))
+        if self.needs_ref:
+            ref = self.reference_params(state)
+            full = full.replace(ref_logp_BxT=self.call(self.logprob, ref, full))
         full, before = self._advantages(state, full, batch)
         if self.ctx.cfg.train.save_batch and not self.abstract:
             self._save(state, full, batch)
