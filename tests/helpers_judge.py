@@ -63,6 +63,7 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status: int, body: bytes) -> None:
+        self._done()  # the reply may reach the client, which may send again, before we return
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -84,11 +85,18 @@ class Handler(BaseHTTPRequestHandler):
             server.authorization.append(self.headers.get("Authorization"))
             server.in_flight += 1
             server.max_in_flight = max(server.max_in_flight, server.in_flight)
+        self._counted = True
         try:
             self._answer(request)
         finally:
-            with server.lock:
-                server.in_flight -= 1
+            self._done()
+
+    def _done(self) -> None:
+        """This request stops counting as in flight (once)."""
+        if getattr(self, "_counted", False):
+            self._counted = False
+            with self.server.lock:
+                self.server.in_flight -= 1
 
     def _answer(self, request: dict) -> None:
         if self.path != "/v1/chat/completions":

@@ -1,6 +1,7 @@
 """`rlvr-bench learner`: FLOP counts by hand, the datasheet table, the bench batch, presets and
 options, and a real tiny run whose reported figures are checked against each other."""
 
+import dataclasses
 import json
 import os
 
@@ -109,6 +110,7 @@ def test_summary_arithmetic_by_hand():
         "op_profile": None,
         "memory": None,
         "loss": {"value": 0.1, "grad_norm": 1.0},
+        "lora": {"rank": 0, "trainable_params": 1000},
     }
     r = bench.summarize(cfg, measured, peak_gflops=0.5, datasheet=("chip", 0.002))
     # train: 3 * 29,360,128 FLOPs in the best 0.25 s = 0.352321536 GFLOP/s; peak 0.5 GFLOP/s
@@ -127,6 +129,11 @@ def test_summary_arithmetic_by_hand():
     # the fastest step used 0.4 CPU-seconds in 0.25 s: 0.4 / (0.25 * cores)
     assert r["cpu_share"]["train_step"] == pytest.approx(0.4 / (0.25 * os.cpu_count()))
     assert bench.summarize(cfg, measured, peak_gflops=1.0, datasheet=None)["mfu"] is None
+    # LoRA: no weight gradients of the base, 2 forwards + the adapters' 6 FLOPs per parameter
+    # and token: 2 * 29,360,128 + 6 * 1000 * 128 = 59,488,256 FLOPs in 0.25 s
+    lo = bench.summarize(dataclasses.replace(cfg, lora_rank=8), measured, peak_gflops=0.5,
+                         datasheet=None)  # fmt: skip
+    assert lo["achieved_gflops"]["train_step"] == pytest.approx(0.237953024)
 
 
 def test_peak_denominator():

@@ -70,6 +70,26 @@ def test_decode_bench_quick_through_the_cli(tmp_path):
     assert steps["static"] == static_steps(lengths, cfg["batch"])
 
 
+def test_multiturn_bench_quick_through_the_cli(tmp_path):
+    out, png = tmp_path / "multiturn.json", tmp_path / "multiturn.png"
+    args = ["decode", "--workload", "multiturn", "--quick", "--json", str(out), "--plot", str(png)]
+    assert bench_main(args) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    r = json.loads(out.read_text())
+    m = r["multiturn"]
+    assert set(m["tokens_per_s"]) == {"in_slot", "reprefill"}
+    assert (
+        m["in_slot_over_reprefill"] == m["tokens_per_s"]["in_slot"] / m["tokens_per_s"]["reprefill"]
+    )
+    # the same episodes both ways: same tokens generated, same turns; re-prefilling the
+    # conversation every turn prefills more
+    assert m["generated_tokens"]["in_slot"] == m["generated_tokens"]["reprefill"] > 0
+    assert m["assistant_turns"]["in_slot"] == m["assistant_turns"]["reprefill"]
+    assert m["assistant_turns"]["in_slot"] > r["config"]["episodes"]  # episodes went on
+    assert m["prefilled_tokens"]["reprefill"] > m["prefilled_tokens"]["in_slot"]
+    assert m["roofline_fraction"] > 0 and "loadavg_after" in r["machine"]
+
+
 @pytest.mark.slow
 def test_rollout_imports_and_core_generation_stay_light():
     # Importing the engine, its servers and backends pulls no TensorFlow, JetStream, torch

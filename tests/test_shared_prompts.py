@@ -76,7 +76,7 @@ def test_same_segment_sees_the_groups_prompt_and_its_own_branch():
     )
 
 
-@pytest.mark.parametrize("impl", ["blockwise", "xla"])
+@pytest.mark.parametrize("impl", [pytest.param("blockwise", marks=pytest.mark.slow), "xla"])
 def test_shared_rows_give_each_completion_its_own_logprobs_and_gradients(impl):
     ss = samples()
     seq_len = max(len(s.prompt_tokens) + len(s.tokens) for s in ss)

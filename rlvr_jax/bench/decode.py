@@ -12,7 +12,8 @@ slot-steps, continuous only the final drain.
 Workload 3 (`--workload long`, `rlvr_jax.bench.decode_long`): the paged KV cache against
 the contiguous one at equal KV memory on long, LogNormal-length rollouts, and decode step
 time against live tokens. `--workload short` (the default) runs workloads 1 and 2, `all`
-all three.
+all three. `--workload multiturn` (`rlvr_jax.bench.multiturn`): tool-using episodes with
+their turns continued in the slot against re-prefilling the conversation every turn.
 
 `roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
 token, plus attention) per second, over this machine's measured fp32 matmul throughput
@@ -23,6 +24,11 @@ the host's share; `decode_step_memory_fraction` is the bytes a decode step must 
 
 `--preset bench` (default; the 56M bench model), `quick` (smoke test), `gpu-1b` (≈1B params,
 bf16); `--dtype` sets both models' dtype. On a GPU transformers runs on CUDA too.
+
+`--weight-dtype D` / `--lora-rank R` (`rlvr_jax.bench.decode_weights`): the engine decoding
+from weights stored in D (int8, fp8, bfloat16) against the compute dtype on the same run, with
+the per-token sampler/learner mismatch it causes, and with LoRA what an adapters-only push
+costs.
 """
 
 from __future__ import annotations
@@ -33,13 +39,12 @@ import functools
 import os
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
-import jax
 import numpy as np
 
 from rlvr_jax.bench import common, progress
+from rlvr_jax.bench.engine_timing import interleaved_best, profile_engine
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.bench.roofline import best_roofline, machine_info
 from rlvr_jax.rollout import (
@@ -47,10 +52,8 @@ from rlvr_jax.rollout import (
     GroupRequest,
     SamplingParams,
     Scheduler,
-    SlotRequest,
     generate,
 )
-from rlvr_jax.rollout.sampling import SamplerMode
 from rlvr_jax.rollout.scheduler import SchedulerStats
 from rlvr_jax.rollout.waste import continuous_steps, static_steps, waste
 
@@ -109,23 +112,6 @@ def long_tail_lengths(n: int, max_len: int, mean_over_max: float, seed: int) -> 
     return lengths((lo * hi) ** 0.5).tolist()
 
 
-def _interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict, dict]:
-    """Best wall time (and its output) of each fn, timed in interleaved rounds so that a
-    load change on a shared machine hits every contender alike."""
-    best = {name: float("inf") for name in fns}
-    outputs: dict[str, Any] = {}
-    for r in range(repeats):
-        if len(fns) > 1:  # a comparison (single probes are quick)
-            progress.line(f"timing {', '.join(fns)}: round {r + 1}/{repeats}")
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            out = fn()
-            seconds = time.perf_counter() - start
-            if seconds < best[name]:
-                best[name], outputs[name] = seconds, out
-    return best, outputs
-
-
 def _hf_generate(hf: Any, prompts: np.ndarray, new: int) -> float:
     import torch
 
@@ -164,29 +150,6 @@ def run_long_tail(
     return sched.stats
 
 
-def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:
-    """Seconds per prefill of one prompt and per decode step with every slot live."""
-    dp = core.params
-    prefill = {"prefill": lambda: jax.block_until_ready(core.prefill(dp, prompts[0]))}
-    prefill_s = _interleaved_best(prefill, repeats + 2)[0]["prefill"]
-    state = core.init_decode_state()
-    prefix = core.prefill(dp, prompts[0])
-    slots = list(range(core.spec.max_slots))
-
-    requests = [SlotRequest(0, i, 10**6) for i in slots]
-    state = core.insert(prefix, state, slots, requests)
-    state, out = core.generate(dp, state, mode=SamplerMode())
-    jax.block_until_ready(out)
-    holder = {"state": state}
-
-    def chunk() -> Any:
-        holder["state"], out = core.generate(dp, holder["state"], mode=SamplerMode())
-        return jax.block_until_ready(out)
-
-    chunk_s = _interleaved_best({"chunk": chunk}, repeats + 2)[0]["chunk"]
-    return {"prefill_s_per_prompt": prefill_s, "decode_ms_per_step": 1e3 * chunk_s / core.chunk}
-
-
 def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict:
     """Runs both workloads and the roofline probe (`quick`: its tiny sizes); returns the
     JSON-able results."""
@@ -210,7 +173,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
     progress.line("throughput workload: compiling and warming up the engine")
     for b in ("continuous", "static"):
         throughput[b]()  # compile + warm up
-    walls, outs = _interleaved_best(throughput, cfg.repeats)
+    walls, outs = interleaved_best(throughput, cfg.repeats)
     for b in ("continuous", "static"):
         if sum(len(c.tokens) for c in outs[b]) != n_tokens:
             raise RuntimeError(f"{b}: wrong number of generated tokens")
@@ -223,7 +186,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
     )
     progress.line("long-tailed workload: compiling and warming up")
     run_long_tail(long_core, long_prompts[: cfg.batch], lengths[: cfg.batch], "continuous")
-    long_walls, stats = _interleaved_best(
+    long_walls, stats = interleaved_best(
         {
             b: functools.partial(run_long_tail, long_core, long_prompts, lengths, b)
             for b in ("continuous", "static")
@@ -324,13 +287,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-hf", action="store_true", help="do not time transformers' generate")
     p.add_argument(
         "--workload",
-        choices=("short", "long", "all"),
+        choices=("short", "long", "all", "multiturn"),
         default="short",
-        help="short: throughput + long-tail (default); long: paged vs contiguous KV; all",
+        help="short: throughput + long-tail (default); long: paged vs contiguous KV; all; "
+        "multiturn: in-slot tool turns vs re-prefilling each turn",
     )
     p.add_argument("--long-requests", type=int, help="long workload: requests (default 64)")
     p.add_argument("--paged-slots", type=int, help="long workload: paged engine slots (64)")
     p.add_argument("--long-capacity", type=int, help="long workload: tokens a slot holds (4096)")
+    p.add_argument(
+        "--weight-dtype",
+        choices=("float32", "bfloat16", "int8", "fp8"),
+        help="decode weights stored so, against the compute dtype (with the mismatch)",
+    )
+    p.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters: time their push")
     args = p.parse_args(argv)
     quick = args.quick or args.preset == "quick"
     cfg = QUICK if quick else PRESETS[args.preset]
@@ -343,6 +313,20 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeats must be >= 1")
     overrides = {"repeats": args.repeats, "dtype": args.dtype}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    if args.workload == "multiturn":
+        from rlvr_jax.bench import multiturn
+
+        return multiturn.main(cfg, quick, args.json, args.plot)
+    if args.weight_dtype or args.lora_rank:
+        from rlvr_jax.bench import decode_weights
+
+        if args.lora_rank < 0:
+            p.error("--lora-rank must be >= 0")
+        result = decode_weights.run(
+            cfg, weight_dtype=args.weight_dtype, lora_rank=args.lora_rank, quick=quick
+        )
+        print(decode_weights.format_result(result))
+        return common.write_outputs(result, args.json)
     if args.workload == "long":
         from rlvr_jax.bench import decode_long
 

@@ -84,10 +84,10 @@ def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp:
 
 
 def compiled_train_step(
-    cfg: Any, arrays: Any, *, max_len: int, n_micro: int | None, seed: int
+    cfg: Any, arrays: Any, *, max_len: int, n_micro: int | None, seed: int, params: Any = None
 ) -> Any:
     """The trainer's train step (`learner.make_train_step`: the loss preset `cfg.loss`, AdamW)
-    for the bench model of `cfg` (params seeded by `seed`) on the batch `arrays`, compiled
+    for the bench model of `cfg` (`params`, else seeded by `seed`) on the batch `arrays`, compiled
     ahead of time. Returns (call, compiled, compile_s, holder, optimizer): `call()` runs one
     step (the state carried over in `holder["state"]`) and returns its metrics."""
     import jax
@@ -100,7 +100,8 @@ def compiled_train_step(
 
     arch = cfg.arch()
     optimizer = make_optimizer(TrainConfig())
-    params = models.init_params(arch, jax.random.key(seed))
+    if params is None:
+        params = models.init_params(arch, jax.random.key(seed))
     batch = jax.tree.map(jnp.asarray, arrays)
     step = learner.make_train_step(
         arch, optimizer, losses.resolve_loss_settings(cfg.loss), max_len=max_len,

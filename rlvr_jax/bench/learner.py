@@ -17,7 +17,14 @@ that a busy moment cannot inflate the fraction). On a GPU/TPU also `mfu` against
 datasheet bf16 peak of the device. `profile` times the pieces separately (LM head + log-softmax
 forward/backward, optimizer update) to show where the step's time goes.
 
+LoRA (`--lora-rank R`, all seven projections, alpha = 2R): the adapters train, the base is a
+constant stored in `--weight-dtype` (float32 | bfloat16 | int8); train FLOPs are then the
+forward and the activations' backward (4·P·tokens + attention) plus the adapters' 6·P_lora·
+tokens, and the result gives `lora.trainable_params` / `optimizer_state_bytes` (a full run's
+beside it).
+
     rlvr-bench learner [--preset cpu|quick|gpu-1b] [--json FILE] [--plot FILE.png] [sizes...]
+    rlvr-bench learner --lora-rank 8 [--weight-dtype int8] [...]
     rlvr-bench learner --workload attention-memory [--json FILE] [--plot FILE.png]
     rlvr-bench learner --workload long [--long-cap 4096] [--batch N] [--n-micro M] [--json FILE]
 """
@@ -37,6 +44,7 @@ import numpy as np
 from rlvr_jax import losses, models
 from rlvr_jax.bench import common, progress
 from rlvr_jax.bench.inputs import compiled_train_step, synthetic_batch
+from rlvr_jax.models import lora, quant
 from rlvr_jax.models.attention import IMPLS, resolve_impl
 
 WORKLOADS = ("step", "attention-memory", "long")
@@ -78,6 +86,10 @@ class LearnerBenchConfig(common.ModelSize):
     """Array size of the bandwidth probe in MiB."""
     profile: bool = True
     """Also time the LM head + log-softmax and the optimizer update on their own."""
+    lora_rank: int = 0
+    """LoRA rank on every projection (0 = the whole model trains)."""
+    weight_dtype: str = ""
+    """Storage of the weights ("" = float32; with LoRA the frozen base may be int8)."""
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "batch"):
@@ -91,12 +103,28 @@ class LearnerBenchConfig(common.ModelSize):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.lora_rank < 0 or self.weight_dtype not in ("", "float32", "bfloat16", "int8"):
+            raise ValueError("lora_rank must be >= 0 and weight_dtype float32|bfloat16|int8")
+        if self.weight_dtype == "int8" and not self.lora_rank:
+            raise ValueError("--weight-dtype int8 stores a frozen LoRA base: give --lora-rank")
         for name in ("attn_chunk", "logits_chunk"):
             chunk = getattr(self, name)
             if chunk < 0 or (chunk and (chunk >= self.seq or self.seq % chunk)):
                 raise ValueError(
                     f"{name}={chunk} must be 0 (off) or a divisor of seq={self.seq} below it"
                 )
+
+    def policy(self) -> Any:
+        """The random bench policy (`models.Model`) this config trains: in `weight_dtype`,
+        or with LoRA adapters over a base stored so."""
+        from rlvr_jax.config.schema import LoraConfig
+
+        arch, key = self.arch(), jax.random.key(self.seed)
+        dtype = "bfloat16" if self.weight_dtype == "bfloat16" else "float32"
+        model = models.Model(arch, models.init_params(arch, key, dtype))
+        base = "int8" if self.weight_dtype == "int8" else "param"
+        settings = LoraConfig(rank=self.lora_rank, alpha=2.0 * self.lora_rank, base_dtype=base)
+        return models.adapt_lora(model, settings, seed=self.seed)
 
     def memory(self) -> Any:
         """The learner's `MemoryOptions` of this config."""
@@ -143,13 +171,16 @@ def _profile_pieces(
         picked_BxT = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], axis=-1)[..., 0]
         return jnp.sum(picked_BxT - logz_BxT)
 
+    head_params = {k: v for k, v in params.items() if k in ("embedding", "lm_head")}
+    argnums = (1,) if lora.has_adapters(params) else (0, 1)  # LoRA: the head is frozen
     head, _ = common.compile_ahead(
-        jax.value_and_grad(head_loss, argnums=(0, 1)), params, hidden_BxTxD
+        jax.value_and_grad(head_loss, argnums=argnums), head_params, hidden_BxTxD
     )
     head_s = common.time_calls(
-        lambda: jax.block_until_ready(head(params, hidden_BxTxD)), cfg.repeats
+        lambda: jax.block_until_ready(head(head_params, hidden_BxTxD)), cfg.repeats
     )
 
+    params = lora.split(params)[0]  # what the optimizer updates
     grads = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 1e-3), params)
     opt_state = optimizer.init(params)
 
@@ -186,15 +217,17 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     settings = losses.resolve_loss_settings(cfg.loss)
     old_from = "batch" if settings.tis_mode == "mask" else "self"
     compute_dtype = jnp.dtype(cfg.dtype)
+    params = cfg.policy().params
     arrays = synthetic_batch(
         arch, rows=cfg.batch, seq=cfg.seq, seed=cfg.seed, with_old_logp=old_from == "batch"
     )
     train_call, train, train_compile_s, holder, optimizer = compiled_train_step(
-        cfg, arrays, max_len=cfg.seq, n_micro=cfg.n_micro, seed=cfg.seed
+        cfg, arrays, max_len=cfg.seq, n_micro=cfg.n_micro, seed=cfg.seed, params=params
     )
     batch = jax.tree.map(jnp.asarray, arrays)
     train_s = common.time_calls(train_call, cfg.repeats)
     metrics = jax.device_get(train_call())
+    trainable = lora.split(holder["state"].params)[0]
     if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
         raise RuntimeError(f"the benchmarked train step is not finite: {metrics}")
     logprob_fn = learner.make_logprob_fn(
@@ -209,6 +242,13 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
         "memory": {"train_step": common.compiled_memory(train),
                    "logprob_forward": common.compiled_memory(fwd)},
         "loss": {"value": float(metrics["loss"]), "grad_norm": float(metrics["grad_norm"])},
+        "lora": {
+            "rank": cfg.lora_rank,
+            "trainable_params": lora.size(trainable),
+            "optimizer_state_bytes": quant.nbytes(holder["state"].opt_state),
+            "full_optimizer_state_bytes": 2 * 4 * arch.n_params(),
+            "frozen_bytes": quant.nbytes(lora.split(params)[1] or {}),
+        },
         "profile": _profile_pieces(cfg, arch, params, optimizer) if cfg.profile else {},
         "op_profile": common.op_profile(train_call, trace_dir) if trace_dir else None,
         "old_from": old_from,
@@ -227,10 +267,11 @@ def summarize(
     bf16 TFLOP/s) when given."""
     arch = cfg.arch()
     tokens = cfg.batch * cfg.seq
-    flops = {
-        "train_step": common.train_flops(arch, cfg.batch, cfg.seq),
-        "logprob_forward": common.forward_flops(arch, cfg.batch, cfg.seq),
-    }
+    forward = common.forward_flops(arch, cfg.batch, cfg.seq)
+    train = common.train_flops(arch, cfg.batch, cfg.seq)
+    if cfg.lora_rank:  # no weight gradients of the frozen base; the adapters' full 6·P·T
+        train = 2 * forward + 6.0 * measured["lora"]["trainable_params"] * tokens
+    flops = {"train_step": train, "logprob_forward": forward}
     timings: dict[str, common.Timings] = measured["timings"]
     best = {k: t.best for k, t in timings.items()}
     gflops = {k: flops[k] / best[k] / 1e9 for k in flops}
@@ -265,6 +306,7 @@ def summarize(
         "op_profile": measured["op_profile"],
         "memory": measured["memory"],
         "loss": measured["loss"],
+        "lora": measured["lora"],
     }  # fmt: skip
 
 
@@ -352,6 +394,14 @@ def format_result(result: dict[str, Any]) -> str:
         lines.append(
             f"  op {op['op']:40s} {op['ms']:9.1f} ms {op['calls']:4d} calls {op['share']:6.1%}"
         )
+    lo = result["lora"]
+    if lo["rank"]:
+        lines.append(
+            f"LoRA rank {lo['rank']}: {lo['trainable_params']:,} trainable parameters, optimizer "
+            f"state {lo['optimizer_state_bytes'] / 2**20:.2f} MiB (a full run's "
+            f"{lo['full_optimizer_state_bytes'] / 2**20:.1f} MiB), frozen base "
+            f"{lo['frozen_bytes'] / 2**20:.1f} MiB ({cfg['weight_dtype'] or 'float32'})"
+        )
     load, share = result["machine"]["loadavg"], result["cpu_share"]["train_step"]
     lines.append(
         f"load average {load[0]:.2f} (1 min) on {result['machine']['cpu_count']} CPUs; the "
@@ -411,6 +461,12 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfi
     p.add_argument("--loss", help="loss preset (default olmo3)")
     p.add_argument("--attention", choices=IMPLS, help="attention kernel (default auto)")
     p.add_argument("--remat", action="store_true", help="rematerialise each layer (backward)")
+    p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank only")
+    p.add_argument(
+        "--weight-dtype",
+        choices=("float32", "bfloat16", "int8"),
+        help="storage of the weights (int8: a frozen LoRA base)",
+    )
     p.add_argument("--no-profile", action="store_true", help="skip the per-piece timings")
     p.add_argument("--device-kind", help="device kind for the datasheet lookup (default: detected)")
     p.add_argument("--datasheet-tflops", type=float, help="datasheet bf16 TFLOP/s (MFU base)")
@@ -450,6 +506,10 @@ def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfi
         overrides["profile"] = False
     if args.remat:
         overrides["remat"] = True
+    if args.lora_rank is not None:
+        overrides["lora_rank"] = args.lora_rank
+    if args.weight_dtype:
+        overrides["weight_dtype"] = args.weight_dtype
     try:
         cfg = dataclasses.replace(cfg, **overrides)
     except ValueError as e:

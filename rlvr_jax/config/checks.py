@@ -4,6 +4,8 @@ the key and the file.
 
 - `rollout.interrupt` and `rollout.push_*` against the rest of `rollout`; `eval.*` against
   `data.eval_sources`;
+- `model.lora` and `rollout.weight_dtype` (and what the vLLM backend cannot do with them);
+- `env.*` against `rollout` and `algorithm`;
 - the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
 - what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`).
 
@@ -33,6 +35,8 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
                 "computes another function: use rollout.backend: jetstream or rollout.exact: false"
             )
         _check_push(cfg.rollout)
+        _check_lora(cfg)
+        _check_env(cfg)
         _check_eval(cfg)
         if cfg.mesh.num_devices < 0:
             raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")
@@ -69,6 +73,57 @@ def _check_push(rollout: schema.RolloutConfig) -> None:
         raise ValueError(
             f"rollout.push_probe_tolerance must be > 0, got {rollout.push_probe_tolerance}"
         )
+
+
+def _check_lora(cfg: schema.Config) -> None:
+    """`model.lora`'s values; LoRA and quantized decode weights run on our engine only."""
+    lo = cfg.model.lora
+    if lo.rank < 0:
+        raise ValueError(f"model.lora.rank must be >= 0 (0 = off), got {lo.rank}")
+    if not lo.rank:
+        if lo.base_dtype != "param":
+            raise ValueError(
+                f"model.lora.base_dtype: {lo.base_dtype} needs LoRA (model.lora.rank > 0): only "
+                "a frozen base is stored quantized"
+            )
+    else:
+        if lo.alpha <= 0:
+            raise ValueError(f"model.lora.alpha must be > 0, got {lo.alpha}")
+        if not 0 <= lo.dropout < 1:
+            raise ValueError(f"model.lora.dropout must be in [0, 1), got {lo.dropout}")
+        bad = sorted(set(lo.targets) - set(schema.LORA_TARGETS))
+        if bad or not lo.targets:
+            raise ValueError(
+                f"model.lora.targets: {bad or 'empty'}; expected a non-empty subset of "
+                f"{list(schema.LORA_TARGETS)}"
+            )
+    if cfg.rollout.backend == "vllm" and (lo.rank or cfg.rollout.weight_dtype):
+        raise ValueError(
+            "model.lora and rollout.weight_dtype run on our engine only: with rollout.backend: "
+            "vllm set model.lora.rank: 0 and leave rollout.weight_dtype unset"
+        )
+
+
+def _check_env(cfg: schema.Config) -> None:
+    """A multi-turn environment needs our engine, no budget forcing, and `algorithm: rl`
+    (the other algorithms would train on the environment's tokens)."""
+    env = cfg.env
+    if env.max_turns < 1 or env.workers < 1 or env.tool_timeout_s <= 0:
+        raise ValueError(
+            "env: max_turns and workers must be >= 1 and tool_timeout_s > 0, got "
+            f"{env.max_turns}, {env.workers} and {env.tool_timeout_s}"
+        )
+    if env.name is None:
+        return
+    if cfg.rollout.backend == "vllm":
+        raise ValueError(f"env.name={env.name!r} needs rollout.backend: jetstream (not vllm)")
+    if cfg.rollout.interrupt.thinking_budget:
+        raise ValueError(
+            f"env.name={env.name!r} and rollout.interrupt (budget forcing) cannot be combined; "
+            "set rollout.interrupt.thinking_budget: 0"
+        )
+    if cfg.algorithm != "rl":
+        raise ValueError(f"env.name={env.name!r} needs algorithm: rl, not {cfg.algorithm}")
 
 
 def _check_interrupt(rollout: schema.RolloutConfig) -> None:

@@ -16,6 +16,30 @@ DRY_RUN_ONLY = {"dry_run_only": True}
 description); every other key is read by the run itself (tests/test_config_keys_read.py)."""
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The projections LoRA can adapt, by their HF (and PEFT) module names."""
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = 0
+    """r: rank of the LoRA adapters; 0 = off (the whole policy trains). On, the learner trains
+    the adapters only (optimizer state and checkpoints ∝ adapter size), the KL / DPO reference
+    is the base with the adapters off, and a weight push moves the adapters alone."""
+    alpha: float = 16.0
+    """The adapters' output is scaled by alpha / rank (PEFT's `lora_alpha`)."""
+    dropout: float = 0.0
+    """Dropout on each adapter's input, in the learner's gradient passes only (the old,
+    reference and sampler log-probs see none, so keep 0 for RL: the ratio compares them)."""
+    targets: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    """Projections that get adapters, by HF module name (any of q_proj k_proj v_proj o_proj
+    gate_proj up_proj down_proj)."""
+    base_dtype: Literal["param", "int8"] = "param"
+    """Storage of the frozen base's projection kernels: `param` = `model.param_dtype`; `int8`:
+    int8 with a scale per layer and output channel (QLoRA-style, via qwix; dequantized in each
+    matmul). Embedding, norms and LM head stay in `model.param_dtype`."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     path: str = REQUIRED
@@ -37,6 +61,8 @@ class ModelConfig:
     masks and [B, N, T, T] scores (the reference); `blockwise` is online-softmax XLA in
     O(T · block) memory; `cudnn` (GPU, bf16) and `splash` (TPU) are fused kernels. `auto`:
     splash on TPU, cuDNN on GPU where it applies, else blockwise."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (`rank: 0` = off): see `docs/lora.md`."""
 
 
 @dataclass(frozen=True)
@@ -184,6 +210,12 @@ class RolloutConfig:
     """The probe's largest |actor − learner| log-prob above which the run stops with
     `StaleWeightsError` (the actors do not hold the pushed weights). The on-policy mismatch is
     ~1e-6 in float32 and up to ~0.07 in bfloat16; tighten it to catch smaller updates."""
+    weight_dtype: Literal["float32", "bfloat16", "int8", "fp8"] | None = None
+    """Storage of the actors' decode matmul weights; None = `model.compute_dtype` (as the
+    learner). `int8` / `fp8` (float8_e4m3fn): quantized per output channel (via qwix), the
+    matmuls in the compute dtype. The learner keeps full precision: the sampler/learner gap
+    this opens shows in `kl/sampler_learner` and `tis/*`, and TIS (`loss.tis_cap`) corrects
+    it. Embedding, norms and the fp32 LM head are unchanged."""
     interrupt: InterruptConfig = field(default_factory=InterruptConfig)
     """Budget forcing (`rlvr_jax.rollout.interrupt`; our engine only, not vLLM); metric
     `rollout/interrupted_fraction`."""
@@ -193,6 +225,30 @@ class RolloutConfig:
     log-probs (TIS, `mismatch/*`) are the completions replayed through the engine's own decode
     step with the learner's params (`rlvr_jax.rollout.rescore`): equal to the sampler's bit for
     bit on policy. Costs a second pass over the rollouts per step (docs/trainer.md)."""
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str | None = None
+    """Multi-turn environment (`rlvr_jax.envs`): `tools` (`ToolEnv`: the model may call
+    `env.tools`), `gym` (a gymnasium-style text environment), a registered name or
+    `module:function`; None = one turn per completion. Its turns run inside the engine's
+    slots; `rollout.max_new_tokens` is each episode's budget (generated and appended tokens);
+    prompts are rendered by the environment through the chat template (`data.prompt_template`
+    is not used) and must fit `data.max_prompt_len`."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment's factory (`tools`: `system`,
+    `max_output_chars`; `gym`: `id` or `entry_point`, `make_kwargs`)."""
+    tools: list[str] = field(default_factory=lambda: ["python", "calculator"])
+    """`env.name: tools`: the tools offered, built-in (`python`: runs in the code sandbox;
+    `calculator`: exact arithmetic) or `module:function` (a typed Python function: its JSON
+    schema comes from its signature and docstring)."""
+    max_turns: int = 4
+    """Assistant turns per episode; an episode still calling tools then is truncated."""
+    tool_timeout_s: float = 10.0
+    """`env.name: tools`: bound of each tool call (an error message to the model past it)."""
+    workers: int = 4
+    """Threads running the environments' turns (tools included), off the engine's thread."""
 
 
 def _preset_or(default: Any) -> Any:
@@ -481,6 +537,8 @@ class Config:
     """Prompt sources."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """The rollout engine."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Multi-turn environments and tools (off by default)."""
     loss: LossConfig = field(default_factory=LossConfig)
     """Policy loss, advantages, KL, TIS."""
     critic: CriticConfig = field(default_factory=CriticConfig)

@@ -232,6 +232,7 @@ def sample_correct_counts(
     seed: int,
     chunk_prompts: int = DEFAULT_CHUNK_PROMPTS,
     version: int | None = None,
+    turns: Sequence[Any] | None = None,
 ) -> SampledCounts:
     """Samples `num_samples` completions of each prompt through `rollout` and counts the
     correct ones.
@@ -240,8 +241,10 @@ def sample_correct_counts(
     (token ids). Prompts are generated `chunk_prompts` at a time; chunk c+1 generates while
     chunk c is verified. Prompt i samples with `rollout.request_seed(seed, i)` (so the
     chunking changes nothing); `version` pins the requests to that policy version.
-    `sampling` is a `rollout.SamplingParams`.
+    `sampling` is a `rollout.SamplingParams`. `turns[i]` (from `env_prompts`) runs prompt i's
+    samples as episodes of a multi-turn environment, verified on their final answers.
     """
+    from rlvr_jax.envs.episode import answer_text
     from rlvr_jax.rollout import sample_groups
 
     if len(rows) != len(prompts):
@@ -279,6 +282,7 @@ def sample_correct_counts(
                 version=version,
                 first_index=start,
                 key="eval",
+                turns=None if turns is None else turns[start : start + chunk_prompts],
             )
             completions = [
                 dataclasses.replace(c, prompt_index=start + j)
@@ -288,7 +292,7 @@ def sample_correct_counts(
             totals["generate_s"] += time.perf_counter() - t0
             totals["tokens"] += sum(len(c.tokens) for c in completions)
             totals["truncated"] += sum(c.finish_reason == "length" for c in completions)
-            texts = [tokenizer.decode(c.tokens, skip_special_tokens=True) for c in completions]
+            texts = [answer_text(c, tokenizer) for c in completions]
             if pending is not None:
                 collect(*pending)
             future = verifier.submit(correct_counts, rows, completions, texts, reward_service)
@@ -308,17 +312,54 @@ def sample_correct_counts(
     )
 
 
+def env_prompts(
+    cfg: Any,
+    rows: Sequence[Any],
+    tokenizer: Any,
+    stop_token_ids: Sequence[int],
+    max_prompt_len: int | None = None,
+) -> tuple[list[Any], list[list[int]], list[Any] | None, Any]:
+    """(rows, their prompt ids, their multi-turn hooks, the `envs.EnvRunner` to close): with
+    `env.name` set, the environment renders each prompt (rows whose prompt then exceeds
+    `max_prompt_len`, when given, are left out) and its hook runs the episodes; otherwise
+    the prompts are `data.prompt_template`'s and there are no hooks."""
+    from rlvr_jax.data.formatting import format_prompt
+
+    if cfg.env.name is None:
+        prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
+        return list(rows), prompts, None, None
+    from rlvr_jax.envs import EnvRunner
+
+    runner = EnvRunner(
+        cfg.env,
+        tokenizer,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        stop_token_ids=stop_token_ids,
+    )
+    limit = max_prompt_len or float("inf")
+    kept = [(r, g) for r in rows if len((g := runner.group(r)).prompt_ids) <= limit]
+    groups = [g for _, g in kept]
+    return [r for r, _ in kept], [g.prompt_ids for g in groups], groups, runner
+
+
+def _stop_ids(cfg: Any, model: Any, tokenizer: Any) -> tuple[int, ...]:
+    from rlvr_jax.data.formatting import stop_token_ids
+
+    return stop_token_ids(model.config, tokenizer, cfg.rollout.stop_strings)
+
+
 def sample_rows(
     cfg: Any, model: Any, tokenizer: Any, rows: Sequence[Any], *, temperature: float, **options
 ) -> SampledCounts:
     """`sample_correct_counts` (`options`) of `rows` (formatted with `data.prompt_template`)
     through the config's rollout (`open_rollout`) at `temperature`, top-p 1, verified by
     `cfg.rewards`."""
-    from rlvr_jax.data.formatting import format_prompt
     from rlvr_jax.rewards import RewardService
     from rlvr_jax.rollout import SamplingParams
 
-    prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
+    rows, prompts, turns, runner = env_prompts(
+        cfg, rows, tokenizer, _stop_ids(cfg, model, tokenizer)
+    )
     rollout = open_rollout(cfg, model, tokenizer, max(len(p) for p in prompts))
     sampling = SamplingParams(temperature=temperature, top_p=1.0)
     try:
@@ -330,10 +371,13 @@ def sample_rows(
                 tokenizer=tokenizer,
                 reward_service=rewards,
                 sampling=sampling,
+                turns=turns,
                 **options,
             )
     finally:
         rollout.close()
+        if runner is not None:
+            runner.close()
 
 
 # -- held-out evaluation -------------------------------------------------------------------
@@ -355,7 +399,7 @@ def evaluate_rollout(
     `rollout` (the trainer's own actor rollout: its mesh, KV budget, backend and stop
     strings), prompt i with `request_seed(seed, i)` (default `eval.seed`), every request
     pinned to policy `version` when given. `rlvr-eval` with the same seed samples the same."""
-    from rlvr_jax.data import format_prompt, load_eval_rows
+    from rlvr_jax.data import load_eval_rows
     from rlvr_jax.rewards import known_verifiers
     from rlvr_jax.rollout import SamplingParams
 
@@ -364,20 +408,27 @@ def evaluate_rollout(
     rows = list(rows)[: cfg.eval.max_prompts]
     if not rows:
         raise ValueError("evaluation: no held-out rows (set data.eval_sources)")
-    prompts = [format_prompt(r, tokenizer, cfg.data.prompt_template) for r in rows]
+    rows, prompts, turns, runner = env_prompts(
+        cfg, rows, tokenizer, rollout.stop_token_ids, cfg.data.max_prompt_len
+    )
     n = cfg.eval.num_samples
     t0 = time.perf_counter()
-    sampled = sample_correct_counts(
-        rollout,
-        rows,
-        prompts,
-        tokenizer=tokenizer,
-        reward_service=reward_service,
-        num_samples=n,
-        sampling=SamplingParams(temperature=cfg.eval.temperature, top_p=1.0),
-        seed=cfg.eval.seed if seed is None else seed,
-        version=version,
-    )
+    try:
+        sampled = sample_correct_counts(
+            rollout,
+            rows,
+            prompts,
+            tokenizer=tokenizer,
+            reward_service=reward_service,
+            num_samples=n,
+            sampling=SamplingParams(temperature=cfg.eval.temperature, top_p=1.0),
+            seed=cfg.eval.seed if seed is None else seed,
+            version=version,
+            turns=turns,
+        )
+    finally:
+        if runner is not None:
+            runner.close()
     out = summarise(sampled.counts_P, sampled.domains, n, cfg.eval.ks, prefix)
     out[f"{prefix}time_s"] = time.perf_counter() - t0
     out[f"{prefix}prompts"] = float(len(rows))
@@ -397,15 +448,16 @@ def evaluate_policy(
 ) -> dict[str, float]:
     """`evaluate_rollout` of `model` (a policy outside a training run, e.g. a checkpoint)
     through the config's rollout on the model's mesh (`open_rollout`)."""
-    from rlvr_jax.data import format_prompt, load_eval_rows
+    from rlvr_jax.data import load_eval_rows
     from rlvr_jax.rewards import known_verifiers
 
     if rows is None:
         rows = load_eval_rows(cfg.data, tokenizer=tokenizer, known_verifiers=known_verifiers())
     rows = list(rows)[: cfg.eval.max_prompts]
-    longest = max(
-        (len(format_prompt(r, tokenizer, cfg.data.prompt_template)) for r in rows), default=1
-    )
+    rows, prompts, _, runner = env_prompts(cfg, rows, tokenizer, _stop_ids(cfg, model, tokenizer))
+    if runner is not None:
+        runner.close()
+    longest = max((len(p) for p in prompts), default=1)
     rollout = open_rollout(cfg, model, tokenizer, longest)
     try:
         return evaluate_rollout(

@@ -6,7 +6,8 @@ variant (how its fields map onto `ArchConfig`: docs/models.md).
 Entry points: `load_pretrained` / `save_pretrained` (HF directories), `forward` (a `Model`
 on a padded or packed batch), `apply` (the pure jittable forward the learner uses),
 `init_params` / `abstract_params` / `param_logical_axes` (params without a
-checkpoint). Logits are float32 whatever the compute dtype.
+checkpoint), `adapt_lora` (LoRA adapters in the params: `rlvr_jax.models.lora`; PEFT export:
+`rlvr_jax.models.peft_io`). Logits are float32 whatever the compute dtype.
 """
 
 from rlvr_jax.models.config import ArchConfig
@@ -20,6 +21,7 @@ from rlvr_jax.models.errors import (
 )
 from rlvr_jax.models.model import (
     Model,
+    adapt_lora,
     forward,
     load_pretrained,
     positions_from_mask,
@@ -47,6 +49,7 @@ __all__ = [
     "UnsupportedArchitectureError",
     "UnsupportedRopeError",
     "abstract_params",
+    "adapt_lora",
     "apply",
     "forward",
     "init_params",

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from rlvr_jax import sharding
-from rlvr_jax.models import rope
+from rlvr_jax.models import lora, rope
 from rlvr_jax.models.config import ArchConfig
+from rlvr_jax.models.quant import dense
 from rlvr_jax.models.swiglu import swiglu_hidden
 
 Dtype = Any
@@ -66,7 +67,8 @@ class RMSNorm(nn.Module):
 
 
 class Einsum(nn.Module):
-    """A projection `einsum(equation, x, kernel)` with an optional bias on the output dims.
+    """A projection `einsum(equation, x, kernel)` with an optional bias on the output dims,
+    plus the LoRA term when the params hold an adapter beside the kernel (`lora.delta`).
 
     The kernel's trailing `out_dims` dimensions are the output features (bias shape).
     """
@@ -83,9 +85,11 @@ class Einsum(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         kernel, bias = _projection_params(self, self.out_dims)
-        y = jnp.einsum(
-            self.equation, x.astype(self.compute_dtype), kernel.astype(self.compute_dtype)
-        )
+        cdt = self.compute_dtype
+        y = jnp.einsum(self.equation, x.astype(cdt), dense(kernel, cdt))
+        adapter = self.get_variable("params", lora.KEY)
+        if adapter is not None:
+            y = y + lora.delta(x, adapter, cdt)
         if bias is not None:
             y = y + _lead(bias.astype(self.compute_dtype), y.ndim)
         return y
@@ -311,8 +315,9 @@ class OutProjection(nn.Module):
 
 
 class Projection(nn.Module):
-    """The params of one projection (kernel of `shape`, optional bias on its last dim), for
-    callers that do the math themselves; same names and init as `Einsum`."""
+    """The params of one projection (kernel of `shape`, optional bias on its last dim, the
+    LoRA adapter when the params hold one), for callers that do the math themselves; same
+    names and init as `Einsum`."""
 
     shape: tuple[int, ...]
     axes: tuple[str, ...]
@@ -321,13 +326,14 @@ class Projection(nn.Module):
     param_dtype: Dtype = jnp.float32
 
     @nn.compact
-    def __call__(self) -> tuple[jax.Array, jax.Array | None]:
-        return _projection_params(self, 1)
+    def __call__(self) -> tuple[jax.Array, jax.Array | None, lora.Adapter | None]:
+        return (*_projection_params(self, 1), self.get_variable("params", lora.KEY))
 
 
 class Mlp(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)); gate and up as one stacked matmul with a custom
-    backward (`rlvr_jax.models.swiglu`)."""
+    backward (`rlvr_jax.models.swiglu`), or, with LoRA adapters on them, plain autodiff (the
+    frozen kernels then get no weight gradient at all)."""
 
     config: ArchConfig
     compute_dtype: Dtype
@@ -346,12 +352,22 @@ class Mlp(nn.Module):
             init_std=cfg.init_std,
             param_dtype=self.param_dtype,
         )
-        w_gate, b_gate = Projection(name="gate_proj", **proj)()
-        w_up, b_up = Projection(name="up_proj", **proj)()
-        w_CxDxF = jnp.stack([w_gate, w_up]).astype(cdt)
+        w_gate, b_gate, a_gate = Projection(name="gate_proj", **proj)()
+        w_up, b_up, a_up = Projection(name="up_proj", **proj)()
+        w_CxDxF = jnp.stack([dense(w_gate, cdt), dense(w_up, cdt)])
         b_CxF = None if b_gate is None else jnp.stack([b_gate, b_up]).astype(cdt)
+        x_BxTxD = x_BxTxD.astype(cdt)
+        if a_gate is None and a_up is None:
+            hidden_BxTxF = swiglu_hidden(x_BxTxD, w_CxDxF, b_CxF)
+        else:
+            gu_BxTxCxF = jnp.einsum("BTD,CDF->BTCF", x_BxTxD, w_CxDxF)
+            if b_CxF is not None:
+                gu_BxTxCxF = gu_BxTxCxF + b_CxF[None, None]
+            deltas = [0.0 if a is None else lora.delta(x_BxTxD, a, cdt) for a in (a_gate, a_up)]
+            gate_BxTxF, up_BxTxF = gu_BxTxCxF[:, :, 0] + deltas[0], gu_BxTxCxF[:, :, 1] + deltas[1]
+            hidden_BxTxF = jax.nn.silu(gate_BxTxF) * up_BxTxF
         hidden_BxTxF = sharding.constrain(
-            swiglu_hidden(x_BxTxD.astype(cdt), w_CxDxF, b_CxF),
+            hidden_BxTxF,
             ("batch", "activation_length", "activation_mlp"),
             self.mesh,
             self.rules,

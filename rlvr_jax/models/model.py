@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -14,10 +15,10 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rlvr_jax import sharding
-from rlvr_jax.models import hf_io
+from rlvr_jax.models import hf_io, lora
 from rlvr_jax.models.config import ArchConfig
 from rlvr_jax.models.errors import CheckpointError, ModelConfigError
-from rlvr_jax.models.params import apply, as_dtype, param_shardings
+from rlvr_jax.models.params import apply, as_dtype, param_shardings, tree_shardings
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -129,6 +130,32 @@ def save_pretrained(
     for name in TOKENIZER_FILES:
         if (Path(source) / name).is_file():
             shutil.copyfile(Path(source) / name, path / name)
+
+
+def adapt_lora(model: Model, settings: Any, *, seed: int = 0) -> Model:
+    """`model` (a `models.Model`) with fresh adapters by `settings` (`model.lora` of the config:
+    rank, alpha, dropout, targets, base_dtype), its base kernels int8 when `base_dtype` says
+    so, all placed like its params; unchanged when `settings.rank` is 0."""
+    if not settings.rank:
+        return model
+    params = model.params
+    if settings.base_dtype != "param":
+        params = lora.quantize_base(params, settings.base_dtype)
+    shardings = None
+    if model.mesh is not None:
+        shardings = functools.partial(
+            tree_shardings, config=model.config, mesh=model.mesh, rules=model.rules
+        )
+    params = lora.attach(
+        params,
+        jax.random.PRNGKey(seed),
+        rank=settings.rank,
+        alpha=settings.alpha,
+        dropout=settings.dropout,
+        targets=tuple(settings.targets),
+        shardings=shardings,
+    )
+    return dataclasses.replace(model, params=params)
 
 
 def positions_from_mask(mask_BxT: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from rlvr_jax.models import lora
 from rlvr_jax.models.config import ArchConfig
 from rlvr_jax.models.decoder import Decoder
 from rlvr_jax.sharding import LEARNER_RULES, Rules, logical_to_sharding, reshard
@@ -109,6 +110,13 @@ def param_logical_axes(config: ArchConfig) -> Any:
 def param_shardings(config: ArchConfig, mesh: Mesh, rules: Rules) -> Any:
     """NamedSharding tree of the params of `config` on `mesh` by the logical-axis `rules`."""
     return logical_to_sharding(param_logical_axes(config), mesh, rules, abstract_params(config))
+
+
+def tree_shardings(params: Any, config: ArchConfig, mesh: Mesh, rules: Rules) -> Any:
+    """NamedSharding tree of any params tree of `config` — whole, adapters only, with LoRA
+    adapters or quantized kernels (`rlvr_jax.models.lora.axes`) — arrays or abstract."""
+    axes = lora.axes(params, param_logical_axes(config))
+    return logical_to_sharding(axes, mesh, rules, params)
 
 
 def shard_params(params: Any, mesh: Mesh, rules: Rules, config: ArchConfig) -> Any:

@@ -57,8 +57,9 @@ class Rollout(Protocol):
     def wait(self, futures: Sequence[concurrent.futures.Future]) -> list[CompletedGroup]:
         """The groups of `submit_future`'s futures (stepping an unstarted rollout)."""
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """New policy params (models layout, any mesh), swapped in at the next boundary."""
+    def update_weights(self, params: Any, version: int) -> dict[str, float] | None:
+        """New policy params (models layout, any mesh), swapped in at the next boundary;
+        returns the push's `push/bytes` and `push/seconds` where the backend measures them."""
 
     def kv_metrics(self) -> dict[str, float]:
         """KV-cache metrics since the previous call ({} where the backend has none)."""
@@ -69,8 +70,8 @@ class Rollout(Protocol):
 
 def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
     """`EngineCore` keyword arguments of a `rollout:` config section (KV layout and budget,
-    page size, prefill chunk, decode chunk, exact; with `exact`, room to replay a whole
-    completion, `rescore`)."""
+    page size, prefill chunk, decode chunk, decode weight dtype, exact; with `exact`, room to
+    replay a whole completion, `rescore`)."""
     out = {
         "chunk": cfg.decode_chunk,
         "kv_layout": cfg.kv_layout,
@@ -78,6 +79,7 @@ def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
         "kv_pages": cfg.kv_pages,
         "kv_cache_gib": cfg.kv_cache_gib,
         "prefill_chunk": cfg.prefill_chunk,
+        "weight_dtype": cfg.weight_dtype,
     }
     if cfg.exact:
         out.update(exact=True, max_interrupt_ids=max(16, cfg.max_new_tokens))
@@ -192,12 +194,14 @@ def sample_groups(
     first_index: int = 0,
     key: Hashable = "sample",
     on_group: Callable[[int, CompletedGroup], None] | None = None,
+    turns: Sequence[Any] | None = None,
 ) -> list[CompletedGroup]:
     """`num_samples` completions of each of `prompts` through `rollout`, in prompt order.
     Prompt i (counted from `first_index`) samples with `request_seed(seed, i)`, whatever else
     the rollout generates; `version` pins every request to that policy version
     (`RolloutStream.submit_future`); `on_group(i, group)` is called as each completes (on the
-    driver thread when the rollout runs one)."""
+    driver thread when the rollout runs one); `turns[j]` makes prompt j multi-turn (its
+    `rollout.turns.TurnHook`, e.g. an `rlvr_jax.envs.EnvGroup`)."""
     futures = []
     for j, prompt in enumerate(prompts):
         i = first_index + j
@@ -209,6 +213,7 @@ def sample_groups(
             request_seed(seed, i),
             sampling=sampling,
             version=version,
+            **({} if turns is None else {"turns": turns[j]}),
         )
         if on_group is not None:
             future.add_done_callback(

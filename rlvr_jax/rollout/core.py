@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from rlvr_jax.models import lora, quant
 from rlvr_jax.rollout import kernel
 from rlvr_jax.rollout.interrupt import REPLAY
 from rlvr_jax.rollout.paged_core import PagedWork
@@ -65,11 +66,16 @@ __all__ = [
 
 @functools.partial(jax.jit, static_argnames=("spec",))
 def prepare(params: Any, *, spec: EngineSpec) -> kernel.DecodeParams:
-    """`params` (models layout, already on the engine's devices) in decode layout, split
-    tensor-parallel on the actor mesh (`decode_param_shardings`)."""
+    """`params` (models layout, already on the engine's devices; LoRA adapters are merged and
+    quantized kernels dequantized first, `lora.merge`) in decode layout, its weights stored in
+    `spec.weight_dtype`, split tensor-parallel on the actor mesh (`decode_param_shardings`)."""
     tensor = 1 if spec.mesh is None else spec.mesh.shape["tensor"]
     dp = kernel.prepare_params(
-        params, spec.config, spec.compute_dtype, kernel.fused_tp(spec.config, tensor)
+        lora.merge(params),
+        spec.config,
+        spec.compute_dtype,
+        kernel.fused_tp(spec.config, tensor),
+        spec.weight_dtype or None,
     )
     return constrain(dp, decode_param_shardings(spec, dp))
 
@@ -83,7 +89,12 @@ def decode_param_axes(dp: kernel.DecodeParams) -> Any:
     heads, mlp = ("heads" if tp > 1 else None), ("mlp" if tp > 1 else None)
 
     def names(*axes: str | None) -> Any:
-        return lambda x: None if x is None else axes[: x.ndim] + (None,) * (x.ndim - len(axes))
+        def of(x: Any) -> Any:
+            if x is None:
+                return None
+            return quant.axes_like(x, axes[: x.ndim] + (None,) * (x.ndim - len(axes)))
+
+        return of
 
     rep = names()
     layers = tuple(

@@ -19,7 +19,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rlvr_jax import sharding
-from rlvr_jax.models import ArchConfig, Model, param_shardings
+from rlvr_jax.models import ArchConfig, Model, lora
+from rlvr_jax.models.params import tree_shardings
 from rlvr_jax.rollout import core
 from rlvr_jax.rollout.core import ChunkOutput, DecodeState, EngineSpec, Prefix, SlotSettings
 from rlvr_jax.rollout.engine_paged import PagedOps
@@ -54,6 +55,12 @@ class EngineCore(PagedOps):
       geometry_tokens: (decode block, decode iteration, prefill block) in tokens (paged;
         default `paged_attention.GEOMETRY_TOKENS`).
       exact: decode every slot every call (`EngineSpec.exact`, `rollout.exact`).
+      weight_dtype: storage of the decode matmul weights, "float32" | "bfloat16" | "int8" |
+        "fp8" (default: the compute dtype; `kernel.prepare_params`).
+
+    LoRA: given a policy whose params hold adapters (`models.lora`), the engine keeps a copy
+    of its base on the actor devices and from then on takes adapters alone (`prepare`), merging
+    them into the decode weights.
     """
 
     def __init__(
@@ -76,6 +83,7 @@ class EngineCore(PagedOps):
         geometry_tokens: tuple[int, int, int] | None = None,
         max_interrupt_ids: int = 16,
         exact: bool = False,
+        weight_dtype: str | None = None,
     ):
         if chunk < 1:
             raise ValueError(f"chunk (decode steps per call) must be >= 1, got {chunk}")
@@ -85,6 +93,7 @@ class EngineCore(PagedOps):
             max_slots=max_slots,
             max_len=max_len,
             compute_dtype=compute,
+            weight_dtype=weight_dtype or "",
             cache_dtype=compute if cache_dtype is None else jnp.dtype(cache_dtype).name,
             max_stop_ids=max_stop_ids,
             max_interrupt_ids=max_interrupt_ids,
@@ -105,6 +114,8 @@ class EngineCore(PagedOps):
         self.spec = spec
         self.chunk = chunk
         self.model = model
+        self.base: Any = None
+        """The LoRA base on the actor devices (held from the first adapted params on)."""
         self.params = self.prepare(model.params)
         """The model's params in decode layout (what `load_params` hands JetStream)."""
 
@@ -115,15 +126,32 @@ class EngineCore(PagedOps):
 
     def prepare(self, params: Any) -> DecodeParams:
         """`params` (models layout, on any mesh) moved to the actor devices and re-laid for
-        decoding. Device-to-device (`jax.device_put` to the actor shardings); no host copy."""
+        decoding. Device-to-device (`jax.device_put` to the actor shardings); no host copy.
+
+        LoRA: whole params with adapters leave a copy of their base here (`self.base`); after
+        that, `lora.adapters(params)` alone (what a push moves) is merged onto it."""
+        if lora.has_adapters(params) and "embedding" in params:
+            self.base = self._move(lora.strip(params), copy=True)
+            params = lora.adapters(params)
+        if "embedding" not in params:
+            if self.base is None:
+                raise ValueError("adapters without a base: give the engine whole params first")
+            params = lora.graft(self.base, self._move(params))
+        else:
+            params = self._move(params)
+        return core.prepare(params, spec=self.spec)
+
+    def _move(self, tree: Any, *, copy: bool = False) -> Any:
+        """A params tree (whole or adapters) on the actor devices; `copy`: never aliasing the
+        source's buffers (the learner donates its own)."""
         if self.spec.mesh is None:
             target = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-            params = jax.device_put(params, target)
+            targets = jax.tree.map(lambda _: target, tree)
         else:
-            params = sharding.reshard(
-                params, param_shardings(self.config, self.spec.mesh, self.spec.rules)
-            )
-        return core.prepare(params, spec=self.spec)
+            targets = tree_shardings(tree, self.config, self.spec.mesh, self.spec.rules)
+        if jax.process_count() == 1:
+            return jax.device_put(tree, targets, may_alias=False if copy else None)
+        return sharding.reshard(tree, targets)
 
     def init_decode_state(self) -> DecodeState:
         """All slots empty (committed to the engine's devices, as every later state is)."""

@@ -8,7 +8,10 @@ weight update into `DecodeParams`:
   columns grouped by tensor-parallel shard (`tp`): shard t holds its own q, k and v heads
   (and gate and up columns) side by side, so the fused matmuls split over the actor mesh's
   tensor axis with no resharding (with tp = 1 the layout is plain q|k|v, gate|up);
-- weights pre-cast to the compute dtype; the LM head as a [D, V] fp32 matrix.
+- weights pre-cast to the compute dtype, or to `weight_dtype` (`rollout.weight_dtype`):
+  bfloat16 / float32, or int8 / fp8 with one scale per output column (`models.quant`: the
+  matmul runs in the compute dtype and the scale is applied after it); the LM head as a
+  [D, V] fp32 matrix.
 
 The math is the model's own: `rms_norm`, `attend`, the masks and RoPE tables come from
 `rlvr_jax.models`, so the engine computes what `rlvr_jax.models.forward` computes (the
@@ -31,7 +34,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.models import ArchConfig
+from rlvr_jax.models import ArchConfig, quant
 from rlvr_jax.models.config import SLIDING
 from rlvr_jax.models.decoder import rope_tables
 from rlvr_jax.models.layers import attend, cache_masks, rms_norm, segment_masks
@@ -91,11 +94,13 @@ def _flat_bias(layer: dict, name: str, i: int, compute: Any) -> jax.Array | None
 
 
 def prepare_params(
-    params: Any, config: ArchConfig, compute_dtype: Any, tp: int = 1
+    params: Any, config: ArchConfig, compute_dtype: Any, tp: int = 1, weight_dtype: Any = None
 ) -> DecodeParams:
-    """`params` (models layout, leaves stacked over layers) in decode layout, fused columns
-    grouped by `tp` tensor shards (see `fused_tp`). Jittable."""
+    """`params` (models layout, leaves stacked over layers, plain arrays: see `lora.merge`) in
+    decode layout, fused columns grouped by `tp` tensor shards (see `fused_tp`), the matmul
+    weights in `weight_dtype` (default the compute dtype; "int8" / "fp8": quantized). Jittable."""
     compute = jnp.dtype(compute_dtype)
+    store = _storage(compute, weight_dtype)
     stack = params["layers"]
     attn, out, mlp = stack["attn"], stack["attn_out"], stack["mlp"]
     d = config.d_model
@@ -109,15 +114,15 @@ def prepare_params(
             LayerWeights(
                 attn_norm=stack["attn_norm"]["scale"][i],
                 mlp_norm=stack["mlp_norm"]["scale"][i],
-                qkv=_grouped(proj, tp).astype(compute),
+                qkv=store(_grouped(proj, tp)),
                 qkv_bias=None if biases[0] is None else _grouped(biases, tp),
                 q_norm=attn["q_norm"]["scale"][i] if "q_norm" in attn else None,
                 k_norm=attn["k_norm"]["scale"][i] if "k_norm" in attn else None,
-                o=out["o_proj"]["kernel"][i].reshape(-1, d).astype(compute),
+                o=store(out["o_proj"]["kernel"][i].reshape(-1, d)),
                 o_bias=_flat_bias(out, "o_proj", i, compute),
-                gate_up=_grouped(gate_up, tp).astype(compute),
+                gate_up=store(_grouped(gate_up, tp)),
                 gate_up_bias=None if gu_biases[0] is None else _grouped(gu_biases, tp),
-                down=mlp["down_proj"]["kernel"][i].astype(compute),
+                down=store(mlp["down_proj"]["kernel"][i]),
                 down_bias=_flat_bias(mlp, "down_proj", i, compute),
                 tp=tp,
             )
@@ -131,13 +136,22 @@ def prepare_params(
     )
 
 
+def _storage(compute: jnp.dtype, weight_dtype: Any) -> Callable[[jax.Array], Any]:
+    """How a [in, out] matmul weight is stored: cast to a float dtype, or quantized per output
+    column with its scale in the compute dtype (the dtype the matmul then runs in)."""
+    if weight_dtype in quant.QTYPES:
+        return lambda w: quant.quantize(w.astype(compute), weight_dtype, (0,))
+    dtype = compute if weight_dtype is None else jnp.dtype(weight_dtype)
+    return lambda w: w.astype(dtype)
+
+
 def _norm(config: ArchConfig, x: jax.Array, scale: jax.Array) -> jax.Array:
     return rms_norm(x, scale, eps=config.norm_eps, weight_in_fp32=config.norm_weight_in_fp32)
 
 
-def _project(x: jax.Array, kernel: jax.Array, bias: jax.Array | None) -> jax.Array:
-    """`x @ kernel (+ bias)` over the last axis, in the kernel's (compute) dtype."""
-    y = jnp.einsum("...i,io->...o", x.astype(kernel.dtype), kernel)
+def _project(x: jax.Array, kernel: Any, bias: jax.Array | None) -> jax.Array:
+    """`x @ kernel (+ bias)` over the last axis, in the kernel's dtype (`quant.project`)."""
+    y = quant.project(x, kernel)
     return y if bias is None else y + bias.reshape((1,) * (y.ndim - 1) + bias.shape)
 
 

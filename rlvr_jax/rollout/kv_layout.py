@@ -329,17 +329,20 @@ def kv_layout(name: str) -> Contiguous | Paged:
 class ContiguousKV:
     """The scheduler's host half on a contiguous engine: a group's prompt is prefilled once
     (dense) and inserted into as many free slots as there are, the rest later from the same
-    prefix."""
+    prefix. A multi-turn sequence parked between turns holds its row (`reserved`); its
+    appended tokens are written into the row (`extend.extend_row`) when it resumes."""
 
     def __init__(self, scheduler: Any):
         self.sched = scheduler
         self.in_use = 0
         """Pages in use (none: rows are fixed)."""
+        self.reserved: set[int] = set()
+        """Rows of parked sequences (`rollout.turns`)."""
 
     def admit(self) -> None:
         """Fills free slots from the head of the queue."""
         sched, core_ = self.sched, self.sched.core
-        free = sched._free_slots()
+        free = [s for s in sched._free_slots() if s not in self.reserved]
         while free and sched._waiting:
             group = sched._waiting[0]
             req = group.request
@@ -364,8 +367,51 @@ class ContiguousKV:
         """No pages to hand out; every row decodes."""
         return None, None
 
-    def release(self, slot: Any, slot_id: int) -> None:
+    def release(self, slot: Any, slot_id: int | None, **_: Any) -> None:
         """Nothing to free."""
+
+    def park(self, parked: Any, slot_id: int) -> None:
+        """A sequence waits for its next turn in its own row."""
+        parked.row = slot_id
+        self.reserved.add(slot_id)
+
+    def drop(self, parked: Any) -> None:
+        """A parked sequence ended: its row is free."""
+        self.reserved.discard(parked.row)
+
+    def resume(self, parked: Any) -> bool:
+        """Writes the appended tokens into the parked sequence's row and makes it decode
+        again from its last one; always succeeds."""
+        from rlvr_jax.rollout.extend import extend_row
+        from rlvr_jax.rollout.turns import stamp
+
+        sched, core_, slot = self.sched, self.sched.core, parked.slot
+        cached = [*slot.group.request.prompt, *slot.tokens]
+        new = cached[parked.cached : -1]
+        padded = np.zeros((core_.spec.bucket(len(new)),), np.int32)
+        padded[: len(new)] = new
+        sched._state = extend_row(
+            sched.params,
+            sched._state,
+            padded,
+            np.int32(parked.cached),
+            np.int32(len(new)),
+            np.int32(parked.row),
+            spec=core_.spec,
+        )
+        self.reserved.discard(parked.row)
+        sched._slots[parked.row] = slot
+        req = slot.group.request
+        sched._state = core_.activate(
+            sched._state,
+            [parked.row],
+            [req.slot_request(slot.sample_index)],
+            [cached[-1]],
+            [len(cached) - 1],
+            [len(slot.tokens)],
+        )
+        stamp(slot, sched.version)
+        return True
 
 
 __all__ = ["CONTIGUOUS", "LAYOUTS", "PAGED", "KVPool", "kv_layout"]

@@ -16,11 +16,16 @@ sequences, chunked prefill, copy-on-write prefix sharing, preemption and resumpt
   ends with the tokens it would have had.
 - A request is refused at queue time if it could not fit the pool alone, so the head of
   the queue always fits once the running slots drain: no deadlock, no out-of-memory.
+- A multi-turn sequence parked between turns (`rollout.turns`) leaves its slot and keeps
+  its pages; its appended tokens are written into them (`extend`) when it resumes in a free
+  slot of its shard. Parked sequences are the first to lose their pages when a shard runs
+  short (they resume by recompute, like preempted ones).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -28,6 +33,7 @@ import numpy as np
 
 from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.pages import PageAllocator, pages_for, work_lists
+from rlvr_jax.rollout.turns import stamp
 
 
 @dataclasses.dataclass
@@ -215,6 +221,7 @@ class PagedKV:
         if not self._run_prefill(item.prefill, budget):
             return False
         self._reserved.discard(item.slot_id)
+        stamp(slot, self.sched.version)
         slot.pages = item.prefill.pages
         self._set_pages(item.slot_id, slot.pages)
         self.sched._slots[item.slot_id] = slot
@@ -259,6 +266,9 @@ class PagedKV:
                 ends[s] = min(slot.position + n_steps - 1, spec.max_len - 1)
                 need[s] = max(0, pages_for(ends[s] + 1, z) - len(slot.pages))
             victims = sorted(live, key=lambda s: self.sched._slots[s].admitted)
+            if sum(need.values()) > self.allocator.free(shard):  # idle pages first
+                want = sum(need.values())
+                self.sched._turns.evict(shard, functools.partial(self.allocator.free, shard), want)
             while sum(need.values()) > self.allocator.free(shard):
                 victim = victims.pop()
                 del need[victim], ends[victim]
@@ -293,6 +303,10 @@ class PagedKV:
         self.sched._state = self.core.deactivate(self.sched._state, [slot_id])
         self.release(slot, slot_id)
         self.sched.stats.preemptions += 1
+        self._requeue(slot)
+
+    def _requeue(self, slot: Any) -> None:
+        """Queues `slot` (no pages) to be recomputed: behind head groups holding pages."""
         waiting = self.sched._waiting
         at = 0
         while at < len(waiting) and self._holds_pages(waiting[at]):
@@ -303,8 +317,62 @@ class PagedKV:
     def _holds_pages(item: Any) -> bool:
         return item.prefill is not None
 
-    def release(self, slot: Any, slot_id: int) -> None:
-        """Frees the pages of a finished (or preempted) slot `slot_id`."""
-        self.allocator.release(self._shard(slot_id), slot.pages)
+    def release(self, slot: Any, slot_id: int | None, *, shard: int | None = None) -> None:
+        """Frees the pages of a finished (or preempted) slot `slot_id` (or of a parked
+        sequence of `shard`, holding no slot)."""
+        self.allocator.release(self._shard(slot_id) if shard is None else shard, slot.pages)
         slot.pages = []
+        if slot_id is not None:
+            self.table[slot_id] = 0
+
+    # ---- multi-turn: parking between turns --------------------------------------------------
+
+    def park(self, parked: Any, slot_id: int) -> None:
+        """A sequence leaves slot `slot_id` until its next turn, keeping its pages."""
+        parked.shard = self._shard(slot_id)
         self.table[slot_id] = 0
+
+    def drop(self, parked: Any) -> None:
+        """A parked sequence ended: its pages are freed."""
+        self.release(parked.slot, None, shard=parked.shard)
+
+    def resume(self, parked: Any) -> bool:
+        """Writes the appended tokens into the parked sequence's pages and makes it decode
+        again in a free slot of its shard. Without pages (evicted) it is requeued to be
+        recomputed. Returns False when it must wait (no free slot or pages now; other
+        parked sequences' pages are taken first, and with nothing decoding in the shard it
+        gives up its own pages to be recomputed once the pool has room)."""
+        slot, shard = parked.slot, parked.shard
+        if not slot.pages:
+            self._requeue(slot)
+            return True
+        cached = [*slot.group.request.prompt, *slot.tokens]
+        need = pages_for(len(cached) - 1, self.spec.page_size) - len(slot.pages)
+        free = self._free_slots(shard)
+        if need > self.allocator.free(shard):
+            self.sched._turns.evict(
+                shard, functools.partial(self.allocator.free, shard), need, parked
+            )
+        if not free or need > self.allocator.free(shard):
+            if self._live_in(shard):
+                return False
+            self.release(slot, None, shard=shard)  # nothing runs here: recompute it later
+            self.sched.stats.preemptions += 1
+            self._requeue(slot)
+            return True
+        slot.pages += self.allocator.alloc(shard, need)
+        self._run_prefill(_Prefill(shard, cached[:-1], slot.pages, parked.cached), [math.inf])
+        slot_id = free[0]
+        self._set_pages(slot_id, slot.pages)
+        self.sched._slots[slot_id] = slot
+        req = slot.group.request
+        self.sched._state = self.core.activate(
+            self.sched._state,
+            [slot_id],
+            [req.slot_request(slot.sample_index)],
+            [cached[-1]],
+            [len(cached) - 1],
+            [len(slot.tokens)],
+        )
+        stamp(slot, self.sched.version)
+        return True

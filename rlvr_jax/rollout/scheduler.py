@@ -16,6 +16,9 @@ Paged engines: admission also needs pages; prompts are
 prefilled in chunks interleaved with decode chunks; when running sequences outgrow the
 pool, the most recently admitted are preempted and later resumed by recomputation, ending
 with the tokens they would have had (sampling is keyed by seed, sample and position).
+
+Multi-turn requests (`GroupRequest.turns`): a sample that stops is parked between turns and
+resumed in place with the environment's response appended (`rlvr_jax.rollout.turns`).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ import jax
 import numpy as np
 
 from rlvr_jax import dispatch
+from rlvr_jax.models import lora
 from rlvr_jax.rollout.core import Prefix
 from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest
 from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.push import check_complete, check_order, signature
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
+from rlvr_jax.rollout.turns import TurnHook, Turns
 
 Batching = Literal["continuous", "static"]
 BATCHING = ("continuous", "static")
@@ -61,16 +66,20 @@ class Completion:
     policy_versions: list[int]
     """The params version that produced each token."""
     sampled: list[bool] | None = None
-    """Per token: False where the engine inserted it (budget forcing, `rollout.interrupt`:
-    not sampled, log-prob 0, never trained on); None = every token sampled."""
+    """Per token: False where the engine inserted it (budget forcing, `rollout.interrupt`;
+    an environment's responses, `rollout.turns`: not sampled, log-prob 0, never trained
+    on); None = every token sampled."""
     prompt_version: int | None = None
     """The params version that computed the prompt's KV cache (a group's samples share one
     prefill, which may predate an in-flight update); None = unknown."""
+    episode: Any = None
+    """A multi-turn request's record of the sample's episode (`TurnHook.episode`, e.g.
+    `rlvr_jax.envs.EpisodeRecord`); None for single-turn requests."""
 
     @property
     def interrupted(self) -> bool:
         """Whether budget forcing inserted tokens into this completion."""
-        return self.sampled is not None and not all(self.sampled)
+        return self.episode is None and self.sampled is not None and not all(self.sampled)
 
     @property
     def policy_version(self) -> int:
@@ -98,6 +107,9 @@ class GroupRequest:
     """Budget forcing (`rlvr_jax.rollout.interrupt`); None = off."""
     first: bool = False
     """Admitted ahead of the waiting requests not started yet (the weight-push probe)."""
+    turns: TurnHook | None = dataclasses.field(default=None, compare=False)
+    """Multi-turn episodes (`rlvr_jax.rollout.turns`): `max_new_tokens` is then each
+    episode's whole budget (generated and appended tokens); None = one turn."""
 
     def slot_request(self, sample_index: int) -> SlotRequest:
         """What the slot running sample `sample_index` generates for."""
@@ -137,6 +149,8 @@ class _Slot:
     pages: list[int] = dataclasses.field(default_factory=list)  # paged: logical order
     admitted: int = 0  # admission order (paged preemption takes the newest first)
     prompt_version: int | None = None  # its group's `kv_version` when it was admitted
+    inserted: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    """[start, end) of each run of appended (not sampled) tokens (`rollout.turns`)."""
 
     @property
     def position(self) -> int:
@@ -167,6 +181,8 @@ class SchedulerStats:
     live rows, rounded up to a row bucket)."""
     kv_capacity: int = 0
     """Tokens the KV cache holds (slots × max_len, or the pool's pages × page size)."""
+    parked_steps: int = 0
+    """Σ over decode steps of the sequences parked between turns (`rollout.turns`)."""
 
     @property
     def waste(self) -> float:
@@ -228,7 +244,9 @@ class Scheduler:
         self._admissions = 0
         self._kv = core.spec.kv_layout.host(self)
         """The KV layout's host half (`kv_layout.ContiguousKV` or `paged_scheduler.PagedKV`):
-        admission, pages for each decode chunk, release."""
+        admission, pages for each decode chunk, release, parking between turns."""
+        self._turns = Turns(self)
+        """Sequences parked between the turns of multi-turn requests."""
 
     # ---- queue ----------------------------------------------------------------------------
 
@@ -237,13 +255,16 @@ class Scheduler:
         seed and stop ids valid): called when a request is queued, never at admission."""
         if request.num_samples < 1:
             raise RequestError(f"num_samples must be >= 1, got {request.num_samples}")
+        if request.turns is not None and request.interrupt is not None:
+            raise RequestError("a multi-turn request cannot use budget forcing (interrupt)")
         self.core.check_request(request.prompt, request.max_new_tokens)
         self.core.settings([0], [request.slot_request(0)])  # seed / stop-id checks
 
     def prepare(self, params: Any) -> DecodeParams:
         """Policy params (models layout, any mesh) in this engine's decode layout; raises
         `push.PartialPushError` unless they are a whole policy of the engine's shapes."""
-        check_complete(params, signature(self.core.model.params))
+        whole = self.core.model.params  # (LoRA: after the first push, its adapters alone)
+        check_complete(params, signature(whole if "embedding" in params else lora.adapters(whole)))
         return self.core.prepare(params)
 
     def add(self, request: GroupRequest, *, checked: bool = False) -> None:
@@ -269,9 +290,14 @@ class Scheduler:
         return len(self._slots)
 
     @property
+    def parked(self) -> int:
+        """Sequences parked between turns (`rollout.turns`)."""
+        return len(self._turns.parked)
+
+    @property
     def idle(self) -> bool:
-        """Nothing waiting and nothing generating."""
-        return not self._waiting and not self._slots
+        """Nothing waiting, generating or parked."""
+        return not self._waiting and not self._slots and not self._turns.parked
 
     @property
     def pages_in_use(self) -> int:
@@ -292,13 +318,16 @@ class Scheduler:
                 },
                 kv_capacity=s.kv_capacity,
             )
-        return {
+        out = {
             "rollout/kv_pages_in_use": float(self.pages_in_use),
             "rollout/kv_utilisation": s.kv_utilisation,
             "rollout/preemptions": float(s.preemptions),
             "rollout/recomputed_tokens": float(s.recomputed_tokens),
             "rollout/mean_concurrent": s.mean_concurrent,
         }
+        if self._turns.count or s.parked_steps:  # multi-turn requests ran
+            out["env/parked_slots"] = s.parked_steps / s.decode_steps if s.decode_steps else 0.0
+        return out
 
     def set_params(self, params: DecodeParams, version: int) -> None:
         """Decode with `params` (decode layout, actor devices) from the next chunk on; a
@@ -324,12 +353,16 @@ class Scheduler:
 
     def step(self, *, admit: bool = True) -> list[tuple[GroupRequest, list[Completion]]]:
         """One boundary: admit waiting requests (unless `admit` is False), run one decode
-        chunk, collect its tokens. Returns the groups that completed, samples in order."""
-        if admit:
-            with dispatch.LOCK:  # see rlvr_jax.dispatch: one global enqueue order
+        chunk, collect its tokens. Parked multi-turn sequences whose turn is ready resume
+        first (admitting or not). Returns the groups that completed, samples in order."""
+        with dispatch.LOCK:  # see rlvr_jax.dispatch: one global enqueue order
+            finished = self._turns.poll() if self._turns.parked else []
+            if admit:
                 self._admit()
         if not self._slots:
-            return []
+            if not finished:
+                self._turns.wait()  # only parked sequences: wait for a turn, not spin
+            return finished
         mode = SamplerMode.for_params([s.group.request.sampling for s in self._slots.values()])
         version = self.version
         with dispatch.LOCK:  # pages for the chunk (paged: may preempt), packed rows
@@ -352,7 +385,8 @@ class Scheduler:
         self.stats.kv_token_steps += steps * live
         self.stats.page_steps += steps * self.pages_in_use
         self.stats.row_steps += steps * (rows or self.core.spec.max_slots)
-        return self._collect(out, steps, version)
+        self.stats.parked_steps += steps * len(self._turns.parked)
+        return finished + self._collect(out, steps, version)
 
     def _collect(self, out: Any, steps: int, version: int) -> list:
         finished = []
@@ -370,24 +404,45 @@ class Scheduler:
             if out.active_B[slot_id]:
                 continue
             del self._slots[slot_id]
-            self._kv.release(slot, slot_id)
-            sampled = None if req.interrupt is None else req.interrupt.sampled(len(slot.tokens))
+            sampled = self._sampled(slot)
             stopped = bool(slot.tokens) and slot.tokens[-1] in req.stop_token_ids
             stopped = stopped and (sampled is None or sampled[-1])  # a forced token never stops
-            slot.group.done[slot.sample_index] = Completion(
-                prompt_index=req.prompt_index,
-                sample_index=slot.sample_index,
-                tokens=slot.tokens,
-                logprobs=slot.logprobs,
-                finish_reason="stop" if stopped else "length",
-                policy_versions=slot.versions,
-                sampled=sampled,
-                prompt_version=slot.prompt_version,
-            )
-            if len(slot.group.done) == req.num_samples:
-                done = slot.group.done
-                finished.append((req, [done[i] for i in range(req.num_samples)]))
+            finish = "stop" if stopped else "length"
+            if req.turns is not None:
+                self._turns.park(slot_id, slot, finish)
+                continue
+            self._kv.release(slot, slot_id)
+            finished.extend(self._finish(slot, finish))
         return finished
+
+    def _sampled(self, slot: _Slot) -> list[bool] | None:
+        """Per-token sampled flags of `slot`'s completion (None: all sampled)."""
+        req, n = slot.group.request, len(slot.tokens)
+        sampled = None if req.interrupt is None else req.interrupt.sampled(n)
+        if slot.inserted:
+            sampled = sampled or [True] * n
+            for a, b in slot.inserted:
+                sampled[a:b] = [False] * (b - a)
+        return sampled
+
+    def _finish(self, slot: _Slot, finish_reason: str) -> list:
+        """Records `slot`'s completion; returns its group when that was the last sample."""
+        req = slot.group.request
+        slot.group.done[slot.sample_index] = Completion(
+            prompt_index=req.prompt_index,
+            sample_index=slot.sample_index,
+            tokens=slot.tokens,
+            logprobs=slot.logprobs,
+            finish_reason=finish_reason,
+            policy_versions=slot.versions,
+            sampled=self._sampled(slot),
+            prompt_version=slot.prompt_version,
+            episode=None if req.turns is None else req.turns.episode(slot.sample_index),
+        )
+        if len(slot.group.done) < req.num_samples:
+            return []
+        done = slot.group.done
+        return [(req, [done[i] for i in range(req.num_samples)])]
 
     def run(self) -> list[tuple[GroupRequest, list[Completion]]]:
         """Steps until idle; returns every completed group in completion order."""

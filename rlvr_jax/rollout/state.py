@@ -41,6 +41,9 @@ class EngineSpec:
     """S: positions per sequence (prompt + generated tokens)."""
     compute_dtype: str = "float32"
     """Dtype of the decode weights and activations (the LM head and softmax stay fp32)."""
+    weight_dtype: str = ""
+    """Storage of the decode matmul weights when not the compute dtype: "float32",
+    "bfloat16", "int8" or "fp8" (`rollout.weight_dtype`; `kernel.prepare_params`)."""
     cache_dtype: str = "float32"
     """Dtype of the KV cache."""
     max_stop_ids: int = 8

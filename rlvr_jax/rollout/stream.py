@@ -24,7 +24,10 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import jax
+
 from rlvr_jax import dispatch
+from rlvr_jax.models.quant import nbytes
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
@@ -71,7 +74,7 @@ class RolloutStream:
       version: policy version of the engine's current params.
       scheduler: drive this scheduler instead of our engine's (`engine` is then unused): an
         object with `Scheduler`'s `check`, `prepare`, `add`, `set_params`, `step`, `waiting`,
-        `live`, `idle` — e.g. `vllm_backend.VllmScheduler`.
+        `live`, `parked`, `idle` — e.g. `vllm_backend.VllmScheduler`.
       timeline: when given, each decode chunk the driver thread runs is recorded in it as a
         "rollout" span (`rlvr_jax.timeline`; `rlvr-bench e2e` measures overlap with it).
       interrupt: budget forcing of every request (`rlvr_jax.rollout.interrupt`); None = off.
@@ -136,8 +139,9 @@ class RolloutStream:
     ) -> None:
         """Queues a prompt for `num_samples` samples; blocks while the queue is full (raises
         `TimeoutError` after `timeout` s). Invalid requests raise `RequestError` here.
-        Options: `timeout`, and per-request `max_new_tokens`, `sampling`, `stop_token_ids`
-        and `version` (see `submit_future`)."""
+        Options: `timeout`, and per-request `max_new_tokens`, `sampling`, `stop_token_ids`,
+        `version` (see `submit_future`) and `turns` (a multi-turn episode per sample:
+        `rollout.turns.TurnHook`, e.g. an `rlvr_jax.envs.EnvGroup`)."""
         self._enqueue(request_id, prompt_tokens, num_samples, seed, meta, **options)
 
     def submit_future(
@@ -191,6 +195,7 @@ class RolloutStream:
         budget_forcing: bool = True,
         future: concurrent.futures.Future | None = None,
         on_tokens: TokenHook | None = None,
+        turns: Any = None,
     ) -> None:
         d_max_new, d_sampling, d_stop = self.defaults
         prompt = tuple(int(t) for t in prompt_tokens)
@@ -205,7 +210,8 @@ class RolloutStream:
             stop_token_ids=d_stop if stop_token_ids is None else tuple(stop_token_ids),
             meta=meta,
             on_tokens=on_tokens,
-            interrupt=self.interrupt if budget_forcing else None,
+            interrupt=None if turns is not None or not budget_forcing else self.interrupt,
+            turns=turns,
             first=first,
         )
         self.scheduler.check(request)  # the one validation: bad requests fail their caller
@@ -230,21 +236,28 @@ class RolloutStream:
             self._incoming.append(request)
             self._cond.notify_all()
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """New policy params (models layout, any mesh); thread-safe. They are moved to the
-        actor devices and re-laid now, and swapped in at the next boundary between decode
-        chunks; the KV cache is kept (PipelineRL) and tokens record `version`. Refused
+    def update_weights(self, params: Any, version: int) -> dict[str, float]:
+        """New policy params (models layout, any mesh; LoRA: the adapters alone once the engine
+        holds the base); thread-safe. They are moved to the actor devices and re-laid now, and
+        swapped in at the next boundary between decode chunks; the KV cache is kept
+        (PipelineRL) and tokens record `version`. Returns once the actors hold them:
+        `push/bytes` moved and `push/seconds` from the params being ready to that. Refused
         (`rollout.push`): a `version` not newer than the one the actors hold or were last
-        sent (`OutOfOrderPushError`), params that are not a whole policy of the actors' shapes
-        (`PartialPushError`, from the scheduler's `prepare`)."""
+        sent (`OutOfOrderPushError`), params that are not a whole policy (or, LoRA, the
+        adapters) of the actors' shapes (`PartialPushError`, from the scheduler's `prepare`)."""
+        jax.block_until_ready(params)
+        start = time.perf_counter()
         with self._cond:
             check_order(version, self._sent_locked())
         with dispatch.LOCK:
             prepared = self.scheduler.prepare(params)
+        jax.block_until_ready(prepared)
+        stats = {"push/bytes": float(nbytes(params)), "push/seconds": time.perf_counter() - start}
         with self._cond:
             check_order(version, self._sent_locked())  # another thread may have pushed since
             self._weights = (prepared, version)
             self._cond.notify_all()
+        return stats
 
     def _sent_locked(self) -> int:
         """The newest version the actors hold or were sent."""
@@ -419,6 +432,8 @@ class RolloutStream:
 
     def _has_work_locked(self) -> bool:
         if self.scheduler.live or (self._weights is not None and not self._pinned_live):
+            return True
+        if self.scheduler.parked:  # multi-turn sequences between turns
             return True
         runnable = any(
             self._pins.get(r.key, self.scheduler.version) <= self.scheduler.version

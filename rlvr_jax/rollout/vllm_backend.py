@@ -170,10 +170,10 @@ class VllmScheduler:
             raise ValueError(f"num_samples must be >= 1, got {request.num_samples}")
         if not request.prompt or request.max_new_tokens < 1:
             raise ValueError("a request needs a non-empty prompt and max_new_tokens >= 1")
-        if request.interrupt is not None:
+        if request.interrupt is not None or request.turns is not None:
             raise ValueError(
-                "budget forcing (rollout.interrupt) is not supported with rollout.backend: "
-                "vllm; use rollout.backend: jetstream"
+                "budget forcing (rollout.interrupt) and multi-turn environments (env.name) are "
+                "not supported with rollout.backend: vllm; use rollout.backend: jetstream"
             )
 
     def prepare(self, params: Any) -> Any:
@@ -202,6 +202,8 @@ class VllmScheduler:
 
     live = 0
     """Nothing generates between steps: a step runs its requests to completion."""
+    parked = 0
+    """No multi-turn episodes (`rollout.turns`) here."""
 
     @property
     def idle(self) -> bool:

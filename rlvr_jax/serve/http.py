@@ -44,6 +44,7 @@ from rlvr_jax.serve.openai_api import (
     parse_request,
     usage,
 )
+from rlvr_jax.serve.tools import ToolStream, split_calls
 
 __all__ = ["BadRequest", "OpenAIServer"]
 
@@ -262,8 +263,11 @@ class OpenAIServer:
                 delta = _merge(text.feed(c.tokens, c.logprobs), text.finish(c.finish_reason))
                 used += len(c.tokens)
                 lp = self._logprobs(request, delta, 0)
+                calls = None
+                if request.tools is not None:
+                    delta.text, calls = split_calls(request.tools.prefix + delta.text)
                 choices.append(
-                    choice_object(request.kind, len(choices), delta, text.finish_reason, lp)
+                    choice_object(request.kind, len(choices), delta, text.finish_reason, lp, calls)
                 )
         prompt_tokens = sum(map(len, request.prompts))
         return envelope(
@@ -292,6 +296,9 @@ class OpenAIServer:
             ChoiceText(self.tokenizer, request.stop_token_ids, request.stop)
             for _ in range(request.num_choices)
         ]
+        if request.tools is not None:  # content held back around tool calls
+            for t in texts:
+                t.tools = ToolStream(request.tools.prefix)
         self._streams.add(queue)
         try:
             if request.kind == "chat":  # each chat choice opens with the assistant role
@@ -340,12 +347,17 @@ class OpenAIServer:
             return
         offset = len(text.text)
         delta = text.finish(extra) if tokens is None else text.feed(tokens, extra)
-        finish = text.finish_reason
+        finish, calls = text.finish_reason, None
+        if text.tools is not None:
+            delta.text = text.tools.content(delta.text)
+            if finish is not None:
+                rest, calls = text.tools.finish()
+                delta.text += rest
         if not delta.text and not delta.tokens and finish is None:
             return
         sse.close_choice(index, finish)
         lp = self._logprobs(request, delta, offset)
-        await sse.send([chunk_choice(request.kind, index, delta.text, finish, lp)])
+        await sse.send([chunk_choice(request.kind, index, delta.text, finish, lp, calls)])
 
 
 class _TokenHook:

@@ -7,11 +7,12 @@ the stop token removed); the `*_response` / `*_chunk` functions build the JSON o
 official `openai` client parses.
 
 Fields: `prompt` (a string, a list of token ids, or a list of either) or `messages` (rendered
-with the tokenizer's chat template), `max_tokens` (`max_completion_tokens`), `temperature`,
-`top_p`, `n`, `stop`, `seed`, `logprobs`, `stream`, `stream_options.include_usage`; `top_k`
-is accepted as an extension. Unsupported options (`echo`, `suffix`, penalties, `logit_bias`,
-`best_of` other than n) are rejected. Log-probs are those of the sampled tokens
-(ALGORITHMS.md convention); `top_logprobs` lists only the sampled token.
+with the tokenizer's chat template; `tools`, `tool_choice` and tool messages: `serve.tools`),
+`max_tokens` (`max_completion_tokens`), `temperature`, `top_p`, `n`, `stop`, `seed`,
+`logprobs`, `stream`, `stream_options.include_usage`; `top_k` is accepted as an extension.
+Unsupported options (`echo`, `suffix`, penalties, `logit_bias`, `best_of` other than n)
+are rejected. Log-probs are those of the sampled tokens (ALGORITHMS.md convention);
+`top_logprobs` lists only the sampled token.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class ParsedRequest:
     logprobs: bool
     stream: bool
     include_usage: bool
+    tools: Any = None
+    """The chat request's `serve.tools.ToolRequest` (None: no tools)."""
 
     @property
     def num_choices(self) -> int:
@@ -123,8 +126,10 @@ def parse_request(
             stop_ids.append(ids[0])
     seed = _field(body, "seed", (int,), None)
     seed = next(seeds) % 2**32 if seed is None else seed
+    tools = None
     if kind == "chat":
-        prompts = [_chat_prompt(body, tokenizer)]
+        prompts, tools = _chat_prompt(body, tokenizer)
+        prompts = [prompts]
         logprobs = bool(_field(body, "logprobs", (bool,), False))
     else:
         prompts = _completion_prompts(body, tokenizer)
@@ -141,6 +146,7 @@ def parse_request(
         logprobs=logprobs,
         stream=stream,
         include_usage=include_usage,
+        tools=tools,
     )
 
 
@@ -165,9 +171,16 @@ def _completion_prompts(body: dict, tokenizer: Any) -> list[list[int]]:
     return ids
 
 
-def _chat_prompt(body: dict, tokenizer: Any) -> list[int]:
+def _chat_prompt(body: dict, tokenizer: Any) -> tuple[list[int], Any]:
     from rlvr_jax.data.tokenizer import apply_chat_template
+    from rlvr_jax.serve import tools as tool_api
 
+    try:
+        tools = tool_api.parse_tools(body)
+        if tools is not None or "tool_calls" in str(body.get("messages")):
+            return tool_api.prompt_ids(body, tokenizer, tools), tools
+    except tool_api.ToolError as e:
+        raise BadRequest(str(e), e.param) from None
     messages = body.get("messages")
     if (
         not isinstance(messages, list)
@@ -183,7 +196,7 @@ def _chat_prompt(body: dict, tokenizer: Any) -> list[int]:
             "'messages' must be a non-empty list of {role, content} strings", "messages"
         )
     try:
-        return apply_chat_template(tokenizer, messages, add_generation_prompt=True)
+        return apply_chat_template(tokenizer, messages, add_generation_prompt=True), None
     except ValueError as e:
         raise BadRequest(str(e), "messages") from None
 
@@ -217,6 +230,8 @@ class ChoiceText:
         self.text = ""
         """Text emitted so far."""
         self.finish_reason: str | None = None
+        self.tools: Any = None
+        """With tools: the `serve.tools.ToolStream` that holds content back around calls."""
         self._offset = 0  # tokens already emitted
 
     def feed(self, tokens: Sequence[int], logprobs: Sequence[float]) -> Delta:
@@ -308,24 +323,40 @@ def logprobs_object(kind: Kind, tokenizer: Any, delta: Delta, text_offset: int) 
 
 
 def choice_object(
-    kind: Kind, index: int, delta: Delta, finish_reason: str | None, logprobs: dict | None
+    kind: Kind,
+    index: int,
+    delta: Delta,
+    finish_reason: str | None,
+    logprobs: dict | None,
+    tool_calls: list | None = None,
 ) -> dict:
-    """A complete choice of a plain (non-streamed) answer."""
+    """A complete choice of a plain (non-streamed) answer (chat: with its `tool_calls`,
+    `delta.text` then being the content before them, or None)."""
     if kind == "chat":
         body: dict = {"message": {"role": "assistant", "content": delta.text}}
+        if tool_calls:
+            body["message"]["tool_calls"], finish_reason = tool_calls, "tool_calls"
     else:
         body = {"text": delta.text}
     return {"index": index, **body, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
 def chunk_choice(
-    kind: Kind, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None
+    kind: Kind,
+    index: int,
+    text: str | None,
+    finish_reason: str | None,
+    logprobs: dict | None,
+    tool_calls: list | None = None,
 ) -> dict:
     """One choice of a stream chunk; `text` None opens a chat choice (the role delta)."""
     if kind == "chat":
         delta = {"role": "assistant", "content": ""} if text is None else {}
         if text:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(tool_calls)]
+            finish_reason = "tool_calls"
         body: dict = {"delta": delta}
     else:
         body = {"text": text or ""}

@@ -54,15 +54,25 @@ def score_groups(
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
     """Scores every completion of `groups` (`rollout.CompletedGroup`s whose `meta` is the
     prompt's `PromptRow`) in one call to the reward service; returns the scored groups and the
-    service's metrics."""
-    rows, texts, lengths, spans = [], [], [], []
+    service's metrics. A multi-turn episode (`Completion.episode`) is scored on its final
+    answer, its environment's reward contributions added; its text (`ScoredGroup.texts`) is
+    the whole conversation."""
+    from rlvr_jax.envs.episode import answer_text
+
+    rows, texts, lengths, spans, shown, extra = [], [], [], [], [], []
     for g in groups:
         start = len(texts)
         row = g.meta.to_dict()
         for c in g.completions:
             rows.append(row)
-            texts.append(tokenizer.decode(c.tokens, skip_special_tokens=True))
+            texts.append(answer_text(c, tokenizer))
             lengths.append(len(c.tokens))
+            extra.append(0.0 if c.episode is None else c.episode.reward)
+            shown.append(
+                texts[-1]
+                if c.episode is None
+                else tokenizer.decode([*g.prompt_tokens, *c.tokens], skip_special_tokens=False)
+            )
         spans.append((start, len(texts)))
     if not texts:
         return [], {}
@@ -76,10 +86,11 @@ def score_groups(
             row=g.meta,
             prompt_tokens=list(g.prompt_tokens),
             completions=list(g.completions),
-            rewards_G=np.asarray(result.rewards[a:b], np.float32),
+            rewards_G=np.asarray(result.rewards[a:b], np.float32)
+            + np.asarray(extra[a:b], np.float32),
             scores_G=np.asarray(result.verifier_scores[a:b], np.float32),
             domain=result.domains[a] if b > a else "unknown",
-            texts=texts[a:b],
+            texts=shown[a:b],
             request_id=g.request_id,
         )
         for g, (a, b) in zip(groups, spans)
@@ -106,6 +117,8 @@ class BatchAssembler:
     settled: list[tuple[ScoredGroup, str]] = field(default_factory=list)
     """Each group offered and what became of it: `trained` (kept), `filtered`, `stale`, or
     `full` (offered to a full batch: drawn, not kept)."""
+    episodes: list[Any] = field(default_factory=list)
+    """The episode records of the drawn multi-turn completions (`env/*` metrics)."""
 
     @property
     def full(self) -> bool:
@@ -121,7 +134,10 @@ class BatchAssembler:
         self.all_rewards.extend(group.rewards_G.tolist())
         self.domain_rewards.setdefault(group.domain, []).extend(group.rewards_G.tolist())
         self.lengths.extend(len(c.tokens) for c in group.completions)
-        self.interrupted.extend(c.interrupted for c in group.completions if c.sampled is not None)
+        self.interrupted.extend(
+            c.interrupted for c in group.completions if c.sampled is not None and c.episode is None
+        )
+        self.episodes.extend(c.episode for c in group.completions if c.episode is not None)
         if self.full:
             self.settled.append((group, "full"))
             return False
@@ -150,6 +166,10 @@ class BatchAssembler:
             out["response_length/max"] = float(np.max(self.lengths))
         if self.interrupted:  # budget forcing on (`rollout.interrupt`)
             out["rollout/interrupted_fraction"] = float(np.mean(self.interrupted))
+        if self.episodes:  # a multi-turn environment (`env.name`)
+            from rlvr_jax.envs.episode import episode_metrics
+
+            out.update(episode_metrics(self.episodes))
         return out
 
 

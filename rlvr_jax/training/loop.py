@@ -14,6 +14,11 @@ Weights reach the actors right after the update is dispatched when the source is
 mode, expert iteration: the next batch must come from them), and otherwise once the update has
 completed (async mode: the actors keep decoding with the previous weights meanwhile, and swap
 at the next chunk boundary — in-flight updates, KV cache kept).
+
+LoRA (`model.lora.rank` > 0, `rlvr_jax.models.lora`): the policy is the base with adapters;
+only the adapters train, are pushed (the actors hold the base) and are checkpointed (with the
+optimizer state); the final export is the merged HF checkpoint plus a PEFT adapter directory.
+Each push records `push/bytes` (what moved) and `push/seconds` (until the actors hold it).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import numpy as np
 from rlvr_jax import dispatch, losses, models, sharding
 from rlvr_jax.config.checks import check
 from rlvr_jax.config.schema import Config
+from rlvr_jax.models import lora
 from rlvr_jax.models.bootstrap import ensure_model
 from rlvr_jax.rollout.push import PushTimeoutError
 from rlvr_jax.timeline import Timeline
@@ -123,6 +129,7 @@ class Trainer:
         model = models.load_pretrained(
             path, dtype=cfg.model.param_dtype, mesh=learner_mesh, rules=sharding.LEARNER_RULES
         )
+        model = models.adapt_lora(model, cfg.model.lora, seed=cfg.seed)
         self.ctx = Context(
             cfg=cfg,
             model=model,
@@ -141,9 +148,10 @@ class Trainer:
         )
         self.start_step, self.version, source_state, settled = 0, 0, None, None
         if cfg.checkpoint.resume:
-            restored = self.checkpointer.restore_latest(ckpt.abstract_like(self.state))
+            restored = self.checkpointer.restore_latest(ckpt.abstract_like(_saved(self.state)))
             if restored is not None:
-                step, self.state, meta = restored
+                step, saved, meta = restored
+                self.state = saved.replace(params=lora.combine(saved.params, self._frozen()))
                 self.start_step, self.version = int(meta["step"]), int(meta["version"])
                 source_state, settled = meta["source"], meta.get("ledger")
                 log.info("resumed from checkpoint %d (policy version %d)", step, self.version)
@@ -262,9 +270,10 @@ class Trainer:
         self._pusher.start()
 
     def _push(self, params: Any, version: int, pending: _Pending) -> None:
-        """Pushes and probes (`WeightPusher`); the `push/*` metrics join the step's row."""
+        """Pushes (the adapters alone with LoRA) and probes (`WeightPusher`); the `push/*`
+        metrics join the step's row."""
         try:
-            pending.host.update(self.pusher.push(self.source, params, version))
+            pending.host.update(self.pusher.push(self.source, params, version, _pushed(params)))
         except PushTimeoutError:
             self._hung = True
             raise
@@ -311,7 +320,7 @@ class Trainer:
     def _checkpoint(self, step: int) -> None:
         meta = {"step": step, "version": self.version, "source": self.source.state()}
         meta["ledger"] = self.ledger.count  # the ledger's records of steps <= step
-        self.checkpointer.save(step, self.state, meta)
+        self.checkpointer.save(step, _saved(self.state), meta)
         self._saved = step
 
     def evaluate(self) -> dict[str, float]:
@@ -357,7 +366,7 @@ class Trainer:
             if jax.process_count() == 1:
                 self._eval_rollout.start()
         elif self._eval_rollout.version != self.version:
-            self._eval_rollout.update_weights(self.state.params, self.version)
+            self._eval_rollout.update_weights(_pushed(self.state.params), self.version)
         return self._eval_rollout
 
     def _finish(self, step: int) -> None:
@@ -376,8 +385,14 @@ class Trainer:
                 from jax.experimental import multihost_utils
 
                 params = multihost_utils.process_allgather(params, tiled=True)
-            if jax.process_index() == 0:
-                final = dataclasses.replace(self.ctx.model, params=params)
+            final = dataclasses.replace(self.ctx.model, params=params)
+            if lora.has_adapters(params):
+                from rlvr_jax.models.peft_io import save_lora_exports
+
+                save_lora_exports(final, self.out / "final", self.out / "final_adapter")
+                log.info("exported the merged policy to %s and its PEFT adapter to %s",
+                         self.out / "final", self.out / "final_adapter")  # fmt: skip
+            elif jax.process_index() == 0:
                 models.save_pretrained(final, self.out / "final")
                 log.info("exported the final policy to %s", self.out / "final")
 
@@ -400,6 +415,21 @@ class Trainer:
                 closer()
             except Exception:  # keep closing the rest
                 log.exception("while closing")
+
+    def _frozen(self) -> Any:
+        """The frozen part of the policy's params (the LoRA base; None without LoRA)."""
+        return lora.split(self.state.params)[1]
+
+
+def _saved(state: Any) -> Any:
+    """What a checkpoint holds of the train state: with LoRA, the adapters (and the optimizer
+    state, the counters) — the frozen base is the model's, reloaded at resume."""
+    return state.replace(params=lora.split(state.params)[0])
+
+
+def _pushed(params: Any) -> Any:
+    """What a weight push moves: the adapters alone with LoRA (the actors hold the base)."""
+    return lora.split(params)[0]
 
 
 def _device_turns(cfg: Config) -> dispatch.DeviceTurns | None:

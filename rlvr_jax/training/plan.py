@@ -17,6 +17,10 @@ Estimates (documented, deliberately simple):
   tiles; the fused kernels' log-sum-exp).
 - PPO's separate critic (`loss.advantage: gae`): its trunk's params, grads and AdamW moments,
   and its activations (as the policy's, without the logits; attention as the policy's).
+- LoRA (`model.lora`): params = the frozen base (param dtype, or int8 kernels + scales) and
+  the float32 adapters; grads and AdamW moments of the adapters only; activations as a full
+  run's. `lora_plan` sets that beside a full run's optimizer bytes, and finds the fewest
+  learner devices each fits on (FSDP over the devices, `mesh.device_memory_gib`).
 - actor: the decode params exactly as the engine lays them out (`rlvr_jax.rollout.kernel.
   prepare_params`: matmul weights in the compute dtype, the embedding in the param dtype,
   the LM head in fp32), split by the engine's logical axes (`rollout.core.
@@ -24,6 +28,9 @@ Estimates (documented, deliberately simple):
   pool `rollout.kv_pages` / `kv_cache_gib` buys (by default what the contiguous rows would
   take), or contiguous, 2·L·slots·S·K·H (S = max prompt + max new tokens); slots and pages
   split over the actor's data axes and KV heads over its tensor axis (when they divide).
+  With `rollout.weight_dtype` the matmul weights are stored in it (int8 / fp8 with a scale
+  per output column; `quantized_actor` reports the bytes freed and the KV tokens they buy);
+  with LoRA the actors also hold the base (as the learner stores it) to merge adapters into.
   The KV budget is reported with the concurrency it buys: sequences that fit at the
   maximum length (never preempted) and at a mean length of prompt + 0.45 × max new tokens
   (OLMo 3's mean/max response length, ALGORITHMS.md), at most `rollout.max_slots`.
@@ -74,6 +81,12 @@ class Plan:
     """The learner's attention kernel on the planned hardware (`model.attention_impl`)."""
     micro_batch: str = ""
     """How one learner micro-batch is laid out (rows × positions, packed or not)."""
+    lora: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """`model.lora` (`lora_plan`): trainable / frozen / optimizer bytes per learner device,
+    a full run's optimizer bytes, and the learner devices each needs; {} without LoRA."""
+    quantized_actor: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """`rollout.weight_dtype` (`quantized_actor`): decode weight bytes per actor device, the
+    compute dtype's, and the KV tokens the difference buys; {} when unset."""
 
     @property
     def learner_total(self) -> float:
@@ -170,7 +183,10 @@ def _actor_params_bytes(cfg: Config, arch: Any, sizes: dict[str, int]) -> float:
     tp = kernel.fused_tp(arch, sizes["tensor"])
     shapes = models.abstract_params(arch, cfg.model.param_dtype)
     dp = jax.eval_shape(
-        lambda p: kernel.prepare_params(p, arch, cfg.model.compute_dtype, tp), shapes
+        lambda p: kernel.prepare_params(
+            p, arch, cfg.model.compute_dtype, tp, cfg.rollout.weight_dtype
+        ),
+        shapes,
     )
     axes = jax.tree_util.tree_leaves(core.decode_param_axes(dp), is_leaf=core._is_names)
     leaves = jax.tree_util.tree_leaves(dp)
@@ -217,6 +233,8 @@ def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
         "pages": pages,
         "tokens": tokens,
         "bytes_per_device": device_bytes,
+        "bytes_per_token_per_device": per_token,
+        "shards": shards,
         "max_slots": r.max_slots,
         "max_length": seq,
         "mean_length": mean,
@@ -236,15 +254,85 @@ def _shard_factor(logical: tuple, rules: dict, sizes: dict[str, int]) -> int:
     return math.prod(sizes.get(a, 1) for a in used)
 
 
-def _sharded_bytes(shapes, axes, rules, sizes, itemsize: int) -> float:
+def _sharded_bytes(shapes, axes, rules, sizes) -> float:
+    """Per-device bytes of an abstract tree (each leaf in its own dtype) split by `axes`."""
     flat_shapes = jax.tree_util.tree_leaves(shapes)
     flat_axes = jax.tree_util.tree_leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
     if len(flat_shapes) != len(flat_axes):
         raise PlanError("param_logical_axes does not match the params tree")
     total = 0.0
     for s, ax in zip(flat_shapes, flat_axes):
-        total += math.prod(s.shape) * itemsize / _shard_factor(ax, rules, sizes)
+        total += math.prod(s.shape) * s.dtype.itemsize / _shard_factor(ax, rules, sizes)
     return total
+
+
+def policy_shapes(cfg: Config, arch: Any) -> tuple[Any, Any]:
+    """(abstract params, their logical axes) of the policy the learner trains: in
+    `model.param_dtype`, with `model.lora`'s adapters (float32) and int8 base kernels."""
+    from rlvr_jax import models
+    from rlvr_jax.models import lora
+
+    lo = cfg.model.lora
+
+    def build(key: jax.Array) -> Any:
+        params = models.init_params(arch, key, cfg.model.param_dtype)
+        if not lo.rank:
+            return params
+        if lo.base_dtype != "param":
+            params = lora.quantize_base(params, lo.base_dtype)
+        return lora.attach(
+            params, key, rank=lo.rank, alpha=lo.alpha, dropout=lo.dropout, targets=lo.targets
+        )
+
+    shapes = jax.eval_shape(build, jax.random.PRNGKey(0))
+    return shapes, lora.axes(shapes, models.param_logical_axes(arch))
+
+
+def lora_plan(cfg: Config, arch: Any, learner_axes: dict[str, int], n: int) -> dict[str, Any]:
+    """LoRA's learner bytes per device (trainable, frozen, optimizer) next to a full run's,
+    and the fewest learner devices each needs (`learner_devices_needed`)."""
+    from rlvr_jax import sharding
+    from rlvr_jax.models import lora
+
+    shapes, axes = policy_shapes(cfg, arch)
+    (t_shapes, f_shapes), (t_axes, f_axes) = lora.split(shapes), lora.split(axes)
+    rules = sharding.LEARNER_RULES
+    full = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, lora=type(cfg.model.lora)())
+    )
+    full_params = _sharded_bytes(*policy_shapes(full, arch), rules, learner_axes)
+    trainable = _sharded_bytes(t_shapes, t_axes, rules, learner_axes)
+    return {
+        "rank": cfg.model.lora.rank,
+        "targets": list(cfg.model.lora.targets),
+        "base_dtype": cfg.model.lora.base_dtype,
+        "trainable_params": lora.size(t_shapes),
+        "trainable_bytes": trainable,
+        "frozen_bytes": _sharded_bytes(f_shapes, f_axes, rules, learner_axes),
+        "optimizer_bytes": 2 * trainable,
+        "full_optimizer_bytes": 2 * full_params,
+        "learner_devices_needed": learner_devices_needed(cfg, arch, n),
+        "full_learner_devices_needed": learner_devices_needed(full, arch, n),
+    }
+
+
+def learner_devices_needed(cfg: Config, arch: Any, n_max: int) -> int | None:
+    """The fewest learner devices (at most `n_max`; FSDP over what `mesh.learner`'s data and
+    tensor axes leave) whose per-device learner memory fits `mesh.device_memory_gib`; None
+    when unknown (no device memory given) or when even `n_max` is not enough."""
+    if not cfg.mesh.device_memory_gib:
+        return None
+    fixed = cfg.mesh.learner
+    step = max(fixed.data, 1) * max(fixed.tensor, 1)
+    axes = dataclasses.replace(fixed, fsdp=-1)
+    for n in range(step, n_max + 1, step):
+        try:
+            learner = learner_bytes(cfg, arch, resolve_axes(axes, n, "mesh.learner"))
+        except PlanError:
+            continue
+        if sum(learner.values()) <= cfg.mesh.device_memory_gib * GiB:
+            return n
+    return None
 
 
 def _activation_bytes(
@@ -314,9 +402,62 @@ def micro_batch_rows(cfg: Config, seq: int, row_multiple: int) -> tuple[int, str
     return rows, f"{rows} rows x {seq} positions, one sequence per row"
 
 
+def learner_bytes(cfg: Config, arch: Any, learner_axes: dict[str, int]) -> dict[str, float]:
+    """The learner's per-device memory by part (module docstring): params (with LoRA, the
+    frozen base and the adapters), grads and AdamW moments of what trains, activations and
+    attention of one micro-batch, PPO's separate critic."""
+    from rlvr_jax import models, sharding
+    from rlvr_jax.models import lora
+
+    cbytes = _DTYPE_BYTES[cfg.model.compute_dtype]
+    rules = sharding.LEARNER_RULES
+    shapes, axes = policy_shapes(cfg, arch)
+    params = _sharded_bytes(shapes, axes, rules, learner_axes)
+    trainable = _sharded_bytes(lora.split(shapes)[0], lora.split(axes)[0], rules, learner_axes)
+    seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
+    rows, _ = micro_batch_rows(cfg, seq, learner_axes["data"] * learner_axes["fsdp"])
+    rows_dev = rows / (learner_axes["data"] * learner_axes["fsdp"])
+    kernel = attention_kernel(cfg, arch)
+    out = {
+        "params": params,
+        "grads": trainable,
+        "optimizer": 2 * trainable,
+        "activations": _activation_bytes(cfg, arch, rows_dev, seq, cbytes),
+        "attention": _attention_bytes(cfg, arch, kernel, rows_dev, seq),
+    }
+    critic = _critic_arch(cfg, arch)
+    if critic is not None:  # PPO's separate critic: its own trunk, grads, AdamW, activations
+        c_shapes = models.abstract_params(critic, cfg.model.param_dtype)
+        c_axes = models.param_logical_axes(critic)
+        out["critic"] = (
+            4 * _sharded_bytes(c_shapes, c_axes, rules, learner_axes)
+            + _activation_bytes(cfg, critic, rows_dev, seq, cbytes, logits=False)
+            + _attention_bytes(cfg, critic, kernel, rows_dev, seq)
+        )
+    return out
+
+
+def quantized_actor(
+    cfg: Config, arch: Any, sizes: dict[str, int], kv: dict[str, Any]
+) -> dict[str, Any]:
+    """`rollout.weight_dtype`'s decode weights per actor device against the compute dtype's,
+    and the KV cache the difference would buy."""
+    plain = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, weight_dtype=None))
+    ours, theirs = _actor_params_bytes(cfg, arch, sizes), _actor_params_bytes(plain, arch, sizes)
+    freed = theirs - ours
+    return {
+        "weight_dtype": cfg.rollout.weight_dtype,
+        "params_bytes": ours,
+        "compute_dtype_params_bytes": theirs,
+        "freed_bytes": freed,
+        "freed_kv_tokens": int(freed // kv["bytes_per_token_per_device"]) * kv["shards"],
+    }
+
+
 def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     """Computes the plan for `cfg` on `n_devices` (default: `mesh.plan_devices` or local)."""
     from rlvr_jax import models, sharding
+    from rlvr_jax.models import lora
 
     try:
         arch = models.ArchConfig.from_hf(arch_hf_config(cfg))
@@ -327,39 +468,23 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     learner_axes = resolve_axes(cfg.mesh.learner, n_learn, "mesh.learner")
     actor_axes = resolve_axes(cfg.mesh.actor, n_act, "mesh.actor")
 
-    pbytes = _DTYPE_BYTES[cfg.model.param_dtype]
-    cbytes = _DTYPE_BYTES[cfg.model.compute_dtype]
     shapes = models.abstract_params(arch, np.float32)
-    axes = models.param_logical_axes(arch)
     n_params = sum(math.prod(s.shape) for s in jax.tree_util.tree_leaves(shapes))
-
-    params_l = _sharded_bytes(shapes, axes, sharding.LEARNER_RULES, learner_axes, pbytes)
     seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
-    rows, micro_batch = micro_batch_rows(cfg, seq, learner_axes["data"] * learner_axes["fsdp"])
-    rows_dev = rows / (learner_axes["data"] * learner_axes["fsdp"])
-    kernel = attention_kernel(cfg, arch)
-    learner_bytes = {
-        "params": params_l,
-        "grads": params_l,
-        "optimizer": 2 * params_l,
-        "activations": _activation_bytes(cfg, arch, rows_dev, seq, cbytes),
-        "attention": _attention_bytes(cfg, arch, kernel, rows_dev, seq),
-    }
-    critic = _critic_arch(cfg, arch)
-    if critic is not None:  # PPO's separate critic: its own trunk, grads, AdamW, activations
-        c_shapes = models.abstract_params(critic, np.float32)
-        c_axes = models.param_logical_axes(critic)
-        c_params = _sharded_bytes(c_shapes, c_axes, sharding.LEARNER_RULES, learner_axes, pbytes)
-        learner_bytes["critic"] = (
-            4 * c_params
-            + _activation_bytes(cfg, critic, rows_dev, seq, cbytes, logits=False)
-            + _attention_bytes(cfg, critic, kernel, rows_dev, seq)
-        )
+    _, micro_batch = micro_batch_rows(cfg, seq, learner_axes["data"] * learner_axes["fsdp"])
+    learner = learner_bytes(cfg, arch, learner_axes)
     kv = kv_plan(cfg, arch, actor_axes)
     actor_bytes = {
         "params": _actor_params_bytes(cfg, arch, actor_axes),
         "kv_cache": kv["bytes_per_device"],
     }
+    lora_info: dict[str, Any] = {}
+    if cfg.model.lora.rank:  # the actors hold the base to merge pushed adapters into
+        lora_info = lora_plan(cfg, arch, learner_axes, n)
+        base = lora.strip(policy_shapes(cfg, arch)[0])
+        base_axes = lora.axes(base, models.param_logical_axes(arch))
+        actor_bytes["lora_base"] = _sharded_bytes(base, base_axes, sharding.ACTOR_RULES, actor_axes)
+    quant = quantized_actor(cfg, arch, actor_axes, kv) if cfg.rollout.weight_dtype else {}
     return Plan(
         arch=arch.arch,
         n_params=n_params,
@@ -368,14 +493,16 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
         actor_devices=n_act,
         learner_axes=learner_axes,
         actor_axes=actor_axes,
-        learner_bytes=learner_bytes,
+        learner_bytes=learner,
         actor_bytes=actor_bytes,
         device_memory_gib=cfg.mesh.device_memory_gib,
         hardware=cfg.mesh.hardware,
         shared=shared,
         kv=kv,
-        attention=kernel,
+        attention=attention_kernel(cfg, arch),
         micro_batch=micro_batch,
+        lora=lora_info,
+        quantized_actor=quant,
     )
 
 
@@ -414,6 +541,28 @@ def format_plan(plan: Plan) -> str:
             f"{kv['max_length']:,}, {kv['concurrent_at_mean_length']} at mean length "
             f"{kv['mean_length']:,.0f} (max_slots {kv['max_slots']})",
         ]
+    lo = plan.lora
+    if lo:
+
+        def devices(n: int | None) -> str:
+            return "unknown (set mesh.device_memory_gib)" if n is None else f"{n}"
+
+        lines += [
+            f"LoRA:              rank {lo['rank']} on {', '.join(lo['targets'])}, base "
+            f"{lo['base_dtype']}; {lo['trainable_params']:,} trainable parameters",
+            f"  learner trainable {gib(lo['trainable_bytes'])}, frozen {gib(lo['frozen_bytes'])}"
+            f", optimizer {gib(lo['optimizer_bytes'])} (full run {gib(lo['full_optimizer_bytes'])}"
+            f", {lo['optimizer_bytes'] / max(lo['full_optimizer_bytes'], 1):.2%})",
+            f"  learner devices needed: {devices(lo['learner_devices_needed'])} "
+            f"(full run: {devices(lo['full_learner_devices_needed'])})",
+        ]
+    q = plan.quantized_actor
+    if q:
+        lines.append(
+            f"actor weights:     {q['weight_dtype']} {gib(q['params_bytes'])} per device (compute "
+            f"dtype {gib(q['compute_dtype_params_bytes'])}): frees {gib(q['freed_bytes'])}, "
+            f"{q['freed_kv_tokens']:,} KV tokens"
+        )
     if plan.fits is None:
         lines.append("fits: unknown (set mesh.device_memory_gib to check)")
     else:

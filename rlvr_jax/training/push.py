@@ -62,8 +62,9 @@ class WeightPusher:
         )
         self._compiled: dict[Any, Any] = {}
 
-    def push(self, source: Any, params: Any, version: int) -> dict[str, float]:
-        """Pushes `params` (policy `version`) to `source`'s actors and probes them; raises
+    def push(self, source: Any, params: Any, version: int, sent: Any = None) -> dict[str, float]:
+        """Pushes `sent` (default `params`; LoRA: the adapters alone) of policy `version`
+        (`params`) to `source`'s actors and probes them with `params`; raises
         `PushTimeoutError` past `rollout.push_timeout_s`, the actors' refusal
         (`OutOfOrderPushError`, `PartialPushError`), or `StaleWeightsError`."""
         if isinstance(source, StaticWeights):  # no actors: nothing to push
@@ -72,12 +73,13 @@ class WeightPusher:
 
         def work() -> None:
             try:
-                t0 = time.perf_counter()
+                t0, moved = time.perf_counter(), params if sent is None else sent
                 with dispatch.LOCK:
-                    source.push_weights(params, version)
+                    stats = source.push_weights(moved, version)
                 group = source.probe(version, self.prompt, self.tokens) if self.tokens else None
                 out["push/seconds"] = time.perf_counter() - t0
-                out["push/bytes"] = float(tree_bytes(params))
+                out["push/bytes"] = float(tree_bytes(moved))
+                out.update(stats or {})  # the actors' own figures, where they give them
                 if group is not None:
                     out["push/probe_max_abs_logp"] = self._check(params, version, group)
             except BaseException as e:  # raised on the caller's thread

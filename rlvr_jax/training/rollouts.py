@@ -13,6 +13,10 @@ ExpertIterationSource`.
 
 Single-process runs drive the stream from its own thread; multi-process runs step it on the
 caller's thread, so that every process issues the same device computations in one order.
+
+With a multi-turn environment (`env.name`), each request carries its `envs.EnvGroup`: the
+environment renders the prompt (rows whose rendering exceeds `data.max_prompt_len` are
+skipped) and its turns run inside the engine's slots.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ log = logging.getLogger("rlvr_jax.train")
 
 POLL_S = 0.25
 """How often a waiting source checks the stop flag."""
+MAX_SKIPS_IN_A_ROW = 1000
+"""Rows whose environment prompt is too long skipped in a row before that is an error."""
 
 
 class Rollouts:
@@ -47,6 +53,8 @@ class Rollouts:
       num_samples, seed, max_new_tokens: G, the run's seed, the generation budget.
       threaded: drive the stream from its thread (single process) or on the caller's.
       stop: truthy when the run must stop (checked while waiting).
+      env: the `envs.EnvRunner` of a multi-turn environment (None: one turn).
+      max_prompt_len: the longest prompt an environment may render.
     """
 
     def __init__(
@@ -61,6 +69,8 @@ class Rollouts:
         max_new_tokens: int,
         threaded: bool = True,
         stop: Callable[[], bool] = lambda: False,
+        env: Any = None,
+        max_prompt_len: int = 0,
     ) -> None:
         self.stream, self.prompts, self.rewards, self.tokenizer = (
             stream,
@@ -70,6 +80,9 @@ class Rollouts:
         )
         self.num_samples, self.seed, self.max_new_tokens = num_samples, seed, max_new_tokens
         self.threaded, self.stop = threaded, stop
+        self.env, self.max_prompt_len = env, max_prompt_len
+        self.skipped_prompts = 0
+        """Rows an environment rendered longer than `max_prompt_len` (not submitted)."""
         self.next_request = 0
         self._snapshots: dict[int, dict] = {}  # not consumed yet -> mixture state before it
         self._rows: dict[int, Any] = {}  # not consumed yet -> its data row
@@ -85,6 +98,7 @@ class Rollouts:
 
     def submit_one(self) -> None:
         """Draws the next unseen prompt and submits it for G samples."""
+        skipped = 0
         while True:
             rid = self.next_request
             snapshot = self.prompts.state()
@@ -95,17 +109,40 @@ class Rollouts:
                 continue
             if row.prompt_ids is None:
                 raise ValueError(f"row {row.index} of {row.source!r} was loaded without prompt ids")
+            prompt, options = row.prompt_ids, {}
+            if self.env is not None:
+                group = self.env.group(row)
+                if len(group.prompt_ids) > self.max_prompt_len:
+                    self._skip_long(row, len(group.prompt_ids))
+                    skipped += 1
+                    if skipped > MAX_SKIPS_IN_A_ROW:
+                        raise ValueError(
+                            f"{skipped} rows in a row: the environment's prompt exceeds "
+                            f"data.max_prompt_len={self.max_prompt_len} (the last one has "
+                            f"{len(group.prompt_ids)} tokens); raise data.max_prompt_len"
+                        )
+                    continue
+                prompt, options = group.prompt_ids, {"turns": group}
             self._snapshots[rid] = snapshot
             self._rows[rid] = row
             self._generating.add(rid)
             self.stream.submit(
                 rid,
-                row.prompt_ids,
+                prompt,
                 num_samples=self.num_samples,
                 seed=self.seed * 1_000_003 + rid,
                 meta=row,
+                **options,
             )
             return
+
+    def _skip_long(self, row: Any, n: int) -> None:
+        if not self.skipped_prompts:
+            log.warning(
+                "row %d of %r: the environment's prompt has %d tokens > data.max_prompt_len=%d; "
+                "such rows are skipped", row.index, row.source, n, self.max_prompt_len,
+            )  # fmt: skip
+        self.skipped_prompts += 1
 
     def fill(self, target: int) -> None:
         """Submits prompts until `target` requests are in flight."""
@@ -183,8 +220,8 @@ class Rollouts:
         if self.threaded:
             self.stream.start()
 
-    def push_weights(self, params: Any, version: int) -> None:
-        self.stream.update_weights(params, version)
+    def push_weights(self, params: Any, version: int) -> dict[str, float]:
+        return self.stream.update_weights(params, version)
 
     def state(self) -> dict:
         oldest = min(self._snapshots) if self._snapshots else self.next_request
@@ -202,6 +239,8 @@ class Rollouts:
 
     def close(self) -> None:
         self.stream.stop()
+        if self.env is not None:
+            self.env.close()
 
 
 class GeneratingSource:
@@ -213,8 +252,8 @@ class GeneratingSource:
     """Whether the next batch must be generated by the weights of the last update (sync): the
     loop then pushes them right after dispatching it, else when the update has completed."""
 
-    def push_weights(self, params: Any, version: int) -> None:
-        self.rollouts.push_weights(params, version)
+    def push_weights(self, params: Any, version: int) -> dict[str, float]:
+        return self.rollouts.push_weights(params, version)
 
     def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> Any:
         return self.rollouts.probe(version, prompt, max_new_tokens)
@@ -284,6 +323,16 @@ def build_rollouts(ctx: Context, params: Any, version: int, *, in_flight: int) -
     except BaseException:
         rewards.close()
         raise
+    env = None
+    if cfg.env.name is not None:
+        from rlvr_jax.envs import EnvRunner
+
+        env = EnvRunner(
+            cfg.env,
+            ctx.tokenizer,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            stop_token_ids=stream.stop_token_ids,
+        )
     return Rollouts(
         stream=stream,
         prompts=prompts,
@@ -294,4 +343,6 @@ def build_rollouts(ctx: Context, params: Any, version: int, *, in_flight: int) -
         max_new_tokens=cfg.rollout.max_new_tokens,
         threaded=jax.process_count() == 1,
         stop=ctx.stop,
+        env=env,
+        max_prompt_len=cfg.data.max_prompt_len,
     )

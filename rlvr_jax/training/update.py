@@ -2,6 +2,10 @@
 over micro-batches against the whole batch's loss denominator, and the optimizer update that
 skips non-finite steps. The RL, SFT and parallel-averaging steps are short compositions of
 `accumulate_grads` and `apply_update`, jitted once per batch shape by `jit_train_step`.
+
+With LoRA adapters in the params (`rlvr_jax.models.lora`) only the adapters train: gradients,
+the optimizer's state and its update cover `lora.split(params)[0]`; the frozen base is a
+constant of the loss (no weight gradient is computed for it).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
+
+from rlvr_jax.models import lora
 
 LossFn = Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
 """`loss_fn(params, micro_batch) -> (loss, metrics)`; the loss already divided by the whole
@@ -34,17 +40,20 @@ class TrainState:
 
 def init_state(params: Any, optimizer: optax.GradientTransformation, mesh=None) -> TrainState:
     """A fresh state. With a `mesh`, the optimizer moments follow the params' shardings and
-    the scalars are replicated over the mesh, so that the whole state lives on it."""
+    the scalars are replicated over the mesh, so that the whole state lives on it. A frozen
+    LoRA base is not copied: the state holds `params`' own base arrays (the step donates
+    them)."""
+    trainable, frozen = lora.split(params)
     if mesh is None:
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             params=params,
-            opt_state=optimizer.init(params),
+            opt_state=optimizer.init(trainable),
             skipped=jnp.zeros((), jnp.int32),
         )
-    state = jax.jit(lambda p: init_state(p, optimizer))(params)
+    state = jax.jit(lambda p: init_state(p, optimizer))(trainable)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    return jax.tree_util.tree_map(
+    state = jax.tree_util.tree_map(
         lambda x: (
             x
             if set(x.sharding.device_set) == set(mesh.devices.flat)
@@ -52,6 +61,7 @@ def init_state(params: Any, optimizer: optax.GradientTransformation, mesh=None) 
         ),
         state,
     )
+    return state.replace(params=lora.combine(state.params, frozen))
 
 
 def split_micro(batch: Any, n_micro: int) -> Any:
@@ -88,23 +98,33 @@ def per_micro_batch(fn: Callable[[Any], jax.Array], batch: Any) -> jax.Array:
 
 
 def accumulate_grads(
-    loss_fn: LossFn, params: Any, batch: Any, n_micro: int
+    loss_fn: LossFn, params: Any, batch: Any, n_micro: int, rng: jax.Array | None = None
 ) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
-    """(Σ gradients, Σ losses, per-micro-batch metrics [n_micro]) of `loss_fn` over `batch`
-    split into `n_micro` micro-batches (a `lax.scan`: one micro-batch's activations live at a
-    time)."""
+    """(Σ gradients of the trainable params (`lora.split`), Σ losses, per-micro-batch metrics
+    [n_micro]) of `loss_fn` over `batch` split into `n_micro` micro-batches (a `lax.scan`: one
+    micro-batch's activations live at a time). `rng` (a raw [2] key) seeds LoRA dropout, a
+    fresh key per micro-batch; without it no dropout applies."""
     if n_micro < 1:
         raise ValueError(f"n_micro must be >= 1, got {n_micro}")
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    zeros = jax.tree.map(jnp.zeros_like, params)
+    trainable, frozen = lora.split(params)
 
-    def body(acc, micro_batch):
-        grads_acc, loss_acc = acc
-        (loss, metrics), grads = grad_fn(params, micro_batch)
+    def loss_of(t, micro_batch, key):
+        if key is not None:
+            t = lora.with_dropout(t, key)
+        return loss_fn(lora.combine(t, frozen), micro_batch)
+
+    grad_fn = jax.value_and_grad(loss_of, has_aux=True)
+    zeros = jax.tree.map(jnp.zeros_like, trainable)
+
+    def body(acc, xs):
+        (grads_acc, loss_acc), (i, micro_batch) = acc, xs
+        key = None if rng is None else jax.random.fold_in(rng, i)
+        (loss, metrics), grads = grad_fn(trainable, micro_batch, key)
         return (jax.tree.map(jnp.add, grads_acc, grads), loss_acc + loss), metrics
 
     init = (zeros, jnp.zeros((), jnp.float32))
-    (grads, loss), metrics_M = jax.lax.scan(body, init, split_micro(batch, n_micro))
+    xs = (jnp.arange(n_micro), split_micro(batch, n_micro))
+    (grads, loss), metrics_M = jax.lax.scan(body, init, xs)
     return grads, loss, metrics_M
 
 
@@ -113,13 +133,14 @@ def apply_update(
 ) -> tuple[TrainState, jax.Array]:
     """One optimizer update of `state` by `grads`, unless the gradient (or `finite`, e.g. the
     loss's finiteness) is not finite: then params and optimizer state are kept and the step is
-    counted in `skipped`. Returns (new state, ok)."""
+    counted in `skipped`. Returns (new state, ok). `grads` are those of the trainable params."""
     ok = jnp.isfinite(optax.global_norm(grads)) & finite
-    params, opt_state = optimizer_step(state.params, state.opt_state, grads, optimizer, ok)
+    trainable, frozen = lora.split(state.params)
+    trainable, opt_state = optimizer_step(trainable, state.opt_state, grads, optimizer, ok)
     return (
         state.replace(
             step=state.step + ok.astype(jnp.int32),
-            params=params,
+            params=lora.combine(trainable, frozen),
             opt_state=opt_state,
             skipped=state.skipped + (~ok).astype(jnp.int32),
         ),
@@ -132,9 +153,13 @@ def gradient_step(
 ) -> tuple[TrainState, dict[str, jax.Array], Any]:
     """One optimizer step of `loss_fn` over `batch` (`micro_count(batch, n_micro)` micro-batches,
     `accumulate_grads`, then `apply_update`). Returns (new state, {`loss`, `grad_norm`,
-    `step_ok`}, the per-micro-batch aux of `loss_fn`)."""
+    `step_ok`}, the per-micro-batch aux of `loss_fn`). LoRA dropout, when the adapters have
+    it, is keyed by the step."""
     n = micro_count(batch, n_micro)
-    grads, loss, aux_M = accumulate_grads(loss_fn, state.params, batch, n)
+    rng = None
+    if lora.dropout_rate(state.params) > 0:
+        rng = jax.random.fold_in(jax.random.PRNGKey(0), state.step)
+    grads, loss, aux_M = accumulate_grads(loss_fn, state.params, batch, n, rng)
     new_state, ok = apply_update(state, grads, optimizer, finite=jnp.isfinite(loss))
     norm, step_ok = optax.global_norm(grads), ok.astype(jnp.float32)
     return new_state, {"loss": loss, "grad_norm": norm, "step_ok": step_ok}, aux_M

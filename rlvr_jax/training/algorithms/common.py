@@ -25,6 +25,7 @@ import numpy as np
 
 from rlvr_jax import losses, sharding
 from rlvr_jax.config.schema import Config
+from rlvr_jax.models import lora
 from rlvr_jax.training import learner
 from rlvr_jax.training.batch import bucket_length, mini_batch
 from rlvr_jax.training.distributed import global_array
@@ -216,6 +217,12 @@ class Update:
 
     def update(self, state: Any, batch: Any) -> tuple[Any, list, int]:
         raise NotImplementedError
+
+    def reference_params(self, state: Any) -> Any:
+        """The frozen reference policy of the KL term and of DPO: with LoRA, `state`'s base with
+        the adapters off (no copy); else the starting policy (`ctx.model.params`)."""
+        frozen = lora.split(state.params)[1]
+        return self.ctx.model.params if frozen is None else frozen
 
     def compile(self, state: Any, batch: Any) -> None:
         """Compiles every jitted program `update(state, batch)` runs, without running them."""

@@ -33,6 +33,7 @@ from rlvr_jax.config.schema import Config
 from rlvr_jax.data.mixture import PromptIterator
 from rlvr_jax.data.preferences import load_preference_sources
 from rlvr_jax.losses.preference import needs_reference
+from rlvr_jax.models import lora
 from rlvr_jax.training import learner
 from rlvr_jax.training.algorithms.common import Context, Update, micro_batches
 from rlvr_jax.training.batch import bucket_length
@@ -178,15 +179,15 @@ class DPOUpdate(Update):
             memory=ctx.memory,
         )
         super().__init__(ctx, step, optimizer)
-        self.ref_params = None
-        if d.reference == "on_the_fly" and needs_reference(d.variant):
-            self.ref_params = ctx.model.params
+        self.on_the_fly = d.reference == "on_the_fly" and needs_reference(d.variant)
+        if self.on_the_fly:
             self.logprob = reference_logprob_fn(ctx)
 
     def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
         arrays: PreferenceBatch = self.put(batch.arrays)
-        if self.ref_params is not None:
-            arrays = arrays.replace(ref_logp_BxT=self.call(self.logprob, self.ref_params, arrays))
+        if self.on_the_fly:
+            ref = self.reference_params(state)
+            arrays = arrays.replace(ref_logp_BxT=self.call(self.logprob, ref, arrays))
         state, metrics = self.call(self.step, state, arrays)
         return state, [metrics], 1
 
@@ -212,15 +213,19 @@ def _host(x: Any) -> np.ndarray:
 
 def reference_cache(ctx: Context, sources: list[Any], *, rows: int) -> ReferenceCache:
     """The cache of `dpo.reference_cache_dir`, filled for every pair of `sources` by the
-    starting policy (`ctx.model`), saved by process 0 when anything was computed."""
+    starting policy (`ctx.model`; with LoRA its base, as stored: int8 kernels are another
+    model), saved by process 0 when anything was computed."""
     cfg = ctx.cfg
     directory = cfg.dpo.reference_cache_dir or f"{cfg.train.output_dir}/{REFERENCE_CACHE_SUBDIR}"
+    stored = cfg.model.param_dtype
+    if cfg.model.lora.rank and cfg.model.lora.base_dtype != "param":
+        stored = f"{stored}/{cfg.model.lora.base_dtype} kernels"
     fingerprint = model_fingerprint(
-        cfg.model.path, param_dtype=cfg.model.param_dtype, compute_dtype=cfg.model.compute_dtype
+        cfg.model.path, param_dtype=stored, compute_dtype=cfg.model.compute_dtype
     )
     cache = ReferenceCache(directory, fingerprint)
     fn = reference_logprob_fn(ctx)
-    params = ctx.model.params
+    params = lora.strip(ctx.model.params)
 
     def sequences():
         for source in sources:

@@ -188,7 +188,7 @@ class RLUpdate(Update):
             or self.exact
         )
         self._scorer: Any = None  # rollout.exact: the engine the old log-probs replay through
-        self.ref_params = ctx.model.params if settings.needs_ref_logp else None
+        self.needs_ref = settings.needs_ref_logp
 
     def _make_step(
         self, ctx: Context, optimizer: Any, n_micro: int | None, options: dict[str, Any]
@@ -209,8 +209,9 @@ class RLUpdate(Update):
             full = full.replace(old_logp_BxT=self.put(self._replayed(state, arrays, batch)))
         elif self.needs_old:
             full = full.replace(old_logp_BxT=self.call(self.logprob, state.params, full))
-        if self.ref_params is not None:
-            full = full.replace(ref_logp_BxT=self.call(self.logprob, self.ref_params, full))
+        if self.needs_ref:
+            ref = self.reference_params(state)
+            full = full.replace(ref_logp_BxT=self.call(self.logprob, ref, full))
         full, before = self._advantages(state, full, batch)
         if self.ctx.cfg.train.save_batch and not self.abstract:
             self._save(state, full, batch)

@@ -177,8 +177,8 @@ class PairingSource:
         stacked = sft[0] if len(sft) == 1 else _concat_rows(sft)
         return dataclasses.replace(rl, arrays=ParallelBatch(rl=rl.arrays, sft=stacked))
 
-    def push_weights(self, params: Any, version: int) -> None:
-        self.rl.push_weights(params, version)
+    def push_weights(self, params: Any, version: int) -> dict[str, float]:
+        return self.rl.push_weights(params, version)
 
     def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> Any:
         return self.rl.probe(version, prompt, max_new_tokens)

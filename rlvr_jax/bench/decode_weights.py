@@ -1,0 +1,206 @@
+"""`rlvr-bench decode --weight-dtype D [--lora-rank R]`: the engine decoding from quantized (or
+bf16) weights against the same engine at the compute dtype, on the same run, and what a LoRA
+push costs.
+
+Both engines decode the throughput workload of `rlvr-bench decode` (`batch` prompts of
+`prompt` tokens, `new` tokens each, T = 1, continuous batching), timed in interleaved rounds
+(best kept). Mismatch per generated token: the sampler's log-prob (the engine's) against the
+learner's (the policy's fp32 forward over prompt + completion), as the trainer reports it:
+`kl_sampler_learner` = mean k3 with δ = learner − sampler (KL(sampler‖learner), the
+`kl/sampler_learner` metric), mean and max |δ|, and the share of tokens whose TIS weight
+exp(δ) leaves [0.5, 2]. The fp32 engine's own figures are the floor (≈ 0).
+
+`--lora-rank R`: the policy carries adapters of rank R on every projection (B moved off zero,
+so merging matters); `push` times what the trainer's push does on the actors — adapters alone
+merged onto the held base and re-laid (`EngineCore.prepare`) — against a push of the whole
+policy, with the bytes each moves. The engine merges on push rather than applying adapters in
+every decode step (docs/lora.md: why, and that the alternative is not measured).
+
+Roofline: each engine's model FLOPs per second over the measured fp32 matmul peak, and its
+decode step's minimal bytes (weights at their stored size + the KV cache) per step second over
+the measured memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlvr_jax import models
+from rlvr_jax.bench import common, progress
+from rlvr_jax.bench.engine_timing import interleaved_best, profile_engine
+from rlvr_jax.bench.roofline import best_roofline, machine_info
+from rlvr_jax.losses.kl import kl_per_token
+from rlvr_jax.models import lora, quant
+from rlvr_jax.rollout import EngineCore, generate
+
+_WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1, "fp8": 1}
+
+
+def _policy(cfg: Any, lora_rank: int) -> models.Model:
+    """The bench model (random, `cfg.dtype`), with trained-looking adapters of `lora_rank`."""
+    from rlvr_jax.config.schema import LoraConfig
+
+    arch = cfg.arch()
+    model = models.Model(arch, models.init_params(arch, jax.random.key(cfg.seed), cfg.dtype))
+    model = dataclasses.replace(model, compute_dtype=jnp.dtype(cfg.dtype))
+    if not lora_rank:
+        return model
+    model = models.adapt_lora(model, LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank))
+    adapters = lora.adapters(model.params)
+    moved = jax.tree.map(
+        lambda x: x + 0.02 * jax.random.normal(jax.random.key(1), x.shape), adapters
+    )
+    return dataclasses.replace(model, params=lora.graft(lora.strip(model.params), moved))
+
+
+def _mismatch(model: models.Model, prompts: list[list[int]], completions: list[Any]) -> dict:
+    """Per-token sampler vs learner log-prob figures (module docstring)."""
+    plain = dataclasses.replace(model, params=lora.merge(model.params, jnp.float32))
+    rows = [p + c.tokens for p, c in zip(prompts, completions)]
+    length = max(len(r) for r in rows)
+    tokens_BxT = np.zeros((len(rows), length), np.int32)
+    mask_BxT = np.zeros((len(rows), length), np.int32)
+    for i, r in enumerate(rows):
+        tokens_BxT[i, : len(r)], mask_BxT[i, : len(r)] = r, 1
+    logits = models.forward(plain, tokens_BxT, mask_BxT=mask_BxT)
+    logp_BxTxV = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1))
+    sampler, learner = [], []
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        positions = np.arange(len(p) - 1, len(p) - 1 + len(c.tokens))
+        learner.append(logp_BxTxV[i, positions, c.tokens])
+        sampler.append(np.asarray(c.logprobs))
+    s, lrn = np.concatenate(sampler), np.concatenate(learner)
+    delta = lrn - s
+    kl = kl_per_token("k3", jnp.asarray(s[None]), jnp.asarray(lrn[None]))
+    weight = np.exp(delta)
+    return {
+        "kl_sampler_learner": float(jnp.mean(kl)),
+        "mean_abs_logp_diff": float(np.mean(np.abs(delta))),
+        "max_abs_logp_diff": float(np.max(np.abs(delta))),
+        "tis_weight_outside_0.5_2": float(np.mean((weight < 0.5) | (weight > 2.0))),
+        "tokens": int(delta.size),
+    }
+
+
+def _best(fn: Any, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def run(cfg: Any, *, weight_dtype: str | None, lora_rank: int, quick: bool) -> dict:
+    """The comparison (module docstring); JSON-able."""
+    load_before = os.getloadavg()
+    progress.line("building the policy and the two engines")
+    model = _policy(cfg, lora_rank)
+    rng = np.random.default_rng(cfg.seed)
+    prompts = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.prompt)).tolist()
+    kw = dict(max_slots=cfg.batch, max_len=cfg.prompt + cfg.new, chunk=cfg.chunk)
+    label = weight_dtype or cfg.dtype
+    names = (cfg.dtype, label) if label != cfg.dtype else (cfg.dtype,)
+    engines = {name: EngineCore(model, weight_dtype=name, **kw) for name in names}
+    sample = dict(max_new_tokens=cfg.new, temperature=1.0, seed=cfg.seed)
+    fns = {n: functools.partial(generate, e, prompts, **sample) for n, e in engines.items()}
+    progress.line("compiling and warming up")
+    for fn in fns.values():
+        fn()
+    walls, outs = interleaved_best(fns, cfg.repeats)
+    n_tokens = cfg.batch * cfg.new
+    for name, out in outs.items():
+        if sum(len(c.tokens) for c in out) != n_tokens:
+            raise RuntimeError(f"{name}: wrong number of generated tokens")
+    progress.line("mismatch: the learner's log-probs of the sampled tokens")
+    mismatch = {n: _mismatch(model, prompts, outs[n]) for n in names}
+    progress.line("profile: decode step")
+    profile = {n: profile_engine(e, prompts, cfg.repeats) for n, e in engines.items()}
+    roof = best_roofline(quick)
+    arch = model.config
+    work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(arch, cfg.prompt + cfg.new / 2)
+    cache_bytes = jnp.dtype(cfg.dtype).itemsize
+    memory_fraction = {}
+    for n in names:
+        step_bytes = common.decode_step_bytes(
+            arch, slots=cfg.batch, context=cfg.prompt, param_bytes=_WEIGHT_BYTES[n],
+            cache_bytes=cache_bytes,
+        )  # fmt: skip
+        gbps = step_bytes / (profile[n]["decode_ms_per_step"] * 1e-3) / 1e9
+        memory_fraction[n] = gbps / roof["memory_gbps"]
+    result = {
+        "tokens_per_s": {n: n_tokens / walls[n] for n in names},
+        "ratios": {f"{label}_over_{cfg.dtype}_tokens_per_s": walls[cfg.dtype] / walls[label]},
+        "mismatch": mismatch,
+        "decode_weight_bytes": {n: quant.nbytes(engines[n].params) for n in names},
+        "profile": profile,
+        "roofline_fraction": {n: work / walls[n] / (roof["peak_gflops_fp32"] * 1e9) for n in names},
+        "decode_step_memory_fraction": memory_fraction,
+        "roofline": roof,
+    }
+    if lora_rank:
+        result["push"] = _push(engines[label], model, cfg.repeats)
+    result["machine"] = {**machine_info(), "loadavg_before": load_before,
+                         "loadavg_after": os.getloadavg()}  # fmt: skip
+    result["config"] = {
+        **dataclasses.asdict(cfg), "weight_dtype": label, "lora_rank": lora_rank,
+        "model": arch.to_hf(), "params": arch.n_params(),
+    }  # fmt: skip
+    return result
+
+
+def _push(engine: EngineCore, model: models.Model, repeats: int) -> dict:
+    """Seconds and bytes of an adapters-only push against a whole-policy push."""
+    adapters = lora.adapters(model.params)
+    merged = lora.merge(model.params)
+    fns = {
+        "adapters": lambda: engine.prepare(adapters),
+        "whole_policy": lambda: engine.prepare(merged),
+    }
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    seconds = {n: _best(fn, repeats + 2) for n, fn in fns.items()}
+    sizes = {"adapters": quant.nbytes(adapters), "whole_policy": quant.nbytes(merged)}
+    return {
+        "seconds": seconds,
+        "bytes": sizes,
+        "bytes_fraction": sizes["adapters"] / sizes["whole_policy"],
+    }
+
+
+def format_result(result: dict) -> str:
+    cfg = result["config"]
+    lines = [
+        f"rlvr-bench decode: weights {cfg['weight_dtype']} vs {cfg['dtype']}, "
+        f"{cfg['params'] / 1e6:.1f}M params, {cfg['batch']} x ({cfg['prompt']} + {cfg['new']})"
+        + (f", LoRA rank {cfg['lora_rank']}" if cfg["lora_rank"] else "")
+    ]
+    for n, tps in result["tokens_per_s"].items():
+        m = result["mismatch"][n]
+        lines.append(
+            f"  {n:9s} {tps:9.1f} tokens/s  weights {result['decode_weight_bytes'][n] / 2**20:7.1f}"
+            f" MiB  kl(sampler||learner) {m['kl_sampler_learner']:.2e}  mean|dlogp| "
+            f"{m['mean_abs_logp_diff']:.2e}  TIS weight outside [0.5, 2]: "
+            f"{m['tis_weight_outside_0.5_2']:.2%}"
+        )
+    if "push" in result:
+        p = result["push"]
+        lines.append(
+            f"  push: adapters {p['bytes']['adapters'] / 2**20:.2f} MiB in "
+            f"{p['seconds']['adapters'] * 1e3:.1f} ms (merge + re-lay) vs the whole policy "
+            f"{p['bytes']['whole_policy'] / 2**20:.1f} MiB in "
+            f"{p['seconds']['whole_policy'] * 1e3:.1f} ms"
+        )
+    load = result["machine"]["loadavg_before"]
+    lines.append(
+        f"  load average before {load[0]:.2f}, after {result['machine']['loadavg_after'][0]:.2f}"
+    )
+    return "\n".join(lines)

@@ -1,0 +1,55 @@
+"""Engine timings shared by the decode benchmarks (`rlvr_jax.bench.decode`,
+`rlvr_jax.bench.decode_weights`): best-of-rounds wall times measured in interleaved rounds, and
+an engine's prefill and decode-step seconds."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from rlvr_jax.bench import progress
+from rlvr_jax.rollout import EngineCore, SlotRequest
+from rlvr_jax.rollout.sampling import SamplerMode
+
+
+def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict, dict]:
+    """Best wall time (and its output) of each fn, timed in interleaved rounds so that a
+    load change on a shared machine hits every contender alike."""
+    best = {name: float("inf") for name in fns}
+    outputs: dict[str, Any] = {}
+    for r in range(repeats):
+        if len(fns) > 1:  # a comparison (single probes are quick)
+            progress.line(f"timing {', '.join(fns)}: round {r + 1}/{repeats}")
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            out = fn()
+            seconds = time.perf_counter() - start
+            if seconds < best[name]:
+                best[name], outputs[name] = seconds, out
+    return best, outputs
+
+
+def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:
+    """Seconds per prefill of one prompt and per decode step with every slot live."""
+    dp = core.params
+    prefill = {"prefill": lambda: jax.block_until_ready(core.prefill(dp, prompts[0]))}
+    prefill_s = interleaved_best(prefill, repeats + 2)[0]["prefill"]
+    state = core.init_decode_state()
+    prefix = core.prefill(dp, prompts[0])
+    slots = list(range(core.spec.max_slots))
+
+    requests = [SlotRequest(0, i, 10**6) for i in slots]
+    state = core.insert(prefix, state, slots, requests)
+    state, out = core.generate(dp, state, mode=SamplerMode())
+    jax.block_until_ready(out)
+    holder = {"state": state}
+
+    def chunk() -> Any:
+        holder["state"], out = core.generate(dp, holder["state"], mode=SamplerMode())
+        return jax.block_until_ready(out)
+
+    chunk_s = interleaved_best({"chunk": chunk}, repeats + 2)[0]["chunk"]
+    return {"prefill_s_per_prompt": prefill_s, "decode_ms_per_step": 1e3 * chunk_s / core.chunk}
