@@ -154,7 +154,7 @@ class Context:
             longest,
             full=self.cfg.rollout.max_new_tokens,
             min_len=self.cfg.train.bucket_min_len,
-            multiple=math.lcm(self.cfg.train.logits_chunk or 1, 1),
+            multiple=self.cfg.train.logits_chunk or 1,
         )
 
     def group_length(self, groups: list[Any]) -> int:
