@@ -228,6 +228,16 @@ def decode_pallas_tpu(
     return out.astype(jnp.float32)
 
 
+def gpu_blocks(max_pages: int, pages_per_block: int) -> tuple[int, int, int]:
+    """(pages per compute block, padded table width, k splits) for the Triton kernel, whose
+    lowering takes only power-of-two shapes: the block is the largest power of two within
+    `pages_per_block`, the table is padded to a power of two (the kernel stops at each
+    sequence's length, so padded entries are never read) and split in up to 16 parts."""
+    pb = 1 << (max(1, pages_per_block).bit_length() - 1)
+    width = max(pb, 1 << (max_pages - 1).bit_length())
+    return pb, width, min(16, width // pb)
+
+
 def decode_pallas_gpu(
     q_BxNxH: jax.Array,
     k_pages: jax.Array,
@@ -243,14 +253,13 @@ def decode_pallas_gpu(
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
     h = q_BxNxH.shape[-1]
-    m = table_BxM.shape[1]
-    pb = geometry.pages_per_block
-    splits = max(d for d in range(1, min(16, m // pb) + 1) if (m // pb) % d == 0)
+    pb, width, splits = gpu_blocks(table_BxM.shape[1], geometry.pages_per_block)
+    table = jnp.pad(table_BxM, ((0, 0), (0, width - table_BxM.shape[1])))
     out = paged_attention(
         (q_BxNxH.astype(jnp.float32) * h**-0.5).astype(k_pages.dtype),
         k_pages,
         v_pages,
-        table_BxM,
+        table,
         (positions_B + 1).astype(jnp.int32),
         block_h=16,
         pages_per_compute_block=pb,
