@@ -61,11 +61,11 @@ E2E = ("--warmup", "1", "--rounds", "1", "--set", "filter.zero_variance=false")
 zero-variance filter would leave nothing to train)."""
 PARTS = (
     Part("env", 15, (), (), ("device_kind", "jax", "torch", "torch_cuda", "nvidia_smi", "absent")),
-    Part("parity", 50, (), (), ("ok", "checks")),
+    Part("parity", 90, (), (), ("ok", "checks")),
     Part("roofline", 25, ("roofline",), ("roofline", "--quick"),
          ("matmul_gflops/bfloat16", "datasheet/bf16_fraction", "memory_gbps",
           "datasheet/memory_fraction", "datasheet/name")),
-    Part("learner", 100, ("learner", "--preset", "gpu-1b", "--repeats", "3", "--no-profile"),
+    Part("learner", 60, ("learner", "--preset", "gpu-1b", "--repeats", "3", "--no-profile"),
          ("learner", "--quick", "--no-profile"),
          ("mfu/train_step", "mfu/datasheet", "tokens_per_s/train_step", "achieved_flops_fraction",
           "config/attention_kernel", "seconds/compile/train_step")),
