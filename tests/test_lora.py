@@ -281,3 +281,11 @@ def test_decode_bench_weight_dtype_and_lora_rank_quick_through_the_cli(tmp_path)
     push = r["push"]["bytes"]
     assert push["adapters"] < push["whole_policy"]
     assert r["push"]["bytes_fraction"] == pytest.approx(push["adapters"] / push["whole_policy"])
+    # merge on push vs apply in the decode step: the same outputs, timed; the verdict follows
+    a = r["apply"]
+    assert a["outputs_relative_gap"] < 1e-4
+    assert a["apply_seconds_per_push"] == pytest.approx(
+        a["overhead_per_decode_step_s"] * a["decode_steps_per_push"]
+    )
+    assert a["faster"] == ("merge" if a["merge_seconds_per_push"] <= a["apply_seconds_per_push"]
+                           else "apply")  # fmt: skip

@@ -13,8 +13,11 @@ exp(δ) leaves [0.5, 2]. The fp32 engine's own figures are the floor (≈ 0).
 `--lora-rank R`: the policy carries adapters of rank R on every projection (B moved off zero,
 so merging matters); `push` times what the trainer's push does on the actors — adapters alone
 merged onto the held base and re-laid (`EngineCore.prepare`) — against a push of the whole
-policy, with the bytes each moves. The engine merges on push rather than applying adapters in
-every decode step (docs/lora.md: why, and that the alternative is not measured).
+policy, with the bytes each moves. `apply` measures the alternative to merging on push:
+every adapted projection of every layer at one decode step's batch, `x @ W` (merged) against
+`x @ W + scale · (x @ A) @ B` (adapters applied in the step); the difference per step times
+the decode steps between two pushes (`new`: one rollout batch per learner step) against the
+merge a push costs says which is faster (docs/lora.md).
 
 Roofline: each engine's model FLOPs per second over the measured fp32 matmul peak, and its
 decode step's minimal bytes (weights at their stored size + the KV cache) per step second over
@@ -148,6 +151,7 @@ def run(cfg: Any, *, weight_dtype: str | None, lora_rank: int, quick: bool) -> d
     }
     if lora_rank:
         result["push"] = _push(engines[label], model, cfg.repeats)
+        result["apply"] = _apply_vs_merge(model, cfg, result["push"]["seconds"]["adapters"])
     result["machine"] = {**machine_info(), "loadavg_before": load_before,
                          "loadavg_after": os.getloadavg()}  # fmt: skip
     result["config"] = {
@@ -176,6 +180,67 @@ def _push(engine: EngineCore, model: models.Model, repeats: int) -> dict:
     }
 
 
+def _adapted(tree: dict) -> list[tuple[Any, lora.Adapter]]:
+    """(kernel, adapter) of every adapted projection, kernels stacked over layers."""
+    found = [(tree["kernel"], tree[lora.KEY])] if lora.KEY in tree else []
+    for value in tree.values():
+        if isinstance(value, dict):
+            found += _adapted(value)
+    return found
+
+
+def _apply_vs_merge(model: models.Model, cfg: Any, merge_seconds: float) -> dict:
+    """One decode step's adapted projections, merged against adapters applied (docstring)."""
+    dtype = model.compute_dtype
+    pairs = [
+        (lora.merged_kernel(k, None, dtype), lora.merged_kernel(k, a, dtype), a)
+        for k, a in _adapted(model.params)
+    ]
+    xs = [
+        jax.random.normal(jax.random.key(i), (cfg.batch, *a.a.shape[1:-1]), dtype)
+        for i, (_, _, a) in enumerate(pairs)
+    ]
+
+    def step(apply: bool, xs: list, pairs: list) -> jax.Array:
+        total = jnp.zeros((), jnp.float32)
+        for x, (base, merged, adapter) in zip(xs, pairs, strict=True):
+            n_in = x.ndim - 1
+
+            def layer(acc, weights, x=x, n_in=n_in):
+                w, one = weights
+                y = jnp.tensordot(x, w, n_in)
+                if apply:
+                    y = y + lora.delta(x, one, dtype)
+                return acc + y.astype(jnp.float32).sum(), None
+
+            weights = (base, adapter) if apply else (merged, None)
+            total = jax.lax.scan(layer, total, weights)[0]
+        return total
+
+    fns, totals = {}, {}
+    for name, apply in (("merged", False), ("applied", True)):
+        compiled = functools.partial(jax.jit(functools.partial(step, apply)), xs, pairs)
+        totals[name] = float(compiled())
+        fns[name] = functools.partial(lambda f: jax.block_until_ready(f()), compiled)
+    seconds = interleaved_best(fns, 4 * cfg.repeats + 4)[0]
+    overhead = max(seconds["applied"] - seconds["merged"], 1e-9)
+    # the FLOPs the adapters add to the projections: r (in + out) against in · out a row
+    extra = sum(a.a[0].size + a.b[0].size for _, _, a in pairs)
+    per_push = overhead * cfg.new
+    return {
+        "step_seconds": seconds,
+        "overhead_per_decode_step_s": overhead,
+        "decode_steps_per_push": cfg.new,
+        "apply_seconds_per_push": per_push,
+        "merge_seconds_per_push": merge_seconds,
+        "break_even_decode_steps": merge_seconds / overhead,
+        "faster": "merge" if merge_seconds <= per_push else "apply",
+        "flops_overhead_fraction": extra / sum(b[0].size for b, _, _ in pairs),
+        "outputs_relative_gap": abs(totals["applied"] - totals["merged"])
+        / max(abs(totals["merged"]), 1e-30),
+    }
+
+
 def format_result(result: dict) -> str:
     cfg = result["config"]
     lines = [
@@ -198,6 +263,14 @@ def format_result(result: dict) -> str:
             f"{p['seconds']['adapters'] * 1e3:.1f} ms (merge + re-lay) vs the whole policy "
             f"{p['bytes']['whole_policy'] / 2**20:.1f} MiB in "
             f"{p['seconds']['whole_policy'] * 1e3:.1f} ms"
+        )
+    if "apply" in result:
+        a = result["apply"]
+        lines.append(
+            f"  apply in the decode step: +{a['overhead_per_decode_step_s'] * 1e3:.3f} ms a step"
+            f" x {a['decode_steps_per_push']} steps = {a['apply_seconds_per_push'] * 1e3:.1f} ms"
+            f" a push vs merge {a['merge_seconds_per_push'] * 1e3:.1f} ms (break-even"
+            f" {a['break_even_decode_steps']:.0f} steps): {a['faster']} is faster"
         )
     load = result["machine"]["loadavg_before"]
     lines.append(
