@@ -8,6 +8,7 @@ importing each other.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -97,15 +98,18 @@ def compiled_train_step(
     from rlvr_jax.config.schema import TrainConfig
     from rlvr_jax.training import learner
     from rlvr_jax.training.optimizer import make_optimizer
+    from rlvr_jax.training.packing import MAX_SEQS_PER_ROW
 
     arch = cfg.arch()
     optimizer = make_optimizer(TrainConfig())
     if params is None:
         params = models.init_params(arch, jax.random.key(seed))
     batch = jax.tree.map(jnp.asarray, arrays)
+    packed = int(np.max(arrays.tokens.segment_ids_BxT)) > 1
+    memory = dataclasses.replace(cfg.memory(), max_segments=MAX_SEQS_PER_ROW if packed else 1)
     step = learner.make_train_step(
         arch, optimizer, losses.resolve_loss_settings(cfg.loss), max_len=max_len,
-        n_micro=n_micro, compute_dtype=jnp.dtype(cfg.dtype), memory=cfg.memory(),
+        n_micro=n_micro, compute_dtype=jnp.dtype(cfg.dtype), memory=memory,
     )  # fmt: skip
     holder = {"state": learner.init_state(params, optimizer)}
     train, compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))

@@ -135,6 +135,7 @@ class LearnerBenchConfig(common.ModelSize):
             attn_chunk=self.attn_chunk,
             logits_chunk=self.logits_chunk,
             attention_impl=self.attention_impl,
+            max_segments=1,  # the bench's rows: one sequence each, right-padded
         )
 
 
@@ -354,9 +355,10 @@ def run(
 
 
 def attention_kernel(cfg: LearnerBenchConfig) -> str:
-    """The kernel `cfg.attention_impl` resolves to in the learner step here (which declares no
-    segment layout, `max_segments=0`: `auto` takes cuDNN only where that is declared)."""
-    kw = dict(compute_dtype=jnp.dtype(cfg.dtype), head_dim=cfg.arch().head_dim)
+    """The kernel `cfg.attention_impl` resolves to in the learner step here (rows of one
+    sequence, right-padded: `max_segments=1`, so `auto` takes cuDNN on a GPU, as the trainer's
+    unpacked batches do)."""
+    kw = dict(compute_dtype=jnp.dtype(cfg.dtype), head_dim=cfg.arch().head_dim, max_segments=1)
     return resolve_impl(cfg.attention_impl, **kw)
 
 
