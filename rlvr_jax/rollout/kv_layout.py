@@ -383,7 +383,6 @@ class ContiguousKV:
         """Writes the appended tokens into the parked sequence's row and makes it decode
         again from its last one; always succeeds."""
         from rlvr_jax.rollout.extend import extend_row
-        from rlvr_jax.rollout.turns import stamp
 
         sched, core_, slot = self.sched, self.sched.core, parked.slot
         cached = [*slot.group.request.prompt, *slot.tokens]
@@ -400,17 +399,7 @@ class ContiguousKV:
             spec=core_.spec,
         )
         self.reserved.discard(parked.row)
-        sched._slots[parked.row] = slot
-        req = slot.group.request
-        sched._state = core_.activate(
-            sched._state,
-            [parked.row],
-            [req.slot_request(slot.sample_index)],
-            [cached[-1]],
-            [len(cached) - 1],
-            [len(slot.tokens)],
-        )
-        stamp(slot, sched.version)
+        sched._restart(parked.row, slot)
         return True
 
 
