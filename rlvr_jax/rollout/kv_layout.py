@@ -152,10 +152,6 @@ class Paged:
         for the mesh's platform) and the walk geometry."""
         mesh = spec.mesh
         platform = (mesh.devices.flat[0] if mesh else jax.devices()[0]).platform
-        if spec.max_slots % spec.shards:
-            raise ValueError(
-                f"max_slots={spec.max_slots} must split over {spec.shards} slot shards"
-            )
         pool = self.pool(
             spec.config,
             max_slots=spec.max_slots,
@@ -184,7 +180,9 @@ class Paged:
         if spec.page_size < 1 or spec.prefill_chunk < 1:
             raise ValueError("page_size and prefill_chunk must be >= 1")
         if spec.max_slots % spec.shards:
-            raise ValueError(f"max_slots={spec.max_slots} must split over {spec.shards} shards")
+            raise ValueError(
+                f"max_slots={spec.max_slots} must split over {spec.shards} slot shards"
+            )
         if spec.num_pages % spec.shards or spec.pages_per_shard < 2:
             raise ValueError(
                 f"num_pages={spec.num_pages} must be a multiple of the {spec.shards} "

@@ -141,7 +141,7 @@ def decode_logits(
     z = spec.page_size
     rows_B = jnp.arange(tokens_B.shape[0])
     page_B = jnp.where(active_B, work.table_BxM[rows_B, positions_B // z], 0)
-    offset_B = positions_B % z
+    where = (positions_B, page_B, positions_B % z, work.table_BxM)  # every layer's
     sa, ha = spec.slot_spec, _heads_spec(spec)
     pool, per_slot = Pspec(ha, sa, None, None), Pspec(sa)
     heads, lists = Pspec(sa, ha, None), Pspec(sa, None)
@@ -160,15 +160,7 @@ def decode_logits(
             else (work.slot_SxR, work.block_SxR, work.count_S)
         )
         out_BxNxH, kp, vp = _shard_map(spec, fn, in_specs, (heads, pool, pool))(
-            q_Bx1xNxH[:, 0],
-            k_Bx1xKxH[:, 0],
-            v_Bx1xKxH[:, 0],
-            *kv,
-            positions_B,
-            page_B,
-            offset_B,
-            work.table_BxM,
-            *lists_,
+            q_Bx1xNxH[:, 0], k_Bx1xKxH[:, 0], v_Bx1xKxH[:, 0], *kv, *where, *lists_
         )
         return out_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (kp, vp)
 
@@ -243,6 +235,7 @@ def extend(
     valid_T = jnp.arange(t) < length
     page_T = jnp.where(valid_T, table_M[jnp.minimum(positions_T // z, table_M.shape[0] - 1)], 0)
     offset_T = positions_T % z
+    where = (positions_T, page_T, offset_T, table_M, shard)  # every layer's
     end = start + length
     ha = _heads_spec(spec)
     pool, rep = Pspec(ha, spec.slot_spec, None, None), Pspec()
@@ -254,17 +247,7 @@ def extend(
         first = jnp.zeros((), jnp.int32) if window is None else jnp.maximum(start - window + 1, 0)
         fn = functools.partial(_extend_local, spec=spec, window=window)
         out_TxNxH, kp, vp = _shard_map(spec, fn, in_specs, (heads, pool, pool))(
-            q_1xTxNxH[0],
-            k_1xTxKxH[0],
-            v_1xTxKxH[0],
-            *kv,
-            positions_T,
-            page_T,
-            offset_T,
-            table_M,
-            shard,
-            first,
-            end,
+            q_1xTxNxH[0], k_1xTxKxH[0], v_1xTxKxH[0], *kv, *where, first, end
         )
         return out_TxNxH[None].astype(q_1xTxNxH.dtype), (kp, vp)
 
