@@ -20,7 +20,7 @@ from rlvr_jax.models.config import SLIDING
 from rlvr_jax.models.layers import attend
 from rlvr_jax.rollout import kernel
 from rlvr_jax.rollout.paged_core import _shard_index, _shard_map
-from rlvr_jax.rollout.state import DecodeState, EngineSpec, constrain, state_shardings
+from rlvr_jax.rollout.state import DecodeState, EngineSpec, with_kv
 
 
 def _extend_local(
@@ -87,5 +87,4 @@ def extend_row(
     _, kv = kernel.run_layers(
         dp, cfg, tokens_T[None], positions_T[None], tuple(zip(state.k, state.v)), attention
     )
-    state = state.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv))
-    return constrain(state, state_shardings(spec))
+    return with_kv(state, kv, spec)
