@@ -275,15 +275,16 @@ def tiny_policy(
     return Path(path)
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(load_before: Any = None) -> dict[str, Any]:
     """Where a benchmark ran: platform, device kind and count, host, CPUs, jax version and the
-    1/5/15-minute load averages (other processes share the cores)."""
+    1/5/15-minute load averages (other processes share the cores); given the load averages
+    when the run started (`load_before`), also `loadavg_before` and `loadavg_after` (now)."""
     import platform
 
     import jax
 
     device = jax.devices()[0]
-    return {
+    info = {
         "platform": device.platform,
         "device_kind": device.device_kind,
         "n_devices": jax.device_count(),
@@ -293,6 +294,9 @@ def machine_info() -> dict[str, Any]:
         "jax": jax.__version__,
         "loadavg": list(os.getloadavg()),
     }
+    if load_before is not None:
+        info.update(loadavg_before=load_before, loadavg_after=os.getloadavg())
+    return info
 
 
 def jsonable(value: Any) -> Any:

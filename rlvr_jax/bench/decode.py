@@ -248,11 +248,9 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
         "profile": profile,
         "roofline": roof,
         "machine": {
-            **machine_info(),
+            **machine_info(load_before),
             "torch_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
             "hf_device": str(hf.device),
-            "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(),
         },
         "config": {
             **dataclasses.asdict(cfg),

@@ -249,11 +249,7 @@ def main_result(cfg: Any, quick: bool, **sizes: int) -> dict:
     return {
         "long": long,
         "roofline": roofline,
-        "machine": {
-            **machine_info(),
-            "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(),
-        },
+        "machine": machine_info(load_before),
         "config": dataclasses.asdict(cfg),
     }
 

@@ -273,11 +273,7 @@ def run(cfg: BenchConfig, *, quick: bool = False) -> dict:
         "exact_over_default_tokens_per_s": min(ratios),
         "settings": settings,
         "roofline": best_roofline(quick),
-        "machine": {
-            **machine_info(),
-            "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(),
-        },
+        "machine": machine_info(load_before),
         "config": {
             **dataclasses.asdict(cfg),
             "model": str(SHIPPED_DIR),

@@ -178,11 +178,7 @@ def main_result(cfg: MultiturnConfig, quick: bool) -> dict:
             "roofline_fraction": work / best["in_slot"] / (roof["peak_gflops_fp32"] * 1e9),
         },
         "roofline": roof,
-        "machine": {
-            **machine_info(),
-            "loadavg_before": load_before,
-            "loadavg_after": os.getloadavg(),
-        },
+        "machine": machine_info(load_before),
         "config": {**dataclasses.asdict(cfg), "params": arch.n_params()},
     }
 

@@ -26,12 +26,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.models.layers import same_segment
+from rlvr_jax.models.layers import NEG_INF, same_segment
 
 DEFAULT_BLOCK = 512
 """Queries (and keys) per tile: 512 × 512 fp32 scores per head are 1 MiB."""
 
-_NEG = float(jnp.finfo(jnp.float32).min)
 _PAD_SEGMENT = -1
 """Segment id of the tokens added to round T up to whole blocks (real ids are >= 0)."""
 
@@ -82,7 +81,7 @@ def _one_tile(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, seg_BxT, window, branches):
     zero = jnp.zeros((), jnp.int32)
     mask = _tile_mask(zero, zero, t, seg_BxT, seg_BxT, window, branches)
     s = _scores(q_BxTxNxH.reshape(b, t, kv, n // kv, h), k_BxTxKxH, h**-0.5)
-    p = jax.nn.softmax(jnp.where(mask, s, _NEG), axis=-1)
+    p = jax.nn.softmax(jnp.where(mask, s, NEG_INF), axis=-1)
     out = jnp.einsum("BKGqk,BkKH->BqKGH", p, v_BxTxKxH.astype(jnp.float32))
     return out.reshape(b, t, n, h).astype(q_BxTxNxH.dtype)
 
@@ -163,14 +162,14 @@ def _forward(q, k, v, seg, window, size, branches):
             m, sum_, acc = carry
             s = _scores(q_i, k_n[j], scale)
             mask = _tile_mask(i, j, size, seg_i, seg_n[j], window, branches)
-            m_new = jnp.maximum(m, jnp.where(mask, s, _NEG).max(-1))
+            m_new = jnp.maximum(m, jnp.where(mask, s, NEG_INF).max(-1))
             p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
             alpha = jnp.exp(m - m_new)
             pv = jnp.einsum("BKGqk,BkKH->BKGqH", p, v_n[j].astype(jnp.float32))
             return m_new, alpha * sum_ + p.sum(-1), alpha[..., None] * acc + pv
 
         init = (
-            jnp.full((b, kv, g, size), _NEG, jnp.float32),
+            jnp.full((b, kv, g, size), NEG_INF, jnp.float32),
             jnp.zeros((b, kv, g, size), jnp.float32),
             jnp.zeros((b, kv, g, size, h), jnp.float32),
         )

@@ -24,7 +24,8 @@ from rlvr_jax.models.swiglu import swiglu_hidden
 
 Dtype = Any
 
-_NEG_INF = float(jnp.finfo(jnp.float32).min)
+NEG_INF = float(jnp.finfo(jnp.float32).min)
+"""The masked-out score of every attention (the engine's and the blockwise kernel's too)."""
 
 
 def _lead(x: jax.Array, ndim: int) -> jax.Array:
@@ -227,7 +228,7 @@ def _attend(
     scores_BxKxGxTxS = jnp.einsum(
         "BTKGH,BSKH->BKGTS", q_BxTxKxGxH, k_BxSxKxH, preferred_element_type=jnp.float32
     ) * (h**-0.5)
-    scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS, _NEG_INF)
+    scores_BxKxGxTxS = jnp.where(mask_BxTxS[:, None, None], scores_BxKxGxTxS, NEG_INF)
     probs_BxKxGxTxS = jax.nn.softmax(scores_BxKxGxTxS, axis=-1)
     # fp32 probabilities and values, as the decode engine attends (its cached K/V upcast)
     v32_BxSxKxH = v_BxSxKxH.astype(jnp.float32)

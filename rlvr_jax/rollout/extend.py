@@ -17,9 +17,10 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as Pspec
 
 from rlvr_jax.models.config import SLIDING
+from rlvr_jax.models.layers import attend
 from rlvr_jax.rollout import kernel
 from rlvr_jax.rollout.paged_core import _shard_index, _shard_map
-from rlvr_jax.rollout.state import DecodeState, EngineSpec, constrain, state_shardings
+from rlvr_jax.rollout.state import DecodeState, EngineSpec, with_kv
 
 
 def _extend_local(
@@ -31,24 +32,15 @@ def _extend_local(
     mine = slot // per_shard == _shard_index(spec)
     local = slot % per_shard
     write_T = jnp.where(mine, write_T, spec.max_len)  # out of range: dropped
-    k_row = (
-        k_BxKxSxH[local]
-        .at[:, write_T]
-        .set(jnp.einsum("TKH->KTH", k_TxKxH).astype(k_BxKxSxH.dtype), mode="drop")
-    )
-    v_row = (
-        v_BxKxSxH[local]
-        .at[:, write_T]
-        .set(jnp.einsum("TKH->KTH", v_TxKxH).astype(v_BxKxSxH.dtype), mode="drop")
-    )
-    t, n, h = q_TxNxH.shape
-    k = k_row.shape[0]
-    q_TxKxGxH = q_TxNxH.reshape(t, k, n // k, h).astype(jnp.float32)
-    scores_KxGxTxS = jnp.einsum("TKGH,KSH->KGTS", q_TxKxGxH, k_row.astype(jnp.float32))
-    scores_KxGxTxS = jnp.where(mask_TxS, scores_KxGxTxS * h**-0.5, kernel.NEG_INF)
-    probs_KxGxTxS = jax.nn.softmax(scores_KxGxTxS, axis=-1)
-    out_TxKxGxH = jnp.einsum("KGTS,KSH->TKGH", probs_KxGxTxS, v_row.astype(jnp.float32))
-    out_TxNxH = out_TxKxGxH.reshape(t, n, h)
+
+    def row(cache_BxKxSxH, new_TxKxH):  # the row of `slot` with the new tokens written
+        new_KxTxH = jnp.einsum("TKH->KTH", new_TxKxH).astype(cache_BxKxSxH.dtype)
+        return cache_BxKxSxH[local].at[:, write_T].set(new_KxTxH, mode="drop")
+
+    k_row, v_row = row(k_BxKxSxH, k_TxKxH), row(v_BxKxSxH, v_TxKxH)
+    keys, values = (jnp.einsum("KSH->SKH", x.astype(jnp.float32))[None] for x in (k_row, v_row))
+    # the model's attention (`models.layers.attend`) of the new queries to the row, in fp32
+    out_TxNxH = attend(q_TxNxH[None].astype(jnp.float32), keys, values, mask_TxS[None])[0]
     if spec.mesh is not None and spec.slot_spec is not None:
         out_TxNxH = jax.lax.psum(jnp.where(mine, out_TxNxH, 0.0), spec.slot_spec)
     k_BxKxSxH = k_BxKxSxH.at[local].set(jnp.where(mine, k_row, k_BxKxSxH[local]))
@@ -95,5 +87,4 @@ def extend_row(
     _, kv = kernel.run_layers(
         dp, cfg, tokens_T[None], positions_T[None], tuple(zip(state.k, state.v)), attention
     )
-    state = state.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv))
-    return constrain(state, state_shardings(spec))
+    return with_kv(state, kv, spec)

@@ -37,10 +37,8 @@ import jax.numpy as jnp
 from rlvr_jax.models import ArchConfig, quant
 from rlvr_jax.models.config import SLIDING
 from rlvr_jax.models.decoder import rope_tables
-from rlvr_jax.models.layers import attend, cache_masks, rms_norm, segment_masks
+from rlvr_jax.models.layers import NEG_INF, attend, cache_masks, rms_norm, segment_masks
 from rlvr_jax.models.rope import apply_rope
-
-NEG_INF = float(jnp.finfo(jnp.float32).min)
 
 
 @flax.struct.dataclass

@@ -152,10 +152,6 @@ class Paged:
         for the mesh's platform) and the walk geometry."""
         mesh = spec.mesh
         platform = (mesh.devices.flat[0] if mesh else jax.devices()[0]).platform
-        if spec.max_slots % spec.shards:
-            raise ValueError(
-                f"max_slots={spec.max_slots} must split over {spec.shards} slot shards"
-            )
         pool = self.pool(
             spec.config,
             max_slots=spec.max_slots,
@@ -184,7 +180,9 @@ class Paged:
         if spec.page_size < 1 or spec.prefill_chunk < 1:
             raise ValueError("page_size and prefill_chunk must be >= 1")
         if spec.max_slots % spec.shards:
-            raise ValueError(f"max_slots={spec.max_slots} must split over {spec.shards} shards")
+            raise ValueError(
+                f"max_slots={spec.max_slots} must split over {spec.shards} slot shards"
+            )
         if spec.num_pages % spec.shards or spec.pages_per_shard < 2:
             raise ValueError(
                 f"num_pages={spec.num_pages} must be a multiple of the {spec.shards} "
@@ -383,7 +381,6 @@ class ContiguousKV:
         """Writes the appended tokens into the parked sequence's row and makes it decode
         again from its last one; always succeeds."""
         from rlvr_jax.rollout.extend import extend_row
-        from rlvr_jax.rollout.turns import stamp
 
         sched, core_, slot = self.sched, self.sched.core, parked.slot
         cached = [*slot.group.request.prompt, *slot.tokens]
@@ -400,17 +397,7 @@ class ContiguousKV:
             spec=core_.spec,
         )
         self.reserved.discard(parked.row)
-        sched._slots[parked.row] = slot
-        req = slot.group.request
-        sched._state = core_.activate(
-            sched._state,
-            [parked.row],
-            [req.slot_request(slot.sample_index)],
-            [cached[-1]],
-            [len(cached) - 1],
-            [len(slot.tokens)],
-        )
-        stamp(slot, sched.version)
+        sched._restart(parked.row, slot)
         return True
 
 

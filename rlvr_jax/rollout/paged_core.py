@@ -34,6 +34,7 @@ from rlvr_jax.rollout.state import (
     constrain,
     start_slots,
     state_shardings,
+    with_kv,
 )
 
 
@@ -61,6 +62,18 @@ def _window(spec: EngineSpec, layer: int) -> int | None:
 
 def _heads_spec(spec: EngineSpec) -> Any:
     return None if spec.mesh is None else spec.kv_layout.kv_sharding(spec).spec[0]
+
+
+def _pool_spec(spec: EngineSpec) -> Pspec:
+    """The page pool's partition (KV heads over tensor, pages split like slots)."""
+    return Pspec(_heads_spec(spec), spec.slot_spec, None, None)
+
+
+def _token_pages(table_M: jax.Array, positions_T: jax.Array, valid_T: jax.Array, z: int) -> tuple:
+    """(page_T, offset_T): where each of a sequence's positions goes in its pages `table_M`
+    (the trash page 0 for the invalid ones)."""
+    page_T = jnp.where(valid_T, table_M[jnp.minimum(positions_T // z, table_M.shape[0] - 1)], 0)
+    return page_T, positions_T % z
 
 
 def _shard_map(spec: EngineSpec, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:
@@ -141,9 +154,9 @@ def decode_logits(
     z = spec.page_size
     rows_B = jnp.arange(tokens_B.shape[0])
     page_B = jnp.where(active_B, work.table_BxM[rows_B, positions_B // z], 0)
-    offset_B = positions_B % z
+    where = (positions_B, page_B, positions_B % z, work.table_BxM)  # every layer's
     sa, ha = spec.slot_spec, _heads_spec(spec)
-    pool, per_slot = Pspec(ha, sa, None, None), Pspec(sa)
+    pool, per_slot = _pool_spec(spec), Pspec(sa)
     heads, lists = Pspec(sa, ha, None), Pspec(sa, None)
     in_specs = (heads, heads, heads, pool, pool, per_slot, per_slot, per_slot)
     in_specs = (*in_specs, lists, lists, lists, per_slot)  # table, work lists, counts
@@ -160,15 +173,7 @@ def decode_logits(
             else (work.slot_SxR, work.block_SxR, work.count_S)
         )
         out_BxNxH, kp, vp = _shard_map(spec, fn, in_specs, (heads, pool, pool))(
-            q_Bx1xNxH[:, 0],
-            k_Bx1xKxH[:, 0],
-            v_Bx1xKxH[:, 0],
-            *kv,
-            positions_B,
-            page_B,
-            offset_B,
-            work.table_BxM,
-            *lists_,
+            q_Bx1xNxH[:, 0], k_Bx1xKxH[:, 0], v_Bx1xKxH[:, 0], *kv, *where, *lists_
         )
         return out_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (kp, vp)
 
@@ -238,15 +243,11 @@ def extend(
     sequence whose pages (shard `shard`, local ids) are `table_M`, each token attending to
     the sequence's earlier tokens. Pages must already hold positions [0, start)."""
     t = tokens_T.shape[0]
-    z = spec.page_size
     positions_T = start + jnp.arange(t, dtype=jnp.int32)
-    valid_T = jnp.arange(t) < length
-    page_T = jnp.where(valid_T, table_M[jnp.minimum(positions_T // z, table_M.shape[0] - 1)], 0)
-    offset_T = positions_T % z
+    pages = _token_pages(table_M, positions_T, jnp.arange(t) < length, spec.page_size)
+    where = (positions_T, *pages, table_M, shard)  # every layer's
     end = start + length
-    ha = _heads_spec(spec)
-    pool, rep = Pspec(ha, spec.slot_spec, None, None), Pspec()
-    heads = Pspec(None, ha, None)
+    pool, rep, heads = _pool_spec(spec), Pspec(), Pspec(None, _heads_spec(spec), None)
     in_specs = (heads, heads, heads, pool, pool, rep, rep, rep, rep, rep, rep, rep)
 
     def attention(i, kv, q_1xTxNxH, k_1xTxKxH, v_1xTxKxH):
@@ -254,25 +255,14 @@ def extend(
         first = jnp.zeros((), jnp.int32) if window is None else jnp.maximum(start - window + 1, 0)
         fn = functools.partial(_extend_local, spec=spec, window=window)
         out_TxNxH, kp, vp = _shard_map(spec, fn, in_specs, (heads, pool, pool))(
-            q_1xTxNxH[0],
-            k_1xTxKxH[0],
-            v_1xTxKxH[0],
-            *kv,
-            positions_T,
-            page_T,
-            offset_T,
-            table_M,
-            shard,
-            first,
-            end,
+            q_1xTxNxH[0], k_1xTxKxH[0], v_1xTxKxH[0], *kv, *where, first, end
         )
         return out_TxNxH[None].astype(q_1xTxNxH.dtype), (kp, vp)
 
     _, kv = kernel.run_layers(
         dp, spec.config, tokens_T[None], positions_T[None], tuple(zip(state.k, state.v)), attention
     )
-    state = state.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv))
-    return constrain(state, state_shardings(spec))
+    return with_kv(state, kv, spec)
 
 
 def _copy_local(k_pages, v_pages, src_SxN, dst_SxN):
@@ -287,12 +277,9 @@ def copy_pages(
 ) -> DecodeState:
     """`state` (donated) with page `src[s, i]` copied to `dst[s, i]` in shard s, every layer
     (copy-on-write of a shared prompt's last, partial page; padding pairs are 0 -> 0)."""
-    pool = Pspec(_heads_spec(spec), spec.slot_spec, None, None)
-    lists = Pspec(spec.slot_spec, None)
+    pool, lists = _pool_spec(spec), Pspec(spec.slot_spec, None)
     copy = _shard_map(spec, _copy_local, (pool, pool, lists, lists), (pool, pool))
-    kv = [copy(k, v, src_SxN, dst_SxN) for k, v in zip(state.k, state.v)]
-    state = state.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv))
-    return constrain(state, state_shardings(spec))
+    return with_kv(state, [copy(k, v, src_SxN, dst_SxN) for k, v in zip(state.k, state.v)], spec)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
@@ -301,15 +288,9 @@ def write_prefix(
 ) -> DecodeState:
     """`state` (donated) with a dense `Prefix`'s K/V written into the pages `table_M` of
     shard `shard` (the JetStream adapter's insert)."""
-    t = prefix.k[0].shape[2]
-    z = spec.page_size
-    pos_T = jnp.arange(t, dtype=jnp.int32)
-    page_T = jnp.where(
-        pos_T < prefix.length, table_M[jnp.minimum(pos_T // z, table_M.shape[0] - 1)], 0
-    )
-    ha = _heads_spec(spec)
-    pool, rep = Pspec(ha, spec.slot_spec, None, None), Pspec()
-    heads = Pspec(None, ha, None)
+    pos_T = jnp.arange(prefix.k[0].shape[2], dtype=jnp.int32)
+    pages = _token_pages(table_M, pos_T, pos_T < prefix.length, spec.page_size)
+    pool, rep, heads = _pool_spec(spec), Pspec(), Pspec(None, _heads_spec(spec), None)
 
     def write(k_pages, v_pages, k_TxKxH, v_TxKxH, page_T, offset_T, shard):
         page_T = jnp.where(_shard_index(spec) == shard, page_T, 0)
@@ -317,19 +298,10 @@ def write_prefix(
 
     fn = _shard_map(spec, write, (pool, pool, heads, heads, rep, rep, rep), (pool, pool))
     kv = [
-        fn(
-            k,
-            v,
-            jnp.einsum("KTH->TKH", pk[0]),
-            jnp.einsum("KTH->TKH", pv[0]),
-            page_T,
-            pos_T % z,
-            shard,
-        )
+        fn(k, v, jnp.einsum("KTH->TKH", pk[0]), jnp.einsum("KTH->TKH", pv[0]), *pages, shard)
         for k, v, pk, pv in zip(state.k, state.v, prefix.k, prefix.v)
     ]
-    state = state.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv))
-    return constrain(state, state_shardings(spec))
+    return with_kv(state, kv, spec)
 
 
 @functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))

@@ -33,7 +33,6 @@ import numpy as np
 
 from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.pages import PageAllocator, pages_for, work_lists
-from rlvr_jax.rollout.turns import stamp
 
 
 @dataclasses.dataclass
@@ -221,19 +220,9 @@ class PagedKV:
         if not self._run_prefill(item.prefill, budget):
             return False
         self._reserved.discard(item.slot_id)
-        stamp(slot, self.sched.version)
         slot.pages = item.prefill.pages
         self._set_pages(item.slot_id, slot.pages)
-        self.sched._slots[item.slot_id] = slot
-        req = slot.group.request
-        self.sched._state = self.core.activate(
-            self.sched._state,
-            [item.slot_id],
-            [req.slot_request(slot.sample_index)],
-            [cached[-1]],
-            [len(cached) - 1],
-            [len(slot.tokens)],
-        )
+        self.sched._restart(item.slot_id, slot)
         return True
 
     # ---- decoding ---------------------------------------------------------------------------
@@ -362,17 +351,6 @@ class PagedKV:
             return True
         slot.pages += self.allocator.alloc(shard, need)
         self._run_prefill(_Prefill(shard, cached[:-1], slot.pages, parked.cached), [math.inf])
-        slot_id = free[0]
-        self._set_pages(slot_id, slot.pages)
-        self.sched._slots[slot_id] = slot
-        req = slot.group.request
-        self.sched._state = self.core.activate(
-            self.sched._state,
-            [slot_id],
-            [req.slot_request(slot.sample_index)],
-            [cached[-1]],
-            [len(cached) - 1],
-            [len(slot.tokens)],
-        )
-        stamp(slot, self.sched.version)
+        self._set_pages(free[0], slot.pages)
+        self.sched._restart(free[0], slot)
         return True

@@ -19,6 +19,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from rlvr_jax.models.quant import nbytes
+
+tree_bytes = nbytes
+"""Bytes of the arrays of a params tree (what a push moves): `push/bytes`."""
+
 
 class WeightPushError(RuntimeError):
     """A weight push was refused or did not complete (see the subclasses)."""
@@ -83,8 +88,3 @@ def check_order(version: int, held: int) -> None:
             f"weight push of policy version {version} refused: the actor already holds or was "
             f"sent version {held} (pushes must arrive in increasing version order)"
         )
-
-
-def tree_bytes(params: Any) -> int:
-    """Bytes of the arrays of `params` (what a push moves): `push/bytes`."""
-    return int(sum(x.size * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(params)))

@@ -39,7 +39,7 @@ from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.push import check_complete, check_order, signature
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
-from rlvr_jax.rollout.turns import TurnHook, Turns
+from rlvr_jax.rollout.turns import TurnHook, Turns, stamp
 
 Batching = Literal["continuous", "static"]
 BATCHING = ("continuous", "static")
@@ -350,6 +350,21 @@ class Scheduler:
         return _Slot(
             group, sample_index, admitted=self._admissions, prompt_version=group.kv_version
         )
+
+    def _restart(self, slot_id: int, slot: _Slot) -> None:
+        """`slot` (a preempted or parked sequence, every position but its last cached) decodes
+        again in slot `slot_id` (its pages, if any, set) from its last token."""
+        req = slot.group.request
+        self._slots[slot_id] = slot
+        self._state = self.core.activate(
+            self._state,
+            [slot_id],
+            [req.slot_request(slot.sample_index)],
+            [(slot.tokens or req.prompt)[-1]],
+            [slot.position],
+            [len(slot.tokens)],
+        )
+        stamp(slot, self.version)
 
     def step(self, *, admit: bool = True) -> list[tuple[GroupRequest, list[Completion]]]:
         """One boundary: admit waiting requests (unless `admit` is False), run one decode

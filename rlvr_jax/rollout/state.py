@@ -290,6 +290,13 @@ def replicated(spec: EngineSpec) -> NamedSharding | None:
     return NamedSharding(spec.mesh, PartitionSpec())
 
 
+def with_kv(state: DecodeState, kv: Any, spec: EngineSpec) -> DecodeState:
+    """`state` with each layer's (k, v) of `kv` (what `kernel.run_layers` returns), on the
+    engine's shardings."""
+    state = state.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv))
+    return constrain(state, state_shardings(spec))
+
+
 def constrain(tree: Any, shardings: Any) -> Any:
     """`with_sharding_constraint`, or the identity without shardings."""
     return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)

@@ -27,11 +27,10 @@ from typing import Any
 import jax
 
 from rlvr_jax import dispatch
-from rlvr_jax.models.quant import nbytes
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.interrupt import Interrupt
 from rlvr_jax.rollout.kernel import DecodeParams
-from rlvr_jax.rollout.push import check_order
+from rlvr_jax.rollout.push import check_order, tree_bytes
 from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.scheduler import Batching, Completion, GroupRequest, Scheduler, TokenHook
 from rlvr_jax.timeline import Timeline
@@ -252,7 +251,8 @@ class RolloutStream:
         with dispatch.LOCK:
             prepared = self.scheduler.prepare(params)
         jax.block_until_ready(prepared)
-        stats = {"push/bytes": float(nbytes(params)), "push/seconds": time.perf_counter() - start}
+        seconds = time.perf_counter() - start
+        stats = {"push/bytes": float(tree_bytes(params)), "push/seconds": seconds}
         with self._cond:
             check_order(version, self._sent_locked())  # another thread may have pushed since
             self._weights = (prepared, version)

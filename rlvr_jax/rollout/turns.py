@@ -68,11 +68,6 @@ class Parked:
     append: list[int] | None = None
     """The tokens to append, once the hook's future has resolved to them."""
 
-    @property
-    def resident(self) -> bool:
-        """Whether its K/V are still cached (paged: not evicted under page pressure)."""
-        return self.row is not None or bool(self.slot.pages)
-
 
 def stamp(slot: Any, version: int) -> None:
     """Gives the tokens appended at the end of `slot`'s sequence the policy `version` of the

@@ -26,7 +26,14 @@ import flax.struct
 import jax
 import numpy as np
 
-from rlvr_jax.training.packing import Layout, in_order, one_per_row, pack_examples, pack_tokens
+from rlvr_jax.training.packing import (
+    Layout,
+    in_order,
+    one_per_row,
+    pack_alike,
+    pack_examples,
+    pack_tokens,
+)
 
 __all__ = [
     "RLBatch",
@@ -267,35 +274,47 @@ def collate(
         seq_len=seq_len,
         pad_id=pad_id,
     )
-    T, B = seq_len - 1, layout.slots
-    gather_BxT = np.zeros((B, T), np.int32)
-    mask_BxT = np.zeros((B, T), np.float32)
-    slogp_BxT = np.zeros((B, T), np.float32)
-    rewards_BxT = np.zeros((B, T), np.float32)
-    adv_B = np.zeros((B,), np.float32)
-    lag_BxT = np.zeros((B, T), np.int32) if any(s.lag is not None for s in samples) else None
+    T = seq_len - 1
+    batch = _completion_arrays(samples, tokens, layout.slots, T)
     arange_T = np.arange(T, dtype=np.int32)
     for i, s in enumerate(samples):
         b, row, offset = layout.slot(i), layout.row(i), layout.places[i][2]
         n = len(s.prompt_tokens) + len(s.tokens) - 1  # its positions on the shifted grid
-        gather_BxT[b, :n] = row * T + offset + arange_T[:n]
-        first = len(s.prompt_tokens) - 1
-        mask_BxT[b, first : first + len(s.tokens)] = s.token_mask()
-        slogp_BxT[b, first : first + len(s.tokens)] = s.sampler_logp
-        if lag_BxT is not None:  # a sample without versions counts as lagging
-            lag_BxT[b, first : first + len(s.tokens)] = 1 if s.lag is None else s.lag
-        if s.tokens:
-            rewards_BxT[b, first + len(s.tokens) - 1] = s.reward
-        adv_B[b] = s.advantage
+        batch.gather_BxT[b, :n] = row * T + offset + arange_T[:n]
+        _place_completion(batch, b, len(s.prompt_tokens) - 1, s)
+    return batch
+
+
+def _completion_arrays(
+    samples: Sequence[Sample], tokens: TokenBatch, B: int, T: int, *, targets: bool = False
+) -> RLBatch:
+    """An `RLBatch` over `tokens` whose per-completion arrays [B, T] are zeros (`lag_BxT`
+    only when some sample has lag values; `targets_BxT` with `targets`)."""
+    lag = any(s.lag is not None for s in samples)
     return RLBatch(
         tokens=tokens,
-        gather_BxT=gather_BxT,
-        mask_BxT=mask_BxT,
-        sampler_logp_BxT=slogp_BxT,
-        advantages_B=adv_B,
-        rewards_BxT=rewards_BxT,
-        lag_BxT=lag_BxT,
+        gather_BxT=np.zeros((B, T), np.int32),
+        mask_BxT=np.zeros((B, T), np.float32),
+        sampler_logp_BxT=np.zeros((B, T), np.float32),
+        advantages_B=np.zeros((B,), np.float32),
+        rewards_BxT=np.zeros((B, T), np.float32),
+        targets_BxT=np.zeros((B, T), np.int32) if targets else None,
+        lag_BxT=np.zeros((B, T), np.int32) if lag else None,
     )
+
+
+def _place_completion(batch: RLBatch, b: int, first: int, s: Sample) -> None:
+    """Writes sample `s`'s mask, sampler log-probs, lag, reward (at its last token) and
+    advantage into slot `b` of `batch`'s per-completion arrays, its tokens from index
+    `first`."""
+    end = first + len(s.tokens)
+    batch.mask_BxT[b, first:end] = s.token_mask()
+    batch.sampler_logp_BxT[b, first:end] = s.sampler_logp
+    if batch.lag_BxT is not None:  # a sample without versions counts as lagging
+        batch.lag_BxT[b, first:end] = 1 if s.lag is None else s.lag
+    if s.tokens:
+        batch.rewards_BxT[b, end - 1] = s.reward
+    batch.advantages_B[b] = s.advantage
 
 
 def collate_packed(
@@ -315,18 +334,13 @@ def collate_packed(
     mini = rows // updates
     parts = [samples[u * mini : (u + 1) * mini] for u in range(updates)]
     lengths = [[len(s.prompt_tokens) + len(s.tokens) for s in part] for part in parts]
-    kwargs = dict(row_len=seq_len, max_tokens=max_tokens, row_multiple=row_multiple)
-    first = [pack_tokens(n, **kwargs) for n in lengths]
-    shape = dict(
-        n_micro=max(x.n_micro for x in first), seqs_per_micro=max(x.seqs_per_micro for x in first)
-    )
-    layouts = [pack_tokens(n, **kwargs, **shape) for n in lengths]
+    layouts = pack_alike(lengths, row_len=seq_len, max_tokens=max_tokens, row_multiple=row_multiple)
     batches = [
         collate(part, rows=0, seq_len=seq_len, pad_id=pad_id, layout=layout)
         for part, layout in zip(parts, layouts)
     ]
     full = jax.tree.map(lambda *xs: np.concatenate(xs, axis=0), *batches)
-    full = full.replace(tokens=full.tokens.replace(n_micro=shape["n_micro"] * updates))
+    full = full.replace(tokens=full.tokens.replace(n_micro=layouts[0].n_micro * updates))
     slots = [u * layouts[u].slots + layouts[u].slot(i) for u in range(updates) for i in
              range(len(parts[u]))]  # fmt: skip
     return full, np.asarray(slots, np.int64)
@@ -377,13 +391,13 @@ def collate_shared(
     per = len(groups) // updates
     parts = [range(u * per, (u + 1) * per) for u in range(updates)]
     if max_tokens:
-        kwargs = dict(row_len=row_len, max_tokens=max_tokens, row_multiple=row_multiple)
-        first = [pack_tokens([lengths[i] for i in part], **kwargs, what="group") for part in parts]
-        shape = dict(
-            n_micro=max(x.n_micro for x in first),
-            seqs_per_micro=max(x.seqs_per_micro for x in first),
+        layouts = pack_alike(
+            [[lengths[i] for i in part] for part in parts],
+            what="group",
+            row_len=row_len,
+            max_tokens=max_tokens,
+            row_multiple=row_multiple,
         )
-        layouts = [pack_tokens([lengths[i] for i in part], **kwargs, **shape) for part in parts]
     else:
         layouts = [one_per_row(per, rows // g // updates, "groups") for _ in parts]
     rows_u, slots_u = layouts[0].rows, layouts[0].slots * g
@@ -391,13 +405,16 @@ def collate_shared(
     ids = np.full((R, row_len), pad_id, np.int32)
     seg = np.zeros((R, row_len), np.int32)
     pos = np.zeros((R, row_len), np.int32)
-    gather = np.zeros((B, T), np.int32)
-    targets = np.zeros((B, T), np.int32)
-    mask = np.zeros((B, T), np.float32)
-    slogp = np.zeros((B, T), np.float32)
-    rewards = np.zeros((B, T), np.float32)
-    adv = np.zeros((B,), np.float32)
-    lag = np.zeros((B, T), np.int32) if any(s.lag is not None for s in samples) else None
+    tokens = TokenBatch(
+        input_ids_BxT=ids,
+        target_ids_BxT=np.zeros_like(ids),  # per slot: `targets_BxT`
+        positions_BxT=pos,
+        segment_ids_BxT=seg,
+        mask_BxT=np.zeros((R, row_len), np.float32),
+        n_micro=layouts[0].n_micro * updates if max_tokens else 0,
+        branches=M,
+    )
+    batch = _completion_arrays(samples, tokens, B, T, targets=True)
     slots = np.zeros((len(samples),), np.int64)
     for u, (part, layout) in enumerate(zip(parts, layouts)):
         for k, i in enumerate(part):
@@ -416,37 +433,11 @@ def collate_shared(
                     raise ValueError(f"collate_shared: sample {i * g + j} has {n_c} > {T} tokens")
                 base = (row - u * rows_u) * row_len
                 sources = [start + n_p - 1, *range(at, at + n_c - 1)][:n_c]
-                gather[b, :n_c] = base + np.asarray(sources, np.int32)
-                targets[b, :n_c] = s.tokens
-                mask[b, :n_c] = s.token_mask()
-                slogp[b, :n_c] = s.sampler_logp
-                if lag is not None:  # as in `collate`
-                    lag[b, :n_c] = 1 if s.lag is None else s.lag
-                if n_c:
-                    rewards[b, n_c - 1] = s.reward
-                adv[b] = s.advantage
+                batch.gather_BxT[b, :n_c] = base + np.asarray(sources, np.int32)
+                batch.targets_BxT[b, :n_c] = s.tokens
+                _place_completion(batch, b, 0, s)
                 slots[i * g + j] = b
                 at += n_c
-    n_micro = layouts[0].n_micro * updates if max_tokens else 0
-    tokens = TokenBatch(
-        input_ids_BxT=ids,
-        target_ids_BxT=np.zeros_like(ids),  # per slot: `targets_BxT`
-        positions_BxT=pos,
-        segment_ids_BxT=seg,
-        mask_BxT=np.zeros((R, row_len), np.float32),
-        n_micro=n_micro,
-        branches=M,
-    )
-    batch = RLBatch(
-        tokens=tokens,
-        gather_BxT=gather,
-        mask_BxT=mask,
-        sampler_logp_BxT=slogp,
-        advantages_B=adv,
-        rewards_BxT=rewards,
-        targets_BxT=targets,
-        lag_BxT=lag,
-    )
     return batch, slots
 
 

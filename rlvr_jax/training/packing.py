@@ -173,6 +173,17 @@ def pack_tokens(
     return Layout(n_micro, rows_per_micro, seqs_per_micro, tuple(places))
 
 
+def pack_alike(
+    lengths: Sequence[Sequence[int]], *, what: str = "sequence", **kwargs: int
+) -> list[Layout]:
+    """`pack_tokens` of each list of `lengths` (its keyword arguments in `kwargs`), all given
+    one shape (the most micro-batches and slots of any): the mini-batches of one batch."""
+    first = [pack_tokens(n, what=what, **kwargs) for n in lengths]
+    n_micro = max(x.n_micro for x in first)
+    most = max(x.seqs_per_micro for x in first)
+    return [pack_tokens(n, **kwargs, n_micro=n_micro, seqs_per_micro=most) for n in lengths]
+
+
 def pack_examples(lengths: Sequence[int], *, rows: int, seq_len: int) -> list[tuple[int, int]]:
     """(row, offset) of each example of the longest prefix of `lengths` that fits `rows` rows
     of `seq_len` tokens, filling rows in order: an example goes after the previous one when it

@@ -40,7 +40,6 @@ log = logging.getLogger("rlvr_jax.train")
 
 PROBE_TEXT = "The weights were pushed; 1 + 1 = 2, and 2 + 2 ="
 """The probe's prompt (tokenized by the run's tokenizer, cut to `data.max_prompt_len`)."""
-PROBE_SEED = 0
 
 
 class WeightPusher:

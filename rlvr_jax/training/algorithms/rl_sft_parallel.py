@@ -39,6 +39,7 @@ from rlvr_jax.training.algorithms import sft as sft_algorithm
 from rlvr_jax.training.algorithms.common import Context, micro_batches, uses_critic
 from rlvr_jax.training.batch import RLBatch, TokenBatch
 from rlvr_jax.training.optimizer import make_optimizer
+from rlvr_jax.training.rollouts import GeneratingSource
 from rlvr_jax.training.sft import sft_objective
 from rlvr_jax.training.sources import Batch
 from rlvr_jax.training.update import (
@@ -161,43 +162,29 @@ class ParallelBatch:
     sft: TokenBatch
 
 
-class PairingSource:
-    """`algorithm: rl_sft_parallel`: each RL batch (`RolloutSource`) paired with the next
-    `train.updates_per_batch` SFT batches (`SFTSource`); both positions are checkpointed."""
+class PairingSource(GeneratingSource):
+    """`algorithm: rl_sft_parallel`: each RL batch (`RolloutSource`, `self.rollouts`, which
+    the loop's interface goes to) paired with the next `train.updates_per_batch` SFT batches
+    (`SFTSource`); both positions are checkpointed."""
 
     def __init__(self, rl: Any, sft: sft_algorithm.SFTSource, *, updates_per_batch: int) -> None:
-        self.rl, self.sft, self.updates = rl, sft, updates_per_batch
+        self.rollouts, self.sft, self.updates = rl, sft, updates_per_batch
         self.on_policy = rl.on_policy
 
     def next(self, policy_version: int) -> Batch | None:
-        rl = self.rl.next(policy_version)
+        rl = self.rollouts.next(policy_version)
         if rl is None:
             return None
         sft = [self.sft.next(policy_version).arrays for _ in range(self.updates)]
         stacked = sft[0] if len(sft) == 1 else _concat_rows(sft)
         return dataclasses.replace(rl, arrays=ParallelBatch(rl=rl.arrays, sft=stacked))
 
-    def push_weights(self, params: Any, version: int) -> dict[str, float]:
-        return self.rl.push_weights(params, version)
-
-    def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> Any:
-        return self.rl.probe(version, prompt, max_new_tokens)
-
-    def pending(self) -> list[dict]:
-        return self.rl.pending()
-
-    def start(self) -> None:
-        self.rl.start()
-
     def state(self) -> dict:
-        return {"rl": self.rl.state(), **self.sft.state()}
+        return {"rl": self.rollouts.state(), **self.sft.state()}
 
     def restore(self, state: dict) -> None:
-        self.rl.restore(state["rl"])
+        self.rollouts.restore(state["rl"])
         self.sft.restore(state)
-
-    def close(self) -> None:
-        self.rl.close()
 
 
 def _concat_rows(batches: list[Any]) -> Any:
