@@ -152,8 +152,7 @@ def run(cfg: Any, *, weight_dtype: str | None, lora_rank: int, quick: bool) -> d
     if lora_rank:
         result["push"] = _push(engines[label], model, cfg.repeats)
         result["apply"] = _apply_vs_merge(model, cfg, result["push"]["seconds"]["adapters"])
-    result["machine"] = {**machine_info(), "loadavg_before": load_before,
-                         "loadavg_after": os.getloadavg()}  # fmt: skip
+    result["machine"] = machine_info(load_before)
     result["config"] = {
         **dataclasses.asdict(cfg), "weight_dtype": label, "lora_rank": lora_rank,
         "model": arch.to_hf(), "params": arch.n_params(),
