@@ -61,7 +61,7 @@ E2E = ("--warmup", "1", "--rounds", "1", "--set", "filter.zero_variance=false")
 zero-variance filter would leave nothing to train)."""
 PARTS = (
     Part("env", 15, (), (), ("device_kind", "jax", "torch", "torch_cuda", "nvidia_smi", "absent")),
-    Part("parity", 50, (), (), ("ok", "checks")),
+    Part("parity", 90, (), (), ("ok", "checks")),
     Part("roofline", 25, ("roofline",), ("roofline", "--quick"),
          ("matmul_gflops/bfloat16", "datasheet/bf16_fraction", "memory_gbps",
           "datasheet/memory_fraction", "datasheet/name")),
