@@ -76,6 +76,13 @@ if JAX_CACHE.name:  # RLVR_TEST_JAX_CACHE="" turns it off
     jax.config.update("jax_compilation_cache_dir", str(JAX_CACHE))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    # ... and for the processes the tests start (rlvr-train, the experiment scripts' runs, the
+    # workers): JAX reads these variables, so a program one test's process compiled is loaded
+    # from disk by the next process that needs it (a resumed run, the next arm, the next test
+    # file on the tiny setup). A test that sets its own cache keeps it.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 SUBSYSTEMS = (
     "models",
