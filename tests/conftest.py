@@ -33,7 +33,11 @@ do (mark it `slow` or make it faster):
 The run's summary lists the fast-tier tests above 60% of their limit: the next candidates for
 `slow`. Compiled XLA programs are kept on disk in `.cache/jax` (`JAX_CACHE` below), so a second
 run of either tier compiles little: the fast tier took ~185 CPU-seconds with an empty cache and
-~110 with a warm one (load average 8-11, where that was 330 s and 175 s of wall time).
+~110 with a warm one (load average 8-11, where that was 330 s and 175 s of wall time). The
+processes the tests start (rlvr-train, the experiment scripts' runs, the workers) share that
+cache through JAX_COMPILATION_CACHE_DIR, and every test process compiles with XLA's LLVM
+backend at -O0 (`helpers_cli.FAST_COMPILE`): the tests' programs are tiny, compile time is
+most of the slow tests' time.
 
 Shared fixtures: `qwen` (a tiny Qwen2 `Model`), `tiny_tokenizer_dir` / `tiny_tokenizer` and
 `chat_model_dir` (a tiny checkpoint with that tokenizer) are built once per worker; their
