@@ -16,8 +16,9 @@ FAST_COMPILE = "--xla_backend_optimization_level=0"
 """In XLA_FLAGS of every test process (tests/conftest.py's, and the processes the tests start
 through `xla_flags`): the tests' programs are tiny, so LLVM's optimizations cost more compile
 time than they save at run time (test_ppo_sync_run_resumes_exactly: 122 s -> 65 s, load ~4;
-test_attention_memory_workload, the heaviest compute: 65 s -> 60 s). The float semantics are
-XLA's either way (no fast-math)."""
+test_attention_memory_workload, the heaviest compute: 65 s -> 60 s); runs that decode a lot
+lose some (the DPO experiment's --quick run: 106 s -> 125 s, load ~2.5). The float semantics
+are XLA's either way (no fast-math)."""
 FAULTS = Path(__file__).with_name("serve_faults")
 """PYTHONPATH entry whose sitecustomize injects engine faults (see its docstring)."""
 
