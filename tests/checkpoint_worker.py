@@ -14,7 +14,9 @@ import sys
 
 pid, nproc, port = (int(a) for a in sys.argv[1:4])
 out, phase = sys.argv[4], sys.argv[5]
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // nproc}"
+from helpers_cli import xla_flags  # noqa: E402  (the standard library only)
+
+os.environ["XLA_FLAGS"] = xla_flags(8 // nproc)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

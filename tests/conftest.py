@@ -33,7 +33,11 @@ do (mark it `slow` or make it faster):
 The run's summary lists the fast-tier tests above 60% of their limit: the next candidates for
 `slow`. Compiled XLA programs are kept on disk in `.cache/jax` (`JAX_CACHE` below), so a second
 run of either tier compiles little: the fast tier took ~185 CPU-seconds with an empty cache and
-~110 with a warm one (load average 8-11, where that was 330 s and 175 s of wall time).
+~110 with a warm one (load average 8-11, where that was 330 s and 175 s of wall time). The
+processes the tests start (rlvr-train, the experiment scripts' runs, the workers) share that
+cache through JAX_COMPILATION_CACHE_DIR, and every test process compiles with XLA's LLVM
+backend at -O0 (`helpers_cli.FAST_COMPILE`): the tests' programs are tiny, compile time is
+most of the slow tests' time.
 
 Shared fixtures: `qwen` (a tiny Qwen2 `Model`), `tiny_tokenizer_dir` / `tiny_tokenizer` and
 `chat_model_dir` (a tiny checkpoint with that tokenizer) are built once per worker; their
@@ -47,7 +51,9 @@ import time
 from pathlib import Path
 
 # Must happen before jax is imported anywhere.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from helpers_cli import xla_flags
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -76,6 +82,13 @@ if JAX_CACHE.name:  # RLVR_TEST_JAX_CACHE="" turns it off
     jax.config.update("jax_compilation_cache_dir", str(JAX_CACHE))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    # ... and for the processes the tests start (rlvr-train, the experiment scripts' runs, the
+    # workers): JAX reads these variables, so a program one test's process compiled is loaded
+    # from disk by the next process that needs it (a resumed run, the next arm, the next test
+    # file on the tiny setup). A test that sets its own cache keeps it.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(JAX_CACHE))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 SUBSYSTEMS = (
     "models",

@@ -12,6 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+FAST_COMPILE = "--xla_backend_optimization_level=0"
+"""In XLA_FLAGS of every test process (tests/conftest.py's, and the processes the tests start
+through `xla_flags`): the tests' programs are tiny, so LLVM's optimizations cost more compile
+time than they save at run time (test_ppo_sync_run_resumes_exactly: 122 s -> 65 s, load ~4;
+test_attention_memory_workload, the heaviest compute: 65 s -> 60 s); runs that decode a lot
+lose some (the DPO experiment's --quick run: 106 s -> 125 s, load ~2.5). The float semantics
+are XLA's either way (no fast-math)."""
 FAULTS = Path(__file__).with_name("serve_faults")
 """PYTHONPATH entry whose sitecustomize injects engine faults (see its docstring)."""
 
@@ -23,11 +30,18 @@ def script(name: str) -> str:
     return str(path)
 
 
+def xla_flags(devices: int = 1) -> str:
+    """XLA_FLAGS of a test process with `devices` simulated CPU devices (1: XLA's default)."""
+    count = f"--xla_force_host_platform_device_count={devices} " if devices > 1 else ""
+    return count + FAST_COMPILE
+
+
 def user_env(**extra: str) -> dict[str, str]:
     """The environment a user's shell has after `source scripts/setup_env.sh` (no test-only
-    XLA device count), plus `extra`; `RLVR_TEST_*` variables put `FAULTS` on PYTHONPATH."""
+    XLA device count: `xla_flags()`), plus `extra`; `RLVR_TEST_*` variables put `FAULTS` on
+    PYTHONPATH."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
-    env.update(JAX_PLATFORMS="cpu", **extra)
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(), **extra)
     if any(k.startswith("RLVR_TEST_") for k in extra):
         env["PYTHONPATH"] = str(FAULTS)
     return env

@@ -10,7 +10,9 @@ import os
 import sys
 
 pid, nproc, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // nproc}"
+from helpers_cli import xla_flags  # noqa: E402  (the standard library only)
+
+os.environ["XLA_FLAGS"] = xla_flags(8 // nproc)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import helpers_models as H  # noqa: E402

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers_cli import xla_flags
 
 from rlvr_jax.training.checkpoint import Checkpointer, CheckpointError, abstract_like
 from rlvr_jax.training.metrics import read_jsonl
@@ -282,7 +283,7 @@ FULL_DISK = textwrap.dedent(
 def test_save_that_fails_for_lack_of_room(tmp_path):
     """One subprocess (the file-size limit is per process), both save modes."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags()  # one device
     proc = subprocess.run(
         [sys.executable, "-c", FULL_DISK, str(tmp_path)],
         env=env,
@@ -317,7 +318,7 @@ def run_two_processes(out: Path, phase: str) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the worker sets them
     env["PYTHONPATH"] = str(ROOT)
     procs = [
         subprocess.Popen(
@@ -401,7 +402,7 @@ def test_rlvr_train_resumes_past_a_damaged_checkpoint_and_exits_2_with_none_inta
         "log.progress_bar=false",
     ]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests'}"}
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = xla_flags()  # one device
 
     def run() -> subprocess.CompletedProcess:
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)

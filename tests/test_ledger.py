@@ -10,6 +10,7 @@ trains the same prompts in the same steps as the uninterrupted run."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import time
@@ -123,8 +124,9 @@ def test_resume_bookkeeping_keeps_every_settled_request_across_restarts():
 @pytest.fixture(scope="module")
 def xla_cache(tmp_path_factory) -> str:
     """One persistent compilation cache for the module's processes: a resumed process loads
-    the programs the killed one compiled (three times faster to start here)."""
-    return str(tmp_path_factory.mktemp("xla_cache"))
+    the programs the killed one compiled (three times faster to start here). The suite's
+    (tests/conftest.py: also the programs other files' runs of the tiny setup compiled)."""
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(tmp_path_factory.mktemp("xla_cache"))
 
 
 def _train(tmp: Path, cfg: Path, out: Path, cache: str, *args: str) -> C.Proc:

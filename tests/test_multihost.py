@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers_cli import xla_flags
 
 WORKER = Path(__file__).with_name("multihost_worker.py")
 ROOT = WORKER.parents[1]
@@ -22,7 +23,7 @@ def free_port() -> int:
 
 
 def launch(pid: int, nproc: int, port: int, out: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # the worker sets them
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.Popen(
         [sys.executable, str(WORKER), str(pid), str(nproc), str(port), str(out)],
@@ -57,8 +58,7 @@ def test_two_processes_agree_with_one(tmp_path):
 
 def train(cfg: Path, out: Path, *overrides: str, nproc: int, pid: int = 0, port: int = 0):
     """`rlvr-train` as one of `nproc` processes (8 // nproc simulated CPU devices each)."""
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={8 // nproc}"
+    env = {**os.environ, "XLA_FLAGS": xla_flags(8 // nproc)}
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = f"{ROOT}:{ROOT / 'tests'}"
     args = [f"train.output_dir={out}", *overrides]
