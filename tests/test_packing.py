@@ -176,3 +176,27 @@ def test_a_packed_batch_refuses_another_micro_batch_count():
     step = learner.make_train_step(ARCH, optax.sgd(0.1), settings, max_len=24, n_micro=1)
     with pytest.raises(ValueError, match=r"packed for \d+ micro-batches, not 1"):
         jax.eval_shape(step, learner.init_state(params, optax.sgd(0.1)), packed)
+
+
+def test_pack_rows_fills_the_fewest_rows_on_the_ladder():
+    from rlvr_jax.training.packing import pack_rows
+
+    layout = pack_rows([30, 20, 25, 10, 5], row_len=40, rows=8)
+    assert layout.n_micro == 1 and layout.slots == 8
+    assert layout.rows_per_micro == 3  # FFD needs 3 rows (30+10, 25+5, 20); ladder(3) = 3
+    used = {}
+    for i, (m, r, offset, slot) in enumerate(layout.places):
+        assert m == 0 and slot == i
+        used.setdefault(r, []).append((offset, [30, 20, 25, 10, 5][i]))
+    for parts in used.values():  # whole sequences, no overlap, within the row
+        end = 0
+        for offset, n in sorted(parts):
+            assert offset >= end and offset + n <= 40
+            end = offset + n
+    assert pack_rows([30] * 5, row_len=40, rows=8).rows_per_micro == 6  # ladder(5)
+    assert pack_rows([30] * 5, row_len=40, rows=5).rows_per_micro == 5  # capped
+    assert pack_rows([10] * 3, row_len=40, rows=8, row_multiple=2).rows_per_micro == 2
+    with pytest.raises(ValueError, match="sequence 1 has 50 tokens > a row of 40"):
+        pack_rows([10, 50], row_len=40, rows=8)
+    with pytest.raises(ValueError, match="3 sequences for 2 slots"):
+        pack_rows([10, 10, 10], row_len=40, rows=2)

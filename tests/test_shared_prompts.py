@@ -158,3 +158,53 @@ def test_collate_shared_refuses_what_it_cannot_lay_out():
         collate_shared(ss[1:] + ss[:1], group_size=G, rows=12, row_len=48, pad_id=0, slot_len=20)
     with pytest.raises(ValueError, match=r"group 0 has .* tokens > a row of 8"):
         collate_shared(ss, group_size=G, rows=12, row_len=8, pad_id=0, slot_len=20)
+
+
+def test_groups_packed_into_the_fewest_rows_match_one_group_a_row():
+    """`pack=True` (a step of one micro-batch, `RolloutSource` sets it): several groups to a
+    row, the row count rounded up on the ladder, every mini-batch alike; the log-probs and the
+    loss's gradient are those of one group a row."""
+    ss = samples(seed=5, groups=8)
+    lengths = [
+        len(ss[i].prompt_tokens) + sum(len(s.tokens) for s in ss[i : i + G])
+        for i in range(0, len(ss), G)
+    ]
+    kwargs = dict(group_size=G, rows=len(ss), row_len=2 * max(lengths), pad_id=0, slot_len=10)
+    one, one_slots = collate_shared(ss, updates=2, **kwargs)
+    packed, slots = collate_shared(ss, updates=2, pack=True, **kwargs)
+    np.testing.assert_array_equal(slots, one_slots)  # slot i = sample i, as unpacked
+    assert one.tokens.rows == 8 and packed.tokens.rows in (2, 4, 6)  # 2 mini-batches alike
+    assert packed.tokens.rows < one.tokens.rows and packed.tokens.n_micro == 0
+    per_row = (packed.tokens.segment_ids_BxT // (G + 1)).max(axis=1)
+    assert per_row.max() >= 2  # some row holds two groups
+    for key in ("mask_BxT", "sampler_logp_BxT", "advantages_B", "targets_BxT"):
+        np.testing.assert_array_equal(getattr(packed, key), getattr(one, key), err_msg=key)
+
+    params = models.init_params(ARCH, jax.random.key(3))
+    fn = learner.make_logprob_fn(ARCH, compute_dtype=jnp.float32, temperature=1.0)
+    whole, _ = collate_shared(ss, **kwargs)  # one mini-batch
+
+    def logp(batch):
+        return np.asarray(fn(params, jax.tree.map(jnp.asarray, batch))) * batch.mask_BxT
+
+    want = logp(whole)
+    assert float(np.abs(want).sum()) > 1.0
+    # the whole batch's forward (old and reference log-probs) reads every mini-batch's slots
+    # from their own rows (it read the second's from the first's rows before)
+    np.testing.assert_allclose(logp(one), want, atol=2e-5)
+    np.testing.assert_allclose(logp(packed), want, atol=2e-5)
+
+    def grads(batch):
+        def f(p):
+            logp = learner.sequence_logprobs(
+                p, ARCH, batch, compute_dtype=jnp.float32, temperature=1.0
+            )
+            return jnp.sum(logp * batch.mask_BxT * batch.advantages_B[:, None])
+
+        return jax.grad(f)(params)
+
+    for a, b in zip(
+        jax.tree.leaves(grads(jax.tree.map(jnp.asarray, packed))),
+        jax.tree.leaves(grads(jax.tree.map(jnp.asarray, one))),
+    ):
+        np.testing.assert_allclose(a, b, atol=2e-4, rtol=1e-4)

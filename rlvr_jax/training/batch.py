@@ -18,6 +18,7 @@ Letters: B rows, T positions (S − 1).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from rlvr_jax.training.packing import (
     one_per_row,
     pack_alike,
     pack_examples,
+    pack_rows,
     pack_tokens,
 )
 
@@ -82,13 +84,15 @@ class RLBatch:
     per-completion arrays the loss reads as if each completion had a row of its own (B slots:
     `mask_BxT` etc. are exactly an unpacked batch's). `gather_BxT` maps completion slot b's
     position t to its place in the packed rows (flat index r·T + t', counted within the
-    micro-batch: `sequence_view`), so every aggregation, TIS and KL mode keeps its exact
+    whole batch; any equal split of the rows — a mini- or micro-batch — reads its own through
+    `sequence_view`'s modulo), so every aggregation, TIS and KL mode keeps its exact
     per-sequence meaning and global denominator however the rows are packed."""
 
     tokens: TokenBatch
     """The model's input, [R, T] (several completions per row when packed)."""
     gather_BxT: Any
-    """int32 [B, T]: where completion b's position t sits in the packed rows."""
+    """int32 [B, T]: where completion b's position t sits in the packed rows (r·T + t' over
+    the whole batch's rows; `sequence_view` takes it modulo a part's positions)."""
     mask_BxT: Any = None
     """1.0 on completion b's trained tokens (the stop token included)."""
     sampler_logp_BxT: Any = None
@@ -127,8 +131,8 @@ class RLBatch:
 
 def sequence_view(x_RxT: Any, gather_BxT: Any) -> Any:
     """Per-token values of packed rows [R, T] (or [R, T, V]) as completion slots [B, T] (or
-    [B, T, V]); `gather_BxT` indices are taken modulo the R·T positions given (a micro-batch's
-    own rows)."""
+    [B, T, V]); `gather_BxT` indices are taken modulo the R·T positions given, so a part of
+    the batch made of equal splits of its rows (a mini- or micro-batch) reads its own rows."""
     R, T = x_RxT.shape[:2]
     flat = x_RxT.reshape(R * T, *x_RxT.shape[2:])
     return flat[gather_BxT % (R * T)]
@@ -357,13 +361,16 @@ def collate_shared(
     updates: int = 1,
     row_multiple: int = 1,
     slot_len: int,
+    pack: bool = False,
 ) -> tuple[RLBatch, np.ndarray]:
     """The RL batch of `samples` (groups of `group_size` consecutive samples with one prompt)
     with each group's prompt laid out once, followed by its G completions: a group takes
     `len(prompt) + Σ len(completion)` tokens of a row instead of G · len(prompt) more. Rows of
     `row_len`: one per group of a batch of `rows` completions (`max_tokens` = 0; missing groups
-    are empty rows), or groups packed to `max_tokens` per micro-batch; separately for each of
-    `updates` mini-batches (whole groups each). Completion
+    are empty rows), with `pack` (a step of one micro-batch) as many groups to a row as fit, in
+    the fewest rows (`packing.pack_rows`: a handful of row counts), or groups packed to
+    `max_tokens` per micro-batch; separately for each of `updates` mini-batches (whole groups
+    each, every mini-batch the same number of rows). Completion
     j of a group is branch j + 1 of its segment (`TokenBatch.branches` = G + 1): it sees the
     prompt and itself (`models.layers.same_segment`), at the positions it would have alone.
 
@@ -398,6 +405,15 @@ def collate_shared(
             max_tokens=max_tokens,
             row_multiple=row_multiple,
         )
+    elif pack:
+        cap = rows // g // updates
+        layouts = [
+            pack_rows([lengths[i] for i in part], row_len=row_len, rows=cap,
+                      row_multiple=row_multiple)
+            for part in parts
+        ]  # fmt: skip
+        most = max(x.rows_per_micro for x in layouts)
+        layouts = [dataclasses.replace(x, rows_per_micro=most) for x in layouts]
     else:
         layouts = [one_per_row(per, rows // g // updates, "groups") for _ in parts]
     rows_u, slots_u = layouts[0].rows, layouts[0].slots * g
@@ -431,7 +447,7 @@ def collate_shared(
                 pos[row, at : at + n_c] = n_p + np.arange(n_c)
                 if n_c > T:
                     raise ValueError(f"collate_shared: sample {i * g + j} has {n_c} > {T} tokens")
-                base = (row - u * rows_u) * row_len
+                base = row * row_len  # global: any equal split of the rows (`sequence_view`)
                 sources = [start + n_p - 1, *range(at, at + n_c - 1)][:n_c]
                 batch.gather_BxT[b, :n_c] = base + np.asarray(sources, np.int32)
                 batch.targets_BxT[b, :n_c] = s.tokens

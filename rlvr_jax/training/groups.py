@@ -200,13 +200,15 @@ def build_batch(
     version: int | None = None,
     shared_row_len: int = 0,
     completion_len: int = 0,
+    pack_groups: bool = False,
 ) -> tuple[RLBatch, np.ndarray]:
     """The learner batch of the kept `groups` (numpy) and each completion's slot in it: each
     completion with its group's advantage (`settings.advantage` over the rewards [P, G]),
     overlong completions masked out when asked; one completion per row, or packed to
     `max_tokens` per micro-batch (`batch.collate_packed`); with `shared_row_len`, each group's
     prompt once in rows of that length, the completions' own `completion_len` positions per
-    slot (`batch.collate_shared`). With `loss.kl_mode: reward` the
+    slot (`batch.collate_shared`; with `pack_groups`, a step of one micro-batch, several groups
+    to a row). With `loss.kl_mode: reward` the
     advantages need the learner's log-probs and are completed on the learner; here they
     are 0. With `loss.advantage: gae` (PPO) the batch carries each completion's reward at its
     last token (`rewards_BxT`) and the learner computes per-token advantages with its critic;
@@ -244,6 +246,7 @@ def build_batch(
             updates=updates,
             row_multiple=row_multiple,
             slot_len=completion_len,
+            pack=pack_groups,
         )
     elif max_tokens:
         batch, slots = collate_packed(

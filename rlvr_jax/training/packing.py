@@ -14,6 +14,9 @@ one compiled step serves them all, and a sequence never straddles rows or micro-
   `train.max_tokens_per_micro_batch` allows; the number of micro-batches follows the batch's
   tokens, rounded up on a short ladder (1, 2, 3, 4, 6, 8, 12, 16, ...: a few compiled shapes,
   at most a third of a micro-batch of padding rows).
+- `pack_rows`: first-fit-decreasing into the fewest rows of one micro-batch (their count
+  rounded up on the same ladder), for batches whose step is one micro-batch: the
+  shared-prompt groups of an RL batch, several to a row instead of one a row.
 - `pack_examples`: the in-order packing `scripts/pretrain_tiny.py` uses (next-fit), kept for
   the shipped base model's bit-identical recipe.
 """
@@ -171,6 +174,28 @@ def pack_tokens(
         most = max(most, slot)
     seqs_per_micro = -(-most // row_multiple) * row_multiple
     return Layout(n_micro, rows_per_micro, seqs_per_micro, tuple(places))
+
+
+def pack_rows(lengths: Sequence[int], *, row_len: int, rows: int, row_multiple: int = 1) -> Layout:
+    """Sequences of `lengths` tokens packed (`_ffd_rows`) into the fewest rows of `row_len`, one
+    micro-batch of at most `rows` rows and exactly `rows` slots (slot i = sequence i): the row
+    count is `ladder`-rounded (a few compiled shapes) and a multiple of `row_multiple`, capped
+    at `rows`, which must hold one sequence a row. Raises ValueError naming a sequence longer
+    than a row, or more sequences than `rows`."""
+    if len(lengths) > rows:
+        raise ValueError(f"pack_rows: {len(lengths)} sequences for {rows} slots")
+    for i, n in enumerate(lengths):
+        if n > row_len:
+            raise ValueError(f"pack_rows: sequence {i} has {n} tokens > a row of {row_len}")
+    bins = _ffd_rows(lengths, row_len)
+    used = -(-ladder(max(len(bins), 1)) // row_multiple) * row_multiple
+    places: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)] * len(lengths)
+    for r, row in enumerate(bins):
+        offset = 0
+        for i in sorted(row):
+            places[i] = (0, r, offset, i)
+            offset += lengths[i]
+    return Layout(1, min(used, rows), rows, tuple(places), packed=False)
 
 
 def pack_alike(

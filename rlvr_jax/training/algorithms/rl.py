@@ -68,11 +68,15 @@ class RolloutSource(GeneratingSource):
         self.cap = self.P * max(f.max_draws, 1) if f.active_sampling else self.P
         self.rows, self.seq_len, self.pad_id = ctx.rows, ctx.batch_length, ctx.pad_id
         self.shared = (ctx.group_length, ctx.completion_length) if ctx.shares_prompts else None
+        t = cfg.train
         self.packing = dict(
-            max_tokens=cfg.train.max_tokens_per_micro_batch,
-            updates=cfg.train.updates_per_batch,
+            max_tokens=t.max_tokens_per_micro_batch,
+            updates=t.updates_per_batch,
             row_multiple=ctx.row_multiple,
         )
+        one_micro = micro_batches(self.rows // t.updates_per_batch, t.micro_batch_size, "") == 1
+        if self.shared and not t.max_tokens_per_micro_batch and one_micro:
+            self.packing["pack_groups"] = True  # several groups to a row, the fewest rows
         self.on_policy = self.mode == "sync"
         self._carry: list[Any] = []  # scored groups a full batch left: the next batch's first
 
