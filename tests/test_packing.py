@@ -178,25 +178,45 @@ def test_a_packed_batch_refuses_another_micro_batch_count():
         jax.eval_shape(step, learner.init_state(params, optax.sgd(0.1)), packed)
 
 
-def test_pack_rows_fills_the_fewest_rows_on_the_ladder():
-    from rlvr_jax.training.packing import pack_rows
+def test_pack_groups_fills_the_fewest_rows_splitting_groups_after_prompt_copies():
+    from rlvr_jax.training.packing import pack_groups
 
-    layout = pack_rows([30, 20, 25, 10, 5], row_len=40, rows=8)
-    assert layout.n_micro == 1 and layout.slots == 8
-    assert layout.rows_per_micro == 3  # FFD needs 3 rows (30+10, 25+5, 20); ladder(3) = 3
-    used = {}
-    for i, (m, r, offset, slot) in enumerate(layout.places):
-        assert m == 0 and slot == i
-        used.setdefault(r, []).append((offset, [30, 20, 25, 10, 5][i]))
-    for parts in used.values():  # whole sequences, no overlap, within the row
-        end = 0
-        for offset, n in sorted(parts):
-            assert offset >= end and offset + n <= 40
-            end = offset + n
-    assert pack_rows([30] * 5, row_len=40, rows=8).rows_per_micro == 6  # ladder(5)
-    assert pack_rows([30] * 5, row_len=40, rows=5).rows_per_micro == 5  # capped
-    assert pack_rows([10] * 3, row_len=40, rows=8, row_multiple=2).rows_per_micro == 2
-    with pytest.raises(ValueError, match="sequence 1 has 50 tokens > a row of 40"):
-        pack_rows([10, 50], row_len=40, rows=8)
-    with pytest.raises(ValueError, match="3 sequences for 2 slots"):
-        pack_rows([10, 10, 10], row_len=40, rows=2)
+    def check(groups, row_len, used, pieces):
+        spans = {r: [] for r in range(used)}
+        seen = {i: [] for i in range(len(groups))}
+        for i, r, offset, js in pieces:
+            assert js and 0 <= r < used
+            spans[r].append((offset, groups[i][0] + sum(groups[i][1][j] for j in js)))
+            seen[i] += js
+        for parts in spans.values():  # no overlap, within the row
+            end = 0
+            for offset, n in sorted(parts):
+                assert offset >= end and offset + n <= row_len
+                end = offset + n
+        for i, (_, cs) in enumerate(groups):  # every completion exactly once
+            assert sorted(seen[i]) == list(range(len(cs)))
+
+    groups = [(4, [10, 10, 10]), (2, [5, 5]), (6, [8, 8, 8])]  # 34, 12, 30 tokens
+    used, pieces = pack_groups(groups, row_len=46, rows=8)
+    check(groups, 46, used, pieces)
+    assert used == 2 and len(pieces) == 3  # 34 + 12 and 30: whole groups fit 2 rows of 46
+    used, pieces = pack_groups(groups, row_len=40, rows=8)
+    check(groups, 40, used, pieces)
+    assert used == 3  # 2 rows of 40 would need the 12-token group in 2 parts: 2 + 5 each
+    # 3 groups of 32 (prompt 2 + 3 x 10) in rows of 60: two whole, the third split over the
+    # two rows after a copy of its prompt each (2 + 10 + 10 and 2 + 10): 2 rows, not 3
+    groups = [(2, [10, 10, 10])] * 3
+    used, pieces = pack_groups(groups, row_len=60, rows=8)
+    check(groups, 60, used, pieces)
+    assert used == 2 and len(pieces) == 4
+    groups = [(2, [10, 10, 10])] * 5  # 160 tokens: ladder(ceil(160 / 60)) = 3 rows
+    used, pieces = pack_groups(groups, row_len=60, rows=8)
+    check(groups, 60, used, pieces)
+    assert used == 3 and len(pieces) > 5
+    # a split that would leave a completion no room takes the next row count
+    assert pack_groups([(6, [8, 8, 8])] * 3, row_len=48, rows=8)[0] == 3
+    assert pack_groups([(2, [3])] * 3, row_len=40, rows=8, row_multiple=2)[0] == 2
+    with pytest.raises(ValueError, match="group 1 has 50 tokens > a row of 40"):
+        pack_groups([(2, [3]), (10, [40])], row_len=40, rows=8)
+    with pytest.raises(ValueError, match="3 groups for 2 rows"):
+        pack_groups([(2, [3])] * 3, row_len=40, rows=2)

@@ -162,21 +162,28 @@ def test_collate_shared_refuses_what_it_cannot_lay_out():
 
 def test_groups_packed_into_the_fewest_rows_match_one_group_a_row():
     """`pack=True` (a step of one micro-batch, `RolloutSource` sets it): several groups to a
-    row, the row count rounded up on the ladder, every mini-batch alike; the log-probs and the
-    loss's gradient are those of one group a row."""
+    row and groups split over rows after copies of their prompt, the row count on the ladder,
+    every mini-batch alike; the log-probs and the loss's gradient are those of one group a
+    row."""
     ss = samples(seed=5, groups=8)
     lengths = [
         len(ss[i].prompt_tokens) + sum(len(s.tokens) for s in ss[i : i + G])
         for i in range(0, len(ss), G)
     ]
-    kwargs = dict(group_size=G, rows=len(ss), row_len=2 * max(lengths), pad_id=0, slot_len=10)
+    assert max(lengths) == 27 and sum(lengths[:4]) == 85 and sum(lengths[4:]) == 92
+    # rows of 36: each mini-batch's groups take ladder(ceil(85 or 92 / 36)) = 3 rows, which
+    # they fill only with some groups split over rows
+    kwargs = dict(group_size=G, rows=len(ss), row_len=36, pad_id=0, slot_len=10)
     one, one_slots = collate_shared(ss, updates=2, **kwargs)
     packed, slots = collate_shared(ss, updates=2, pack=True, **kwargs)
     np.testing.assert_array_equal(slots, one_slots)  # slot i = sample i, as unpacked
-    assert one.tokens.rows == 8 and packed.tokens.rows in (2, 4, 6)  # 2 mini-batches alike
+    assert one.tokens.rows == 8 and packed.tokens.rows == 6  # 2 mini-batches alike
     assert packed.tokens.rows < one.tokens.rows and packed.tokens.n_micro == 0
     per_row = (packed.tokens.segment_ids_BxT // (G + 1)).max(axis=1)
-    assert per_row.max() >= 2  # some row holds two groups
+    assert per_row.max() >= 2  # some row holds two groups (or parts of groups)
+    prompts = (packed.tokens.segment_ids_BxT % (G + 1) == 0) & (packed.tokens.segment_ids_BxT > 0)
+    copies = sum(len(np.unique(row[p])) for row, p in zip(packed.tokens.segment_ids_BxT, prompts))
+    assert copies > 8  # some group's prompt laid out twice: the group was split
     for key in ("mask_BxT", "sampler_logp_BxT", "advantages_B", "targets_BxT"):
         np.testing.assert_array_equal(getattr(packed, key), getattr(one, key), err_msg=key)
 

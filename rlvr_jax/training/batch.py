@@ -18,7 +18,6 @@ Letters: B rows, T positions (S − 1).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from rlvr_jax.training.packing import (
     one_per_row,
     pack_alike,
     pack_examples,
-    pack_rows,
+    pack_groups,
     pack_tokens,
 )
 
@@ -367,8 +366,9 @@ def collate_shared(
     with each group's prompt laid out once, followed by its G completions: a group takes
     `len(prompt) + Σ len(completion)` tokens of a row instead of G · len(prompt) more. Rows of
     `row_len`: one per group of a batch of `rows` completions (`max_tokens` = 0; missing groups
-    are empty rows), with `pack` (a step of one micro-batch) as many groups to a row as fit, in
-    the fewest rows (`packing.pack_rows`: a handful of row counts), or groups packed to
+    are empty rows), with `pack` (a step of one micro-batch) several groups to a row in the
+    fewest rows, a group's completions split over rows after copies of its prompt where that
+    saves a row (`packing.pack_groups`: a handful of row counts), or groups packed to
     `max_tokens` per micro-batch; separately for each of `updates` mini-batches (whole groups
     each, every mini-batch the same number of rows). Completion
     j of a group is branch j + 1 of its segment (`TokenBatch.branches` = G + 1): it sees the
@@ -405,18 +405,26 @@ def collate_shared(
             max_tokens=max_tokens,
             row_multiple=row_multiple,
         )
-    elif pack:
+    elif not pack:
+        layouts = [one_per_row(per, rows // g // updates, "groups") for _ in parts]
+    if pack and not max_tokens:  # (group k of the part, row, offset, completions, its slot)
         cap = rows // g // updates
-        layouts = [
-            pack_rows([lengths[i] for i in part], row_len=row_len, rows=cap,
-                      row_multiple=row_multiple)
+        packed = [
+            pack_groups(
+                [(len(groups[i][0].prompt_tokens), [len(x.tokens) for x in groups[i]])
+                 for i in part],
+                row_len=row_len, rows=cap, row_multiple=row_multiple,
+            )
             for part in parts
         ]  # fmt: skip
-        most = max(x.rows_per_micro for x in layouts)
-        layouts = [dataclasses.replace(x, rows_per_micro=most) for x in layouts]
+        rows_u, slots_u = max(n for n, _ in packed), cap * g
+        pieces = [[(k, r, o, js, k) for k, r, o, js in pc] for _, pc in packed]
     else:
-        layouts = [one_per_row(per, rows // g // updates, "groups") for _ in parts]
-    rows_u, slots_u = layouts[0].rows, layouts[0].slots * g
+        rows_u, slots_u = layouts[0].rows, layouts[0].slots * g
+        pieces = [
+            [(k, lay.row(k), lay.places[k][2], list(range(g)), lay.slot(k)) for k in range(per)]
+            for lay in layouts
+        ]
     R, B, T, M = rows_u * updates, slots_u * updates, slot_len, g + 1
     ids = np.full((R, row_len), pad_id, np.int32)
     seg = np.zeros((R, row_len), np.int32)
@@ -432,17 +440,18 @@ def collate_shared(
     )
     batch = _completion_arrays(samples, tokens, B, T, targets=True)
     slots = np.zeros((len(samples),), np.int64)
-    for u, (part, layout) in enumerate(zip(parts, layouts)):
-        for k, i in enumerate(part):
+    for u, (part, part_pieces) in enumerate(zip(parts, pieces)):
+        for k, r, start, js, group_slot in part_pieces:
+            i = part[k]
             grp, prompt = groups[i], list(groups[i][0].prompt_tokens)
-            row = u * rows_u + layout.row(k)
-            start, n_p = layout.places[k][2], len(prompt)
+            row, n_p = u * rows_u + r, len(prompt)
             group_id = 1 + int((seg[row] // M).max(initial=0))
             at = start + n_p
             ids[row, start:at], seg[row, start:at] = prompt, group_id * M
             pos[row, start:at] = np.arange(n_p)
-            for j, s in enumerate(grp):
-                n_c, b = len(s.tokens), u * slots_u + layout.slot(k) * g + j
+            for j in js:
+                s, b = grp[j], u * slots_u + group_slot * g + j
+                n_c = len(s.tokens)
                 ids[row, at : at + n_c], seg[row, at : at + n_c] = s.tokens, group_id * M + j + 1
                 pos[row, at : at + n_c] = n_p + np.arange(n_c)
                 if n_c > T:

@@ -14,9 +14,9 @@ one compiled step serves them all, and a sequence never straddles rows or micro-
   `train.max_tokens_per_micro_batch` allows; the number of micro-batches follows the batch's
   tokens, rounded up on a short ladder (1, 2, 3, 4, 6, 8, 12, 16, ...: a few compiled shapes,
   at most a third of a micro-batch of padding rows).
-- `pack_rows`: first-fit-decreasing into the fewest rows of one micro-batch (their count
-  rounded up on the same ladder), for batches whose step is one micro-batch: the
-  shared-prompt groups of an RL batch, several to a row instead of one a row.
+- `pack_groups`: an RL batch's shared-prompt groups (a prompt and its completions) in the
+  fewest rows of one micro-batch, several to a row, a group's completions split over rows
+  (the prompt copied) where that saves a row; the row count on the same ladder.
 - `pack_examples`: the in-order packing `scripts/pretrain_tiny.py` uses (next-fit), kept for
   the shipped base model's bit-identical recipe.
 """
@@ -176,26 +176,67 @@ def pack_tokens(
     return Layout(n_micro, rows_per_micro, seqs_per_micro, tuple(places))
 
 
-def pack_rows(lengths: Sequence[int], *, row_len: int, rows: int, row_multiple: int = 1) -> Layout:
-    """Sequences of `lengths` tokens packed (`_ffd_rows`) into the fewest rows of `row_len`, one
-    micro-batch of at most `rows` rows and exactly `rows` slots (slot i = sequence i): the row
-    count is `ladder`-rounded (a few compiled shapes) and a multiple of `row_multiple`, capped
-    at `rows`, which must hold one sequence a row. Raises ValueError naming a sequence longer
-    than a row, or more sequences than `rows`."""
-    if len(lengths) > rows:
-        raise ValueError(f"pack_rows: {len(lengths)} sequences for {rows} slots")
-    for i, n in enumerate(lengths):
+Piece = tuple[int, int, int, list[int]]
+"""(group, row, offset, its completions' indices): a group's prompt and some of its completions
+laid out together (`pack_groups`)."""
+
+
+def pack_groups(
+    groups: Sequence[tuple[int, Sequence[int]]],
+    *,
+    row_len: int,
+    rows: int,
+    row_multiple: int = 1,
+) -> tuple[int, list[Piece]]:
+    """Shared-prompt groups, (prompt length, completion lengths) each, laid out in the fewest
+    rows of `row_len` of one micro-batch: whole where they fit (first fit, longest first),
+    else their completions spread over the rows with the most room, each part after its own
+    copy of the prompt. The row count comes from the total tokens on the `ladder` (a few
+    compiled shapes), a multiple of `row_multiple`, at most `rows` (which must hold one group
+    a row); a count that leaves a group no room takes the next. Returns (rows used, pieces)."""
+    if len(groups) > rows:
+        raise ValueError(f"pack_groups: {len(groups)} groups for {rows} rows")
+    sizes = [p + sum(cs) for p, cs in groups]
+    for i, n in enumerate(sizes):
         if n > row_len:
-            raise ValueError(f"pack_rows: sequence {i} has {n} tokens > a row of {row_len}")
-    bins = _ffd_rows(lengths, row_len)
-    used = -(-ladder(max(len(bins), 1)) // row_multiple) * row_multiple
-    places: list[tuple[int, int, int, int]] = [(0, 0, 0, 0)] * len(lengths)
-    for r, row in enumerate(bins):
-        offset = 0
-        for i in sorted(row):
-            places[i] = (0, r, offset, i)
-            offset += lengths[i]
-    return Layout(1, min(used, rows), rows, tuple(places), packed=False)
+            raise ValueError(f"pack_groups: group {i} has {n} tokens > a row of {row_len}")
+    n = ladder(max(1, -(-sum(sizes) // row_len)))
+    while True:
+        used = min(rows, -(-n // row_multiple) * row_multiple)
+        pieces = _place_groups(groups, sizes, row_len, used)
+        if pieces is not None:
+            return used, pieces
+        n = ladder(n + 1)
+
+
+def _place_groups(
+    groups: Sequence[tuple[int, Sequence[int]]], sizes: list[int], row_len: int, rows: int
+) -> list[Piece] | None:
+    """`pack_groups`' placement into exactly `rows` rows; None when some completion finds no
+    row with room for it and a prompt."""
+    free = [row_len] * rows
+    pieces: list[Piece] = []
+    for i in sorted(range(len(groups)), key=lambda i: (-sizes[i], i)):
+        prompt, lengths = groups[i]
+        whole = next((r for r in range(rows) if free[r] >= sizes[i]), None)
+        if whole is not None:
+            pieces.append((i, whole, row_len - free[whole], list(range(len(lengths)))))
+            free[whole] -= sizes[i]
+            continue
+        rest = list(range(len(lengths)))
+        while rest:
+            r = max(range(rows), key=lambda r: (free[r], -r))
+            room, take = free[r] - prompt, []
+            for j in rest:
+                if lengths[j] <= room:
+                    take.append(j)
+                    room -= lengths[j]
+            if not take:
+                return None
+            pieces.append((i, r, row_len - free[r], take))
+            free[r] = room
+            rest = [j for j in rest if j not in take]
+    return pieces
 
 
 def pack_alike(
