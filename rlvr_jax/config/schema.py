@@ -426,6 +426,10 @@ class TrainConfig:
     bucket_min_len·2^k (a multiple of the chunk sizes; at most max_prompt_len +
     max_new_tokens): short batches cost less, with at most log2(full / bucket_min_len) + 2
     compiles. 0 = always the full length (one compile)."""
+    compilation_cache_dir: str | None = "~/.cache/rlvr_jax/xla"
+    """JAX's persistent compilation cache: programs compiled once (a batch shape, the engine's
+    steps) load from here in later runs and in the next trainer of the same process (a resumed
+    run, `rlvr-bench e2e`'s rounds). null = off. `JAX_COMPILATION_CACHE_DIR`, when set, wins."""
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,7 @@ class Trainer:
         from rlvr_jax.data import load_tokenizer
 
         check(cfg)  # a Config built in Python, not loaded, is checked too: before anything is built
+        _compilation_cache(cfg.train.compilation_cache_dir)
         self.cfg, self.timeline = cfg, timeline
         self.stop = stop if stop is not None else StopFlag()
         self.dispatched = 0
@@ -430,6 +431,14 @@ def _saved(state: Any) -> Any:
 def _pushed(params: Any) -> Any:
     """What a weight push moves: the adapters alone with LoRA (the actors hold the base)."""
     return lora.split(params)[0]
+
+
+def _compilation_cache(path: str | None) -> None:
+    """Turns on JAX's persistent compilation cache at `path` (`train.compilation_cache_dir`)
+    unless it is off or already on (`JAX_COMPILATION_CACHE_DIR`, or set by the caller)."""
+    if not path or jax.config.jax_compilation_cache_dir:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(Path(path).expanduser()))
 
 
 def _device_turns(cfg: Config) -> dispatch.DeviceTurns | None:
