@@ -2,6 +2,7 @@
 counts when its update has finished; rounds pool; load flags a run that was not quiet."""
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -103,10 +104,13 @@ def test_rounds_pool_as_totals_and_load_flags_quiet():
     assert m.steps_per_s == 0.5 and m.tokens_per_s == 50.0
     assert m.overlap_fraction == pytest.approx(1.0 / 2.0)  # 1 s of both / 2 s of train
     assert m.loadavg == (1.2, 1.0)
-    q = e2e_run.quietness({"sync": (0.9, 1.4), "async": (1.0, 1.2), "trl": (1.6, 1.1)})
+    loads = {"sync": (0.9, 1.4), "async": (1.0, 1.2), "trl": (1.6, 1.1)}
+    q = e2e_run.quietness(loads, threshold=1.5)  # a 2-core machine's (0.75 a core)
     assert not q["quiet"] and q["load"]["quiet_by_side"]["trl"] is False
     assert q["ratios_quiet"] == {"async_over_sync": True, "async_over_trl": False}
-    assert e2e_run.quietness({"sync": (0.2, 0.3), "async": (1.5, 0.1)})["quiet"]
+    assert e2e_run.quietness({"sync": (0.2, 0.3), "async": (1.5, 0.1)}, threshold=1.5)["quiet"]
+    assert e2e_run.quietness(loads, threshold=12.0)["quiet"]  # 16 cores: their own threads
+    assert 0.75 * (os.cpu_count() or 1) == e2e_run.QUIET_LOAD
     trl = e2e.pool_trl(
         [{"status": "ok", "steps": 2, "wall_s": 4.0, "tokens": 80, "reward_mean": 0.5,
           "steps_per_s": 0.5, "tokens_per_s": 20.0, "loadavg": [1.0, 2.0]},

@@ -27,7 +27,8 @@ dispatched: the timed window runs from the last warm-up update's end to the last
 - `projected_speedup_disjoint` = (rollout + train) / max(rollout, train) from the sync split:
   what async buys when the actors and the learner have devices of their own;
 - the 1-minute load average before and after each side (`load.by_side`); `quiet: false` (and
-  a NOT QUIET line) when any side ran above `QUIET_LOAD`, `ratios_quiet` per ratio.
+  a NOT QUIET line) when any side ran above the machine's `e2e_run.QUIET_LOAD` (0.75 a core:
+  1.5 on two cores), `ratios_quiet` per ratio.
 
 The TRL row needs `trl` (not a dependency); without it the row says so. Every run draws the
 same number of groups per optimizer step (`filter.active_sampling=false`, before the user's
@@ -40,6 +41,7 @@ import argparse
 import dataclasses
 import importlib.util
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -47,7 +49,6 @@ from typing import Any
 
 from rlvr_jax.bench import common, progress
 from rlvr_jax.bench.e2e_run import (
-    QUIET_LOAD,
     ModeRun,
     load_1min,
     load_config,
@@ -270,9 +271,10 @@ def format_result(result: dict[str, Any]) -> str:
         else f"async / TRL {trl['trl_version']} steps/s: {trl['ours_async_over_trl']:.3f}",
     ]
     if not result["quiet"]:
-        loud = {k: max(v) for k, v in result["load"]["by_side"].items() if max(v) > QUIET_LOAD}
+        limit = result["load"]["threshold"]
+        loud = {k: max(v) for k, v in result["load"]["by_side"].items() if max(v) > limit}
         lines.append(
-            f"NOT QUIET: 1-minute load above {QUIET_LOAD} around "
+            f"NOT QUIET: 1-minute load above {limit:g} ({os.cpu_count()} cores) around "
             + ", ".join(f"{k} ({v:.2f})" for k, v in loud.items())
             + ": ratios measured under load"
         )
