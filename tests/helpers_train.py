@@ -25,11 +25,13 @@ def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
     return Path(path)
 
 
-QUICK_SLOTS = "rollout.max_slots=256"
-"""An override for the experiment scripts' `--quick` runs on `tiny_run`: the harness evaluates
-every policy on n = 32 samples of 8 held-out prompts; tiny_run's 16 slots decode those 256
-sequences 16 at a time, each wave ~1 s on a loaded 2-core machine (an evaluation 15-20 s, five
-or more per test), 256 slots in one wave (< 1 s). Per-request seeds: the same samples."""
+QUICK_RUNS = ("log.tensorboard=false", "log.plots=false", "rollout.max_slots=256")
+"""Overrides of the experiment scripts' `--quick` runs on `tiny_run` (every rlvr-train run and
+the harness's evaluations): no TensorBoard files or end-of-run plots (matplotlib's import and
+drawing, ~2 s a run; the experiment's own plot is still drawn), and 256 slots: the harness
+evaluates every policy on n = 32 samples of 8 held-out prompts, which tiny_run's 16 slots
+decode 16 at a time, each wave ~1 s on a loaded 2-core machine (an evaluation 15-20 s, five or
+more per test), 256 slots in one wave (< 1 s). Per-request seeds: the same samples."""
 
 
 def word_parity(response: str, ground_truth, **_) -> float:
