@@ -105,6 +105,29 @@ SUBSYSTEMS = (
 )
 """Each has one smoke test in the fast tier."""
 NEAR_LIMIT = 0.6  # the summary lists fast-tier tests above this fraction of their limit
+LONGEST_FILES = (
+    "test_multihost.py",
+    "test_gpu_check.py",
+    "test_experiment_harness.py",
+    "test_cli_bench_subprocess.py",
+    "test_ledger.py",
+    "test_cli_subprocess.py",
+    "test_ppo_train.py",
+    "test_checkpoint.py",
+    "test_lora_train.py",
+    "test_train_loop.py",
+    "test_bench_mismatch.py",
+    "test_envs_train.py",
+    "test_experiment_dpo_script.py",
+    "test_experiment_script.py",
+    "test_experiment_ppo.py",
+)
+"""The test files of a minute or more (one to three, each its own processes), longest first:
+collected first, in this order, and handed out first. `--dist loadfile` gives a worker the next
+file in collection order when it is almost out of tests; by default (xdist's
+`--loadscope-reorder`, turned off in `pytest_configure`) the files with the most tests come
+first, which left these few-test files for the end of the run, one worker on a 2-minute file
+while the other idled."""
 
 
 def pytest_addoption(parser):
@@ -131,6 +154,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # xdist: hand files out in collection order
+        config.option.loadscopereorder = False
     if JAX_CACHE.name and not hasattr(config, "workerinput"):  # the controller, before workers
         size = sum(f.stat().st_size for f in JAX_CACHE.rglob("*") if f.is_file())
         if size > JAX_CACHE_MAX_BYTES:
@@ -143,6 +168,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
     for item in items:
         if item.get_closest_marker("smoke") and item.get_closest_marker("slow"):
             raise pytest.UsageError(f"{item.nodeid}: a smoke test may not be marked slow")

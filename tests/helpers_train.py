@@ -25,6 +25,14 @@ def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
     return Path(path)
 
 
+QUICK_RUNS = ("log.tensorboard=false", "rollout.max_slots=256")
+"""Overrides of the experiment scripts' `--quick` runs on `tiny_run` (every rlvr-train run and
+the harness's evaluations): no TensorBoard files, and 256 slots: the harness evaluates every
+policy on n = 32 samples of 8 held-out prompts, which tiny_run's 16 slots decode 16 at a time,
+each wave ~1 s on a loaded 2-core machine (an evaluation 15-20 s, five or more per test), 256
+slots in one wave (< 1 s). Per-request seeds: the same samples."""
+
+
 def word_parity(response: str, ground_truth, **_) -> float:
     """A test verifier: 1 when the response has an even number of words. A random policy gets
     it right about half the time, so groups have reward variance and every step trains."""
@@ -61,7 +69,9 @@ train: {{max_steps: 3, output_dir: {tmp_path / "out"}, prompts_per_batch: 2,
         learning_rate: 1.0e-3}}
 checkpoint: {{every_steps: 2, keep: 2}}
 eval: {{every_steps: 0, num_samples: 4, ks: [1, 4], max_prompts: 4}}
-log: {{progress_bar: false, tensorboard: true}}
+# no end-of-run plots (matplotlib's import and drawing, ~2 s in each rlvr-train process):
+# the tests of curves.png set log.plots=true
+log: {{progress_bar: false, tensorboard: true, plots: false}}
 """
     )
     return cfg

@@ -1,6 +1,7 @@
-"""`rlvr-train`, `rlvr-eval`, `rlvr-filter` and `rlvr-bench` started as a user starts them
-(the installed console scripts, fresh processes): they run, stay quiet (no absl/orbax INFO),
-show progress, and stop within 10 s on SIGTERM / SIGINT."""
+"""`rlvr-train`, `rlvr-eval` and `rlvr-filter` started as a user starts them (the installed
+console scripts, fresh processes): they run, stay quiet (no absl/orbax INFO), show progress,
+and stop within 10 s on SIGTERM / SIGINT (`rlvr-bench`: test_cli_bench_subprocess.py, a file
+of its own so that the two xdist workers can share these slow tests)."""
 
 from __future__ import annotations
 
@@ -96,29 +97,3 @@ def test_rlvr_eval_and_rlvr_filter(tmp_path):
     assert proc.wait(600) == 0, proc.stderr()[-3000:]
     assert kept.exists() and json.loads(stats.read_text())
     _quiet(proc.stderr())
-
-
-def test_rlvr_bench_all_quick(tmp_path):
-    result = tmp_path / "all.json"
-    args = ["all", "--quick", "--json", str(result)]
-    proc = C.Proc("rlvr-bench", args, tmp_path, cwd=ROOT)  # e2e reads configs/demo.yaml
-    assert proc.wait(1800) == 0, proc.stderr()[-5000:]
-    status = json.loads(result.read_text())["status"]
-    assert {n for n, s in status.items() if s["status"] == "ok"} == set(status), status
-    err = proc.stderr()
-    for name in ("roofline", "losses", "verifiers", "decode", "learner", "waste", "e2e"):
-        assert re.search(rf"^rlvr-bench {name} \[ *\d+\.\d s\] ", err, re.M), name
-    _quiet(err)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["term", "int"])
-def test_rlvr_bench_stops_on_a_signal(tmp_path, sig):
-    proc = C.Proc("rlvr-bench", ["decode", "--quick"], tmp_path)
-    deadline = time.monotonic() + 600
-    while "throughput workload" not in proc.stderr():  # inside the work, past the imports
-        assert proc.alive(), proc.stderr()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    rc, seconds = proc.stop(sig, STOP_S)
-    assert rc == 128 + sig and seconds < STOP_S, proc.stderr()[-3000:]
-    assert f"interrupted by {signal.Signals(sig).name}" in proc.stderr()

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_train import tiny_run
+from helpers_train import QUICK_RUNS, tiny_run
 
 from rlvr_jax.data import synthetic
 
@@ -67,7 +67,7 @@ def test_quick_run_goes_sft_pairs_dpo_rl_and_writes_the_table(tmp_path):
         "rollout.max_new_tokens=10",
         # a random policy's sampled tokens re-encode into longer text (broken bytes)
         "dpo.max_response_len=64",
-        "log.tensorboard=false",
+        *QUICK_RUNS,
     ]
     assert exp.main(argv) == 0
     results = json.loads((out / "results.json").read_text())

@@ -111,13 +111,13 @@ def test_arms_that_start_from_others_must_run(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_quick_rollouts_per_prompt_splits_and_curves(tmp_path):
-    from helpers_train import tiny_run
+    from helpers_train import QUICK_RUNS, tiny_run
 
     exp = load_script("experiment_rollouts_per_prompt")
     cfg, out = tiny_run(tmp_path), tmp_path / "rpp"
     # a random policy passes the parity verifier half the time: hard = at most 2 of 4
     argv = ["--config", str(cfg), "--quick", "--out", str(out), "--hard-max", "0.5"]
-    assert exp.main([*argv, "log.tensorboard=false"]) == 0
+    assert exp.main([*argv, *QUICK_RUNS]) == 0
     results = json.loads((out / "results.json").read_text())
     diff = results["difficulty"]
     assert diff["prompts"] == 32 and sum(diff["histogram"]) == 32
@@ -139,13 +139,14 @@ def test_quick_rollouts_per_prompt_splits_and_curves(tmp_path):
 
 @pytest.mark.slow
 def test_quick_budget_forcing_keeps_its_table(tmp_path):
-    from helpers_train import tiny_run
+    from helpers_train import QUICK_RUNS, tiny_run
 
     exp = load_script("experiment_budget_forcing")
     cfg, out = tiny_run(tmp_path), tmp_path / "bf"
     argv = ["--config", str(cfg), "--quick", "--out", str(out), "--budget", "4", "--answer", "4"]
     argv += ["--text", " ok"]  # 4 + 1 + 4 tokens fit 16 new tokens
-    assert exp.main([*argv, "rollout.max_new_tokens=16", "log.tensorboard=false"]) == 0
+    argv += ["rollout.max_new_tokens=16", *QUICK_RUNS]
+    assert exp.main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["meta"]["steps"] == 1 and len(results["meta"]["load_after"]) == 3
     on, off = results["arms"]["on"], results["arms"]["off"]

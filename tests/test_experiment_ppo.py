@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_train import tiny_run
+from helpers_train import QUICK_RUNS, tiny_run
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,7 +54,7 @@ def test_quick_run_gives_ppo_the_samples_of_grpo(tmp_path):
     out = tmp_path / "experiment"
     argv = ["--config", str(cfg), "--quick", "--out", str(out), "--arms", "grpo,ppo_shared"]
     argv += ["--probe", "ifeval"]  # tiny_run trains on `parity` rows: nothing to drop
-    assert exp.main([*argv, "log.tensorboard=false"]) == 0
+    assert exp.main([*argv, *QUICK_RUNS]) == 0
     results = json.loads((out / "results.json").read_text())
     runs = results["seeds"]["0"]
     assert list(runs) == ["grpo", "ppo_shared"]

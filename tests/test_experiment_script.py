@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers_train import tiny_run
+from helpers_train import QUICK_RUNS, tiny_run
 
 from rlvr_jax.data import synthetic
 
@@ -84,7 +84,7 @@ def test_quick_run_trains_each_recipe_from_the_base_and_writes_the_table(tmp_pat
         "sft_then_rl,parallel",
         f"sft.sources=[{{path: {tmp_path / 'sft.jsonl'}}}]",
         "rollout.max_new_tokens=10",
-        "log.tensorboard=false",
+        *QUICK_RUNS,
     ]
     assert exp.main(argv) == 0
     results = json.loads((out / "results.json").read_text())

@@ -88,7 +88,7 @@ def run_all(procs: list[subprocess.Popen]) -> None:
 def test_two_process_trainer_matches_one_process_and_resumes(tmp_path):
     # the whole trainer (rollouts stepped in lockstep on each process's main thread, rewards,
     # the learner over a mesh spanning both processes, orbax checkpoints, resume) on 2 x 4
-    # devices gives the metrics of one process on 8
+    # devices gives the metrics of one process on 8 that ran its 3 steps without a restart
     from helpers_train import tiny_run
 
     from rlvr_jax.training.metrics import read_jsonl
@@ -103,8 +103,8 @@ def test_two_process_trainer_matches_one_process_and_resumes(tmp_path):
         "log.tensorboard=false",
     )
     one, two = tmp_path / "one", tmp_path / "two"
+    run_all([train(cfg, one, *common, "train.max_steps=3", nproc=1)])
     for steps in (2, 3):  # 2 steps and a checkpoint, then resumed for a third
-        run_all([train(cfg, one, *common, f"train.max_steps={steps}", nproc=1)])
         port = free_port()
         run_all(
             [

@@ -326,8 +326,10 @@ def test_ppo_step_gradient_matches_the_reference(kind):
     )
     critic = make_critic(kind, value_coef=0.7, value_clip=0.2)
     settings = losses.resolve_loss_settings("ppo")
-    ref_loss, (g_pol, g_crit) = jax.value_and_grad(
-        lambda p: reference_ppo_loss(*p, batch, kind=kind, eps=0.2, coef=0.7, clip=0.2)
+    ref_loss, (g_pol, g_crit) = jax.jit(  # one program: op by op it takes seconds
+        jax.value_and_grad(
+            lambda p: reference_ppo_loss(*p, batch, kind=kind, eps=0.2, coef=0.7, clip=0.2)
+        )
     )((policy, cparams))
     sgd = optax.sgd(1.0)  # new params = params − gradient
     for n_micro in (1, 2):

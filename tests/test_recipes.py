@@ -407,6 +407,7 @@ def test_sft_runs_and_resumes_exactly(tiny, tmp_path):
         "checkpoint.keep=3",
         "eval.every_steps=3",
         "eval.max_prompts=2",
+        "log.plots=true",
     )
     assert cli.train_main(args) == 0
     straight = read_jsonl(out / "metrics.jsonl")

@@ -57,7 +57,8 @@ def test_one_step_end_to_end(tmp_path):
 def test_sync_run_then_resume_continues(tmp_path):
     cfg = tiny_run(tmp_path)
     out = tmp_path / "out"
-    assert cli.train_main(["--config", str(cfg), "train.max_steps=2", "eval.every_steps=2"]) == 0
+    args = ["--config", str(cfg), "train.max_steps=2", "eval.every_steps=2", "log.plots=true"]
+    assert cli.train_main(args) == 0
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert 0.0 <= rows[1]["eval/pass@1"] <= rows[1]["eval/pass@4"] <= 1.0  # held-out eval

@@ -62,7 +62,9 @@ class BenchConfig:
     tensor_parallel: bool = True
 
 
-QUICK = BenchConfig(prompts=6, new=16, slots=4, update_after=2, repeats=1, layouts=("paged",))
+QUICK = BenchConfig(prompts=4, new=8, slots=4, update_after=1, repeats=1, layouts=("paged",))
+"""`--quick` (the smoke test): 8 sequences on 4 slots, two waves of two chunks; the update after
+the first chunk, so the first wave has tokens before it and lagged ones, the second after it."""
 
 
 def _flags_for_devices() -> bool:
