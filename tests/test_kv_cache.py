@@ -10,6 +10,7 @@ positions — the decode functions the engine's `generate` runs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import helpers_models as H
@@ -149,3 +150,56 @@ def test_cache_shapes_and_axes(tmp_path):
     assert _engine(model, "paged", max_len=32).spec.num_pages == 4 * 8 + 1
     with pytest.raises(ValueError, match="kv_pages or kv_cache_gib, not both"):
         _engine(model, "paged", max_len=32, kv_pages=4, kv_cache_gib=1.0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "olmo3"])
+@pytest.mark.slow
+def test_contiguous_decode_reads_the_shortest_prefix_that_holds_the_rows(tmp_path, arch):
+    """`Contiguous.spans`: a decode step attends over the shortest cache prefix that holds
+    every live row's position (`lax.switch` over a quarter, half, three quarters, all of
+    max_len), rows crossing from one prefix to the next mid-run; the logits are the full
+    forward's (OLMo 3's sliding layers included), and logits and caches those of full-length
+    reads to fp rounding (the masked keys add exact zeros, in another summation order)."""
+    hf_model = H.build_hf_checkpoint(arch, tmp_path, seed=12)
+    core = _engine(models.load_pretrained(tmp_path), "contiguous", max_len=64)
+    spans = core.spec.kv_layout.spans(core.spec)
+    assert spans == (16, 32, 48, 64)
+
+    @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
+    def scan(kv, feed_BxN, start_B, active_B, spans):
+        def step(kv, inputs):
+            tokens_B, j = inputs
+            positions_B = start_B + j
+            span = jnp.max(jnp.where(active_B, positions_B, 0)) + 1
+            logits, k, v = kernel.decode_logits(
+                core.params, core.spec.config, tokens_B, positions_B, *kv, spans=spans,
+                span=span,
+            )  # fmt: skip
+            return (k, v), logits
+
+        steps = jnp.arange(feed_BxN.shape[1], dtype=jnp.int32)
+        return jax.lax.scan(step, kv, (feed_BxN.T, steps))
+
+    n_steps, lengths_B = 30, np.array([9, 3, 14], np.int32)  # positions 2..42: three spans
+    full_BxT = H.random_tokens(3, 14 + n_steps, seed=13)
+    state = core.init_decode_state()
+    for b in range(3):
+        prefix = core.prefill(core.params, full_BxT[b, : lengths_B[b]].tolist())
+        state = core.insert(prefix, state, [b], [SlotRequest(0, 0, n_steps)])
+    feed_BxN = np.zeros((core.spec.max_slots, n_steps), np.int32)
+    start_B = np.zeros((core.spec.max_slots,), np.int32)
+    feed_BxN[:3] = np.stack([full_BxT[np.arange(3), lengths_B - 1 + j] for j in range(n_steps)], 1)
+    start_B[:3] = lengths_B - 1
+    active_B = np.arange(core.spec.max_slots) < 3  # the idle slot sits at position 0
+    copies = [(tuple(jnp.array(k) for k in state.k), tuple(jnp.array(v) for v in state.v))]
+    copies.append((tuple(jnp.array(k) for k in state.k), tuple(jnp.array(v) for v in state.v)))
+    (k_s, v_s), logits_s = scan(copies[0], feed_BxN, start_B, active_B, spans)
+    (k_f, v_f), logits_f = scan(copies[1], feed_BxN, start_B, active_B, (64,))
+    for b, n in enumerate(lengths_B):
+        ref_TxV = H.hf_logits(hf_model, full_BxT[b : b + 1, : n + n_steps])[0]
+        got_NxV = np.asarray(logits_s)[:, b]
+        np.testing.assert_allclose(got_NxV, ref_TxV[n - 1 : n - 1 + n_steps], rtol=0, atol=TOL)
+        np.testing.assert_allclose(got_NxV, np.asarray(logits_f)[:, b], rtol=0, atol=1e-5)
+    for a, b in zip((*k_s, *v_s), (*k_f, *v_f)):  # (later layers: fp rounding of the sums)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
+    assert core.spec.kv_layout.spans(dataclasses.replace(core.spec, exact=True)) == (64,)

@@ -71,8 +71,10 @@ _BENCH = (
     "model.hf_config=null",
     "rollout.max_new_tokens=256",
     # the learner's [64, 352, 32000] fp32 logits at once took the async run past 22 GB (OOM on
-    # a 24 GB machine): micro-batches of 16 rows, the LM head 32 positions at a time (352 = 11 x 32)
-    "train.micro_batch_size=16",
+    # a 24 GB machine): micro-batches of at most two rows of a group's prompt + 8 x 256 tokens
+    # (packed to a token budget: as many micro-batches as the kept groups need, not 4 of 16
+    # rows whatever zero-variance filtering left), the LM head 32 positions at a time
+    "train.max_tokens_per_micro_batch=4608",
     "train.logits_chunk=32",
 )
 PRESETS = {"demo": (), "bench": _BENCH}

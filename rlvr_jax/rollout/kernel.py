@@ -298,6 +298,15 @@ def attend_contiguous(
     return out_BxKxGxH.reshape(b, n, h)
 
 
+def _prefix_attention(n: int) -> Callable:
+    """`attend_contiguous` over the first `n` positions of the cache rows."""
+
+    def attend(q_BxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxS):
+        return attend_contiguous(q_BxNxH, k_BxKxSxH[:, :, :n], v_BxKxSxH[:, :, :n], mask_BxS[:, :n])
+
+    return attend
+
+
 def decode_logits(
     dp: DecodeParams,
     config: ArchConfig,
@@ -305,15 +314,23 @@ def decode_logits(
     positions_B: jax.Array,
     k_cache: tuple[jax.Array, ...],
     v_cache: tuple[jax.Array, ...],
+    *,
+    spans: tuple[int, ...] = (),
+    span: jax.Array | None = None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
     """One token per row of the contiguous cache: writes its K/V at `positions_B` of its row,
     attends to positions <= `positions_B` (the last W on sliding layers). Returns (logits
-    fp32 [B, V], k, v)."""
+    fp32 [B, V], k, v). With `spans` (ascending static prefix lengths, the last the cache's)
+    and `span` (a traced int, > every live row's position), attention reads only the
+    shortest prefix of `spans` ≥ `span` (`lax.switch`): the same keys, fewer masked ones."""
     b = tokens_B.shape[0]
     s = k_cache[0].shape[2]
     rows_B = jnp.arange(b)
     window = config.sliding_window if config.has_sliding else None
     mask_full_Bx1xS, mask_sliding_Bx1xS = cache_masks(positions_B, s, window)
+    which = None
+    if len(spans) > 1 and span is not None:
+        which = jnp.minimum(jnp.searchsorted(jnp.asarray(spans), span), len(spans) - 1)
 
     def contiguous(i, kv, q_Bx1xNxH, k_Bx1xKxH, v_Bx1xKxH):
         k_BxKxSxH, v_BxKxSxH = kv
@@ -324,7 +341,11 @@ def decode_logits(
             v_Bx1xKxH[:, 0].astype(v_BxKxSxH.dtype)
         )
         mask = mask_sliding_Bx1xS if config.layer_types[i] == SLIDING else mask_full_Bx1xS
-        attn_BxNxH = attend_contiguous(q_Bx1xNxH[:, 0], k_BxKxSxH, v_BxKxSxH, mask[:, 0])
+        args = (q_Bx1xNxH[:, 0], k_BxKxSxH, v_BxKxSxH, mask[:, 0])
+        if which is None:
+            attn_BxNxH = attend_contiguous(*args)
+        else:
+            attn_BxNxH = jax.lax.switch(which, [_prefix_attention(n) for n in spans], *args)
         return attn_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (k_BxKxSxH, v_BxKxSxH)
 
     x_Bx1xD, kv = run_layers(
