@@ -196,7 +196,9 @@ def test_bench_preset_is_the_bench_model_with_256_token_completions(tmp_path, mo
     overrides = [*e2e._MATCHED, *e2e.PRESETS["bench"], f"model.path={path}"]
     cfg = e2e.load_config(e2e.DEFAULT_CONFIG, overrides, steps=1, out=tmp_path / "out")
     assert cfg.rollout.max_new_tokens == 256 and cfg.model.hf_config is None
-    assert (cfg.train.micro_batch_size, cfg.train.logits_chunk) == (16, 32)
+    # micro-batches by a token budget (as many as the kept groups need), the LM head in chunks
+    assert (cfg.train.max_tokens_per_micro_batch, cfg.train.logits_chunk) == (4608, 32)
+    assert cfg.train.micro_batch_size == 0
     assert not cfg.filter.active_sampling
     e2e.build_bench_policy(path, cfg)
     model = models.load_pretrained(path)

@@ -116,6 +116,7 @@ def test_tensor_parallel_engine_holds_what_the_plan_says(tmp_path_factory):
             "data.max_prompt_len=32",
             "rollout.max_new_tokens=32",
             "rollout.max_slots=8",
+            "rollout.kv_layout=paged",  # the engine above (the demo decodes contiguous)
         ],
     )
     plan = make_plan(cfg, n_devices=8)
