@@ -3,7 +3,7 @@
 # check) and pytest on two pytest-xdist workers (a test file stays on one worker: its module
 # fixtures are built once).
 #
-#   bash scripts/test.sh          the whole suite, slow tests included: what CI runs (28 min here, cold XLA cache)
+#   bash scripts/test.sh          the whole suite, slow tests included: what CI runs (15 min here, warm XLA cache)
 #   bash scripts/test.sh --fast   the fast tier, for between edits (under 5 min on two cores):
 #                                 every test not marked `slow` (the unit tests) and one smoke
 #                                 test per subsystem (`smoke` marker); a test there that takes
