@@ -70,6 +70,7 @@ def test_decode_bench_quick_through_the_cli(tmp_path):
     assert steps["static"] == static_steps(lengths, cfg["batch"])
 
 
+@pytest.mark.slow  # 6.5 s: over the fast tier's 5 s (the full suite runs it)
 def test_multiturn_bench_quick_through_the_cli(tmp_path):
     out, png = tmp_path / "multiturn.json", tmp_path / "multiturn.png"
     args = ["decode", "--workload", "multiturn", "--quick", "--json", str(out), "--plot", str(png)]

@@ -163,6 +163,7 @@ def test_collate_shared_refuses_what_it_cannot_lay_out():
         collate_shared(ss, group_size=G, rows=12, row_len=8, pad_id=0, slot_len=20)
 
 
+@pytest.mark.slow
 def test_groups_packed_into_the_fewest_rows_match_one_group_a_row():
     """`pack=True` (a step of one micro-batch, `RolloutSource` sets it): several groups to a
     row and groups split over rows after copies of their prompt, the row count on the ladder,

@@ -397,16 +397,7 @@ def collate_shared(
             raise ValueError(f"collate_shared: group {i} has {n} tokens > a row of {row_len}")
     per = len(groups) // updates
     parts = [range(u * per, (u + 1) * per) for u in range(updates)]
-    if max_tokens:
-        layouts = pack_alike(
-            [[lengths[i] for i in part] for part in parts],
-            what="group",
-            row_len=row_len,
-            max_tokens=max_tokens,
-            row_multiple=row_multiple,
-        )
-    elif not pack:
-        layouts = [one_per_row(per, rows // g // updates, "groups") for _ in parts]
+    layouts = []
     if pack and not max_tokens:  # (group k of the part, row, offset, completions, its slot)
         cap = rows // g // updates
         packed = [
@@ -420,6 +411,16 @@ def collate_shared(
         rows_u, slots_u = max(n for n, _ in packed), cap * g
         pieces = [[(k, r, o, js, k) for k, r, o, js in pc] for _, pc in packed]
     else:
+        if max_tokens:
+            layouts = pack_alike(
+                [[lengths[i] for i in part] for part in parts],
+                what="group",
+                row_len=row_len,
+                max_tokens=max_tokens,
+                row_multiple=row_multiple,
+            )
+        else:
+            layouts = [one_per_row(per, rows // g // updates, "groups") for _ in parts]
         rows_u, slots_u = layouts[0].rows, layouts[0].slots * g
         pieces = [
             [(k, lay.row(k), lay.places[k][2], list(range(g)), lay.slot(k)) for k in range(per)]

@@ -74,7 +74,8 @@ class RolloutSource(GeneratingSource):
             updates=t.updates_per_batch,
             row_multiple=ctx.row_multiple,
         )
-        one_micro = micro_batches(self.rows // t.updates_per_batch, t.micro_batch_size, "") == 1
+        mini = self.rows // t.updates_per_batch
+        one_micro = micro_batches(mini, t.micro_batch_size, "mini-batch") == 1
         if self.shared and not t.max_tokens_per_micro_batch and one_micro:
             self.packing["pack_groups"] = True  # several groups to a row, the fewest rows
         self.on_policy = self.mode == "sync"
