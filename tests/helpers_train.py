@@ -1,13 +1,14 @@
 """A tiny RL setup built locally for trainer tests: a random policy, a trained tokenizer and
-synthetic verifiable prompts (nothing downloaded)."""
+synthetic verifiable prompts (nothing downloaded).
+
+Imports only the standard library at the top: every reward worker of a `tiny_run` (a fresh
+process) imports this module for `word_parity`, and rlvr_jax's models and data (jax, flax)
+would add ~1 s of CPU to each worker's start."""
 
 import atexit
 import shutil
 import tempfile
 from pathlib import Path
-
-from rlvr_jax.bench.common import tiny_policy
-from rlvr_jax.data import synthetic
 
 _BUILT: dict[tuple, Path] = {}  # (texts, seed) -> a policy built in this process
 
@@ -16,6 +17,8 @@ def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
     """A 2-layer Qwen2-shaped random policy with a 320-token BPE tokenizer at `path`
     (`rlvr_jax.bench.common.tiny_policy`). Built once per process for the same texts and seed
     (initialising the params compiles ~20 XLA programs: seconds), then copied file for file."""
+    from rlvr_jax.bench.common import tiny_policy
+
     key = (tuple(texts), seed)
     if key not in _BUILT:
         built = Path(tempfile.mkdtemp(prefix="rlvr_test_policy_"))
@@ -42,6 +45,8 @@ def word_parity(response: str, ground_truth, **_) -> float:
 def tiny_run(tmp_path: Path, *, parity: bool = True) -> Path:
     """Writes data + policy under tmp_path; returns the config path. With `parity`, the
     training rows are scored by `word_parity` (registered as `helpers_train:word_parity`)."""
+    from rlvr_jax.data import synthetic
+
     rows = synthetic.generate("train", 64, seed=0)
     test = synthetic.generate("test", 8, seed=0)
     texts = [r["prompt"] for r in rows] + [synthetic.reference_response(r) for r in rows]

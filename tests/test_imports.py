@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,18 @@ def test_import_is_light(module):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "", f"{module} imported {out.stdout.strip()}"
+
+
+def test_tiny_run_reward_workers_stay_light():
+    """Every reward worker of a `tiny_run` (a fresh process) imports helpers_train for its
+    verifier `word_parity`; jax there would cost each worker's start ~1 s of CPU."""
+    code = "import sys, helpers_train; print('jax' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip() == "False", "helpers_train imports jax at the top"

@@ -1,10 +1,7 @@
-"""Tokenizers: load an HF tokenizer from a local directory, apply its chat template, and train
-a tiny byte-level BPE tokenizer that `transformers.AutoTokenizer` loads offline.
-
-Nothing here downloads: `load_tokenizer` passes `local_files_only=True`, and tests and the demo
-build their tokenizer with `train_tokenizer`. `transformers` and `tokenizers` are imported inside
-the functions that use them, so importing this module is cheap.
-"""
+"""Tokenizers: load an HF tokenizer from a local directory (never downloading:
+`local_files_only=True`), apply its chat template, and train a tiny byte-level BPE tokenizer
+that `transformers.AutoTokenizer` loads offline (what tests and the demo use). `transformers` and
+`tokenizers` are imported inside the functions that use them: importing this module is cheap."""
 
 from __future__ import annotations
 
@@ -54,7 +51,9 @@ def load_tokenizer(path: str | Path) -> Any:
 
     A tokenizer without a pad token gets its EOS token as pad (logged). Raises
     FileNotFoundError naming `path` when it is not a directory, and ValueError naming it when
-    transformers cannot load a tokenizer from it.
+    transformers cannot load a tokenizer from it. Imports torch (1-2 s): AutoTokenizer picks the
+    class by `AutoConfig` (which imports torch), and the class matters (`Qwen2Tokenizer` splits
+    digits, `PreTrainedTokenizerFast` on the same files does not).
     """
     p = Path(path)
     if not p.is_dir():
