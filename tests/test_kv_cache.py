@@ -128,7 +128,7 @@ def test_bfloat16_params_compute_and_cache(tmp_path, layout):
     full_BxT = H.random_tokens(2, 10, seed=14)
     lengths_B = np.array([6, 4], np.int32)
     decoded_BxNxV, state = _prefill_then_decode(core, full_BxT, lengths_B, 4)
-    assert state.k[0].dtype == state.v[0].dtype == jnp.bfloat16
+    assert {x.dtype for x in jax.tree.leaves((state.k, state.v))} == {jnp.dtype(jnp.bfloat16)}
     assert decoded_BxNxV.dtype == np.float32
     for b, n in enumerate(lengths_B):
         ref_TxV = H.hf_logits(hf_model, full_BxT[b : b + 1, : n + 4])[0]
@@ -154,35 +154,35 @@ def test_cache_shapes_and_axes(tmp_path):
 
 @pytest.mark.parametrize("arch", ["llama", "olmo3"])
 @pytest.mark.slow
-def test_contiguous_decode_reads_the_shortest_prefix_that_holds_the_rows(tmp_path, arch):
-    """`Contiguous.spans`: a decode step attends over the shortest cache prefix that holds
-    every live row's position (`lax.switch` over a quarter, half, three quarters, all of
-    max_len), rows crossing from one prefix to the next mid-run; the logits are the full
-    forward's (OLMo 3's sliding layers included), and logits and caches those of full-length
-    reads to fp rounding (the masked keys add exact zeros, in another summation order)."""
+def test_contiguous_decode_reads_the_fewest_segments_that_hold_the_rows(tmp_path, arch):
+    """`Contiguous.segments`: each layer's cache is four arrays (a quarter of max_len each)
+    and a decode step attends over the fewest leading ones that hold every live row's
+    position (`lax.switch`), rows crossing from one segment to the next mid-run; the logits
+    are the full forward's (OLMo 3's sliding layers included), and logits and caches those of
+    reading every segment to fp rounding (the masked keys add exact zeros, in another
+    summation order)."""
     hf_model = H.build_hf_checkpoint(arch, tmp_path, seed=12)
     core = _engine(models.load_pretrained(tmp_path), "contiguous", max_len=64)
-    spans = core.spec.kv_layout.spans(core.spec)
-    assert spans == (16, 32, 48, 64)
+    assert core.spec.kv_layout.segments(core.spec) == ((0, 16), (16, 16), (32, 16), (48, 16))
+    state = core.init_decode_state()
+    assert [x.shape[2] for x in state.k[0]] == [16, 16, 16, 16]
 
     @functools.partial(jax.jit, static_argnums=(4,), donate_argnums=(0,))
-    def scan(kv, feed_BxN, start_B, active_B, spans):
+    def scan(kv, feed_BxN, start_B, active_B, fewest):
         def step(kv, inputs):
             tokens_B, j = inputs
             positions_B = start_B + j
-            span = jnp.max(jnp.where(active_B, positions_B, 0)) + 1
+            span = jnp.max(jnp.where(active_B, positions_B, 0)) + 1 if fewest else None
             logits, k, v = kernel.decode_logits(
-                core.params, core.spec.config, tokens_B, positions_B, *kv, spans=spans,
-                span=span,
-            )  # fmt: skip
+                core.params, core.spec.config, tokens_B, positions_B, *kv, span=span
+            )
             return (k, v), logits
 
         steps = jnp.arange(feed_BxN.shape[1], dtype=jnp.int32)
         return jax.lax.scan(step, kv, (feed_BxN.T, steps))
 
-    n_steps, lengths_B = 30, np.array([9, 3, 14], np.int32)  # positions 2..42: three spans
+    n_steps, lengths_B = 30, np.array([9, 3, 14], np.int32)  # positions 2..42: three segments
     full_BxT = H.random_tokens(3, 14 + n_steps, seed=13)
-    state = core.init_decode_state()
     for b in range(3):
         prefix = core.prefill(core.params, full_BxT[b, : lengths_B[b]].tolist())
         state = core.insert(prefix, state, [b], [SlotRequest(0, 0, n_steps)])
@@ -191,15 +191,14 @@ def test_contiguous_decode_reads_the_shortest_prefix_that_holds_the_rows(tmp_pat
     feed_BxN[:3] = np.stack([full_BxT[np.arange(3), lengths_B - 1 + j] for j in range(n_steps)], 1)
     start_B[:3] = lengths_B - 1
     active_B = np.arange(core.spec.max_slots) < 3  # the idle slot sits at position 0
-    copies = [(tuple(jnp.array(k) for k in state.k), tuple(jnp.array(v) for v in state.v))]
-    copies.append((tuple(jnp.array(k) for k in state.k), tuple(jnp.array(v) for v in state.v)))
-    (k_s, v_s), logits_s = scan(copies[0], feed_BxN, start_B, active_B, spans)
-    (k_f, v_f), logits_f = scan(copies[1], feed_BxN, start_B, active_B, (64,))
+    copies = [jax.tree.map(jnp.array, (state.k, state.v)) for _ in range(2)]
+    (k_s, v_s), logits_s = scan(copies[0], feed_BxN, start_B, active_B, True)
+    (k_f, v_f), logits_f = scan(copies[1], feed_BxN, start_B, active_B, False)
     for b, n in enumerate(lengths_B):
         ref_TxV = H.hf_logits(hf_model, full_BxT[b : b + 1, : n + n_steps])[0]
         got_NxV = np.asarray(logits_s)[:, b]
         np.testing.assert_allclose(got_NxV, ref_TxV[n - 1 : n - 1 + n_steps], rtol=0, atol=TOL)
         np.testing.assert_allclose(got_NxV, np.asarray(logits_f)[:, b], rtol=0, atol=1e-5)
-    for a, b in zip((*k_s, *v_s), (*k_f, *v_f)):  # (later layers: fp rounding of the sums)
+    for a, b in zip(jax.tree.leaves((k_s, v_s)), jax.tree.leaves((k_f, v_f))):  # fp rounding
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
-    assert core.spec.kv_layout.spans(dataclasses.replace(core.spec, exact=True)) == (64,)
+    assert core.spec.kv_layout.segments(dataclasses.replace(core.spec, exact=True)) == ((0, 64),)

@@ -45,7 +45,6 @@ from rlvr_jax.rollout.state import (
     Prefix,
     SlotSettings,
     constrain,
-    kv_shape,
     named,
     replicated,
     start_slots,
@@ -144,11 +143,11 @@ def decode_param_shardings(spec: EngineSpec, dp: kernel.DecodeParams) -> Any:
 def init_state(*, spec: EngineSpec) -> DecodeState:
     """An all-empty decode state (contiguous cache rows or page pools), on the actor mesh."""
     cfg, b = spec.config, spec.max_slots
-    cache = [jnp.zeros(kv_shape(spec), spec.cache_dtype) for _ in range(cfg.n_layers)]
+    empty = spec.kv_layout.empty_cache
     zeros_i = jnp.zeros((b,), jnp.int32)
     state = DecodeState(
-        k=tuple(cache),
-        v=tuple(jnp.zeros_like(c) for c in cache),
+        k=tuple(empty(spec) for _ in range(cfg.n_layers)),
+        v=tuple(empty(spec) for _ in range(cfg.n_layers)),
         tokens_B=zeros_i,
         positions_B=zeros_i,
         active_B=jnp.zeros((b,), jnp.bool_),
@@ -202,8 +201,8 @@ def insert(
     def copy_prefix(i, kv):
         k, v = kv
         start = (settings.slots_B[i], 0, 0, 0)
-        k = tuple(jax.lax.dynamic_update_slice(c, p, start) for c, p in zip(k, prefix.k))
-        v = tuple(jax.lax.dynamic_update_slice(c, p, start) for c, p in zip(v, prefix.v))
+        k = tuple(kernel.write_prefix(c, p, start) for c, p in zip(k, prefix.k))
+        v = tuple(kernel.write_prefix(c, p, start) for c, p in zip(v, prefix.v))
         return k, v
 
     k, v = jax.lax.fori_loop(0, count, copy_prefix, (state.k, state.v))

@@ -72,16 +72,18 @@ def extend_row(
     masks = (causal_TxS, causal_TxS)
     if window is not None:
         masks = (causal_TxS, causal_TxS & (key_S[None, :] > positions_T[:, None] - window))
-    rows = None if spec.mesh is None else spec.kv_layout.kv_sharding(spec).spec
+    rows = None if spec.mesh is None else spec.kv_layout.kv_sharding(spec)[0].spec
     cache, rep = Pspec(*rows) if rows else Pspec(), Pspec()
     heads = Pspec(None, rows[1] if rows else None, None)
 
     def attention(i, kv, q_1xTxNxH, k_1xTxKxH, v_1xTxKxH):
         mask = masks[1] if cfg.layer_types[i] == SLIDING else masks[0]
         fn = functools.partial(_extend_local, spec=spec)
+        whole = [kernel.join_segments(segments) for segments in kv]  # a copy: a rare call
         out_TxNxH, k_c, v_c = _shard_map(
             spec, fn, (heads, heads, heads, cache, cache, rep, rep, rep), (heads, cache, cache)
-        )(q_1xTxNxH[0], k_1xTxKxH[0], v_1xTxKxH[0], *kv, write_T, slot, mask)
+        )(q_1xTxNxH[0], k_1xTxKxH[0], v_1xTxKxH[0], *whole, write_T, slot, mask)
+        k_c, v_c = kernel.split_segments(k_c, kv[0]), kernel.split_segments(v_c, kv[1])
         return out_TxNxH[None].astype(q_1xTxNxH.dtype), (k_c, v_c)
 
     _, kv = kernel.run_layers(

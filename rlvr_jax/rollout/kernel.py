@@ -16,8 +16,8 @@ weight update into `DecodeParams`:
 The math is the model's own: `rms_norm`, `attend`, the masks and RoPE tables come from
 `rlvr_jax.models`, so the engine computes what `rlvr_jax.models.forward` computes (the
 tests check both against transformers). `run_layers` is the layer loop; what a layer's
-attention reads and writes is a callback, so the contiguous cache (one [B, K, S, H] array
-per layer, attended here by `attend_contiguous`) and the paged pool
+attention reads and writes is a callback, so the contiguous cache (per layer, [B, K, S, H] held
+as consecutive segments, attended here by `attend_segments`) and the paged pool
 (`rlvr_jax.rollout.paged_attention`) share every other line. Decode attention runs in fp32
 (cached K/V are upcast), so the layouts agree to fp32 rounding whatever the cache dtype.
 
@@ -33,6 +33,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlvr_jax.models import ArchConfig, quant
 from rlvr_jax.models.config import SLIDING
@@ -281,30 +282,73 @@ def prefill_kv(
     return tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
 
-def attend_contiguous(
-    q_BxNxH: jax.Array, k_BxKxSxH: jax.Array, v_BxKxSxH: jax.Array, mask_BxS: jax.Array
+def attend_segments(
+    q_BxNxH: jax.Array,
+    k_segments: tuple[jax.Array, ...],
+    v_segments: tuple[jax.Array, ...],
+    mask_BxS: jax.Array,
 ) -> jax.Array:
-    """One query per row against its cache row (GQA), in fp32 whatever the cache dtype;
-    returns [B, N, H] fp32."""
+    """One query per row against its cache row (GQA), in fp32 whatever the cache dtype, the
+    row held as consecutive segments [B, K, S_i, H] (the mask covers their Σ S_i positions):
+    one softmax over the concatenated scores, the values
+    summed segment by segment — no segment is copied. Returns [B, N, H] fp32."""
     b, n, h = q_BxNxH.shape
-    k = k_BxKxSxH.shape[1]
+    k = k_segments[0].shape[1]
     q_BxKxGxH = q_BxNxH.reshape(b, k, n // k, h).astype(jnp.float32)
-    scores_BxKxGxS = jnp.einsum("BKGH,BKSH->BKGS", q_BxKxGxH, k_BxKxSxH.astype(jnp.float32)) * (
-        h**-0.5
-    )
+    scores = [
+        jnp.einsum("BKGH,BKSH->BKGS", q_BxKxGxH, seg.astype(jnp.float32)) for seg in k_segments
+    ]
+    scores_BxKxGxS = jnp.concatenate(scores, axis=-1) * (h**-0.5)
     scores_BxKxGxS = jnp.where(mask_BxS[:, None, None, :], scores_BxKxGxS, NEG_INF)
     probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1)
-    out_BxKxGxH = jnp.einsum("BKGS,BKSH->BKGH", probs_BxKxGxS, v_BxKxSxH.astype(jnp.float32))
+    out_BxKxGxH, start = 0.0, 0
+    for seg in v_segments:
+        probs = probs_BxKxGxS[..., start : start + seg.shape[2]]
+        out_BxKxGxH += jnp.einsum("BKGS,BKSH->BKGH", probs, seg.astype(jnp.float32))
+        start += seg.shape[2]
     return out_BxKxGxH.reshape(b, n, h)
 
 
-def _prefix_attention(n: int) -> Callable:
-    """`attend_contiguous` over the first `n` positions of the cache rows."""
+def write_prefix(segments: tuple[jax.Array, ...], prefix_1xKxTxH: jax.Array, start: tuple) -> tuple:
+    """A dense prefix (positions 0..T-1 of one row) written into a layer's cache segments at
+    `start` = (row, 0, 0, 0)."""
+    t, at, out = prefix_1xKxTxH.shape[2], 0, []
+    for seg in segments:
+        n = seg.shape[2]
+        if at < t:
+            part = prefix_1xKxTxH[:, :, at : min(at + n, t)].astype(seg.dtype)
+            seg = jax.lax.dynamic_update_slice(seg, part, start)
+        out.append(seg)
+        at += n
+    return tuple(out)
 
-    def attend(q_BxNxH, k_BxKxSxH, v_BxKxSxH, mask_BxS):
-        return attend_contiguous(q_BxNxH, k_BxKxSxH[:, :, :n], v_BxKxSxH[:, :, :n], mask_BxS[:, :n])
 
-    return attend
+def write_tokens(
+    segments: tuple[jax.Array, ...], rows_B: jax.Array, positions_B: jax.Array, x_BxKxH: jax.Array
+) -> tuple:
+    """One token's K (or V) per row written at `positions_B` into the segment holding it."""
+    out, at = [], 0
+    for seg in segments:
+        n = seg.shape[2]
+        local_B = positions_B - at
+        local_B = jnp.where((local_B >= 0) & (local_B < n), local_B, n)  # n: dropped
+        out.append(seg.at[rows_B, :, local_B].set(x_BxKxH.astype(seg.dtype), mode="drop"))
+        at += n
+    return tuple(out)
+
+
+def join_segments(segments: tuple[jax.Array, ...]) -> jax.Array:
+    """A layer's cache segments as one [B, K, S, H] array (a copy: for rare callers)."""
+    return segments[0] if len(segments) == 1 else jnp.concatenate(segments, axis=2)
+
+
+def split_segments(x_BxKxSxH: jax.Array, like: tuple[jax.Array, ...]) -> tuple:
+    """`join_segments`' inverse: `x` cut into segments shaped like `like`."""
+    out, at = [], 0
+    for seg in like:
+        out.append(x_BxKxSxH[:, :, at : at + seg.shape[2]])
+        at += seg.shape[2]
+    return tuple(out)
 
 
 def decode_logits(
@@ -312,41 +356,44 @@ def decode_logits(
     config: ArchConfig,
     tokens_B: jax.Array,
     positions_B: jax.Array,
-    k_cache: tuple[jax.Array, ...],
-    v_cache: tuple[jax.Array, ...],
+    k_cache: tuple[tuple[jax.Array, ...], ...],
+    v_cache: tuple[tuple[jax.Array, ...], ...],
     *,
-    spans: tuple[int, ...] = (),
     span: jax.Array | None = None,
-) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-    """One token per row of the contiguous cache: writes its K/V at `positions_B` of its row,
-    attends to positions <= `positions_B` (the last W on sliding layers). Returns (logits
-    fp32 [B, V], k, v). With `spans` (ascending static prefix lengths, the last the cache's)
-    and `span` (a traced int, > every live row's position), attention reads only the
-    shortest prefix of `spans` ≥ `span` (`lax.switch`): the same keys, fewer masked ones."""
+) -> tuple[jax.Array, tuple, tuple]:
+    """One token per row of the contiguous cache (per layer, consecutive segments
+    [B, K, S_i, H]: `kv_layout.Contiguous.segments`): writes its K/V at `positions_B` of its
+    row, attends to positions <= `positions_B` (the last W on sliding layers). Returns (logits
+    fp32 [B, V], k, v). With `span` (a traced int, > every live row's position), attention
+    reads only the fewest leading segments that cover `span` (`lax.switch`): the same keys,
+    fewer masked ones."""
     b = tokens_B.shape[0]
-    s = k_cache[0].shape[2]
+    lengths = [seg.shape[2] for seg in k_cache[0]]
+    ends = tuple(int(e) for e in np.cumsum(lengths))
     rows_B = jnp.arange(b)
     window = config.sliding_window if config.has_sliding else None
-    mask_full_Bx1xS, mask_sliding_Bx1xS = cache_masks(positions_B, s, window)
+    mask_full_Bx1xS, mask_sliding_Bx1xS = cache_masks(positions_B, ends[-1], window)
     which = None
-    if len(spans) > 1 and span is not None:
-        which = jnp.minimum(jnp.searchsorted(jnp.asarray(spans), span), len(spans) - 1)
+    if len(ends) > 1 and span is not None:
+        which = jnp.minimum(jnp.searchsorted(jnp.asarray(ends), span), len(ends) - 1)
+
+    def reads(m: int) -> Callable:  # attention over the first m segments
+        def attend(q_BxNxH, k_segments, v_segments, mask_BxS):
+            mask = mask_BxS[:, : ends[m - 1]]
+            return attend_segments(q_BxNxH, k_segments[:m], v_segments[:m], mask)
+
+        return attend
 
     def contiguous(i, kv, q_Bx1xNxH, k_Bx1xKxH, v_Bx1xKxH):
-        k_BxKxSxH, v_BxKxSxH = kv
-        k_BxKxSxH = k_BxKxSxH.at[rows_B, :, positions_B].set(
-            k_Bx1xKxH[:, 0].astype(k_BxKxSxH.dtype)
-        )
-        v_BxKxSxH = v_BxKxSxH.at[rows_B, :, positions_B].set(
-            v_Bx1xKxH[:, 0].astype(v_BxKxSxH.dtype)
-        )
+        k_segments = write_tokens(kv[0], rows_B, positions_B, k_Bx1xKxH[:, 0])
+        v_segments = write_tokens(kv[1], rows_B, positions_B, v_Bx1xKxH[:, 0])
         mask = mask_sliding_Bx1xS if config.layer_types[i] == SLIDING else mask_full_Bx1xS
-        args = (q_Bx1xNxH[:, 0], k_BxKxSxH, v_BxKxSxH, mask[:, 0])
+        args = (q_Bx1xNxH[:, 0], k_segments, v_segments, mask[:, 0])
         if which is None:
-            attn_BxNxH = attend_contiguous(*args)
+            attn_BxNxH = reads(len(ends))(*args)
         else:
-            attn_BxNxH = jax.lax.switch(which, [_prefix_attention(n) for n in spans], *args)
-        return attn_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (k_BxKxSxH, v_BxKxSxH)
+            attn_BxNxH = jax.lax.switch(which, [reads(m) for m in range(1, len(ends) + 1)], *args)
+        return attn_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (k_segments, v_segments)
 
     x_Bx1xD, kv = run_layers(
         dp,

@@ -63,9 +63,15 @@ class Contiguous:
         cfg = spec.config
         return (spec.max_slots, cfg.n_kv_heads, spec.max_len, cfg.head_dim)
 
-    def kv_sharding(self, spec: Any) -> NamedSharding:
-        """Rows split like slots, KV heads over the tensor axis."""
-        return named(spec, CACHE_AXES, self.kv_shape(spec))
+    def kv_sharding(self, spec: Any) -> tuple[NamedSharding, ...]:
+        """One per segment (`segments`): rows split like slots, KV heads over the tensor axis."""
+        b, k, _, h = self.kv_shape(spec)
+        return tuple(named(spec, CACHE_AXES, (b, k, n, h)) for _, n in self.segments(spec))
+
+    def empty_cache(self, spec: Any) -> tuple[jax.Array, ...]:
+        """One layer's K (or V): zeros, one [B, K, length, H] array per segment."""
+        b, k, _, h = self.kv_shape(spec)
+        return tuple(jnp.zeros((b, k, n, h), spec.cache_dtype) for _, n in self.segments(spec))
 
     def row_buckets(self, spec: Any) -> tuple[int, ...]:
         """Every slot decodes every step."""
@@ -86,25 +92,31 @@ class Contiguous:
 
     def decode_logits(self, dp: Any, spec: Any, state: Any, work: Any) -> tuple:
         """(logits fp32 [B, V], k, v) of one decode step of every row, attending over the
-        shortest of `spans` that holds every live row's positions."""
-        spans = self.spans(spec)
+        fewest leading segments that hold every live row's positions."""
         span = None
-        if len(spans) > 1:
+        if len(self.segments(spec)) > 1:
             span = jnp.max(jnp.where(state.active_B, state.positions_B, 0)) + 1
         return kernel.decode_logits(
-            dp, spec.config, state.tokens_B, state.positions_B, state.k, state.v,
-            spans=spans, span=span,
-        )  # fmt: skip
+            dp, spec.config, state.tokens_B, state.positions_B, state.k, state.v, span=span
+        )
 
     def spans(self, spec: Any) -> tuple[int, ...]:
-        """Cache prefixes a decode step may attend over: a quarter, half, three quarters and
-        all of `max_len` (multiples of 16; rows' positions are short early on: the demo's
-        decode busy time 4-8% lower, interleaved); with several shards, or exact (a row's
-        arithmetic must not depend on the others'), just `max_len`."""
+        """The ends of the cache's segments along S (`segments`): a quarter, half, three
+        quarters and all of `max_len` (multiples of 16; rows' positions are short early on);
+        with several shards, or exact (a row's arithmetic must not depend on the others'),
+        just `max_len`."""
         s = spec.max_len
         if spec.shards != 1 or spec.exact or s < 64:
             return (s,)
         return (*sorted({-(-s * q // 4 // 16) * 16 for q in (1, 2, 3)} - {s}), s)
+
+    def segments(self, spec: Any) -> tuple[tuple[int, int], ...]:
+        """(start, length) of each segment of a layer's cache along S: separate arrays, so
+        that a decode step reads the leading segments it needs without copying a prefix of
+        one array (XLA:CPU copies a slice before a dot; the demo's decode attention was 2x
+        slower sliced than segmented, `kernel.attend_segments`)."""
+        ends = self.spans(spec)
+        return tuple((a, e - a) for a, e in zip((0, *ends[:-1]), ends))
 
     def insert(self, engine: Any, prefix: Any, state: Any, slots: Sequence, requests: Sequence):
         """`state` (donated) with the dense `prefix` copied into the rows of `slots`."""
@@ -214,6 +226,10 @@ class Paged:
         """Pages split like slots (each shard its own range), KV heads over tensor."""
         heads = named(spec, POOL_AXES, self.kv_shape(spec)).spec[0]
         return NamedSharding(spec.mesh, PartitionSpec(heads, spec.slot_spec, None, None))
+
+    def empty_cache(self, spec: Any) -> jax.Array:
+        """One layer's K (or V) pool: zeros."""
+        return jnp.zeros(self.kv_shape(spec), spec.cache_dtype)
 
     def row_buckets(self, spec: Any) -> tuple[int, ...]:
         """Slot counts a decode call may run on (one shard): B/8, B/4, B/2 (those of at
