@@ -220,3 +220,54 @@ def test_pack_groups_fills_the_fewest_rows_splitting_groups_after_prompt_copies(
         pack_groups([(2, [3]), (10, [40])], row_len=40, rows=8)
     with pytest.raises(ValueError, match="3 groups for 2 rows"):
         pack_groups([(2, [3])] * 3, row_len=40, rows=2)
+
+
+def test_pack_groups_row_counts_hold_every_count_pack_groups_returns():
+    """The counts the learner compiles with the first batch (`Update.compile`): the ladder up
+    to `rows`, rounded to `row_multiple`, and every row count of random batches among them."""
+    from rlvr_jax.training.packing import pack_groups, pack_groups_row_counts
+
+    assert pack_groups_row_counts(8) == (1, 2, 3, 4, 6, 8)
+    assert pack_groups_row_counts(8, row_multiple=2) == (2, 4, 6, 8)
+    assert pack_groups_row_counts(5) == (1, 2, 3, 4, 5)
+    rng = np.random.default_rng(0)
+    for multiple in (1, 2):
+        counts = set(pack_groups_row_counts(8, multiple))
+        for _ in range(200):
+            groups = [
+                (int(rng.integers(2, 40)), rng.integers(1, 60, size=4).tolist())
+                for _ in range(int(rng.integers(1, 9)))
+            ]
+            used, _ = pack_groups(groups, row_len=280, rows=8, row_multiple=multiple)
+            assert used in counts
+
+
+def test_the_first_packed_batch_brings_its_other_row_counts_to_compile_once():
+    """`Update.compile`'s variants: the packed rows (`tokens`) at each other count of
+    `Batch.row_counts` (zeros of the same dtypes), the per-completion arrays untouched; once
+    per row shape, and none for a batch that lists no counts."""
+    import dataclasses
+
+    from rlvr_jax.training.algorithms.common import Update
+    from rlvr_jax.training.batch import RLBatch, TokenBatch
+    from rlvr_jax.training.sources import Batch
+
+    def rows(r, length):
+        ids = [np.ones((r, length), np.int32) for _ in range(4)]
+        return TokenBatch(*ids, mask_BxT=np.ones((r, length), np.float32))
+
+    update = Update.__new__(Update)
+    update._ladders = set()
+    arrays = RLBatch(rows(4, 16), np.zeros((8, 6), np.int32), mask_BxT=np.ones((8, 6), np.float32))
+    batch = Batch(arrays, row_counts=(1, 2, 4, 6))
+    variants = update._row_variants(batch)
+    assert [v.arrays.tokens.mask_BxT.shape for v in variants] == [(1, 16), (2, 16), (6, 16)]
+    for v in variants:
+        r = v.arrays.tokens.mask_BxT.shape[0]
+        for got, like in zip(jax.tree.leaves(v.arrays.tokens), jax.tree.leaves(arrays.tokens)):
+            assert got.shape == (r, 16) and got.dtype == like.dtype and not got.any()
+        assert v.arrays.gather_BxT is arrays.gather_BxT and v.row_counts == batch.row_counts
+    assert update._row_variants(batch) == []  # compiled once per row shape
+    longer = dataclasses.replace(batch, arrays=arrays.replace(tokens=rows(4, 32)))
+    assert len(update._row_variants(longer)) == 3
+    assert update._row_variants(Batch(arrays)) == []

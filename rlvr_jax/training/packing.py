@@ -181,6 +181,12 @@ Piece = tuple[int, int, int, list[int]]
 laid out together (`pack_groups`)."""
 
 
+def pack_groups_row_counts(rows: int, row_multiple: int = 1) -> tuple[int, ...]:
+    """Every row count `pack_groups` may return for at most `rows` rows."""
+    m = row_multiple
+    return tuple(sorted({min(rows, -(-ladder(n) // m) * m) for n in range(1, rows + 1)}))
+
+
 def pack_groups(
     groups: Sequence[tuple[int, Sequence[int]]],
     *,

@@ -49,6 +49,9 @@ class Batch:
     settled: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The prompt ledger's records of the prompts this batch settled (`training.ledger.entry`:
     trained, filtered, stale), without their step: the loop writes them as this step's."""
+    row_counts: tuple[int, ...] = ()
+    """The packed-row counts (`arrays.tokens`) this source's batches may take (a few: the
+    packing ladder): the update compiles them all with the first batch (`Update.compile`)."""
 
 
 class BatchSource(Protocol):

@@ -206,6 +206,7 @@ class Update:
         self.abstract = False
         """True while `compile` runs the update on abstract arrays."""
         self._compiled: dict[Any, Any] = {}
+        self._ladders: set[Any] = set()  # row shapes whose `Batch.row_counts` are compiled
 
     def init_state(self, params: Any) -> Any:
         state = self._initial_state(params)
@@ -225,12 +226,40 @@ class Update:
         return self.ctx.model.params if frozen is None else frozen
 
     def compile(self, state: Any, batch: Any) -> None:
-        """Compiles every jitted program `update(state, batch)` runs, without running them."""
+        """Compiles every jitted program `update(state, batch)` runs, without running them, and
+        (once per row length) those of the batch at the other packed-row counts its source may
+        hand over (`Batch.row_counts`): the packing ladder's shapes compile with the first batch
+        instead of one by one in the steps that first meet them."""
         self.abstract = True
         try:
             self.update(state, batch)
+            for other in self._row_variants(batch):
+                self.update(state, other)
         finally:
             self.abstract = False
+
+    def _row_variants(self, batch: Any) -> list[Any]:
+        """`batch` with its packed rows (`arrays.tokens`) at each other count of
+        `batch.row_counts`, the first time its row shape is seen (zeros: only shapes count)."""
+        tokens = getattr(batch.arrays, "tokens", None)
+        if not getattr(batch, "row_counts", ()) or tokens is None:
+            return []
+        rows, row_len = tokens.mask_BxT.shape
+        rest = batch.arrays.replace(tokens=None)
+        key = (row_len, tuple(np.shape(x) for x in jax.tree.leaves(rest)))
+        if key in self._ladders:
+            return []
+        self._ladders.add(key)
+        return [
+            dataclasses.replace(
+                batch,
+                arrays=batch.arrays.replace(
+                    tokens=jax.tree.map(lambda a, r=r: np.zeros((r, *a.shape[1:]), a.dtype), tokens)
+                ),
+            )
+            for r in batch.row_counts
+            if r != rows
+        ]
 
     def put(self, tree: Any) -> Any:
         """`tree` on the learner mesh (`Context.put`); its abstract form while compiling."""

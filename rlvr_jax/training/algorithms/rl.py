@@ -34,6 +34,7 @@ from rlvr_jax.training.algorithms.common import (
 from rlvr_jax.training.critic import warn_if_unused
 from rlvr_jax.training.groups import BatchAssembler, build_batch, rewards_N
 from rlvr_jax.training.optimizer import make_optimizer
+from rlvr_jax.training.packing import pack_groups_row_counts
 from rlvr_jax.training.rollouts import (
     GeneratingSource,
     Rollouts,
@@ -76,8 +77,12 @@ class RolloutSource(GeneratingSource):
         )
         mini = self.rows // t.updates_per_batch
         one_micro = micro_batches(mini, t.micro_batch_size, "mini-batch") == 1
+        self.row_counts: tuple[int, ...] = ()
         if self.shared and not t.max_tokens_per_micro_batch and one_micro:
             self.packing["pack_groups"] = True  # several groups to a row, the fewest rows
+            cap = self.rows // cfg.rollout.num_samples // t.updates_per_batch
+            counts = pack_groups_row_counts(cap, ctx.row_multiple)
+            self.row_counts = tuple(c * t.updates_per_batch for c in counts)
         self.on_policy = self.mode == "sync"
         self._carry: list[Any] = []  # scored groups a full batch left: the next batch's first
 
@@ -140,6 +145,7 @@ class RolloutSource(GeneratingSource):
             slots=slots,
             sequences=[(g.prompt_tokens, list(c.tokens)) for g in kept for c in g.completions],
             settled=[ledger.entry(g.request_id, g.row, o, g.version) for g, o in asm.settled],
+            row_counts=self.row_counts,
         )
 
     def _offer(self, asm: BatchAssembler, groups: list[Any], policy_version: int) -> None:
