@@ -223,13 +223,13 @@ def test_pack_groups_fills_the_fewest_rows_splitting_groups_after_prompt_copies(
 
 
 def test_pack_groups_row_counts_hold_every_count_pack_groups_returns():
-    """The counts the learner compiles with the first batch (`Update.compile`): the ladder up
-    to `rows`, rounded to `row_multiple`, and every row count of random batches among them."""
+    """The counts the learner compiles with the first batch (`Update.compile`): exact up to 8,
+    the ladder above, rounded to `row_multiple`; every row count of random batches among them."""
     from rlvr_jax.training.packing import pack_groups, pack_groups_row_counts
 
-    assert pack_groups_row_counts(8) == (1, 2, 3, 4, 6, 8)
+    assert pack_groups_row_counts(8) == (1, 2, 3, 4, 5, 6, 7, 8)
     assert pack_groups_row_counts(8, row_multiple=2) == (2, 4, 6, 8)
-    assert pack_groups_row_counts(5) == (1, 2, 3, 4, 5)
+    assert pack_groups_row_counts(20) == (*range(1, 9), 12, 16, 20)
     rng = np.random.default_rng(0)
     for multiple in (1, 2):
         counts = set(pack_groups_row_counts(8, multiple))
@@ -240,6 +240,8 @@ def test_pack_groups_row_counts_hold_every_count_pack_groups_returns():
             ]
             used, _ = pack_groups(groups, row_len=280, rows=8, row_multiple=multiple)
             assert used in counts
+            tokens = sum(p + sum(cs) for p, cs in groups)
+            assert used <= max(-(-tokens // 280) + 1, 1) + multiple  # close to the fewest
 
 
 def test_the_first_packed_batch_brings_its_other_row_counts_to_compile_once():

@@ -16,7 +16,8 @@ one compiled step serves them all, and a sequence never straddles rows or micro-
   at most a third of a micro-batch of padding rows).
 - `pack_groups`: an RL batch's shared-prompt groups (a prompt and its completions) in the
   fewest rows of one micro-batch, several to a row, a group's completions split over rows
-  (the prompt copied) where that saves a row; the row count on the same ladder.
+  (the prompt copied) where that saves a row; the row count exact up to `EXACT_ROWS`, on the
+  same ladder above (the learner compiles every count with the first batch).
 - `pack_examples`: the in-order packing `scripts/pretrain_tiny.py` uses (next-fit), kept for
   the shipped base model's bit-identical recipe.
 """
@@ -181,10 +182,20 @@ Piece = tuple[int, int, int, list[int]]
 laid out together (`pack_groups`)."""
 
 
+EXACT_ROWS = 8
+"""`pack_groups` uses the exact row count up to this many rows (each count a compiled shape,
+all compiled with the first batch: `Update.compile`), the `ladder` above: the demo's 8 groups
+fill ~4.2 rows of 512, and 6 rows (the ladder's next) computed a sixth more than 5."""
+
+
+def _group_rows(n: int) -> int:
+    return n if n <= EXACT_ROWS else ladder(n)
+
+
 def pack_groups_row_counts(rows: int, row_multiple: int = 1) -> tuple[int, ...]:
     """Every row count `pack_groups` may return for at most `rows` rows."""
     m = row_multiple
-    return tuple(sorted({min(rows, -(-ladder(n) // m) * m) for n in range(1, rows + 1)}))
+    return tuple(sorted({min(rows, -(-_group_rows(n) // m) * m) for n in range(1, rows + 1)}))
 
 
 def pack_groups(
@@ -197,7 +208,7 @@ def pack_groups(
     """Shared-prompt groups, (prompt length, completion lengths) each, laid out in the fewest
     rows of `row_len` of one micro-batch: whole where they fit (first fit, longest first),
     else their completions spread over the rows with the most room, each part after its own
-    copy of the prompt. The row count comes from the total tokens on the `ladder` (a few
+    copy of the prompt. The row count comes from the total tokens (`_group_rows`: a few
     compiled shapes), a multiple of `row_multiple`, at most `rows` (which must hold one group
     a row); a count that leaves a group no room takes the next. Returns (rows used, pieces)."""
     if len(groups) > rows:
@@ -206,13 +217,13 @@ def pack_groups(
     for i, n in enumerate(sizes):
         if n > row_len:
             raise ValueError(f"pack_groups: group {i} has {n} tokens > a row of {row_len}")
-    n = ladder(max(1, -(-sum(sizes) // row_len)))
+    n = _group_rows(max(1, -(-sum(sizes) // row_len)))
     while True:
         used = min(rows, -(-n // row_multiple) * row_multiple)
         pieces = _place_groups(groups, sizes, row_len, used)
         if pieces is not None:
             return used, pieces
-        n = ladder(n + 1)
+        n = _group_rows(n + 1)
 
 
 def _place_groups(
