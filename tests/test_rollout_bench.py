@@ -59,6 +59,9 @@ def test_decode_bench_quick_through_the_cli(tmp_path):
     assert set(r["wall_s"]) == {"continuous", "static"}
     assert all(v > 0 for v in (*r["tokens_per_s"].values(), *r["wall_s"].values()))
     assert r["roofline_fraction"] > 0 and {"platform", "cpu_count"} <= set(r["machine"])
+    prof = r["profile"]  # the host's time, measured directly: part of its own run's wall
+    assert 0 < prof["host_s"] < prof["host_run_wall_s"] and 0 < prof["host_share"] < 1
+    assert prof["host_share"] == pytest.approx(prof["host_s"] / prof["host_run_wall_s"])
     cfg = r["config"]
     assert cfg["batch"] == decode.QUICK.batch and cfg["model"]["model_type"] == "qwen2"
     # The engine took exactly the predicted decode steps on the long-tailed workload.

@@ -18,7 +18,9 @@ their turns continued in the slot against re-prefilling the conversation every t
 `roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
 token, plus attention) per second, over this machine's measured fp32 matmul throughput
 (`rlvr-bench roofline`). `profile` splits our engine's time into prefill, decode steps and
-the host's share; `decode_step_memory_fraction` is the bytes a decode step must read
+the rest (`host_and_other_share`), and `host_share` times the host directly: the scheduler's
+Python between device calls in one more continuous run, every device call timed to its result
+(`engine_timing.host_share`); `decode_step_memory_fraction` is the bytes a decode step must read
 (`common.decode_step_bytes`) per measured step second over the measured memory bandwidth
 (and over the datasheet's HBM bandwidth on a GPU/TPU).
 
@@ -44,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.bench import common, progress
-from rlvr_jax.bench.engine_timing import interleaved_best, profile_engine
+from rlvr_jax.bench.engine_timing import host_share, interleaved_best, profile_engine
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.bench.roofline import best_roofline, machine_info
 from rlvr_jax.rollout import (
@@ -195,6 +197,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
     )
     progress.line("profile: prefill and decode step")
     profile = profile_engine(core, prompts, cfg.repeats)
+    host = host_share(core, throughput["continuous"])
     roof = best_roofline(quick)
     config = model.config
     work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(config, cfg.prompt + cfg.new / 2)
@@ -214,6 +217,10 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
             "prefill_share": prefill_total / walls["continuous"],
             "decode_share": decode_total / walls["continuous"],
             "host_and_other_share": 1 - (prefill_total + decode_total) / walls["continuous"],
+            # timed directly: the scheduler's Python between device calls, one more run
+            "host_share": host["share"],
+            "host_s": host["host_s"],
+            "host_run_wall_s": host["wall_s"],
             "decode_step_bytes": step_bytes,
             "decode_step_gbps": step_gbps,
             "decode_step_memory_fraction": step_gbps / roof["memory_gbps"],
@@ -349,4 +356,5 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"roofline fraction (continuous)      {result['roofline_fraction']:.3f}")
     print(f"decode step memory-bandwidth frac.  {result['decode_step_memory_fraction']:.3f}")
+    print(f"host share of the continuous run    {result['profile']['host_share']:.3f}")
     return common.write_outputs(result, args.json, args.plot, plot)

@@ -1,6 +1,6 @@
 """Engine timings shared by the decode benchmarks (`rlvr_jax.bench.decode`,
-`rlvr_jax.bench.decode_weights`): best-of-rounds wall times measured in interleaved rounds, and
-an engine's prefill and decode-step seconds."""
+`rlvr_jax.bench.decode_weights`): best-of-rounds wall times measured in interleaved rounds, an
+engine's prefill and decode-step seconds, and the host's share of a scheduled run."""
 
 from __future__ import annotations
 
@@ -53,3 +53,42 @@ def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> 
 
     chunk_s = interleaved_best({"chunk": chunk}, repeats + 2)[0]["chunk"]
     return {"prefill_s_per_prompt": prefill_s, "decode_ms_per_step": 1e3 * chunk_s / core.chunk}
+
+
+DEVICE_CALLS = (
+    "init_decode_state", "prefill", "insert", "extend", "activate", "deactivate", "generate",
+    "copy_pages", "move_slots", "write_prefix",
+)  # fmt: skip
+"""The `EngineCore` methods that run device work (the scheduler's every call into the device)."""
+
+
+def host_share(core: EngineCore, run: Callable[[], Any]) -> dict[str, float]:
+    """`run()` (a workload driving `core` through a `Scheduler`) with every device call of the
+    engine timed to its result: the host's seconds are the wall's rest — the scheduler's Python
+    between device calls (admission, page bookkeeping, bucket choice, collection). Each call
+    waits for its result here (on a CPU they mostly run on the caller's thread anyway), so this
+    measures the host's time, not how much of it a pipelined run would hide."""
+    device = [0.0]
+
+    def timed(fn: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return jax.block_until_ready(fn(*args, **kwargs))
+            finally:
+                device[0] += time.perf_counter() - start
+
+        return call
+
+    names = [n for n in DEVICE_CALLS if hasattr(core, n)]
+    for name in names:  # instance attributes shadow the methods while the run lasts
+        setattr(core, name, timed(getattr(core, name)))
+    try:
+        start = time.perf_counter()
+        run()
+        wall = time.perf_counter() - start
+    finally:
+        for name in names:
+            delattr(core, name)
+    return {"wall_s": wall, "device_s": device[0], "host_s": wall - device[0],
+            "share": (wall - device[0]) / wall}  # fmt: skip
