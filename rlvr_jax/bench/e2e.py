@@ -62,7 +62,9 @@ DEFAULT_CONFIG = "configs/demo.yaml"
 # Every run (before the user's --set): no active sampling, so both sides draw the same number
 # of groups per optimizer step (TRL has no zero-variance filter: `--set
 # filter.zero_variance=false` trains on every group as drawn, as TRL does).
-_MATCHED = ("filter.active_sampling=false",)
+_MATCHED = ("filter.active_sampling=false", "train.compile_ahead=true")
+# (and the learner's row counts compiled with the first batch: the timed steps measure the
+# steady state, which the warm-up steps alone reach only once every count has been met)
 
 # --preset bench: the 56M bench model (random weights) built in the output directory, 256-token
 # completions (model.path is set to the run's directory).

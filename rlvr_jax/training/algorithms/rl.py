@@ -80,9 +80,10 @@ class RolloutSource(GeneratingSource):
         self.row_counts: tuple[int, ...] = ()
         if self.shared and not t.max_tokens_per_micro_batch and one_micro:
             self.packing["pack_groups"] = True  # several groups to a row, the fewest rows
-            cap = self.rows // cfg.rollout.num_samples // t.updates_per_batch
-            counts = pack_groups_row_counts(cap, ctx.row_multiple)
-            self.row_counts = tuple(c * t.updates_per_batch for c in counts)
+            if t.compile_ahead:  # every row count compiled with the first batch
+                cap = self.rows // cfg.rollout.num_samples // t.updates_per_batch
+                counts = pack_groups_row_counts(cap, ctx.row_multiple)
+                self.row_counts = tuple(c * t.updates_per_batch for c in counts)
         self.on_policy = self.mode == "sync"
         self._carry: list[Any] = []  # scored groups a full batch left: the next batch's first
 
