@@ -230,6 +230,10 @@ def test_pack_groups_row_counts_hold_every_count_pack_groups_returns():
     assert pack_groups_row_counts(8) == (1, 2, 3, 4, 5, 6, 7, 8)
     assert pack_groups_row_counts(8, row_multiple=2) == (2, 4, 6, 8)
     assert pack_groups_row_counts(20) == (*range(1, 9), 12, 16, 20)
+    from rlvr_jax.training.batch import packed_row_counts  # what RolloutSource hands over
+
+    assert packed_row_counts(64, group_size=8) == (1, 2, 3, 4, 5, 6, 7, 8)
+    assert packed_row_counts(64, group_size=8, updates=2) == (2, 4, 6, 8)  # 4 groups each
     rng = np.random.default_rng(0)
     for multiple in (1, 2):
         counts = set(pack_groups_row_counts(8, multiple))

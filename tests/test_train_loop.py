@@ -130,6 +130,44 @@ def test_missing_model_is_a_named_error(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ahead", [True, False])
+def test_every_packed_row_count_is_compiled_with_the_first_batch(tmp_path, caplog, ahead):
+    """`train.compile_ahead`: the first batch's `compile` also compiles the step for every
+    other row count its packed groups may take (`Batch.row_counts`), so a later batch of
+    another count compiles no `step`; off, that batch compiles it when it comes."""
+    import dataclasses
+
+    import jax
+    import numpy as np
+
+    from rlvr_jax import config
+    from rlvr_jax.training.loop import Trainer
+
+    overrides = ["train.max_steps=1", "log.progress_bar=false", f"train.compile_ahead={ahead}"]
+    cfg = config.load(tiny_run(tmp_path), overrides)
+    trainer = Trainer(cfg)
+    try:
+        trainer.source.start()
+        batch = trainer.source.next(trainer.version)
+        assert batch.row_counts == ((1, 2) if ahead else ())  # 2 groups: 1 or 2 packed rows
+        trainer.update.compile(trainer.state, batch)
+        tokens = batch.arrays.tokens
+        other = 3 - tokens.mask_BxT.shape[0]
+        rows = jax.tree.map(lambda a: np.zeros((other, *a.shape[1:]), a.dtype), tokens)
+        later = dataclasses.replace(batch, arrays=batch.arrays.replace(tokens=rows))
+        with jax.log_compiles(), caplog.at_level("WARNING"):
+            state, metrics, _ = trainer.update.update(trainer.state, later)
+            jax.block_until_ready((state, metrics))
+        trainer.state = state
+        compiled = [
+            r.getMessage() for r in caplog.records if "Compiling jit(step)" in r.getMessage()
+        ]
+        assert bool(compiled) != ahead, compiled
+    finally:
+        trainer.close()
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [[], ["loss.advantage=gae"], ["train.updates_per_batch=2", "loss.kl_coef=0.05"]],

@@ -80,15 +80,14 @@ def host_share(core: EngineCore, run: Callable[[], Any]) -> dict[str, float]:
 
         return call
 
-    names = [n for n in DEVICE_CALLS if hasattr(core, n)]
-    for name in names:  # instance attributes shadow the methods while the run lasts
+    for name in DEVICE_CALLS:  # instance attributes shadow the methods while the run lasts
         setattr(core, name, timed(getattr(core, name)))
     try:
         start = time.perf_counter()
         run()
         wall = time.perf_counter() - start
     finally:
-        for name in names:
+        for name in DEVICE_CALLS:
             delattr(core, name)
     return {"wall_s": wall, "device_s": device[0], "host_s": wall - device[0],
             "share": (wall - device[0]) / wall}  # fmt: skip

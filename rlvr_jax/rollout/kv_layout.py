@@ -100,22 +100,17 @@ class Contiguous:
             dp, spec.config, state.tokens_B, state.positions_B, state.k, state.v, span=span
         )
 
-    def spans(self, spec: Any) -> tuple[int, ...]:
-        """The ends of the cache's segments along S (`segments`): a quarter, half, three
-        quarters and all of `max_len` (multiples of 16; rows' positions are short early on);
-        with several shards, or exact (a row's arithmetic must not depend on the others'),
-        just `max_len`."""
-        s = spec.max_len
-        if spec.shards != 1 or spec.exact or s < 64:
-            return (s,)
-        return (*sorted({-(-s * q // 4 // 16) * 16 for q in (1, 2, 3)} - {s}), s)
-
     def segments(self, spec: Any) -> tuple[tuple[int, int], ...]:
-        """(start, length) of each segment of a layer's cache along S: separate arrays, so
-        that a decode step reads the leading segments it needs without copying a prefix of
-        one array (XLA:CPU copies a slice before a dot; the demo's decode attention was 2x
-        slower sliced than segmented, `kernel.attend_segments`)."""
-        ends = self.spans(spec)
+        """(start, length) of each segment of a layer's cache along S: separate arrays ending at
+        a quarter, half, three quarters and all of `max_len` (multiples of 16; rows' positions
+        are short early on), so that a decode step reads the leading segments it needs without
+        copying a prefix of one array (XLA:CPU copies a slice before a dot; the demo's decode
+        attention was 2x slower sliced than segmented, `kernel.attend_segments`). One segment
+        with several shards, or exact (a row's arithmetic must not depend on the others')."""
+        s = spec.max_len
+        ends: tuple[int, ...] = (s,)
+        if spec.shards == 1 and not spec.exact and s >= 64:
+            ends = (*sorted({-(-s * q // 4 // 16) * 16 for q in (1, 2, 3)} - {s}), s)
         return tuple((a, e - a) for a, e in zip((0, *ends[:-1]), ends))
 
     def insert(self, engine: Any, prefix: Any, state: Any, slots: Sequence, requests: Sequence):

@@ -33,6 +33,7 @@ from rlvr_jax.training.packing import (
     pack_alike,
     pack_examples,
     pack_groups,
+    pack_groups_row_counts,
     pack_tokens,
 )
 
@@ -349,6 +350,20 @@ def collate_packed(
     return full, np.asarray(slots, np.int64)
 
 
+def _groups_per_part(rows: int, group_size: int, updates: int) -> int:
+    """Groups one of `updates` mini-batches of `rows` completions holds (packed: its row cap)."""
+    return rows // group_size // updates
+
+
+def packed_row_counts(
+    rows: int, *, group_size: int, updates: int = 1, row_multiple: int = 1
+) -> tuple[int, ...]:
+    """Every row count of a batch `collate_shared(..., pack=True)` lays out for `rows`
+    completions (each mini-batch alike): what the learner compiles with the first batch."""
+    cap = _groups_per_part(rows, group_size, updates)
+    return tuple(c * updates for c in pack_groups_row_counts(cap, row_multiple))
+
+
 def collate_shared(
     samples: Sequence[Sample],
     *,
@@ -399,7 +414,7 @@ def collate_shared(
     parts = [range(u * per, (u + 1) * per) for u in range(updates)]
     layouts = []
     if pack and not max_tokens:  # (group k of the part, row, offset, completions, its slot)
-        cap = rows // g // updates
+        cap = _groups_per_part(rows, g, updates)
         packed = [
             pack_groups(
                 [(len(groups[i][0].prompt_tokens), [len(x.tokens) for x in groups[i]])

@@ -242,7 +242,7 @@ class Update:
         """`batch` with its packed rows (`arrays.tokens`) at each other count of
         `batch.row_counts`, the first time its row shape is seen (zeros: only shapes count)."""
         tokens = getattr(batch.arrays, "tokens", None)
-        if not getattr(batch, "row_counts", ()) or tokens is None:
+        if not batch.row_counts or tokens is None:
             return []
         rows, row_len = tokens.mask_BxT.shape
         rest = batch.arrays.replace(tokens=None)

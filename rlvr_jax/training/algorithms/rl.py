@@ -31,10 +31,10 @@ from rlvr_jax.training.algorithms.common import (
     micro_batches,
     step_micro_batches,
 )
+from rlvr_jax.training.batch import packed_row_counts
 from rlvr_jax.training.critic import warn_if_unused
 from rlvr_jax.training.groups import BatchAssembler, build_batch, rewards_N
 from rlvr_jax.training.optimizer import make_optimizer
-from rlvr_jax.training.packing import pack_groups_row_counts
 from rlvr_jax.training.rollouts import (
     GeneratingSource,
     Rollouts,
@@ -81,9 +81,12 @@ class RolloutSource(GeneratingSource):
         if self.shared and not t.max_tokens_per_micro_batch and one_micro:
             self.packing["pack_groups"] = True  # several groups to a row, the fewest rows
             if t.compile_ahead:  # every row count compiled with the first batch
-                cap = self.rows // cfg.rollout.num_samples // t.updates_per_batch
-                counts = pack_groups_row_counts(cap, ctx.row_multiple)
-                self.row_counts = tuple(c * t.updates_per_batch for c in counts)
+                self.row_counts = packed_row_counts(
+                    self.rows,
+                    group_size=cfg.rollout.num_samples,
+                    updates=t.updates_per_batch,
+                    row_multiple=ctx.row_multiple,
+                )
         self.on_policy = self.mode == "sync"
         self._carry: list[Any] = []  # scored groups a full batch left: the next batch's first
 
