@@ -14,6 +14,7 @@ updates per batch, TIS mask mode, reward-KL), the reference policy's (KL on) —
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,6 +43,29 @@ from rlvr_jax.training.rollouts import (
     merge_service_metrics,
 )
 from rlvr_jax.training.sources import Batch
+
+log = logging.getLogger("rlvr_jax.train")
+
+STALE_WARN_SHARE = 0.2
+"""Async: the share of the generated groups dropped as stale (over `STALE_WARN_BATCHES`
+batches once drops can happen) past which the run warns, once."""
+STALE_WARN_BATCHES = 5
+
+
+def stale_warning(stale: int, drawn: int, *, max_staleness: int, queue_size: int) -> str | None:
+    """The warning for `stale` of `stale + drawn` generated groups dropped as stale, or None
+    below `STALE_WARN_SHARE`. Dropped groups were decoded in full (the late, long ones: their
+    loss also biases a batch to short completions); the actors run `queue_size` batches ahead,
+    so a bound below it drops groups routinely."""
+    total = stale + drawn
+    if not total or stale / total <= STALE_WARN_SHARE:
+        return None
+    return (
+        f"async: {stale} of the {total} groups the actors generated were dropped as stale "
+        f"({stale / total:.0%}: older than rollout.max_staleness={max_staleness} policy versions "
+        f"when their batch trained); the actors run rollout.queue_size={queue_size} batches "
+        "ahead: raise rollout.max_staleness or lower rollout.queue_size"
+    )
 
 
 def validate(cfg: Config) -> None:
@@ -89,6 +113,7 @@ class RolloutSource(GeneratingSource):
                 )
         self.on_policy = self.mode == "sync"
         self._carry: list[Any] = []  # scored groups a full batch left: the next batch's first
+        self._stale_seen = [0, 0, 0]  # async: batches, stale and drawn groups (see stale_warning)
 
     def next(self, policy_version: int) -> Batch | None:
         r = self.rollouts
@@ -118,6 +143,7 @@ class RolloutSource(GeneratingSource):
         r.consume([g.request_id for g, _ in asm.settled])
         if self.mode == "async":  # the actors generate the next batch while this one trains
             r.fill(self._async_target())
+            self._watch_staleness(asm)
         kept = asm.kept
         arrays, slots = None, None
         if kept:
@@ -159,6 +185,22 @@ class RolloutSource(GeneratingSource):
                 self._carry.append(g)
             else:
                 asm.offer(g, policy_version)
+
+    def _watch_staleness(self, asm: BatchAssembler) -> None:
+        """Warns once if `STALE_WARN_BATCHES` batches, after the first `max_staleness` + 1 (which
+        cannot drop any), dropped too many stale groups."""
+        seen = self._stale_seen
+        seen[0] += 1
+        first = self.max_staleness + 2
+        if not first <= seen[0] < first + STALE_WARN_BATCHES:
+            return
+        seen[1], seen[2] = seen[1] + asm.stale, seen[2] + asm.drawn
+        if seen[0] == first + STALE_WARN_BATCHES - 1:
+            msg = stale_warning(
+                seen[1], seen[2], max_staleness=self.max_staleness, queue_size=self.queue_size
+            )
+            if msg:
+                log.warning(msg)
 
     def _async_target(self) -> int:
         """Requests kept in flight in async mode: `rollout.queue_size` batches."""
