@@ -91,15 +91,18 @@ def test_timed_window_needs_every_update_finished():
 
 
 def test_rounds_pool_as_totals_and_load_flags_quiet():
-    def run(wall, tokens, load):
+    def run(wall, tokens, load, drawn=8, stale=0):
         return e2e.ModeRun(
             mode="async", steps=2, wall_s=wall, setup_s=1.0,
             busy_s={"rollout": wall / 2, "train": wall / 4}, overlap_s=wall / 8,
             overlap_fraction=0.5, split_s={"rollout": 1.0, "train": 1.0}, reward_mean=0.25,
-            tokens=tokens, staleness_mean=1.0, loadavg=load,
+            tokens=tokens, staleness_mean=1.0, loadavg=load, groups_drawn=drawn,
+            groups_stale=stale,
         )  # fmt: skip
 
-    m = e2e_run.pool([run(2.0, 100, (0.5, 1.0)), run(6.0, 300, (1.2, 0.9))])
+    assert run(1.0, 1, (0, 0), drawn=0).stale_share == 0.0
+    m = e2e_run.pool([run(2.0, 100, (0.5, 1.0), 16, 4), run(6.0, 300, (1.2, 0.9), 14, 6)])
+    assert (m.groups_drawn, m.groups_stale, m.stale_share) == (30, 10, 0.25)
     assert (m.steps, m.wall_s, m.tokens, m.rounds) == (4, 8.0, 400, 2)
     assert m.steps_per_s == 0.5 and m.tokens_per_s == 50.0
     assert m.overlap_fraction == pytest.approx(1.0 / 2.0)  # 1 s of both / 2 s of train
@@ -148,6 +151,9 @@ def test_quick_run_writes_consistent_json_and_plot(tmp_path, monkeypatch, capsys
     for mode in ("sync", "async"):
         m = r["modes"][mode]
         assert m["steps"] == 2 and m["wall_s"] > 0 and m["tokens"] > 0
+        assert m["groups_drawn"] >= 2 and m["groups_stale"] >= 0  # (a batch draws >= 1 group)
+        total = m["groups_drawn"] + m["groups_stale"]
+        assert m["stale_share"] == pytest.approx(m["groups_stale"] / total)
         assert m["steps_per_s"] == pytest.approx(2 / m["wall_s"])
         assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["wall_s"])
         # the timed window ends when the last update has finished

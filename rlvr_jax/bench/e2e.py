@@ -177,6 +177,7 @@ def summarize(sync: ModeRun, async_: ModeRun) -> dict[str, Any]:
                 **dataclasses.asdict(m),
                 "steps_per_s": m.steps_per_s,
                 "tokens_per_s": m.tokens_per_s,
+                "stale_share": m.stale_share,
             }
             for m in (sync, async_)
         },
@@ -257,14 +258,15 @@ def format_result(result: dict[str, Any]) -> str:
         rows.append(
             [mode, m["steps_per_s"], m["tokens_per_s"], m["split_s"]["rollout"],
              m["split_s"]["train"], m["busy_s"]["rollout"], m["busy_s"]["train"],
-             m["overlap_fraction"], m["reward_mean"], max(m["loadavg"])]
+             m["overlap_fraction"], m.get("stale_share", 0.0), m["reward_mean"],
+             max(m["loadavg"])]
         )  # fmt: skip
     trl = result["peers"]["trl"]
     if trl["status"] == "ok":
-        rows.append(["trl", trl["steps_per_s"], trl["tokens_per_s"], *[None] * 5,
+        rows.append(["trl", trl["steps_per_s"], trl["tokens_per_s"], *[None] * 6,
                      trl["reward_mean"], max(trl["loadavg"])])  # fmt: skip
     heads = ["mode", "steps/s", "tokens/s", "rollout s", "train s", "decode busy s",
-             "train busy s", "overlap", "reward", "load"]  # fmt: skip
+             "train busy s", "overlap", "stale", "reward", "load"]  # fmt: skip
     lines = [
         common.format_table(heads, rows),
         f"async / sync steps/s:           {result['async_over_sync']:.3f}",

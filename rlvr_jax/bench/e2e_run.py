@@ -79,6 +79,16 @@ class ModeRun:
     """1-minute load average before and after the run."""
     rounds: int = 1
     """Runs pooled into these figures (`pool`)."""
+    groups_drawn: int = 0
+    """Groups offered to the timed steps' batches (`groups/drawn`: kept or filtered)."""
+    groups_stale: int = 0
+    """Groups dropped as stale in the timed steps (`groups/stale_dropped`): decoded, unused."""
+
+    @property
+    def stale_share(self) -> float:
+        """The share of the generated groups the timed steps dropped as stale."""
+        total = self.groups_drawn + self.groups_stale
+        return self.groups_stale / total if total else 0.0
 
     @property
     def steps_per_s(self) -> float:
@@ -153,6 +163,8 @@ def run_mode(
         window_s=(window[0] - start, window[1] - start),
         update_ends_s=tuple(sorted(end - start for _, end in timeline.spans("train"))),
         loadavg=(load_before, load_1min()),
+        groups_drawn=int(total("groups/drawn")),
+        groups_stale=int(total("groups/stale_dropped")),
     )
 
 
@@ -181,6 +193,8 @@ def pool(runs: list[ModeRun]) -> ModeRun:
         staleness_mean=statistics.fmean(r.staleness_mean for r in runs),
         loadavg=tuple(max(r.loadavg[i] for r in runs) for i in (0, 1)),
         rounds=len(runs),
+        groups_drawn=sum(r.groups_drawn for r in runs),
+        groups_stale=sum(r.groups_stale for r in runs),
     )
 
 
