@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -92,3 +93,16 @@ def test_advantage_errors_name_the_problem():
     with pytest.raises(ValueError, match="returned shape"):
         losses.advantages(lambda r: r[:, 0], REWARDS_PxG)
     assert losses.get_advantage("olmo") is losses.get_advantage("drgrpo")
+
+
+@pytest.mark.parametrize("name", ["grpo", "olmo", "rloo", "reinforce_pp_baseline", "reinforce"])
+def test_host_rewards_stay_on_the_host_and_device_rewards_on_device(name):
+    """NumPy rewards (the rollout source's) give NumPy advantages — no XLA program per new
+    group count — equal to the jax path's; jax rewards give a jax array."""
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.5]], np.float32)
+    host = losses.advantages(name, rewards)
+    device = losses.advantages(name, jnp.asarray(rewards))
+    assert type(host) is np.ndarray and host.dtype == np.float32
+    assert isinstance(device, jax.Array)
+    np.testing.assert_allclose(host, np.asarray(device), rtol=1e-6, atol=1e-6)
+    assert type(losses.advantages(name, rewards.tolist())) is np.ndarray

@@ -12,7 +12,10 @@ registered by name (ALGORITHMS.md, "Advantages"):
 | `reinforce` | R_i, or R_i − mean_batch R with `subtract_batch_mean=True` |
 
 A user estimator is any function `fn(rewards_PxG, **kwargs) -> advantages_PxG`, registered with
-`@register_advantage("name")` or selected as `"module:function"`.
+`@register_advantage("name")` or selected as `"module:function"`. The built-ins compute in the
+rewards' own array library: NumPy rewards (the rollout source's, on the host) never reach XLA —
+eager jnp ops there compiled a program per op for every new count of kept groups, on the
+trainer's main thread mid-run; jax arrays (the learner's KL-penalised rewards) stay on device.
 
 `loss.advantage: gae` is not one of these: GAE gives one advantage per token from a learned
 critic's values, on the learner (`rlvr_jax.losses.gae`, `rlvr_jax.training.critic`).
@@ -25,6 +28,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlvr_jax.losses.gae import GAE
 from rlvr_jax.losses.registry import Registry, RegistryError, display_name
@@ -51,20 +55,25 @@ def get_advantage(ref: str | Callable[..., Any]) -> Callable[..., Any]:
         raise
 
 
+def _xp(x: Any) -> Any:
+    """The array library of `x`: NumPy for host arrays, jax.numpy otherwise."""
+    return np if isinstance(x, np.ndarray) else jnp
+
+
 def _unbiased_std(x: jax.Array, axis: int) -> jax.Array:
     """Sample std (N−1 denominator) along `axis`, keeping the axis; needs N ≥ 2."""
-    return jnp.std(x, axis=axis, ddof=1, keepdims=True)
+    return _xp(x).std(x, axis=axis, ddof=1, keepdims=True)
 
 
 def _centred(rewards_PxG: jax.Array) -> jax.Array:
-    return rewards_PxG - jnp.mean(rewards_PxG, axis=1, keepdims=True)
+    return rewards_PxG - _xp(rewards_PxG).mean(rewards_PxG, axis=1, keepdims=True)
 
 
 @register_advantage("grpo")
 def grpo(rewards_PxG: jax.Array, *, eps: float = GRPO_EPS) -> jax.Array:
     """Group z-score (DeepSeekMath): (R − mean_g R) / (std_g R + ε), std unbiased."""
     if rewards_PxG.shape[1] == 1:
-        return jnp.zeros_like(rewards_PxG)
+        return _xp(rewards_PxG).zeros_like(rewards_PxG)
     return _centred(rewards_PxG) / (_unbiased_std(rewards_PxG, axis=1) + eps)
 
 
@@ -79,30 +88,32 @@ def rloo(rewards_PxG: jax.Array) -> jax.Array:
     """Leave-one-out baseline: R_i − mean_{j≠i} R_j = G/(G−1)·(R_i − mean_g R)."""
     group_size = rewards_PxG.shape[1]
     if group_size == 1:
-        return jnp.zeros_like(rewards_PxG)
+        return _xp(rewards_PxG).zeros_like(rewards_PxG)
     return group_size / (group_size - 1) * _centred(rewards_PxG)
 
 
 @register_advantage("reinforce_pp_baseline")
 def reinforce_pp_baseline(rewards_PxG: jax.Array, *, eps: float = GRPO_EPS) -> jax.Array:
     """REINFORCE++ with a group baseline, whitened over all completions of the batch."""
+    xp = _xp(rewards_PxG)
     centred_PxG = _centred(rewards_PxG)
     if centred_PxG.size == 1:
-        return jnp.zeros_like(rewards_PxG)
+        return xp.zeros_like(rewards_PxG)
     flat_N = centred_PxG.reshape(-1)
-    return (centred_PxG - jnp.mean(flat_N)) / (jnp.std(flat_N, ddof=1) + eps)
+    return (centred_PxG - xp.mean(flat_N)) / (xp.std(flat_N, ddof=1) + eps)
 
 
 @register_advantage("reinforce")
 def reinforce(rewards_PxG: jax.Array, *, subtract_batch_mean: bool = False) -> jax.Array:
     """Plain REINFORCE: the reward itself, optionally minus the batch mean reward."""
     if subtract_batch_mean:
-        return rewards_PxG - jnp.mean(rewards_PxG)
+        return rewards_PxG - _xp(rewards_PxG).mean(rewards_PxG)
     return rewards_PxG
 
 
 def advantages(name: str | Callable[..., Any], rewards_PxG: jax.Array, **kwargs: Any) -> jax.Array:
-    """Advantages [P, G] from rewards [P, G] with the named estimator.
+    """Advantages [P, G] from rewards [P, G] with the named estimator, float32 in the rewards'
+    array library (NumPy for NumPy rewards or lists, else jax.numpy).
 
     Args:
       name: a registered estimator name, a `module:function` string or a callable.
@@ -112,14 +123,15 @@ def advantages(name: str | Callable[..., Any], rewards_PxG: jax.Array, **kwargs:
     Raises:
       ValueError: rewards that are not 2-D, or an estimator returning another shape.
     """
-    rewards_PxG = jnp.asarray(rewards_PxG, dtype=jnp.float32)
+    xp = jnp if isinstance(rewards_PxG, jax.Array) else np
+    rewards_PxG = xp.asarray(rewards_PxG, dtype=xp.float32)
     if rewards_PxG.ndim != 2 or 0 in rewards_PxG.shape:
         raise ValueError(
             f"rewards must be a non-empty [P, G] array (prompts × group size), "
             f"got shape {rewards_PxG.shape}"
         )
     fn = get_advantage(name)
-    adv_PxG = jnp.asarray(fn(rewards_PxG, **kwargs))
+    adv_PxG = xp.asarray(fn(rewards_PxG, **kwargs), dtype=xp.float32)
     if adv_PxG.shape != rewards_PxG.shape:
         raise ValueError(
             f"advantage estimator {display_name(name)!r} returned shape {adv_PxG.shape}, "
