@@ -258,7 +258,7 @@ def format_result(result: dict[str, Any]) -> str:
         rows.append(
             [mode, m["steps_per_s"], m["tokens_per_s"], m["split_s"]["rollout"],
              m["split_s"]["train"], m["busy_s"]["rollout"], m["busy_s"]["train"],
-             m["overlap_fraction"], m.get("stale_share", 0.0), m["reward_mean"],
+             m["overlap_fraction"], m["stale_share"], m["reward_mean"],
              max(m["loadavg"])]
         )  # fmt: skip
     trl = result["peers"]["trl"]
