@@ -1,19 +1,23 @@
 """SwiGLU's gate/up half, `silu(x·W_gate + b_gate) * (x·W_up + b_up)`, with a hand-written
 backward laid out for XLA.
 
-Why (measured on XLA:CPU, `rlvr-bench learner` at the demo model's size): under autodiff the
-two projections are two matmuls whose weight gradients `xᵀ·dg`, `xᵀ·du` XLA:CPU computes
-with dg / du transposed to [F, B·T] — a loop fusion that recomputes SiLU's backward while
-writing in transposed layout, the step's single most expensive op — and a second fusion
-computes the same dg in natural layout for `dx`. Here:
-- the gate and up kernels run as one matmul over the stacked [2, D, F] weights (stacked, not
-  concatenated, so that a tensor-parallel split of F stays local);
-- the backward computes [dg, du] once, elementwise, in natural layout;
-- dx is one matmul against the stacked weights; the weight gradient is formed as
-  `[dg, du]ᵀ · x` behind an optimisation barrier (XLA would otherwise fold the transpose
-  back into `xᵀ · [dg, du]`), so that the operand XLA lays out for the matmul is x ([B·T, D],
-  D < F) and the result only needs a small [2, F, D] → [2, D, F] transpose.
-Residuals are x and the pre-activations [B, T, 2, F] (autodiff keeps the same).
+Why (measured on XLA:CPU at the demo model's size): under autodiff XLA:CPU computed the weight
+gradients `xᵀ·dg`, `xᵀ·du` with dg / du transposed to [F, B·T] — a loop fusion that recomputes
+SiLU's backward while writing in transposed layout, the step's single most expensive op — and
+a second fusion computed the same dg in natural layout for `dx`. Here:
+- the forward is two matmuls, x·W_gate and x·W_up, each [B, T, F] in natural layout (their
+  residuals are read whole, never as strided halves of a [B, T, 2, F] array);
+- the backward computes dg and du once, elementwise, behind an optimisation barrier (so that no
+  matmul fusion recomputes them), then dx = dg·W_gateᵀ + du·W_upᵀ and the weight gradients
+  xᵀ·dg, xᵀ·du as four plain matmuls.
+An earlier layout ran the gate and up kernels as one matmul over the stacked [2, D, F] weights
+and its backward over the stacked [B, T, 2, F] gradients: their stacking, strided halves and
+transposes cost more than the matmuls saved (one layer's forward + backward at [4, 512, 256]
+→ 768 on the 2-core CPU: 53-64 ms stacked, 34-47 ms as here; the demo's whole learner step,
+one process alternating: 0.379-0.395 s median stacked, 0.373-0.383 s here, its minimum 0.316-0.328
+-> 0.303-0.305 s). The weights still arrive
+stacked (`w_CxDxF`); a tensor-parallel split of F stays local either way.
+Residuals are x and the pre-activations g, u (autodiff keeps the same).
 """
 
 from __future__ import annotations
@@ -33,37 +37,38 @@ def swiglu_hidden(
 
 
 def _pre(x_BxTxD, w_CxDxF, b_CxF):
-    gu_BxTxCxF = jnp.einsum("BTD,CDF->BTCF", x_BxTxD, w_CxDxF)
+    g_BxTxF = jnp.einsum("BTD,DF->BTF", x_BxTxD, w_CxDxF[0])
+    u_BxTxF = jnp.einsum("BTD,DF->BTF", x_BxTxD, w_CxDxF[1])
     if b_CxF is not None:
-        gu_BxTxCxF = gu_BxTxCxF + b_CxF[None, None]
-    return gu_BxTxCxF
+        g_BxTxF, u_BxTxF = g_BxTxF + b_CxF[0][None, None], u_BxTxF + b_CxF[1][None, None]
+    return g_BxTxF, u_BxTxF
 
 
-def _act(gu_BxTxCxF):
-    g, u = gu_BxTxCxF[:, :, 0], gu_BxTxCxF[:, :, 1]
-    return jax.nn.silu(g) * u
+def _act(g_BxTxF, u_BxTxF):
+    return jax.nn.silu(g_BxTxF) * u_BxTxF
 
 
-def _grads(x_BxTxD, w_CxDxF, gu_BxTxCxF, dh_BxTxF):
-    g, u = gu_BxTxCxF[:, :, 0], gu_BxTxCxF[:, :, 1]
+def _grads(x_BxTxD, w_CxDxF, g, u, dh_BxTxF):
     sig = jax.nn.sigmoid(g)
     # d silu(g) / dg = σ(g) (1 + g (1 − σ(g)))
     dg = dh_BxTxF * u * (sig * (1 + g * (1 - sig)))
     du = dh_BxTxF * (g * sig)
-    dgu_BxTxCxF = jnp.stack([dg, du], axis=2)
-    dx_BxTxD = jnp.einsum("BTCF,CDF->BTD", dgu_BxTxCxF, w_CxDxF)
-    dw_CxFxD = jax.lax.optimization_barrier(jnp.einsum("BTCF,BTD->CFD", dgu_BxTxCxF, x_BxTxD))
-    return dx_BxTxD, jnp.swapaxes(dw_CxFxD, 1, 2), dgu_BxTxCxF
+    dg, du = jax.lax.optimization_barrier((dg, du))
+    dx_BxTxD = jnp.einsum("BTF,DF->BTD", dg, w_CxDxF[0]) + jnp.einsum("BTF,DF->BTD", du, w_CxDxF[1])
+    dw_CxDxF = jnp.stack(
+        [jnp.einsum("BTD,BTF->DF", x_BxTxD, dg), jnp.einsum("BTD,BTF->DF", x_BxTxD, du)]
+    )
+    return dx_BxTxD, dw_CxDxF, (dg, du)
 
 
 @jax.custom_vjp
 def _swiglu(x_BxTxD, w_CxDxF):
-    return _act(_pre(x_BxTxD, w_CxDxF, None))
+    return _act(*_pre(x_BxTxD, w_CxDxF, None))
 
 
 def _swiglu_fwd(x_BxTxD, w_CxDxF):
-    gu = _pre(x_BxTxD, w_CxDxF, None)
-    return _act(gu), (x_BxTxD, w_CxDxF, gu)
+    g, u = _pre(x_BxTxD, w_CxDxF, None)
+    return _act(g, u), (x_BxTxD, w_CxDxF, g, u)
 
 
 def _swiglu_bwd(res, dh_BxTxF):
@@ -76,17 +81,17 @@ _swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 @jax.custom_vjp
 def _swiglu_bias(x_BxTxD, w_CxDxF, b_CxF):
-    return _act(_pre(x_BxTxD, w_CxDxF, b_CxF))
+    return _act(*_pre(x_BxTxD, w_CxDxF, b_CxF))
 
 
 def _swiglu_bias_fwd(x_BxTxD, w_CxDxF, b_CxF):
-    gu = _pre(x_BxTxD, w_CxDxF, b_CxF)
-    return _act(gu), (x_BxTxD, w_CxDxF, gu)
+    g, u = _pre(x_BxTxD, w_CxDxF, b_CxF)
+    return _act(g, u), (x_BxTxD, w_CxDxF, g, u)
 
 
 def _swiglu_bias_bwd(res, dh_BxTxF):
-    dx, dw, dgu = _grads(*res, dh_BxTxF)
-    return dx, dw, dgu.sum(axis=(0, 1))
+    dx, dw, (dg, du) = _grads(*res, dh_BxTxF)
+    return dx, dw, jnp.stack([dg.sum(axis=(0, 1)), du.sum(axis=(0, 1))])
 
 
 _swiglu_bias.defvjp(_swiglu_bias_fwd, _swiglu_bias_bwd)
