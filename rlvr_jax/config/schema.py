@@ -404,7 +404,7 @@ class TrainConfig:
     attn_chunk: int = 0
     """Deprecated (use `model.attention_impl`): with `xla` attention, queries per chunk
     (N·chunk·S scores live at once instead of N·S²); with `blockwise`, its tile size
-    (0 = 512); cudnn/splash ignore it."""
+    (0 = 512, or 256 on shared-prompt rows); cudnn/splash ignore it."""
     logits_chunk: int = 0
     """LM head + log-softmax computed this many positions at a time (0 = all): never holds the
     B×T×V fp32 logits at once."""
