@@ -171,9 +171,43 @@ def test_quick_run_writes_consistent_json_and_plot(tmp_path, monkeypatch, capsys
     )
     assert 1.0 <= r["projected_speedup_disjoint"] <= 2.0
     assert r["config"]["quick"] and "seed=1" in r["config"]["overrides"]
+    assert r["config"]["settle"]["max_s"] == 0 and set(r["config"]["settle"]["waited_s"]) == {
+        "sync", "async", "trl"}  # fmt: skip
     assert r["peers"]["trl"]["status"] in ("skipped", "ok")
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert "async / sync steps/s" in capsys.readouterr().out
+
+
+def test_settle_waits_for_the_load_to_fall_and_gives_up_at_its_cap():
+    class Fake:  # a clock that sleeping advances, and a load that decays as it does
+        def __init__(self, loads):
+            self.t, self.loads = 0.0, loads
+
+        def clock(self):
+            return self.t
+
+        def sleep(self, s):
+            self.t += s
+
+        def load(self):
+            return self.loads[min(int(self.t // 2), len(self.loads) - 1)]
+
+    f = Fake([1.9, 1.6, 1.2, 0.9, 0.5])  # one reading per 2 s poll
+    waited = e2e_run.settle(1.0, 60.0, load=f.load, sleep=f.sleep, clock=f.clock, poll_s=2.0)
+    assert waited == 6.0 and f.load() == 0.9
+    f = Fake([2.0])  # never quiet: stops at the cap, no sleep past it
+    waited = e2e_run.settle(1.0, 5.0, load=f.load, sleep=f.sleep, clock=f.clock, poll_s=2.0)
+    assert waited == 5.0
+    f = Fake([0.3])  # already quiet: no wait
+    assert e2e_run.settle(1.0, 60.0, load=f.load, sleep=f.sleep, clock=f.clock) == 0.0
+    assert e2e_run.SETTLE_BELOW_PER_CORE * 2 < e2e_run.QUIET_LOAD_PER_CORE * 2
+
+
+def test_bad_settle_is_refused(capsys):
+    for args in (["--settle", "-1"], ["--settle", "10", "--settle-below", "0"]):
+        with pytest.raises(SystemExit):
+            e2e.main(["--config", str(ROOT / "configs" / "demo.yaml"), *args])
+        assert "--settle must be >= 0" in capsys.readouterr().err
 
 
 def test_bad_config_is_named(tmp_path, capsys):

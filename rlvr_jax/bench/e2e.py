@@ -49,12 +49,14 @@ from typing import Any
 
 from rlvr_jax.bench import common, progress
 from rlvr_jax.bench.e2e_run import (
+    SETTLE_BELOW_PER_CORE,
     ModeRun,
     load_1min,
     load_config,
     pool,
     quietness,
     run_mode,
+    settle,
 )
 
 DEFAULT_CONFIG = "configs/demo.yaml"
@@ -193,12 +195,27 @@ def run(
     quick: bool,
     preset: str = "demo",
     rounds: int = 1,
+    settle_s: float = 0.0,
+    settle_below: float | None = None,
 ) -> dict[str, Any]:
     """`rounds` interleaved rounds of sync, async and the TRL peer (a load change on the shared
-    machine hits every side alike); the JSON-able result, each side's rounds pooled."""
+    machine hits every side alike); the JSON-able result, each side's rounds pooled. With
+    `settle_s` > 0 each side first waits, at most that long, for the 1-minute load to fall under
+    `settle_below` (default `SETTLE_BELOW_PER_CORE` per core: `e2e_run.settle`)."""
     load_before = common.machine_info()["loadavg"]
     runs: dict[str, list[ModeRun]] = {"sync": [], "async": []}
     trl_rows = []
+    below = settle_below if settle_below is not None else (
+        SETTLE_BELOW_PER_CORE * (os.cpu_count() or 1)
+    )  # fmt: skip
+    waited = {"sync": 0.0, "async": 0.0, "trl": 0.0}
+
+    def pause(side: str) -> None:
+        if settle_s > 0:
+            if load_1min() >= below:
+                progress.line(f"waiting up to {settle_s:.0f} s for the load to fall under {below}")
+            waited[side] += settle(below, settle_s)
+
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-e2e-") as tmp:
         out = Path(tmp)
         extra = [*_MATCHED, *PRESETS[preset]]
@@ -211,7 +228,9 @@ def run(
                 progress.line(f"round {r + 1}/{rounds}")
             kw = dict(steps=steps, warmup=warmup, out=out / f"round{r}")
             for mode, done in runs.items():
+                pause(mode)
                 done.append(run_mode(config_path, [*extra, *overrides], mode, **kw))
+            pause("trl")
             trl_rows.append(trl_peer(config_path, [*extra, *overrides], **kw))
     sync, async_ = pool(runs["sync"]), pool(runs["async"])
     trl = pool_trl(trl_rows)
@@ -246,6 +265,7 @@ def run(
             "warmup": warmup,
             "rounds": rounds,
             "quick": quick,
+            "settle": {"max_s": settle_s, "below": below, "waited_s": waited},
         },
     }
 
@@ -315,6 +335,17 @@ def main(argv: list[str] | None = None) -> int:
         help="demo: the config as given; bench: the 56M bench model, 256-token completions",
     )
     p.add_argument("--quick", action="store_true", help="a tiny random policy (smoke test)")
+    p.add_argument(
+        "--settle", type=float, default=0.0, metavar="S",
+        help="before each side wait up to S seconds for the 1-minute load to fall under "
+        "--settle-below (the load a side's own threads leave behind otherwise flags the next)",
+    )  # fmt: skip
+    p.add_argument(
+        "--settle-below",
+        type=float,
+        metavar="LOAD",
+        help="--settle's target load (default half a thread per core: 1.0 on two cores)",
+    )
     p.add_argument("--json", help="write the results here as JSON")
     p.add_argument("--plot", help="write a PNG plot here")
     args = p.parse_args(argv)
@@ -323,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 2)
     if steps < 1 or warmup < 0 or rounds < 1:
         p.error("--steps and --rounds must be >= 1 and --warmup >= 0")
+    if args.settle < 0 or (args.settle_below is not None and args.settle_below <= 0):
+        p.error("--settle must be >= 0 and --settle-below > 0")
     if not Path(args.config).is_file():
         p.error(f"--config {args.config}: no such file (run from the repository root)")
     try:  # a bad --set or config fails here, before either run spends any time
@@ -334,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(str(e))
     result = run(
         args.config, args.set, steps=steps, warmup=warmup, quick=args.quick, preset=args.preset,
-        rounds=rounds,
+        rounds=rounds, settle_s=args.settle, settle_below=args.settle_below,
     )  # fmt: skip
     print(format_result(result))
     return common.write_outputs(result, args.json, args.plot, plot)

@@ -56,6 +56,31 @@ def load_1min() -> float:
     return os.getloadavg()[0]
 
 
+SETTLE_BELOW_PER_CORE = 0.5
+"""`settle`'s default target: half a runnable thread per core (1.0 on two cores). A side of
+the benchmark keeps every core busy for tens of seconds, which lifts the 1-minute average by
+about half its distance to the core count (20 s: 1 - e^(-1/3) = 28%), so a side that starts at
+1.0 on two cores ends near 1.3, under `QUIET_LOAD`."""
+
+
+def settle(
+    below: float,
+    max_s: float,
+    *,
+    load: Any = load_1min,
+    sleep: Any = time.sleep,
+    clock: Any = time.monotonic,
+    poll_s: float = 2.0,
+) -> float:
+    """Waits until the 1-minute load average is under `below`, at most `max_s` seconds; returns
+    the seconds waited. The load a side's own threads leave behind decays with a one-minute
+    time constant, so without a pause the next side starts (and is judged) under it."""
+    start = clock()
+    while load() >= below and clock() - start < max_s:
+        sleep(min(poll_s, max(max_s - (clock() - start), 0.0)))
+    return clock() - start
+
+
 @dataclasses.dataclass(frozen=True)
 class ModeRun:
     """What one mode's run measured (the warm-up steps left out)."""
