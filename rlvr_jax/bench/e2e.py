@@ -49,7 +49,7 @@ from typing import Any
 
 from rlvr_jax.bench import common, progress
 from rlvr_jax.bench.e2e_run import (
-    SETTLE_BELOW_PER_CORE,
+    SETTLE_BELOW,
     ModeRun,
     load_1min,
     load_config,
@@ -201,13 +201,11 @@ def run(
     """`rounds` interleaved rounds of sync, async and the TRL peer (a load change on the shared
     machine hits every side alike); the JSON-able result, each side's rounds pooled. With
     `settle_s` > 0 each side first waits, at most that long, for the 1-minute load to fall under
-    `settle_below` (default `SETTLE_BELOW_PER_CORE` per core: `e2e_run.settle`)."""
+    `settle_below` (default `SETTLE_BELOW`: `e2e_run.settle`)."""
     load_before = common.machine_info()["loadavg"]
     runs: dict[str, list[ModeRun]] = {"sync": [], "async": []}
     trl_rows = []
-    below = settle_below if settle_below is not None else (
-        SETTLE_BELOW_PER_CORE * (os.cpu_count() or 1)
-    )  # fmt: skip
+    below = SETTLE_BELOW if settle_below is None else settle_below
     waited = {"sync": 0.0, "async": 0.0, "trl": 0.0}
 
     def pause(side: str) -> None:

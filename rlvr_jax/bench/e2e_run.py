@@ -62,6 +62,9 @@ the benchmark keeps every core busy for tens of seconds, which lifts the 1-minut
 about half its distance to the core count (20 s: 1 - e^(-1/3) = 28%), so a side that starts at
 1.0 on two cores ends near 1.3, under `QUIET_LOAD`."""
 
+SETTLE_BELOW = SETTLE_BELOW_PER_CORE * (os.cpu_count() or 1)
+"""This machine's default `settle` target (`rlvr-bench e2e --settle-below`)."""
+
 
 def settle(
     below: float,

@@ -56,8 +56,9 @@ def get_advantage(ref: str | Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _xp(x: Any) -> Any:
-    """The array library of `x`: NumPy for host arrays, jax.numpy otherwise."""
-    return np if isinstance(x, np.ndarray) else jnp
+    """The array library of `x`: jax.numpy for jax arrays (tracers included), NumPy for
+    anything else (host arrays, lists): the one rule `advantages` and the built-ins share."""
+    return jnp if isinstance(x, jax.Array) else np
 
 
 def _unbiased_std(x: jax.Array, axis: int) -> jax.Array:
@@ -123,7 +124,7 @@ def advantages(name: str | Callable[..., Any], rewards_PxG: jax.Array, **kwargs:
     Raises:
       ValueError: rewards that are not 2-D, or an estimator returning another shape.
     """
-    xp = jnp if isinstance(rewards_PxG, jax.Array) else np
+    xp = _xp(rewards_PxG)
     rewards_PxG = xp.asarray(rewards_PxG, dtype=xp.float32)
     if rewards_PxG.ndim != 2 or 0 in rewards_PxG.shape:
         raise ValueError(

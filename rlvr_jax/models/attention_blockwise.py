@@ -165,13 +165,13 @@ def _head_mask(i, j, size, seg_q_Bxq, seg_k_Bxk, window, branches, g) -> jax.Arr
     return jnp.broadcast_to(mask, (b, 1, g, size, size)).reshape(b, 1, g * size, size)
 
 
-def _scores(q_BxqxKxGxH: jax.Array, k_BxkxKxH: jax.Array, scale: float) -> jax.Array:
-    s = jnp.einsum("BqKGH,BkKH->BKGqk", q_BxqxKxGxH, k_BxkxKxH, preferred_element_type=jnp.float32)
-    return s * scale
-
-
 def _dot(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _scores(q_BxqxKxGxH: jax.Array, k_BxkxKxH: jax.Array, scale: float) -> jax.Array:
+    """`_one_tile`'s [B, K, G, q, k] scores (the flash tiles are head-major)."""
+    return _dot("BqKGH,BkKH->BKGqk", q_BxqxKxGxH, k_BxkxKxH) * scale
 
 
 def _key_range(i: jax.Array, size: int, window: jax.Array) -> tuple[jax.Array, jax.Array]:
