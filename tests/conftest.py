@@ -64,6 +64,8 @@ import helpers_models as H
 import jax
 import pytest
 
+pytest_plugins = ["helpers_crash"]  # a worker's native crash: its dump, and one rerun alone
+
 JAX_CACHE = Path(
     os.environ.get("RLVR_TEST_JAX_CACHE", Path(__file__).resolve().parents[1] / ".cache" / "jax")
 )
