@@ -5,6 +5,7 @@ from `rollout.generate` and `math.comb`."""
 import json
 from math import comb
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -22,6 +23,27 @@ def byte_sum_below(response: str, ground_truth, **_) -> float:
 
 
 VERIFIER = f"{__name__}:byte_sum_below"
+
+
+# -- the sampling mesh -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "num_devices, actor_devices, expected",
+    [(1, 0, [0]), (0, 0, list(range(8))), (4, 0, [0, 1, 2, 3]), (4, 1, [3]), (0, 2, [6, 7])],
+)
+def test_actor_mesh_takes_the_run_s_devices(num_devices, actor_devices, expected):
+    # rlvr-eval, rlvr-filter and the experiments sample on the devices a training run of the
+    # same config would use (the first mesh.num_devices; the actors' share of them), not on
+    # every device present: a `num_devices: 1` config sampled on all 8 simulated devices before
+    import jax
+
+    from rlvr_jax.config.schema import MeshConfig
+    from rlvr_jax.eval.evaluate import actor_mesh
+
+    cfg = SimpleNamespace(mesh=MeshConfig(num_devices=num_devices, actor_devices=actor_devices))
+    assert len(jax.devices()) == 8
+    assert [d.id for d in actor_mesh(cfg).devices.flat] == expected
 
 
 # -- the pass@k report ----------------------------------------------------------------------

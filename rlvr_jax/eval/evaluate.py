@@ -165,14 +165,14 @@ def resolve_config(
 
 def actor_mesh(cfg: Any) -> Any:
     """The actor sub-mesh of `cfg.mesh` (`mesh.actor_devices`, `mesh.actor`) over the devices
-    a run uses, for a process that only samples (the learner's part is not built)."""
+    a run uses (the first `mesh.num_devices`, as the trainer takes them), for a process that
+    only samples (the learner's part is not built)."""
     import dataclasses
 
-    import jax
-
     from rlvr_jax import sharding
+    from rlvr_jax.training.distributed import used_devices
 
-    _, devices = sharding.split_devices(jax.devices(), cfg.mesh.actor_devices)
+    _, devices = sharding.split_devices(used_devices(cfg.mesh), cfg.mesh.actor_devices)
     try:
         return sharding.make_mesh(dataclasses.asdict(cfg.mesh.actor), devices)
     except ValueError as e:
