@@ -134,6 +134,16 @@ def make_mesh(axes: Mapping[str, int], devices: Sequence[jax.Device] | None = No
     return Mesh(grid.reshape(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
+def used_devices(mesh_cfg: Any) -> list[jax.Device]:
+    """The devices a run of a `MeshConfig` uses: the first `mesh.num_devices` (all when 0) —
+    the trainer's and every sampler's (`rlvr-eval`, `rlvr-filter`, the experiments)."""
+    devices = jax.devices()
+    n = mesh_cfg.num_devices
+    if n > len(devices):
+        raise ValueError(f"mesh.num_devices={n}, but {len(devices)} devices are present")
+    return devices[:n] if n else devices
+
+
 def split_devices(
     devices: Sequence[jax.Device], actor_devices: int
 ) -> tuple[list[jax.Device], list[jax.Device]]:

@@ -23,7 +23,6 @@ from rlvr_jax.rollout.push import (
     tree_bytes,
 )
 from rlvr_jax.training.algorithms import Context
-from rlvr_jax.training.distributed import used_devices
 from rlvr_jax.training.metrics import read_jsonl
 from rlvr_jax.training.push import WeightPusher
 from rlvr_jax.training.rollouts import GeneratingSource, Rollouts
@@ -49,7 +48,7 @@ def ctx(run_config):
     """The trainer's `Context` of the tiny run (fp32; a probe tolerance of 1e-3: the fp32
     on-policy mismatch is ~1e-6, an update of this run moves log-probs by far more)."""
     cfg = config.load(run_config, ["rollout.push_probe_tolerance=0.001"])
-    learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh, used_devices(cfg.mesh))
+    learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh, sharding.used_devices(cfg.mesh))
     model = models.load_pretrained(cfg.model.path, mesh=learner_mesh, rules=sharding.LEARNER_RULES)
     return Context(
         cfg=cfg,

@@ -170,9 +170,8 @@ def actor_mesh(cfg: Any) -> Any:
     import dataclasses
 
     from rlvr_jax import sharding
-    from rlvr_jax.training.distributed import used_devices
 
-    _, devices = sharding.split_devices(used_devices(cfg.mesh), cfg.mesh.actor_devices)
+    _, devices = sharding.split_devices(sharding.used_devices(cfg.mesh), cfg.mesh.actor_devices)
     try:
         return sharding.make_mesh(dataclasses.asdict(cfg.mesh.actor), devices)
     except ValueError as e:

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlvr_jax.config.schema import DistributedConfig, MeshConfig
+from rlvr_jax.config.schema import DistributedConfig
 
 
 def init_distributed(cfg: DistributedConfig) -> bool:
@@ -44,12 +44,3 @@ def global_array(x: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
 
 def global_tree(tree: Any, shardings: Any) -> Any:
     return jax.tree_util.tree_map(global_array, tree, shardings)
-
-
-def used_devices(mesh_cfg: MeshConfig) -> list:
-    """The devices a run uses: the first `mesh.num_devices` (all when 0)."""
-    devices = jax.devices()
-    n = mesh_cfg.num_devices
-    if n > len(devices):
-        raise ValueError(f"mesh.num_devices={n}, but {len(devices)} devices are present")
-    return devices[:n] if n else devices

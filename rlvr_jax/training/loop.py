@@ -46,7 +46,6 @@ from rlvr_jax.rollout.push import PushTimeoutError
 from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
 from rlvr_jax.training.algorithms import Context, get_algorithm
-from rlvr_jax.training.distributed import used_devices
 from rlvr_jax.training.ledger import Ledger
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
 from rlvr_jax.training.push import WeightPusher
@@ -125,7 +124,7 @@ class Trainer:
         self.out = Path(cfg.train.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.algorithm = get_algorithm(cfg.algorithm)
-        learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh, used_devices(cfg.mesh))
+        learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh, sharding.used_devices(cfg.mesh))
         path = ensure_model(cfg)
         model = models.load_pretrained(
             path, dtype=cfg.model.param_dtype, mesh=learner_mesh, rules=sharding.LEARNER_RULES

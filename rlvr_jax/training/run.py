@@ -7,7 +7,8 @@ import logging
 
 from rlvr_jax.config.schema import Config
 from rlvr_jax.models.bootstrap import ensure_model, resolve_function
-from rlvr_jax.training.distributed import init_distributed, used_devices
+from rlvr_jax.sharding import used_devices
+from rlvr_jax.training.distributed import init_distributed
 from rlvr_jax.training.loop import StopFlag, Trainer
 
 __all__ = ["StopFlag", "ensure_model", "main", "resolve_function", "train", "used_devices"]
