@@ -160,19 +160,27 @@ def split_devices(
 
 
 def build_meshes(mesh_cfg: Any, devices: Sequence[jax.Device] | None = None) -> tuple[Mesh, Mesh]:
-    """(learner_mesh, actor_mesh) from a `rlvr_jax.config.schema.MeshConfig`."""
+    """(learner_mesh, actor_mesh) from a `rlvr_jax.config.schema.MeshConfig`, over `devices`
+    (default: the run's, `used_devices`)."""
     learner, actor = split_devices(
-        jax.devices() if devices is None else devices, mesh_cfg.actor_devices
+        used_devices(mesh_cfg) if devices is None else devices, mesh_cfg.actor_devices
     )
+    learner_mesh = _sub_mesh("learner", mesh_cfg.learner, learner)
+    return learner_mesh, _sub_mesh("actor", mesh_cfg.actor, actor)
+
+
+def actor_mesh(mesh_cfg: Any) -> Mesh:
+    """The actor sub-mesh alone, over the run's devices (a process that only samples: the
+    learner's part is not built)."""
+    _, actor = split_devices(used_devices(mesh_cfg), mesh_cfg.actor_devices)
+    return _sub_mesh("actor", mesh_cfg.actor, actor)
+
+
+def _sub_mesh(name: str, axes: Any, devices: Sequence[jax.Device]) -> Mesh:
     try:
-        learner_mesh = make_mesh(dataclasses.asdict(mesh_cfg.learner), learner)
+        return make_mesh(dataclasses.asdict(axes), devices)
     except ValueError as e:
-        raise ValueError(f"mesh.learner: {e}") from None
-    try:
-        actor_mesh = make_mesh(dataclasses.asdict(mesh_cfg.actor), actor)
-    except ValueError as e:
-        raise ValueError(f"mesh.actor: {e}") from None
-    return learner_mesh, actor_mesh
+        raise ValueError(f"mesh.{name}: {e}") from None
 
 
 def logical_to_spec(

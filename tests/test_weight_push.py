@@ -48,7 +48,7 @@ def ctx(run_config):
     """The trainer's `Context` of the tiny run (fp32; a probe tolerance of 1e-3: the fp32
     on-policy mismatch is ~1e-6, an update of this run moves log-probs by far more)."""
     cfg = config.load(run_config, ["rollout.push_probe_tolerance=0.001"])
-    learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh, sharding.used_devices(cfg.mesh))
+    learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh)
     model = models.load_pretrained(cfg.model.path, mesh=learner_mesh, rules=sharding.LEARNER_RULES)
     return Context(
         cfg=cfg,

@@ -166,16 +166,10 @@ def resolve_config(
 def actor_mesh(cfg: Any) -> Any:
     """The actor sub-mesh of `cfg.mesh` (`mesh.actor_devices`, `mesh.actor`) over the devices
     a run uses (the first `mesh.num_devices`, as the trainer takes them), for a process that
-    only samples (the learner's part is not built)."""
-    import dataclasses
-
+    only samples (`sharding.actor_mesh`)."""
     from rlvr_jax import sharding
 
-    _, devices = sharding.split_devices(sharding.used_devices(cfg.mesh), cfg.mesh.actor_devices)
-    try:
-        return sharding.make_mesh(dataclasses.asdict(cfg.mesh.actor), devices)
-    except ValueError as e:
-        raise ValueError(f"mesh.actor: {e}") from None
+    return sharding.actor_mesh(cfg.mesh)
 
 
 def load_policy(cfg: Any) -> tuple[Any, Any]:

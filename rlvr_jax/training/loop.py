@@ -124,7 +124,7 @@ class Trainer:
         self.out = Path(cfg.train.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.algorithm = get_algorithm(cfg.algorithm)
-        learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh, sharding.used_devices(cfg.mesh))
+        learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh)
         path = ensure_model(cfg)
         model = models.load_pretrained(
             path, dtype=cfg.model.param_dtype, mesh=learner_mesh, rules=sharding.LEARNER_RULES
