@@ -143,6 +143,21 @@ def test_json_table_and_flatten_helpers(tmp_path):
     assert common.format_value(math.inf) == "inf" and common.format_value(7) == "7"
 
 
+def test_cpu_info_reads_the_model_and_the_widest_isa_first(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz\n"
+        "flags\t\t: fpu sse2 avx2 fma avx512f amx_tile amx_bf16 avx512_bf16\n\n"
+        "processor\t: 1\nmodel name\t: other\nflags\t\t: fpu\n"
+    )
+    info = common.cpu_info(cpuinfo)
+    assert info["cpu_model"] == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
+    assert info["cpu_isa"] == ["avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx2", "fma"]
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: sse2 fma avx2\n")
+    assert common.cpu_info(cpuinfo) == {"cpu_model": "AMD EPYC", "cpu_isa": ["avx2", "fma"]}
+    assert common.cpu_info(tmp_path / "absent") == {}  # not Linux: nothing to say
+
+
 def test_plots_are_png_and_panels_are_checked(tmp_path):
     lines = {"s": ([1, 2], [0.1, 0.2])}
     path = common.save_plot(tmp_path / "p.png", [common.Panel("t", "y", lines=lines)], "title")

@@ -175,7 +175,11 @@ def test_quick_run_writes_consistent_json_and_plot(tmp_path, monkeypatch, capsys
         "sync", "async", "trl"}  # fmt: skip
     assert r["peers"]["trl"]["status"] in ("skipped", "ok")
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert "async / sync steps/s" in capsys.readouterr().out
+    # the machine's measured peak and its CPU go with the figures
+    assert r["roofline"]["peak_gflops_fp32"] > 0 and r["roofline"]["memory_gbps"] > 0
+    assert "cpu_isa" in r["machine"] or not Path("/proc/cpuinfo").exists()
+    printed = capsys.readouterr().out
+    assert "async / sync steps/s" in printed and "roofline fp32" in printed
 
 
 def test_settle_waits_for_the_load_to_fall_and_gives_up_at_its_cap():

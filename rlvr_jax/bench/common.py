@@ -275,10 +275,35 @@ def tiny_policy(
     return Path(path)
 
 
+CPU_ISA_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx2", "fma")
+"""The /proc/cpuinfo flags `cpu_info` reports, widest first: XLA:CPU's matmul peak on an
+AVX-512 core with AMX is ~2-6x an AVX2 core's, so a CPU figure means little without them."""
+
+
+def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
+    """The CPU's model name and which of `CPU_ISA_FLAGS` it has (`cpu_model`, `cpu_isa`:
+    e.g. ["avx512f", "amx_bf16", "avx2", "fma"]); empty where `cpuinfo` cannot be read (not
+    Linux)."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return {}
+    model, flags = None, set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    return {"cpu_model": model, "cpu_isa": [f for f in CPU_ISA_FLAGS if f in flags]}
+
+
 def machine_info(load_before: Any = None) -> dict[str, Any]:
-    """Where a benchmark ran: platform, device kind and count, host, CPUs, jax version and the
-    1/5/15-minute load averages (other processes share the cores); given the load averages
-    when the run started (`load_before`), also `loadavg_before` and `loadavg_after` (now)."""
+    """Where a benchmark ran: platform, device kind and count, host, CPUs (count, model and
+    vector ISA: `cpu_info`), jax version and the 1/5/15-minute load averages (other processes
+    share the cores); given the load averages when the run started (`load_before`), also
+    `loadavg_before` and `loadavg_after` (now)."""
     import platform
 
     import jax
@@ -291,6 +316,7 @@ def machine_info(load_before: Any = None) -> dict[str, Any]:
         "host": platform.node(),
         "cpu_count": os.cpu_count(),
         "processor": platform.processor() or platform.machine(),
+        **cpu_info(),
         "jax": jax.__version__,
         "loadavg": list(os.getloadavg()),
     }

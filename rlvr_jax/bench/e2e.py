@@ -28,7 +28,10 @@ dispatched: the timed window runs from the last warm-up update's end to the last
   what async buys when the actors and the learner have devices of their own;
 - the 1-minute load average before and after each side (`load.by_side`); `quiet: false` (and
   a NOT QUIET line) when any side ran above the machine's `e2e_run.QUIET_LOAD` (0.75 a core:
-  1.5 on two cores), `ratios_quiet` per ratio.
+  1.5 on two cores), `ratios_quiet` per ratio;
+- `roofline`: the machine's measured matmul peak and memory bandwidth
+  (`rlvr-bench roofline`'s `best_roofline`, probed before the first side) and, in `machine`,
+  the CPU's model and vector ISA (`common.cpu_info`): a ratio against a peer moves with both.
 
 The TRL row needs `trl` (not a dependency); without it the row says so. Every run draws the
 same number of groups per optimizer step (`filter.active_sampling=false`, before the user's
@@ -58,6 +61,7 @@ from rlvr_jax.bench.e2e_run import (
     run_mode,
     settle,
 )
+from rlvr_jax.bench.roofline import best_roofline
 
 DEFAULT_CONFIG = "configs/demo.yaml"
 
@@ -203,6 +207,8 @@ def run(
     `settle_s` > 0 each side first waits, at most that long, for the 1-minute load to fall under
     `settle_below` (default `SETTLE_BELOW`: `e2e_run.settle`)."""
     load_before = common.machine_info()["loadavg"]
+    progress.line("roofline probe (matmul peak, memory bandwidth)")
+    roofline = best_roofline(quick)
     runs: dict[str, list[ModeRun]] = {"sync": [], "async": []}
     trl_rows = []
     below = SETTLE_BELOW if settle_below is None else settle_below
@@ -254,6 +260,7 @@ def run(
         **summary,
         **quietness(loads),
         "peers": {"trl": trl},
+        "roofline": roofline,
         "machine": {**common.machine_info(), "loadavg_before": load_before},
         "config": {
             "config": str(config_path),
@@ -285,8 +292,13 @@ def format_result(result: dict[str, Any]) -> str:
                      trl["reward_mean"], max(trl["loadavg"])])  # fmt: skip
     heads = ["mode", "steps/s", "tokens/s", "rollout s", "train s", "decode busy s",
              "train busy s", "overlap", "stale", "reward", "load"]  # fmt: skip
+    roof, machine = result.get("roofline") or {}, result.get("machine", {})
     lines = [
         common.format_table(heads, rows),
+        f"machine: {machine.get('cpu_model') or machine.get('processor', '?')}"
+        f" ({'/'.join(machine.get('cpu_isa') or []) or 'ISA unknown'}, {machine.get('cpu_count')} "
+        f"cores); roofline fp32 {roof.get('peak_gflops_fp32', float('nan')):.1f} GFLOP/s, "
+        f"{roof.get('memory_gbps', float('nan')):.1f} GB/s",
         f"async / sync steps/s:           {result['async_over_sync']:.3f}",
         f"overlap fraction (async):       {result['overlap_fraction']:.3f}",
         f"projected speedup, own devices: {result['projected_speedup_disjoint']:.3f}",
