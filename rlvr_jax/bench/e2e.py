@@ -30,7 +30,7 @@ dispatched: the timed window runs from the last warm-up update's end to the last
   a NOT QUIET line) when any side ran above the machine's `e2e_run.QUIET_LOAD` (0.75 a core:
   1.5 on two cores), `ratios_quiet` per ratio;
 - `roofline`: the machine's measured matmul peak and memory bandwidth
-  (`rlvr-bench roofline`'s `best_roofline`, probed before the first side) and, in `machine`,
+  (`rlvr-bench roofline`'s `best_roofline`, probed after the last side) and, in `machine`,
   the CPU's model and vector ISA (`common.cpu_info`): a ratio against a peer moves with both.
 
 The TRL row needs `trl` (not a dependency); without it the row says so. Every run draws the
@@ -207,8 +207,6 @@ def run(
     `settle_s` > 0 each side first waits, at most that long, for the 1-minute load to fall under
     `settle_below` (default `SETTLE_BELOW`: `e2e_run.settle`)."""
     load_before = common.machine_info()["loadavg"]
-    progress.line("roofline probe (matmul peak, memory bandwidth)")
-    roofline = best_roofline(quick)
     runs: dict[str, list[ModeRun]] = {"sync": [], "async": []}
     trl_rows = []
     below = SETTLE_BELOW if settle_below is None else settle_below
@@ -236,6 +234,9 @@ def run(
                 done.append(run_mode(config_path, [*extra, *overrides], mode, **kw))
             pause("trl")
             trl_rows.append(trl_peer(config_path, [*extra, *overrides], **kw))
+    # probed after the sides, so that its own load (both cores for seconds) is not theirs
+    progress.line("roofline probe (matmul peak, memory bandwidth)")
+    roofline = best_roofline(quick)
     sync, async_ = pool(runs["sync"]), pool(runs["async"])
     trl = pool_trl(trl_rows)
     summary = summarize(sync, async_)
@@ -292,13 +293,9 @@ def format_result(result: dict[str, Any]) -> str:
                      trl["reward_mean"], max(trl["loadavg"])])  # fmt: skip
     heads = ["mode", "steps/s", "tokens/s", "rollout s", "train s", "decode busy s",
              "train busy s", "overlap", "stale", "reward", "load"]  # fmt: skip
-    roof, machine = result.get("roofline") or {}, result.get("machine", {})
     lines = [
         common.format_table(heads, rows),
-        f"machine: {machine.get('cpu_model') or machine.get('processor', '?')}"
-        f" ({'/'.join(machine.get('cpu_isa') or []) or 'ISA unknown'}, {machine.get('cpu_count')} "
-        f"cores); roofline fp32 {roof.get('peak_gflops_fp32', float('nan')):.1f} GFLOP/s, "
-        f"{roof.get('memory_gbps', float('nan')):.1f} GB/s",
+        _machine_line(result),
         f"async / sync steps/s:           {result['async_over_sync']:.3f}",
         f"overlap fraction (async):       {result['overlap_fraction']:.3f}",
         f"projected speedup, own devices: {result['projected_speedup_disjoint']:.3f}",
@@ -315,6 +312,19 @@ def format_result(result: dict[str, Any]) -> str:
             + ": ratios measured under load"
         )
     return "\n".join(lines)
+
+
+def _machine_line(result: dict[str, Any]) -> str:
+    """ "machine: <CPU> (<ISA>, <n> cores); roofline fp32 <GFLOP/s>, <GB/s>" (a JSON of an
+    earlier version, without them, gives "?" and nan)."""
+    machine, roof = result.get("machine", {}), result.get("roofline") or {}
+    cpu = machine.get("cpu_model") or machine.get("processor", "?")
+    isa = "/".join(machine.get("cpu_isa") or []) or "ISA unknown"
+    nan = float("nan")
+    return (
+        f"machine: {cpu} ({isa}, {machine.get('cpu_count', '?')} cores); roofline fp32 "
+        f"{roof.get('peak_gflops_fp32', nan):.1f} GFLOP/s, {roof.get('memory_gbps', nan):.1f} GB/s"
+    )
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
