@@ -18,8 +18,8 @@ import pytest
 from rlvr_jax import models
 from rlvr_jax.config import ConfigError, load
 from rlvr_jax.rollout import EngineCore, RequestError, generate, request_seed
+from rlvr_jax.rollout.host.scheduler import Completion, GroupRequest, Scheduler
 from rlvr_jax.rollout.interrupt import Interrupt, from_config
-from rlvr_jax.rollout.scheduler import Completion, GroupRequest, Scheduler
 from rlvr_jax.training.batch import Sample, collate
 from rlvr_jax.training.groups import BatchAssembler, ScoredGroup
 

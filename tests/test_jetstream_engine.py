@@ -12,7 +12,7 @@ import pytest
 
 from rlvr_jax import models
 from rlvr_jax.rollout import SamplingParams, generate, make_engine
-from rlvr_jax.rollout import jetstream_compat as compat
+from rlvr_jax.rollout.backends import jetstream_compat as compat
 
 pytestmark = pytest.mark.slow  # compiles the engine of a chat model (~25 s on two cores)
 

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 
 from rlvr_jax import models
-from rlvr_jax.rollout import EngineCore, SlotRequest, kernel, paged_core
-from rlvr_jax.rollout.state import kv_shape
+from rlvr_jax.rollout import EngineCore, SlotRequest
+from rlvr_jax.rollout.device import kernel
+from rlvr_jax.rollout.device import paged as paged_core
+from rlvr_jax.rollout.device.state import kv_shape
 
 TOL = 1e-4
 LAYOUTS = ["contiguous", "paged"]

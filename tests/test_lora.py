@@ -17,7 +17,7 @@ from rlvr_jax import models
 from rlvr_jax.config import load
 from rlvr_jax.config.checks import ConfigError
 from rlvr_jax.models import lora, peft_io, quant
-from rlvr_jax.rollout import kernel
+from rlvr_jax.rollout.device import kernel
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.training.update import gradient_step, init_state
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from rlvr_jax.bench import common, decode, roofline
+from rlvr_jax.bench.waste_model import continuous_steps, static_steps
 from rlvr_jax.cli import bench_main
 from rlvr_jax.models import ArchConfig
-from rlvr_jax.rollout.waste import continuous_steps, static_steps
 
 
 def test_long_tail_lengths_hit_the_target_shape():
@@ -105,8 +105,8 @@ def test_rollout_imports_and_core_generation_stay_light():
         "rlvr_jax.rollout",
         "rlvr_jax.serve.cli",
         "rlvr_jax.serve.http",
-        "rlvr_jax.rollout.jetstream_engine",
-        "rlvr_jax.rollout.vllm_backend",
+        "rlvr_jax.rollout.backends.jetstream",
+        "rlvr_jax.rollout.backends.vllm",
         "rlvr_jax.bench.decode",
         "rlvr_jax.bench.roofline",
     ]

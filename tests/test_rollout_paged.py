@@ -25,7 +25,7 @@ from rlvr_jax.rollout import (
     generate,
     request_seed,
 )
-from rlvr_jax.rollout.scheduler import GroupRequest, Scheduler
+from rlvr_jax.rollout.host.scheduler import GroupRequest, Scheduler
 
 SMALL = dict(page_size=4, geometry_tokens=(8, 16, 8))
 STOP = (7, 11, 19)

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlvr_jax.rollout import paged_attention as pa
-from rlvr_jax.rollout.pages import PageAllocator, PageError, pages_for, work_lists
+from rlvr_jax.rollout.device import attention as pa
+from rlvr_jax.rollout.host.pages import PageAllocator, PageError, pages_for, work_lists
 
 
 def test_allocator_random_operations_never_leak_or_double_free():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rlvr_jax.rollout.sampling import (
+from rlvr_jax.rollout.device.sampling import (
     SamplerMode,
     SamplingParams,
     filter_mask,

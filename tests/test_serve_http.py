@@ -220,7 +220,7 @@ def test_a_failed_jetstream_thread_stops_the_server_with_status_1(
     from jetstream.core.proto import jetstream_pb2 as pb
     from jetstream.core.proto import jetstream_pb2_grpc as pb_grpc
 
-    from rlvr_jax.rollout.jetstream_engine import engine_class
+    from rlvr_jax.rollout.backends.jetstream import engine_class
 
     def broken_generate(self, params, decode_state):
         raise RuntimeError("device fell over")

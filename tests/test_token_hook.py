@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rlvr_jax.rollout import EngineCore, RolloutStream, SamplingParams, Scheduler
-from rlvr_jax.rollout.scheduler import GroupRequest
+from rlvr_jax.rollout.host.scheduler import GroupRequest
 
 CHUNK = 4
 

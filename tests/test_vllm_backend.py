@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rlvr_jax import models
-from rlvr_jax.rollout.vllm_backend import hf_weights
+from rlvr_jax.rollout.backends.vllm import hf_weights
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def _gpu_and_vllm() -> str | None:
 @pytest.mark.skipif(_gpu_and_vllm() is not None, reason=str(_gpu_and_vllm()))
 def test_vllm_generates_and_takes_pushed_weights(tmp_path):
     from rlvr_jax.rollout import generate
-    from rlvr_jax.rollout.vllm_backend import VllmRollout
+    from rlvr_jax.rollout.backends.vllm import VllmRollout
 
     hf_model = H.build_hf_checkpoint("qwen2", tmp_path, seed=5)
     model = models.load_pretrained(tmp_path)
@@ -132,7 +132,7 @@ def dataclasses_replace(c, prompt_index, version):
 @pytest.mark.slow
 def test_vllm_scheduler_behind_the_stream_groups_requests_with_meta_and_weights(tmp_path, threaded):
     from rlvr_jax.rollout import RolloutStream
-    from rlvr_jax.rollout.vllm_backend import VllmScheduler
+    from rlvr_jax.rollout.backends.vllm import VllmScheduler
 
     H.build_hf_checkpoint("qwen2", tmp_path, seed=5)
     model = models.load_pretrained(tmp_path)
@@ -181,7 +181,7 @@ def test_trainer_runs_on_the_vllm_backend_source(tmp_path, monkeypatch):
     from helpers_train import tiny_run
 
     from rlvr_jax import config
-    from rlvr_jax.rollout import vllm_backend
+    from rlvr_jax.rollout.backends import vllm as vllm_backend
     from rlvr_jax.training.loop import Trainer
     from rlvr_jax.training.metrics import read_jsonl
 

@@ -49,6 +49,7 @@ from rlvr_jax.bench import common, progress
 from rlvr_jax.bench.engine_timing import host_share, interleaved_best, profile_engine
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.bench.roofline import best_roofline, machine_info
+from rlvr_jax.bench.waste_model import continuous_steps, static_steps, waste
 from rlvr_jax.rollout import (
     EngineCore,
     GroupRequest,
@@ -56,8 +57,7 @@ from rlvr_jax.rollout import (
     Scheduler,
     generate,
 )
-from rlvr_jax.rollout.scheduler import SchedulerStats
-from rlvr_jax.rollout.waste import continuous_steps, static_steps, waste
+from rlvr_jax.rollout.host.scheduler import SchedulerStats
 
 
 @dataclasses.dataclass(frozen=True)

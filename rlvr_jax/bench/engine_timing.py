@@ -12,7 +12,7 @@ import jax
 
 from rlvr_jax.bench import progress
 from rlvr_jax.rollout import EngineCore, SlotRequest
-from rlvr_jax.rollout.sampling import SamplerMode
+from rlvr_jax.rollout.device.sampling import SamplerMode
 
 
 def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict, dict]:

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.bench import common, progress
-from rlvr_jax.rollout.waste import continuous_steps, static_steps
+from rlvr_jax.bench.waste_model import continuous_steps, static_steps
 
 
 def _normal_cdf(x: float) -> float:

@@ -14,7 +14,7 @@
 - `episode`: per-sample episodes on a worker pool, the engine's hook, `env/*` metrics.
 
 The engine's side (parking a sequence between turns, appending in place) is
-`rlvr_jax.rollout.turns`.
+`rlvr_jax.rollout.host.turns`.
 """
 
 from rlvr_jax.envs.base import Environment, Step, env_factory, register_env

@@ -16,6 +16,7 @@ their host-side API: docs/engine.md. Importing this package imports neither Tens
 JetStream, torch nor vLLM.
 """
 
+from rlvr_jax.rollout.backends.jetstream import make_engine
 from rlvr_jax.rollout.builder import (
     Rollout,
     build_engine,
@@ -24,13 +25,12 @@ from rlvr_jax.rollout.builder import (
     sample_groups,
     sampling_params,
 )
-from rlvr_jax.rollout.core import EngineSpec
+from rlvr_jax.rollout.device.decode import EngineSpec
+from rlvr_jax.rollout.device.sampling import SamplingParams
 from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest, make_engine_core
 from rlvr_jax.rollout.generation import generate, request_seed, rescore
+from rlvr_jax.rollout.host.scheduler import Completion, GroupRequest, Scheduler, SchedulerStats
 from rlvr_jax.rollout.interrupt import Interrupt
-from rlvr_jax.rollout.jetstream_engine import make_engine
-from rlvr_jax.rollout.sampling import SamplingParams
-from rlvr_jax.rollout.scheduler import Completion, GroupRequest, Scheduler, SchedulerStats
 from rlvr_jax.rollout.stream import CompletedGroup, RolloutError, RolloutStream
 
 __all__ = [

@@ -15,9 +15,9 @@ import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlvr_jax.rollout.device.sampling import SamplingParams
 from rlvr_jax.rollout.generation import request_seed
 from rlvr_jax.rollout.interrupt import from_config as interrupt_from_config
-from rlvr_jax.rollout.sampling import SamplingParams
 from rlvr_jax.rollout.stream import CompletedGroup, RolloutStream
 
 if TYPE_CHECKING:  # the schema is not imported at run time (rollout does not depend on config)
@@ -146,7 +146,7 @@ def build_rollout(
         turns=turns,
     )
     if cfg.backend == "vllm":
-        from rlvr_jax.rollout.vllm_backend import VllmRollout, VllmScheduler
+        from rlvr_jax.rollout.backends.vllm import VllmRollout, VllmScheduler
 
         if forcing is not None:
             raise ValueError(

@@ -1,12 +1,12 @@
 """`EngineCore`: the plain-JAX engine for one policy — its params in decode layout on the
-actor mesh and the jitted device functions of `rlvr_jax.rollout.core` / `paged_core` behind
+actor mesh and the jitted device functions of `rlvr_jax.rollout.device.decode` / `paged_core` behind
 a host API that validates requests (no TensorFlow, no JetStream).
 
 KV memory: `kv_layout="paged"` (default) keeps one pool of pages; its size is a budget of
 its own — `kv_pages` (allocatable pages, all shards) or `kv_cache_gib` (per actor device),
 by default what `max_slots` contiguous rows of `max_len` would take, so that no request
 is ever preempted unless a smaller budget (or more slots) is asked for. The host half
-that hands out pages is `rlvr_jax.rollout.scheduler`."""
+that hands out pages is `rlvr_jax.rollout.host.scheduler`."""
 
 from __future__ import annotations
 
@@ -21,15 +21,21 @@ from jax.sharding import Mesh
 from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig, Model, lora
 from rlvr_jax.models.params import tree_shardings
-from rlvr_jax.rollout import core
-from rlvr_jax.rollout.core import ChunkOutput, DecodeState, EngineSpec, Prefix, SlotSettings
+from rlvr_jax.rollout.device import decode as core
+from rlvr_jax.rollout.device.decode import (
+    ChunkOutput,
+    DecodeState,
+    EngineSpec,
+    Prefix,
+    SlotSettings,
+)
+from rlvr_jax.rollout.device.kernel import DecodeParams
+from rlvr_jax.rollout.device.layout import CONTIGUOUS
+from rlvr_jax.rollout.device.layout import kv_layout as kv_layout_named
+from rlvr_jax.rollout.device.paged import PagedWork
+from rlvr_jax.rollout.device.sampling import UNFILTERED, SamplerMode
 from rlvr_jax.rollout.engine_paged import PagedOps
-from rlvr_jax.rollout.kernel import DecodeParams
-from rlvr_jax.rollout.kv_layout import CONTIGUOUS
-from rlvr_jax.rollout.kv_layout import kv_layout as kv_layout_named
-from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.requests import RequestError, SlotRequest
-from rlvr_jax.rollout.sampling import UNFILTERED, SamplerMode
 
 
 class EngineCore(PagedOps):
@@ -326,7 +332,7 @@ class EngineCore(PagedOps):
         `modes` at `chunk` steps and at 1 step — without running them, so that the first
         real call finds them compiled (call it before taking `rlvr_jax.dispatch.LOCK`).
         Returns the number of programs compiled."""
-        from rlvr_jax.rollout import compile_ahead
+        from rlvr_jax.rollout.device import compile_ahead
 
         return compile_ahead.compile_all(self, modes)
 

@@ -10,10 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.rollout import core, paged_core, pages
-from rlvr_jax.rollout.core import DecodeState, Prefix
-from rlvr_jax.rollout.kernel import DecodeParams
-from rlvr_jax.rollout.paged_core import PagedWork
+from rlvr_jax.rollout.device import decode as core
+from rlvr_jax.rollout.device import paged as paged_core
+from rlvr_jax.rollout.device.decode import DecodeState, Prefix
+from rlvr_jax.rollout.device.kernel import DecodeParams
+from rlvr_jax.rollout.device.paged import PagedWork
+from rlvr_jax.rollout.host import pages
 from rlvr_jax.rollout.requests import SlotRequest
 
 

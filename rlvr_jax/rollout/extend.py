@@ -18,9 +18,9 @@ from jax.sharding import PartitionSpec as Pspec
 
 from rlvr_jax.models.config import SLIDING
 from rlvr_jax.models.layers import attend
-from rlvr_jax.rollout import kernel
-from rlvr_jax.rollout.paged_core import _shard_index, _shard_map
-from rlvr_jax.rollout.state import DecodeState, EngineSpec, with_kv
+from rlvr_jax.rollout.device import kernel
+from rlvr_jax.rollout.device.paged import _shard_index, _shard_map
+from rlvr_jax.rollout.device.state import DecodeState, EngineSpec, with_kv
 
 
 def _extend_local(

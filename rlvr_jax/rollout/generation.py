@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.models import Model
+from rlvr_jax.rollout.device.kernel import DecodeParams
+from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.engine import EngineCore, RequestError
+from rlvr_jax.rollout.host.scheduler import BATCHING, Completion, GroupRequest, Scheduler
 from rlvr_jax.rollout.interrupt import Interrupt, Replay
-from rlvr_jax.rollout.kernel import DecodeParams
-from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
-from rlvr_jax.rollout.scheduler import BATCHING, Completion, GroupRequest, Scheduler
 
 DEFAULT_SLOTS = 32
 """Slots of the engine `generate` builds when given a `Model`."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
+from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplingParams
 
 
 class RequestError(ValueError):

@@ -27,12 +27,12 @@ from typing import Any
 import jax
 
 from rlvr_jax import dispatch
+from rlvr_jax.rollout.device.kernel import DecodeParams
+from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.engine import EngineCore
+from rlvr_jax.rollout.host.scheduler import Batching, Completion, GroupRequest, Scheduler, TokenHook
 from rlvr_jax.rollout.interrupt import Interrupt
-from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.push import check_order, tree_bytes
-from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplingParams
-from rlvr_jax.rollout.scheduler import Batching, Completion, GroupRequest, Scheduler, TokenHook
 from rlvr_jax.timeline import Timeline
 
 

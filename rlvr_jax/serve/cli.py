@@ -167,8 +167,9 @@ def _start_grpc(
     model: Any, tokenizer_dir: str, cfg: Any, args: argparse.Namespace, servers: Servers
 ) -> None:
     """JetStream's interleaved-mode orchestrator over our engine, behind a gRPC server."""
-    from rlvr_jax.rollout import engine_kwargs, jetstream_compat, sampling_params
-    from rlvr_jax.rollout.jetstream_engine import make_engine
+    from rlvr_jax.rollout import engine_kwargs, sampling_params
+    from rlvr_jax.rollout.backends import jetstream_compat
+    from rlvr_jax.rollout.backends.jetstream import make_engine
     from rlvr_jax.serve.grpc_server import JetStreamFrontEnd
 
     engine = make_engine(
@@ -229,7 +230,7 @@ def serve(
 ) -> int:
     """Serves until `stop_event` is set (0) or an engine thread fails (1); `on_ready` is
     called once both front ends serve."""
-    from rlvr_jax.rollout import jetstream_compat
+    from rlvr_jax.rollout.backends import jetstream_compat
     from rlvr_jax.rollout.stream import RolloutError
 
     t0 = time.monotonic()

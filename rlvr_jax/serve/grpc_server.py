@@ -18,7 +18,7 @@ import logging
 import threading
 from typing import Any
 
-from rlvr_jax.rollout import jetstream_compat
+from rlvr_jax.rollout.backends import jetstream_compat
 
 logger = logging.getLogger(__name__)
 

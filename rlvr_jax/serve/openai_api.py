@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from rlvr_jax.rollout.sampling import SamplingParams
+from rlvr_jax.rollout.device.sampling import SamplingParams
 
 Kind = Literal["completion", "chat"]
 

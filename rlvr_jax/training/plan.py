@@ -21,7 +21,7 @@ Estimates (documented, deliberately simple):
   the float32 adapters; grads and AdamW moments of the adapters only; activations as a full
   run's. `lora_plan` sets that beside a full run's optimizer bytes, and finds the fewest
   learner devices each fits on (FSDP over the devices, `mesh.device_memory_gib`).
-- actor: the decode params exactly as the engine lays them out (`rlvr_jax.rollout.kernel.
+- actor: the decode params exactly as the engine lays them out (`rlvr_jax.rollout.device.kernel.
   prepare_params`: matmul weights in the compute dtype, the embedding in the param dtype,
   the LM head in fp32), split by the engine's logical axes (`rollout.core.
   decode_param_axes`) and `ACTOR_RULES`; plus the KV cache in the compute dtype: paged, the
@@ -178,7 +178,8 @@ def _sharded_factor(logical: tuple, rules: Any, sizes: dict[str, int], shape: tu
 def _actor_params_bytes(cfg: Config, arch: Any, sizes: dict[str, int]) -> float:
     """Per-device bytes of the engine's decode params (module docstring)."""
     from rlvr_jax import models, sharding
-    from rlvr_jax.rollout import core, kernel
+    from rlvr_jax.rollout.device import decode as core
+    from rlvr_jax.rollout.device import kernel
 
     tp = kernel.fused_tp(arch, sizes["tensor"])
     shapes = models.abstract_params(arch, cfg.model.param_dtype)
@@ -201,7 +202,7 @@ def _actor_params_bytes(cfg: Config, arch: Any, sizes: dict[str, int]) -> float:
 def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
     """The actor's KV cache per device and the concurrency it buys (module docstring)."""
     from rlvr_jax import sharding
-    from rlvr_jax.rollout.kv_layout import kv_layout
+    from rlvr_jax.rollout.device.layout import kv_layout
 
     r = cfg.rollout
     seq = cfg.data.max_prompt_len + r.max_new_tokens

@@ -14,8 +14,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlvr_jax.rollout import core
-from rlvr_jax.rollout.sampling import SamplerMode
+from rlvr_jax.rollout.device import decode as core
+from rlvr_jax.rollout.device.sampling import SamplerMode
 
 
 def _abstract(tree: Any) -> Any:

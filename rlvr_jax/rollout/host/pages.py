@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.rollout.paged_attention import PageGeometry
+from rlvr_jax.rollout.device.attention import PageGeometry
 
 
 class PageError(RuntimeError):
@@ -160,7 +160,7 @@ def static_table(spec: Any) -> np.ndarray:
 @functools.cache
 def static_work(spec: Any) -> Any:
     """`PagedWork` reading every page of the static assignment (a slot's whole `max_len`)."""
-    from rlvr_jax.rollout.paged_core import PagedWork
+    from rlvr_jax.rollout.device.paged import PagedWork
 
     table = static_table(spec)
     usable = [b for b in range(spec.max_slots) if table[b, 0]]

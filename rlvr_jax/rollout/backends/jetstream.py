@@ -33,11 +33,11 @@ import jax
 import numpy as np
 
 from rlvr_jax.models import Model
-from rlvr_jax.rollout import jetstream_compat
-from rlvr_jax.rollout.core import DecodeState, Prefix
+from rlvr_jax.rollout.backends import jetstream_compat
+from rlvr_jax.rollout.device.decode import DecodeState, Prefix
+from rlvr_jax.rollout.device.kernel import DecodeParams
+from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
 from rlvr_jax.rollout.engine import EngineCore, SlotRequest
-from rlvr_jax.rollout.kernel import DecodeParams
-from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
 
 JETSTREAM_BUCKETS = tuple(2**i for i in range(4, 16))
 """The prefill lengths JetStream 0.2.2's `pad_tokens` accepts as `max_prefill_length`."""

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.rollout.paged_core import PagedWork
-from rlvr_jax.rollout.pages import PageAllocator, pages_for, work_lists
+from rlvr_jax.rollout.device.paged import PagedWork
+from rlvr_jax.rollout.host.pages import PageAllocator, pages_for, work_lists
 
 
 @dataclasses.dataclass

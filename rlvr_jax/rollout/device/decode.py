@@ -1,7 +1,7 @@
 """The engine's device half: a fixed-shape decode state over `max_slots` slots and jitted
 pure functions over it (prepare params, prefill, insert, generate). The paged layout's own
 functions (chunked prefill into pages, slot activation, page copies) are in
-`rlvr_jax.rollout.paged_core`; `generate` serves both layouts.
+`rlvr_jax.rollout.device.paged`; `generate` serves both layouts.
 
 - `prepare` re-lays the policy's params for decoding, tensor-parallel on the actor mesh
   (weights split by heads / mlp / vocab as `ACTOR_RULES` says; see `decode_param_shardings`).
@@ -32,11 +32,10 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.models import lora, quant
-from rlvr_jax.rollout import kernel
-from rlvr_jax.rollout.interrupt import REPLAY
-from rlvr_jax.rollout.paged_core import PagedWork
-from rlvr_jax.rollout.sampling import SamplerMode, sample_tokens
-from rlvr_jax.rollout.state import (
+from rlvr_jax.rollout.device import kernel
+from rlvr_jax.rollout.device.paged import PagedWork
+from rlvr_jax.rollout.device.sampling import SamplerMode, sample_tokens
+from rlvr_jax.rollout.device.state import (
     CACHE_AXES,
     SLOT_AXES,
     ChunkOutput,
@@ -50,6 +49,7 @@ from rlvr_jax.rollout.state import (
     start_slots,
     state_shardings,
 )
+from rlvr_jax.rollout.interrupt import REPLAY
 
 __all__ = [
     "CACHE_AXES",

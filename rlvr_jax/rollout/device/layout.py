@@ -3,7 +3,7 @@
 - `CONTIGUOUS`: every slot owns a [K, S, H] cache row per layer (S = `max_len`): KV memory
   and decode attention scale with `max_slots × max_len` (the baseline).
 - `PAGED` (the default): one pool of `num_pages` pages of `page_size` tokens per layer,
-  [K, P, Z, H]; slots hold block tables (host-owned, `rlvr_jax.rollout.pages`), so KV memory
+  [K, P, Z, H]; slots hold block tables (host-owned, `rlvr_jax.rollout.host.pages`), so KV memory
   is a budget of its own and decode reads only the pages in use.
 
 Everything that differs between the two is a method of the layout: the cache's shape and
@@ -25,11 +25,15 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from rlvr_jax.models import ArchConfig
-from rlvr_jax.rollout import core, kernel, paged_attention, paged_core, pages
-from rlvr_jax.rollout.compile_ahead import host_struct as _host
-from rlvr_jax.rollout.paged_scheduler import PagedKV
+from rlvr_jax.rollout.device import attention as paged_attention
+from rlvr_jax.rollout.device import decode as core
+from rlvr_jax.rollout.device import kernel
+from rlvr_jax.rollout.device import paged as paged_core
+from rlvr_jax.rollout.device.compile_ahead import host_struct as _host
+from rlvr_jax.rollout.device.state import CACHE_AXES, POOL_AXES, named
+from rlvr_jax.rollout.host import pages
+from rlvr_jax.rollout.host.kv import PagedKV
 from rlvr_jax.rollout.requests import RequestError
-from rlvr_jax.rollout.state import CACHE_AXES, POOL_AXES, named
 
 
 @dataclasses.dataclass(frozen=True)

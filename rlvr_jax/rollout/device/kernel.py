@@ -18,7 +18,7 @@ The math is the model's own: `rms_norm`, `attend`, the masks and RoPE tables com
 tests check both against transformers). `run_layers` is the layer loop; what a layer's
 attention reads and writes is a callback, so the contiguous cache (per layer, [B, K, S, H] held
 as consecutive segments, attended here by `attend_segments`) and the paged pool
-(`rlvr_jax.rollout.paged_attention`) share every other line. Decode attention runs in fp32
+(`rlvr_jax.rollout.device.attention`) share every other line. Decode attention runs in fp32
 (cached K/V are upcast), so the layouts agree to fp32 rounding whatever the cache dtype.
 
 Letters: B slots, P prompts, T prompt time, S cache positions, D model, N query heads,

@@ -18,7 +18,7 @@ pool, the most recently admitted are preempted and later resumed by recomputatio
 with the tokens they would have had (sampling is keyed by seed, sample and position).
 
 Multi-turn requests (`GroupRequest.turns`): a sample that stops is parked between turns and
-resumed in place with the environment's response appended (`rlvr_jax.rollout.turns`).
+resumed in place with the environment's response appended (`rlvr_jax.rollout.host.turns`).
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ import numpy as np
 
 from rlvr_jax import dispatch
 from rlvr_jax.models import lora
-from rlvr_jax.rollout.core import Prefix
+from rlvr_jax.rollout.device.decode import Prefix
+from rlvr_jax.rollout.device.kernel import DecodeParams
+from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
 from rlvr_jax.rollout.engine import EngineCore, RequestError, SlotRequest
+from rlvr_jax.rollout.host.turns import TurnHook, Turns, stamp
 from rlvr_jax.rollout.interrupt import Interrupt
-from rlvr_jax.rollout.kernel import DecodeParams
 from rlvr_jax.rollout.push import check_complete, check_order, signature
-from rlvr_jax.rollout.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
-from rlvr_jax.rollout.turns import TurnHook, Turns, stamp
 
 Batching = Literal["continuous", "static"]
 BATCHING = ("continuous", "static")
@@ -108,7 +108,7 @@ class GroupRequest:
     first: bool = False
     """Admitted ahead of the waiting requests not started yet (the weight-push probe)."""
     turns: TurnHook | None = dataclasses.field(default=None, compare=False)
-    """Multi-turn episodes (`rlvr_jax.rollout.turns`): `max_new_tokens` is then each
+    """Multi-turn episodes (`rlvr_jax.rollout.host.turns`): `max_new_tokens` is then each
     episode's whole budget (generated and appended tokens); None = one turn."""
 
     def slot_request(self, sample_index: int) -> SlotRequest:

@@ -37,7 +37,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.rollout.kernel import NEG_INF
+from rlvr_jax.rollout.device.kernel import NEG_INF
 
 IMPLS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
 """Accepted values of the engine's `attention` argument."""

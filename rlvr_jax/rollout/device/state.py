@@ -1,5 +1,5 @@
 """The engine's static spec and its device-state dataclasses, for both KV layouts (the
-layout object, `rlvr_jax.rollout.kv_layout`, says what differs).
+layout object, `rlvr_jax.rollout.device.layout`, says what differs).
 
 `DecodeState.k` / `.v` hold one array per layer in either layout; the per-slot vectors are
 the same. On a mesh, slots and pages split over the slot axes of the `cache_batch` rule
@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig
-from rlvr_jax.rollout.paged_attention import GEOMETRY_TOKENS, PageGeometry, make_geometry
+from rlvr_jax.rollout.device.attention import GEOMETRY_TOKENS, PageGeometry, make_geometry
 
 CACHE_AXES = ("cache_batch", "cache_kv_heads", "cache_sequence", "head_dim")
 """Logical axes of one layer's contiguous K or V cache [B, K, S, H]."""
@@ -53,7 +53,7 @@ class EngineSpec:
     rules: sharding.Rules | None = None
     """Logical-axis rules on `mesh` (ACTOR_RULES when None)."""
     kv_layout: Any = None
-    """The KV layout object (`rlvr_jax.rollout.kv_layout`: `PAGED` or `CONTIGUOUS`)."""
+    """The KV layout object (`rlvr_jax.rollout.device.layout`: `PAGED` or `CONTIGUOUS`)."""
     page_size: int = 16
     """Z: tokens per page (paged)."""
     num_pages: int = 0
@@ -83,7 +83,7 @@ class EngineSpec:
         if self.max_interrupt_ids < 1:
             raise ValueError(f"max_interrupt_ids must be >= 1, got {self.max_interrupt_ids}")
         if self.kv_layout is None:
-            raise ValueError("an EngineSpec needs its kv_layout (rlvr_jax.rollout.kv_layout)")
+            raise ValueError("an EngineSpec needs its kv_layout (rlvr_jax.rollout.device.layout)")
         self.kv_layout.validate(self)
 
     @property

@@ -25,8 +25,9 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as Pspec
 
 from rlvr_jax.models.config import SLIDING
-from rlvr_jax.rollout import kernel, paged_attention
-from rlvr_jax.rollout.state import (
+from rlvr_jax.rollout.device import attention as paged_attention
+from rlvr_jax.rollout.device import kernel
+from rlvr_jax.rollout.device.state import (
     DecodeState,
     EngineSpec,
     Prefix,
