@@ -7,7 +7,7 @@ the key and the file.
 - `model.lora` and `rollout.weight_dtype` (and what the vLLM backend cannot do with them);
 - `env.*` against `rollout` and `algorithm`;
 - the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
-- what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`).
+- what the `algorithm` needs of the config (`rlvr_jax.config.algorithm_checks`).
 
 What needs the model, the data or the machine is checked where those are loaded;
 `check_runtime` checks what this machine must have to run a config (not to plan it).
@@ -24,8 +24,8 @@ class ConfigError(ValueError):
 
 def check(cfg: schema.Config, *, source: str = "<config>") -> None:
     """Raises ConfigError (`<source>: <the key's problem>`) for the first failed check."""
+    from rlvr_jax.config.algorithm_checks import check_algorithm
     from rlvr_jax.losses import loss_settings_from_config
-    from rlvr_jax.training.algorithms import get_algorithm
 
     try:
         _check_interrupt(cfg.rollout)
@@ -41,7 +41,7 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
         if cfg.mesh.num_devices < 0:
             raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")
         loss_settings_from_config(cfg.loss)
-        get_algorithm(cfg.algorithm).validate(cfg)
+        check_algorithm(cfg)
     except ValueError as e:
         raise ConfigError(f"{source}: {e}") from None
 

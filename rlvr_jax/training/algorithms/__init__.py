@@ -11,9 +11,10 @@ Each algorithm reads in its own file; what they share is `common.py` (the `Conte
 | `rl_sft_parallel` | `rl_sft_parallel.py` | `PairingSource` → `ParallelUpdate` |
 | `dpo` | `dpo.py` | `PreferenceSource` → `DPOUpdate`: one DPO step |
 
-`validate(cfg)` checks what the algorithm needs of the config alone; `rlvr_jax.config.load`
-runs it (errors name the key and the file), so a bad combination fails before anything is
-built. Checks that need the model or the data run when the update or the source is built.
+What each algorithm needs of the config alone is checked by `rlvr_jax.config.load`
+(`rlvr_jax.config.algorithm_checks`: errors name the key and the file), so a bad combination
+fails before anything is built. Checks that need the model or the data run when the update or
+the source is built.
 """
 
 from __future__ import annotations
@@ -22,26 +23,17 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from rlvr_jax.config.schema import Config
 from rlvr_jax.training.algorithms import dpo, expert_iteration, ppo, rl, rl_sft_parallel, sft
-from rlvr_jax.training.algorithms.common import Context, Update, uses_critic
+from rlvr_jax.training.algorithms.common import Context, Update
 
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
-    """How an `algorithm` builds its source and its learner update, and checks its config."""
+    """How an `algorithm` builds its source and its learner update."""
 
     source: Callable[[Context, Any, int], Any]
     """(context, params, policy version) → the batch source (its engine starts from params)."""
     update: Callable[[Context], Update]
-    validate: Callable[[Config], None]
-    """Raises ValueError naming the key of a setting the algorithm cannot run with."""
-
-
-def _rl_validate(cfg: Config) -> None:
-    rl.validate(cfg)
-    if uses_critic(cfg):
-        ppo.validate(cfg)
 
 
 def _rl_update(ctx: Context) -> Update:
@@ -49,17 +41,13 @@ def _rl_update(ctx: Context) -> Update:
 
 
 ALGORITHMS: dict[str, Algorithm] = {
-    "rl": Algorithm(rl.source, _rl_update, _rl_validate),
-    "sft": Algorithm(sft.source, sft.update, sft.validate),
-    "expert_iteration": Algorithm(
-        expert_iteration.source, expert_iteration.update, expert_iteration.validate
-    ),
-    "rl_sft_parallel": Algorithm(
-        rl_sft_parallel.source, rl_sft_parallel.update, rl_sft_parallel.validate
-    ),
-    "dpo": Algorithm(dpo.source, dpo.update, dpo.validate),
+    "rl": Algorithm(rl.source, _rl_update),
+    "sft": Algorithm(sft.source, sft.update),
+    "expert_iteration": Algorithm(expert_iteration.source, expert_iteration.update),
+    "rl_sft_parallel": Algorithm(rl_sft_parallel.source, rl_sft_parallel.update),
+    "dpo": Algorithm(dpo.source, dpo.update),
 }
-"""The checks, the source and the learner update of each `algorithm`."""
+"""The source and the learner update of each `algorithm`."""
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from rlvr_jax import losses, sharding
+from rlvr_jax.config.algorithm_checks import micro_batches
 from rlvr_jax.config.schema import Config
 from rlvr_jax.models import lora
 from rlvr_jax.training import learner
@@ -173,26 +174,11 @@ class Context:
         )
 
 
-def micro_batches(rows: int, micro_batch_size: int, what: str) -> int:
-    """Micro-batches per step of `rows` rows under `train.micro_batch_size` (0 = one)."""
-    if rows < 1:
-        raise ValueError(f"{what} must be >= 1 rows, got {rows}")
-    mb = micro_batch_size or rows
-    if rows % mb:
-        raise ValueError(f"train.micro_batch_size={mb} must divide the {what} of {rows} rows")
-    return rows // mb
-
-
 def step_micro_batches(cfg: Config, rows: int, what: str) -> int | None:
     """`micro_batches` of a step over `rows` rows; None with `train.max_tokens_per_micro_batch`
     (packed batches carry their own micro-batch count)."""
     n_micro = micro_batches(rows, cfg.train.micro_batch_size, what)
     return None if cfg.train.max_tokens_per_micro_batch else n_micro
-
-
-def uses_critic(cfg: Config) -> bool:
-    """Whether the run trains PPO's critic (`loss.advantage: gae`, from a preset or the key)."""
-    return losses.loss_settings_from_config(cfg.loss).uses_critic
 
 
 class Update:

@@ -28,14 +28,14 @@ from typing import Any
 import jax
 import numpy as np
 
-from rlvr_jax import losses
+from rlvr_jax.config.algorithm_checks import dpo_micro_batches as micro_batch_count
 from rlvr_jax.config.schema import Config
 from rlvr_jax.data.mixture import PromptIterator
 from rlvr_jax.data.preferences import load_preference_sources
 from rlvr_jax.losses.preference import needs_reference
 from rlvr_jax.models import lora
 from rlvr_jax.training import learner
-from rlvr_jax.training.algorithms.common import Context, Update, micro_batches
+from rlvr_jax.training.algorithms.common import Context, Update
 from rlvr_jax.training.batch import bucket_length
 from rlvr_jax.training.dpo import PreferenceBatch, collate_pairs, make_dpo_step
 from rlvr_jax.training.dpo_reference import ReferenceCache, model_fingerprint
@@ -110,47 +110,6 @@ def response_budget(cfg: Config) -> int:
 def full_length(cfg: Config) -> int:
     """The longest sequence a DPO row holds: prompt + response budgets."""
     return cfg.data.max_prompt_len + response_budget(cfg)
-
-
-def micro_batch_count(cfg: Config) -> int:
-    """Micro-batches per step: `train.micro_batch_size` sequences, two per pair."""
-    return micro_batches(2 * cfg.dpo.batch_size, cfg.train.micro_batch_size, "DPO batch")
-
-
-def validate(cfg: Config) -> None:
-    """The `dpo.*` values and what they need of `train.micro_batch_size` (errors name the key);
-    the preference loss is traced once on abstract pairs (no device work), so a bad variant,
-    parameter or β fails here."""
-    d = cfg.dpo
-    if d.batch_size < 1:
-        raise ValueError(f"dpo.batch_size must be >= 1, got {d.batch_size}")
-    if d.max_response_len is not None and d.max_response_len < 2:
-        raise ValueError(f"dpo.max_response_len must be >= 2, got {d.max_response_len}")
-    mb = cfg.train.micro_batch_size
-    if mb % 2:
-        raise ValueError(
-            f"train.micro_batch_size={mb} must be even with algorithm: dpo (a pair is two rows)"
-        )
-    micro_batch_count(cfg)
-    one = jax.ShapeDtypeStruct((1,), np.float32)
-
-    def trial(x: jax.Array) -> Any:
-        return losses.preference_loss(
-            d.variant,
-            chosen_logp=x,
-            rejected_logp=x,
-            ref_chosen_logp=x,
-            ref_rejected_logp=x,
-            beta=d.beta,
-            chosen_len=x + 1,
-            rejected_len=x + 1,
-            **d.variant_kwargs,
-        )
-
-    try:
-        jax.eval_shape(trial, one)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"dpo.variant / dpo.variant_kwargs / dpo.beta: {e}") from None
 
 
 class DPOUpdate(Update):

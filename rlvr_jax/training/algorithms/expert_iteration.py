@@ -19,29 +19,13 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.config.schema import Config
 from rlvr_jax.training import ledger
-from rlvr_jax.training.algorithms.common import Context, micro_batches
+from rlvr_jax.training.algorithms.common import Context
 from rlvr_jax.training.algorithms.sft import SFTUpdate
 from rlvr_jax.training.batch import TokenBatch, collate_sft
 from rlvr_jax.training.groups import BatchAssembler, ScoredGroup
 from rlvr_jax.training.rollouts import GeneratingSource, Rollouts, build_rollouts
 from rlvr_jax.training.sources import Batch
-
-
-def validate(cfg: Config) -> None:
-    """`sft.expert_min_score` in (0, 1], `sft.expert_sft_steps` >= 1, and
-    `train.micro_batch_size` dividing a round's prompts × samples rows."""
-    sft = cfg.sft
-    if not 0.0 < sft.expert_min_score <= 1.0:
-        raise ValueError(
-            f"sft.expert_min_score must be in (0, 1] (verifier scores are in [0, 1]; <= 0 "
-            f"would keep unverified samples), got {sft.expert_min_score}"
-        )
-    if sft.expert_sft_steps < 1:
-        raise ValueError(f"sft.expert_sft_steps must be >= 1, got {sft.expert_sft_steps}")
-    rows = cfg.train.prompts_per_batch * cfg.rollout.num_samples
-    micro_batches(rows, cfg.train.micro_batch_size, "SFT batch")
 
 
 def kept_mask(group: ScoredGroup, *, min_score: float) -> np.ndarray:

@@ -11,25 +11,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlvr_jax.config.schema import Config
 from rlvr_jax.training.algorithms.common import Context
 from rlvr_jax.training.algorithms.rl import RLUpdate
 from rlvr_jax.training.critic import CriticBuilder, make_ppo_step, make_prepare_fn
 from rlvr_jax.training.sources import Batch
-
-
-def validate(cfg: Config) -> None:
-    """The `critic.*` values (errors name the key)."""
-    c = cfg.critic
-    for key, value in (("gamma", c.gamma), ("lam", c.lam)):
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"critic.{key} must be in [0, 1], got {value}")
-    if not c.value_coef > 0:
-        raise ValueError(f"critic.value_coef must be > 0, got {c.value_coef}")
-    if c.value_clip is not None and c.value_clip < 0:
-        raise ValueError(f"critic.value_clip must be >= 0 (or null: off), got {c.value_clip}")
-    if c.learning_rate is not None and not c.learning_rate > 0:
-        raise ValueError(f"critic.learning_rate must be > 0, got {c.learning_rate}")
 
 
 class PPOUpdate(RLUpdate):

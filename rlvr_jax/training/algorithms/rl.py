@@ -24,14 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import losses
-from rlvr_jax.config.schema import Config
+from rlvr_jax.config.algorithm_checks import micro_batches
 from rlvr_jax.training import learner, ledger
-from rlvr_jax.training.algorithms.common import (
-    Context,
-    Update,
-    micro_batches,
-    step_micro_batches,
-)
+from rlvr_jax.training.algorithms.common import Context, Update, step_micro_batches
 from rlvr_jax.training.batch import packed_row_counts
 from rlvr_jax.training.critic import warn_if_unused
 from rlvr_jax.training.groups import BatchAssembler, build_batch, rewards_N
@@ -66,18 +61,6 @@ def stale_warning(stale: int, drawn: int, *, max_staleness: int, queue_size: int
         f"when their batch trained); the actors run rollout.queue_size={queue_size} batches "
         "ahead: raise rollout.max_staleness or lower rollout.queue_size"
     )
-
-
-def validate(cfg: Config) -> None:
-    """`train.updates_per_batch` mini-batches must split the rollout batch, and
-    `train.micro_batch_size` each mini-batch."""
-    t = cfg.train
-    rows, u = t.prompts_per_batch * cfg.rollout.num_samples, t.updates_per_batch
-    if u < 1:
-        raise ValueError(f"train.updates_per_batch must be >= 1, got {u}")
-    if rows % u:
-        raise ValueError(f"train.updates_per_batch={u} must divide the batch of {rows} completions")
-    micro_batches(rows // u, t.micro_batch_size, "mini-batch")
 
 
 class RolloutSource(GeneratingSource):

@@ -32,11 +32,11 @@ import numpy as np
 import optax
 
 from rlvr_jax import losses, models
-from rlvr_jax.config.schema import Config
+from rlvr_jax.config.algorithm_checks import micro_batches
 from rlvr_jax.training import learner
 from rlvr_jax.training.algorithms import rl as rl_algorithm
 from rlvr_jax.training.algorithms import sft as sft_algorithm
-from rlvr_jax.training.algorithms.common import Context, micro_batches, uses_critic
+from rlvr_jax.training.algorithms.common import Context
 from rlvr_jax.training.batch import RLBatch, TokenBatch
 from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.rollouts import GeneratingSource
@@ -55,16 +55,6 @@ from rlvr_jax.training.update import (
 SFT_SEED_OFFSET = 1
 """The SFT examples are drawn with seed `data.seed + 1`, so that when both halves use the same
 sources they do not see the same prompts in lockstep."""
-
-
-def validate(cfg: Config) -> None:
-    """Both halves' checks (`rl.validate`, `sft.validate`); no critic."""
-    if uses_critic(cfg):
-        raise ValueError(
-            "loss.advantage: gae (PPO with a critic) works with algorithm: rl, not rl_sft_parallel"
-        )
-    rl_algorithm.validate(cfg)
-    sft_algorithm.validate(cfg)
 
 
 ParallelStep = Callable[[TrainState, RLBatch, TokenBatch], tuple[TrainState, dict[str, jax.Array]]]

@@ -34,20 +34,12 @@ from rlvr_jax.data.sources import load_sources
 from rlvr_jax.training.algorithms.common import (
     Context,
     Update,
-    micro_batches,
     step_micro_batches,
 )
 from rlvr_jax.training.batch import TokenBatch, collate_sft
 from rlvr_jax.training.optimizer import make_optimizer
 from rlvr_jax.training.sft import make_sft_step
 from rlvr_jax.training.sources import Batch, StaticWeights
-
-
-def validate(cfg: Config) -> None:
-    """`sft.batch_size` >= 1 examples per step, split by `train.micro_batch_size`."""
-    if cfg.sft.batch_size < 1:
-        raise ValueError(f"sft.batch_size must be >= 1, got {cfg.sft.batch_size}")
-    micro_batches(cfg.sft.batch_size, cfg.train.micro_batch_size, "SFT batch")
 
 
 def response_reader(
