@@ -36,7 +36,7 @@ import numpy as np
 
 from rlvr_jax.models import attention as A
 from rlvr_jax.rollout.device import attention as pa
-from rlvr_jax.rollout.host.pages import work_lists
+from rlvr_jax.rollout.device.paged import work_lists
 
 TOL = {"bfloat16": 2e-2, "float32": 2e-3}
 """Largest relative error that passes, by input dtype (bf16 operands land between 1e-3 and

@@ -17,9 +17,17 @@ import pytest
 
 from rlvr_jax import models
 from rlvr_jax.config import ConfigError, load
-from rlvr_jax.rollout import EngineCore, RequestError, generate, request_seed
-from rlvr_jax.rollout.host.scheduler import Completion, GroupRequest, Scheduler
-from rlvr_jax.rollout.interrupt import Interrupt, from_config
+from rlvr_jax.rollout import (
+    Completion,
+    EngineCore,
+    GroupRequest,
+    RequestError,
+    Scheduler,
+    generate,
+    request_seed,
+)
+from rlvr_jax.rollout.api import Interrupt
+from rlvr_jax.rollout.builder import interrupt_from_config as from_config
 from rlvr_jax.training.batch import Sample, collate
 from rlvr_jax.training.groups import BatchAssembler, ScoredGroup
 

@@ -1,5 +1,5 @@
 """No import circles in `rlvr_jax`: the package's import graph has no strongly connected
-component of more than one module.
+component of more than one module; and the layers import downwards only (`LAYERS`).
 
 The graph is read from the source with `ast` (nothing is imported). Its nodes are the modules
 of the package, a package being its `__init__.py`. Every import statement is an edge — at
@@ -113,6 +113,42 @@ def describe(component: list[str], edges: dict[str, set[str]]) -> str:
     inside = set(component)
     lines = [f"  {m} -> {', '.join(sorted(edges[m] & inside))}" for m in component]
     return "\n".join([f"circle of {len(component)} modules:", *lines])
+
+
+LAYERS = [
+    ("rlvr_jax.rollout.device", "rlvr_jax.rollout.host"),
+    ("rlvr_jax.rollout.device", "rlvr_jax.rollout.backends"),
+    ("rlvr_jax.rollout.host", "rlvr_jax.rollout.backends"),
+    ("rlvr_jax.config", "rlvr_jax.training"),
+]
+"""(importer, imported): no module of the first package imports one of the second. The
+rollout engine's device half is plain JAX that never sees the host half's bookkeeping, and
+neither half depends on a backend; loading a config never imports the trainer."""
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def downward_violations(edges: dict[str, set[str]]) -> list[str]:
+    """`importer -> imported` for every edge that breaks `LAYERS`."""
+    return sorted(
+        f"{m} -> {t}"
+        for m, targets in edges.items()
+        for t in targets
+        for low, high in LAYERS
+        if _within(m, low) and _within(t, high)
+    )
+
+
+def test_the_layers_import_downwards():
+    edges = graph()
+    assert not downward_violations(edges), "\n".join(downward_violations(edges))
+    bad = {"rlvr_jax.rollout.device.x": {"rlvr_jax.rollout.host.y", "rlvr_jax.models"}}
+    assert downward_violations(bad) == ["rlvr_jax.rollout.device.x -> rlvr_jax.rollout.host.y"]
+    # the rules see the packages they name (a renamed package would pass them vacuously)
+    for low, high in LAYERS:
+        assert any(_within(m, low) for m in edges) and any(_within(m, high) for m in edges)
 
 
 def test_the_package_has_no_import_circles():

@@ -12,7 +12,7 @@ from rlvr_jax import cli, models
 from rlvr_jax.config import ConfigError, load
 from rlvr_jax.demo.base_model import SHIPPED_DIR
 from rlvr_jax.rollout import EngineCore, RequestError, generate, rescore
-from rlvr_jax.rollout.interrupt import Replay
+from rlvr_jax.rollout.api import Replay
 from rlvr_jax.training.groups import token_lag
 from rlvr_jax.training.metrics import read_jsonl
 

@@ -13,8 +13,7 @@ import pytest
 
 from rlvr_jax import models
 from rlvr_jax.bench.waste_model import continuous_steps, static_steps, waste
-from rlvr_jax.rollout import EngineCore, RequestError, generate
-from rlvr_jax.rollout.host.scheduler import GroupRequest, Scheduler
+from rlvr_jax.rollout import EngineCore, GroupRequest, RequestError, Scheduler, generate
 
 ARCHS = ["llama", "qwen2", "qwen3", "olmo2", "olmo3"]
 

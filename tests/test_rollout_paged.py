@@ -19,13 +19,14 @@ import pytest
 from rlvr_jax import models
 from rlvr_jax.rollout import (
     EngineCore,
+    GroupRequest,
     RequestError,
     RolloutStream,
     SamplingParams,
+    Scheduler,
     generate,
     request_seed,
 )
-from rlvr_jax.rollout.host.scheduler import GroupRequest, Scheduler
 
 SMALL = dict(page_size=4, geometry_tokens=(8, 16, 8))
 STOP = (7, 11, 19)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from rlvr_jax.rollout.device import attention as pa
-from rlvr_jax.rollout.host.pages import PageAllocator, PageError, pages_for, work_lists
+from rlvr_jax.rollout.device.paged import pages_for, work_lists
+from rlvr_jax.rollout.host.pages import PageAllocator, PageError
 
 
 def test_allocator_random_operations_never_leak_or_double_free():

@@ -18,8 +18,7 @@ import numpy as np
 import pytest
 
 from rlvr_jax import models
-from rlvr_jax.rollout import EngineCore, request_seed
-from rlvr_jax.rollout.host.scheduler import GroupRequest, Scheduler
+from rlvr_jax.rollout import EngineCore, GroupRequest, Scheduler, request_seed
 
 SMALL = dict(page_size=4, geometry_tokens=(8, 16, 8))
 STOPS = (7, 11, 19, 23, 29, 31, 37, 43)  # frequent stops: turns end early

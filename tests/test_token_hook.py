@@ -8,8 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from rlvr_jax.rollout import EngineCore, RolloutStream, SamplingParams, Scheduler
-from rlvr_jax.rollout.host.scheduler import GroupRequest
+from rlvr_jax.rollout import EngineCore, GroupRequest, RolloutStream, SamplingParams, Scheduler
 
 CHUNK = 4
 

@@ -34,9 +34,8 @@ import numpy as np
 
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.rollout import EngineCore, GroupRequest, Scheduler, SlotRequest
-from rlvr_jax.rollout.device.paged import PagedWork
+from rlvr_jax.rollout.device.paged import PagedWork, pages_for, work_lists
 from rlvr_jax.rollout.device.sampling import SamplerMode
-from rlvr_jax.rollout.host.pages import pages_for, work_lists
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,19 +33,23 @@ def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[d
 
 
 def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:
-    """Seconds per prefill of one prompt and per decode step with every slot live."""
+    """Seconds per prefill of one prompt (into one slot) and per decode step with every slot
+    live."""
     dp = core.params
-    prefill = {"prefill": lambda: jax.block_until_ready(core.prefill(dp, prompts[0]))}
-    prefill_s = interleaved_best(prefill, repeats + 2)[0]["prefill"]
-    state = core.init_decode_state()
-    prefix = core.prefill(dp, prompts[0])
-    slots = list(range(core.spec.max_slots))
+    prefix, one = core.prefill(dp, prompts[0]), [SlotRequest(0, 0, 10**6)]
+    holder = {"state": core.init_decode_state()}
 
+    def prefill() -> Any:
+        holder["state"] = core.insert(prefix, holder["state"], [0], one)
+        return jax.block_until_ready(holder["state"].tokens_B)
+
+    prefill_s = interleaved_best({"prefill": prefill}, repeats + 2)[0]["prefill"]
+    slots = list(range(core.spec.max_slots))
     requests = [SlotRequest(0, i, 10**6) for i in slots]
-    state = core.insert(prefix, state, slots, requests)
+    state = core.insert(prefix, holder.pop("state"), slots, requests)
     state, out = core.generate(dp, state, mode=SamplerMode())
     jax.block_until_ready(out)
-    holder = {"state": state}
+    holder["state"] = state
 
     def chunk() -> Any:
         holder["state"], out = core.generate(dp, holder["state"], mode=SamplerMode())
@@ -57,7 +61,7 @@ def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> 
 
 DEVICE_CALLS = (
     "init_decode_state", "prefill", "insert", "extend", "activate", "deactivate", "generate",
-    "copy_pages", "move_slots", "write_prefix",
+    "copy_pages", "move_slots",
 )  # fmt: skip
 """The `EngineCore` methods that run device work (the scheduler's every call into the device)."""
 

@@ -1,5 +1,5 @@
 """Running environments inside the rollout engine: one `Episode` per sample, the
-`EnvGroup` a request carries (the engine's `rollout.turns.TurnHook`), the `EnvRunner` that
+`EnvGroup` a request carries (the engine's `rollout.api.TurnHook`), the `EnvRunner` that
 makes them (from the `env:` config section) and owns their worker pool, and the `env/*`
 metrics of finished episodes.
 
@@ -66,7 +66,7 @@ class Episode:
         """Completion tokens already turned into messages (turns and observations)."""
 
     def turn(self, tokens: list[int], finish_reason: str) -> list[int] | None:
-        """The `TurnHook` answer for this episode (see `rollout.turns`)."""
+        """The `TurnHook` answer for this episode (see `rollout.host.turns`)."""
         try:
             return self._turn(tokens, finish_reason)
         except Exception as e:  # the environment's failure ends its episode only

@@ -21,11 +21,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rlvr_jax.eval.passk import mean_pass_at_k
+
+if TYPE_CHECKING:
+    from rlvr_jax.rollout import Rollout
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +194,7 @@ def load_policy(cfg: Any) -> tuple[Any, Any]:
     return model, load_tokenizer(cfg.model.tokenizer or path)
 
 
-def open_rollout(cfg: Any, model: Any, tokenizer: Any, longest_prompt: int) -> Any:
+def open_rollout(cfg: Any, model: Any, tokenizer: Any, longest_prompt: int) -> Rollout:
     """The config's rollout (`rollout.build_rollout`) for `model` on its mesh, started, its
     slots holding prompts of up to `longest_prompt` tokens plus `rollout.max_new_tokens`
     (rounded up to a multiple of `ENGINE_LEN_MULTIPLE`).
@@ -214,7 +217,7 @@ def open_rollout(cfg: Any, model: Any, tokenizer: Any, longest_prompt: int) -> A
 
 
 def sample_correct_counts(
-    rollout: Any,
+    rollout: Rollout,
     rows: Sequence[Any],
     prompts: Sequence[Sequence[int]],
     *,
@@ -377,7 +380,7 @@ def sample_rows(
 
 
 def evaluate_rollout(
-    rollout: Any,
+    rollout: Rollout,
     tokenizer: Any,
     cfg: Any,
     *,

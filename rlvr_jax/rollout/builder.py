@@ -1,77 +1,35 @@
-"""The one way to sample from a policy: `build_rollout(cfg.rollout, model, mesh, tokenizer)`.
-
-Training, the in-loop evaluation, `rlvr-eval`, `rlvr-filter`, `rlvr-prefs` and `rlvr-serve`
-all sample through the `Rollout` it returns, so they share the engine settings of the config's
-`rollout:` section (KV layout and budget, slots, decode chunk, stop strings, budget forcing,
-backend) and the actor mesh they run on. `sample_groups` runs a list of prompts through a
-rollout the way every evaluation does: prompt i seeded with `request_seed(seed, i)`, so the
-samples do not depend on what else the rollout is generating or on how prompts are chunked.
-"""
+"""The one way to sample from a policy: `build_rollout(cfg.rollout, model, mesh, tokenizer)`, the
+only reader of the config's `rollout:` keys, used by training, the in-loop evaluation,
+`rlvr-eval`, `rlvr-filter`, `rlvr-prefs` and `rlvr-serve`. `sample_groups` runs prompts through
+a rollout as every evaluation does (prompt i seeded with `request_seed(seed, i)`)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
+from rlvr_jax.rollout.api import CompletedGroup, Interrupt, Rollout, TurnHook
 from rlvr_jax.rollout.device.sampling import SamplingParams
+from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.generation import request_seed
-from rlvr_jax.rollout.interrupt import from_config as interrupt_from_config
-from rlvr_jax.rollout.stream import CompletedGroup, RolloutStream
+from rlvr_jax.rollout.stream import RolloutStream
 
 if TYPE_CHECKING:  # the schema is not imported at run time (rollout does not depend on config)
-    from rlvr_jax.config.schema import RolloutConfig
+    from jax.sharding import Mesh
+
+    from rlvr_jax.config.schema import InterruptConfig, RolloutConfig
+    from rlvr_jax.dispatch import DeviceTurns
+    from rlvr_jax.models import Model
     from rlvr_jax.timeline import Timeline
 
-
-class Rollout(Protocol):
-    """What a sampler offers (`RolloutStream` over our engine or vLLM): group requests in
-    (one prompt × G samples), completed groups out, weights swapped in flight."""
-
-    def submit(
-        self,
-        request_id: Hashable,
-        prompt_tokens: Sequence[int],
-        num_samples: int,
-        seed: int,
-        meta: Any = None,
-        **options: Any,
-    ) -> None:
-        """Queues a request; its group comes back from `get`."""
-
-    def submit_future(
-        self,
-        request_id: Hashable,
-        prompt_tokens: Sequence[int],
-        num_samples: int,
-        seed: int,
-        meta: Any = None,
-        **options: Any,
-    ) -> concurrent.futures.Future:
-        """Queues a request; its group resolves the returned future (`version=v` pins it)."""
-
-    def get(self, timeout: float | None = None) -> CompletedGroup:
-        """The next completed group of `submit`."""
-
-    def wait(self, futures: Sequence[concurrent.futures.Future]) -> list[CompletedGroup]:
-        """The groups of `submit_future`'s futures (stepping an unstarted rollout)."""
-
-    def update_weights(self, params: Any, version: int) -> dict[str, float] | None:
-        """New policy params (models layout, any mesh), swapped in at the next boundary;
-        returns the push's `push/bytes` and `push/seconds` where the backend measures them."""
-
-    def kv_metrics(self) -> dict[str, float]:
-        """KV-cache metrics since the previous call ({} where the backend has none)."""
-
-    def close(self) -> None:
-        """Stops generating; unfinished futures fail."""
+__all__ = ["Rollout", "build_engine", "build_rollout", "engine_kwargs", "sample_groups"]
 
 
 def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
-    """`EngineCore` keyword arguments of a `rollout:` config section (KV layout and budget,
-    page size, prefill chunk, decode chunk, decode weight dtype, exact; with `exact`, room to
-    replay a whole completion, `rescore`)."""
+    """`EngineCore` keyword arguments of a `rollout:` section (with `exact`, room to replay a
+    whole completion, `rescore`)."""
     out = {
         "chunk": cfg.decode_chunk,
         "kv_layout": cfg.kv_layout,
@@ -91,44 +49,52 @@ def sampling_params(cfg: RolloutConfig) -> SamplingParams:
     return SamplingParams(cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
 
 
+def interrupt_from_config(
+    section: InterruptConfig, tokenizer: Any, *, max_new_tokens: int
+) -> Interrupt | None:
+    """The `rollout.interrupt` section as an `Interrupt` (None when off; its text tokenized
+    without special tokens); ValueError naming the keys when it does not fit the budget."""
+    if section.thinking_budget == 0:
+        return None
+    tokens = tuple(int(t) for t in tokenizer.encode(section.text, add_special_tokens=False))
+    if not tokens:
+        raise ValueError(f"rollout.interrupt.text {section.text!r} tokenizes to no tokens")
+    interrupt = Interrupt(section.thinking_budget, tokens, section.answer_budget)
+    if interrupt.total > max_new_tokens:
+        raise ValueError(
+            f"rollout.interrupt: thinking_budget={section.thinking_budget} + "
+            f"{len(tokens)} tokens of text + answer_budget={section.answer_budget} = "
+            f"{interrupt.total} exceeds rollout.max_new_tokens={max_new_tokens}"
+        )
+    return interrupt
+
+
 def build_rollout(
     cfg: RolloutConfig,
-    model: Any,
-    mesh: Any,
+    model: Model,
+    mesh: Mesh | None,
     tokenizer: Any,
     *,
     max_len: int | None = None,
-    params: Any = None,
+    params: dict | None = None,
     version: int = 0,
     max_pending_groups: int = 64,
     max_ready_groups: int = 64,
     timeline: Timeline | None = None,
     compile_ahead: bool = True,
-    turns: Any = None,
-) -> RolloutStream:
-    """The `rollout.backend` engine for `model` on `mesh` (the actor mesh; None = one
-    device) behind a `RolloutStream` (not started: `start()` it, or `step()` it in lockstep
-    on every process of a multi-process run).
+    turns: DeviceTurns | None = None,
+) -> Rollout:
+    """The `rollout.backend` engine for `model` (any mesh: its params move to `mesh`, the
+    actor mesh; None = one device) behind a `Rollout` (not started: `start()` it, or `step()` it in
+    lockstep on every process of a multi-process run).
 
-    Args:
-      cfg: the config's `rollout:` section — the only reader of its engine keys.
-      model: the policy (`models.Model`, any mesh: its params are moved to `mesh`).
-      tokenizer: the policy's tokenizer (stop strings and the budget-forcing text).
-      max_len: positions per sequence (prompt + `cfg.max_new_tokens`); default the model's
-        `max_position_embeddings`.
-      params: start from these params instead of `model.params` (e.g. restored ones).
-      version: policy version of those params.
-      max_pending_groups / max_ready_groups: the stream's backpressure bounds.
-      timeline: records the driver's decode chunks as "rollout" spans.
-      compile_ahead: compile every engine program now (before the trainer takes
-        `dispatch.LOCK`).
-      turns: `dispatch.DeviceTurns` of a learner sharing the actors' devices (decode chunks
-        then never run beside a train step).
-
-    Raises:
-      ValueError: a stop string that is not one token, budget forcing that does not fit
-        `max_new_tokens`, or budget forcing with the vLLM backend (naming the keys).
-    """
+    `max_len`: positions per sequence (default the model's `max_position_embeddings`); `params` /
+    `version`: start from these params (e.g. restored) at this policy version;
+    `max_pending_groups` / `max_ready_groups`: the stream's backpressure; `timeline`: records decode
+    chunks as "rollout" spans; `compile_ahead`: compile every engine program now (before the
+    trainer takes `dispatch.LOCK`); `turns`: the `dispatch.DeviceTurns` of a learner sharing the
+    actors' devices. Raises ValueError naming the keys: a stop string that is not one token,
+    budget forcing that does not fit `max_new_tokens` or with the vLLM backend."""
     from rlvr_jax.data.formatting import stop_token_ids
 
     if params is not None:
@@ -164,12 +130,15 @@ def build_rollout(
 
 
 def build_engine(
-    cfg: RolloutConfig, model: Any, mesh: Any, tokenizer: Any, *, max_len: int | None = None
-) -> Any:
+    cfg: RolloutConfig,
+    model: Model,
+    mesh: Mesh | None,
+    tokenizer: Any,
+    *,
+    max_len: int | None = None,
+) -> EngineCore:
     """The `EngineCore` `build_rollout` samples with (arguments as there): also the engine
     the learner re-scores with under `rollout.exact` (`rescore`), which must be the same."""
-    from rlvr_jax.rollout.engine import EngineCore
-
     kwargs = engine_kwargs(cfg)
     forcing = interrupt_from_config(cfg.interrupt, tokenizer, max_new_tokens=cfg.max_new_tokens)
     if forcing is not None:  # room for the inserted tokens (the default fits most strings)
@@ -184,7 +153,7 @@ def build_engine(
 
 
 def sample_groups(
-    rollout: Any,
+    rollout: Rollout,
     prompts: Sequence[Sequence[int]],
     *,
     num_samples: int,
@@ -194,14 +163,11 @@ def sample_groups(
     first_index: int = 0,
     key: Hashable = "sample",
     on_group: Callable[[int, CompletedGroup], None] | None = None,
-    turns: Sequence[Any] | None = None,
+    turns: Sequence[TurnHook] | None = None,
 ) -> list[CompletedGroup]:
-    """`num_samples` completions of each of `prompts` through `rollout`, in prompt order.
-    Prompt i (counted from `first_index`) samples with `request_seed(seed, i)`, whatever else
-    the rollout generates; `version` pins every request to that policy version
-    (`RolloutStream.submit_future`); `on_group(i, group)` is called as each completes (on the
-    driver thread when the rollout runs one); `turns[j]` makes prompt j multi-turn (its
-    `rollout.turns.TurnHook`, e.g. an `rlvr_jax.envs.EnvGroup`)."""
+    """`num_samples` completions of each of `prompts` through `rollout`, in prompt order: prompt
+    i (from `first_index`) samples with `request_seed(seed, i)`; `version` pins every request;
+    `on_group(i, group)` is called as each completes; `turns[j]` makes prompt j multi-turn."""
     futures = []
     for j, prompt in enumerate(prompts):
         i = first_index + j
@@ -224,12 +190,14 @@ def sample_groups(
 
 
 def _submit(
-    rollout: Any, request_id: Hashable, prompt: Sequence[int], n: int, seed: int, **options: Any
+    rollout: Rollout, request_id: Hashable, prompt: Sequence[int], n: int, seed: int, **options: Any
 ) -> concurrent.futures.Future:
-    """`submit_future`, stepping an unstarted rollout while its queue is full."""
+    """`submit(future=True)`, stepping an unstarted rollout while its queue is full."""
     while True:
         try:
             timeout = None if rollout.threaded else 0.0
-            return rollout.submit_future(request_id, prompt, n, seed, timeout=timeout, **options)
+            return rollout.submit(
+                request_id, prompt, n, seed, future=True, timeout=timeout, **options
+            )
         except TimeoutError:  # only an unstarted rollout: room is made by stepping it
             rollout.pump()

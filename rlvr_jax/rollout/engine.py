@@ -1,15 +1,12 @@
-"""`EngineCore`: the plain-JAX engine for one policy — its params in decode layout on the
-actor mesh and the jitted device functions of `rlvr_jax.rollout.device.decode` / `paged_core` behind
-a host API that validates requests (no TensorFlow, no JetStream).
-
-KV memory: `kv_layout="paged"` (default) keeps one pool of pages; its size is a budget of
-its own — `kv_pages` (allocatable pages, all shards) or `kv_cache_gib` (per actor device),
-by default what `max_slots` contiguous rows of `max_len` would take, so that no request
-is ever preempted unless a smaller budget (or more slots) is asked for. The host half
-that hands out pages is `rlvr_jax.rollout.host.scheduler`."""
+"""`EngineCore`: the plain-JAX engine for one policy — its params in decode layout on the actor
+mesh and the jitted functions of `rlvr_jax.rollout.device` behind a host API that validates
+requests and builds their host arrays. KV memory: `kv_layout="paged"` (default) is a pool whose
+size is a budget of its own (`kv_pages`, or `kv_cache_gib` per device; by default what
+`max_slots` rows of `max_len` take: nothing is preempted unless less is asked for)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,26 +18,34 @@ from jax.sharding import Mesh
 from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig, Model, lora
 from rlvr_jax.models.params import tree_shardings
+from rlvr_jax.rollout.api import RequestError, SlotRequest
 from rlvr_jax.rollout.device import decode as core
-from rlvr_jax.rollout.device.decode import (
-    ChunkOutput,
-    DecodeState,
-    EngineSpec,
-    Prefix,
-    SlotSettings,
-)
+from rlvr_jax.rollout.device import paged
 from rlvr_jax.rollout.device.kernel import DecodeParams
 from rlvr_jax.rollout.device.layout import CONTIGUOUS
 from rlvr_jax.rollout.device.layout import kv_layout as kv_layout_named
 from rlvr_jax.rollout.device.paged import PagedWork
 from rlvr_jax.rollout.device.sampling import UNFILTERED, SamplerMode
-from rlvr_jax.rollout.engine_paged import PagedOps
-from rlvr_jax.rollout.requests import RequestError, SlotRequest
+from rlvr_jax.rollout.device.state import (
+    ChunkOutput,
+    DecodeState,
+    EngineSpec,
+    SlotSettings,
+)
 
 
-class EngineCore(PagedOps):
+@dataclasses.dataclass(frozen=True, eq=False)
+class Prefix:
+    """A prompt for `EngineCore.insert` (`EngineCore.prefill`; JetStream's "prefix"): its K/V
+    are written into each slot it is inserted in, with `params`."""
+
+    tokens: tuple[int, ...]
+    params: DecodeParams
+
+
+class EngineCore:
     """The plain-JAX engine for one policy: params in decode layout on the actor mesh, and
-    the jitted prefill / insert / generate over a `DecodeState` (no TensorFlow, no JetStream).
+    the jitted extend / generate over a `DecodeState` (no TensorFlow, no JetStream).
 
     Args:
       model: the policy (`rlvr_jax.models.Model`).
@@ -53,13 +58,13 @@ class EngineCore(PagedOps):
       max_stop_ids: stop token ids a request may carry.
       max_interrupt_ids: inserted token ids a request's budget forcing may carry.
       kv_layout: "paged" (default) or "contiguous" (fixed [S] rows per slot; the baseline).
-      page_size: tokens per page. prefill_chunk: tokens per prefill chunk (paged).
+      page_size: tokens per page (paged). prefill_chunk: tokens per prefill chunk.
       kv_pages / kv_cache_gib: the pool's budget, in allocatable pages (all shards) or in
         GiB per actor device; at most one (default: the contiguous layout's memory).
       attention: decode attention of full layers, "auto" | "xla" | "pallas_tpu" |
-        "pallas_gpu" (`paged_attention.select_impl`).
+        "pallas_gpu" (`device.attention.select_impl`).
       geometry_tokens: (decode block, decode iteration, prefill block) in tokens (paged;
-        default `paged_attention.GEOMETRY_TOKENS`).
+        default `device.attention.GEOMETRY_TOKENS`).
       exact: decode every slot every call (`EngineSpec.exact`, `rollout.exact`).
       weight_dtype: storage of the decode matmul weights, "float32" | "bfloat16" | "int8" |
         "fp8" (default: the compute dtype; `kernel.prepare_params`).
@@ -120,7 +125,7 @@ class EngineCore(PagedOps):
         self.spec = spec
         self.chunk = chunk
         self.model = model
-        self.base: Any = None
+        self.base: dict | None = None
         """The LoRA base on the actor devices (held from the first adapted params on)."""
         self.params = self.prepare(model.params)
         """The model's params in decode layout (what `load_params` hands JetStream)."""
@@ -130,7 +135,7 @@ class EngineCore(PagedOps):
         """The policy's architecture."""
         return self.spec.config
 
-    def prepare(self, params: Any) -> DecodeParams:
+    def prepare(self, params: dict) -> DecodeParams:
         """`params` (models layout, on any mesh) moved to the actor devices and re-laid for
         decoding. Device-to-device (`jax.device_put` to the actor shardings); no host copy.
 
@@ -183,10 +188,9 @@ class EngineCore(PagedOps):
         return self.spec.kv_layout.capacity(self.spec)
 
     def check_request(self, prompt: Sequence[int], max_new_tokens: int) -> None:
-        """Raises `RequestError` unless `prompt` (token ids) with `max_new_tokens` new
-        tokens fits in a slot (and, paged, in the page pool on its own). Called when a
-        request is queued, so a bad request fails its caller, never the thread that drives
-        the engine."""
+        """Raises `RequestError` unless `prompt` with `max_new_tokens` new tokens fits a slot (and
+        the pool on its own): called when a request is queued, so it fails its caller, never the
+        driver."""
         self._check_prompt(np.asarray(prompt, dtype=np.int64).reshape(-1))
         if max_new_tokens < 1:
             raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -195,7 +199,9 @@ class EngineCore(PagedOps):
                 f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} exceeds "
                 f"the engine's max_len={self.spec.max_len} positions per slot"
             )
-        self.spec.kv_layout.check_fits(self.spec, len(prompt), max_new_tokens)
+        problem = self.spec.kv_layout.misfit(self.spec, len(prompt), max_new_tokens)
+        if problem is not None:
+            raise RequestError(problem)
 
     def _check_prompt(self, tokens_T: np.ndarray) -> None:
         vocab = self.config.vocab_size
@@ -212,74 +218,44 @@ class EngineCore(PagedOps):
             )
 
     def prefill(self, dp: DecodeParams, tokens: Sequence[int]) -> Prefix:
-        """Prefills all but the last token of `tokens` (padded to a length bucket)."""
+        """`tokens` (a prompt) to `insert` into slots, their K/V computed there with `dp`."""
         tokens_np = np.asarray(tokens, dtype=np.int64).reshape(-1)
         self._check_prompt(tokens_np)
-        length = tokens_np.size - 1
-        padded_T = np.zeros((self.spec.bucket(length),), np.int32)
-        padded_T[:length] = tokens_np[:-1]
-        return core.prefill(dp, padded_T, np.int32(length), np.int32(tokens_np[-1]), spec=self.spec)
+        return Prefix(tuple(tokens_np.tolist()), dp)
 
     def settings(self, slots: Sequence[int], requests: Sequence[SlotRequest]) -> SlotSettings:
         """Host arrays of the per-slot settings of one insert (validated)."""
-        b, e = self.spec.max_slots, self.spec.max_stop_ids
+        b, e, f = self.spec.max_slots, self.spec.max_stop_ids, self.spec.max_interrupt_ids
         if len(slots) != len(requests) or not 0 < len(slots) <= b:
             raise ValueError(f"insert needs 1..{b} slots with one request each")
         if len(set(slots)) != len(slots) or not all(0 <= s < b for s in slots):
             raise ValueError(f"slots must be distinct in [0, {b}), got {list(slots)}")
-        arrays = {
-            "slots_B": np.full((b,), b, np.int32),
-            "seed_B": np.zeros((b,), np.uint32),
-            "sample_B": np.zeros((b,), np.int32),
-            "max_new_B": np.zeros((b,), np.int32),
-            "temperature_B": np.ones((b,), np.float32),
-            "top_k_B": np.zeros((b,), np.int32),
-            "top_p_B": np.ones((b,), np.float32),
-            "stop_ids_BxE": np.full((b, e), -1, np.int32),
-            "generated_B": np.zeros((b,), np.int32),
-            "budget_B": np.full((b,), -1, np.int32),
-            "forced_BxF": np.full((b, self.spec.max_interrupt_ids), -1, np.int32),
-        }
+        out = SlotSettings.empty(self.spec)
         for i, (slot, r) in enumerate(zip(slots, requests)):
             if not 0 <= r.seed < 2**32:
                 raise RequestError(f"seed must be in [0, 2**32), got {r.seed}")
-            if any(not 0 <= t < self.config.vocab_size for t in r.stop_token_ids):
-                raise RequestError(
-                    f"stop token ids must be in [0, {self.config.vocab_size}), "
-                    f"got {list(r.stop_token_ids)}"
-                )
-            if len(r.stop_token_ids) > e:
-                raise RequestError(
-                    f"{len(r.stop_token_ids)} stop token ids; this engine takes at most {e} "
-                    "(EngineCore(max_stop_ids=...))"
-                )
-            arrays["slots_B"][i] = slot
-            arrays["seed_B"][i] = r.seed
-            arrays["sample_B"][i] = r.sample_index
-            arrays["max_new_B"][i] = r.max_new_tokens
-            arrays["temperature_B"][i] = r.sampling.temperature
-            arrays["top_k_B"][i] = r.sampling.top_k
-            arrays["top_p_B"][i] = r.sampling.top_p
-            arrays["stop_ids_BxE"][i, : len(r.stop_token_ids)] = r.stop_token_ids
-            if r.interrupt is not None:
-                self._set_interrupt(arrays, i, r)
-        return SlotSettings(**arrays)
+            self._check_ids(r.stop_token_ids, e, "stop", "max_stop_ids")
+            out.slots_B[i], out.seed_B[i], out.sample_B[i] = slot, r.seed, r.sample_index
+            out.max_new_B[i], out.temperature_B[i] = r.max_new_tokens, r.sampling.temperature
+            out.top_k_B[i], out.top_p_B[i] = r.sampling.top_k, r.sampling.top_p
+            out.stop_ids_BxE[i, : len(r.stop_token_ids)] = r.stop_token_ids
+            if r.interrupt is not None:  # budget forcing, or a replay
+                forced = r.interrupt.tokens
+                self._check_ids(forced, f, "inserted", "max_interrupt_ids")
+                out.max_new_B[i] = r.interrupt.max_new_tokens(r.max_new_tokens)
+                out.budget_B[i] = r.interrupt.budget
+                out.forced_BxF[i, : len(forced)] = forced
+        return out
 
-    def _set_interrupt(self, arrays: dict[str, np.ndarray], i: int, r: SlotRequest) -> None:
-        """Row `i` of `settings`' arrays for `r`'s budget forcing (or replay)."""
-        forced = r.interrupt.tokens
-        if len(forced) > self.spec.max_interrupt_ids:
+    def _check_ids(self, ids: Sequence[int], most: int, what: str, knob: str) -> None:
+        vocab, also = self.config.vocab_size, " (or replayed)" if what == "inserted" else ""
+        if len(ids) > most:
             raise RequestError(
-                f"{len(forced)} inserted (or replayed) token ids; this engine takes at most "
-                f"{self.spec.max_interrupt_ids} (EngineCore(max_interrupt_ids=...))"
+                f"{len(ids)} {what}{also} token ids; this engine takes at most {most} "
+                f"(EngineCore({knob}=...))"
             )
-        if any(not 0 <= t < self.config.vocab_size for t in forced):
-            raise RequestError(
-                f"inserted token ids must be in [0, {self.config.vocab_size}), got {list(forced)}"
-            )
-        arrays["max_new_B"][i] = r.interrupt.max_new_tokens(r.max_new_tokens)
-        arrays["budget_B"][i] = r.interrupt.budget
-        arrays["forced_BxF"][i, : len(forced)] = forced
+        if any(not 0 <= t < vocab for t in ids):
+            raise RequestError(f"{what} token ids must be in [0, {vocab}), got {list(ids)}")
 
     def insert(
         self,
@@ -288,9 +264,25 @@ class EngineCore(PagedOps):
         slots: Sequence[int],
         requests: Sequence[SlotRequest],
     ) -> DecodeState:
-        """`state` (donated) with `prefix` copied into each of `slots`, which start
-        generating for the matching `requests`."""
-        return self.spec.kv_layout.insert(self, prefix, state, slots, requests)
+        """`state` (donated) with `prefix`'s prompt (all but its last token) written into each
+        of `slots` — into the pages of its static assignment (`static_work`; contiguous: its
+        row) — which start generating for the matching `requests` from the prompt's last token
+        (callers that track no pages: the JetStream adapter)."""
+        spec, chunk = self.spec, self.spec.prefill_chunk
+        table, per_shard = paged.static_table(spec), spec.max_slots // spec.shards
+        cached = prefix.tokens[:-1]
+        for slot in slots:
+            if not table[slot, 0]:
+                raise ValueError(
+                    f"slot {slot} has no pages in the static assignment (the pool serves "
+                    f"{self.static_slots} slots of max_len={spec.max_len}; the Scheduler pages "
+                    "dynamically)"
+                )
+            for start in range(0, len(cached), chunk):
+                tokens, shard = cached[start : start + chunk], slot // per_shard
+                state = self.extend(prefix.params, state, tokens, start, table[slot], shard)
+        n = len(slots)
+        return self.activate(state, slots, requests, [prefix.tokens[-1]] * n, [len(cached)] * n)
 
     def generate(
         self,
@@ -303,15 +295,13 @@ class EngineCore(PagedOps):
         work: PagedWork | None = None,
         rows: int | None = None,
     ) -> tuple[DecodeState, ChunkOutput]:
-        """Up to `n_steps` (default `chunk`) decode steps of every live slot; stops early when
-        no slot is live or `exit_after` slots have finished in this call. `state` is donated.
-        Paged: `work` lists the pages each live slot reads (the Scheduler's); without it,
-        the static assignment (`static_work`) is read whole. `rows` (a `spec.row_buckets`
-        entry) decodes slots [0, rows) only; the output then has `rows` rows."""
+        """Up to `n_steps` (default `chunk`) decode steps of every live slot
+        (`device.decode.generate`; `state` donated). Paged: without the host's `work`, the static
+        assignment is read whole."""
         n_steps = self.chunk if n_steps is None else n_steps
         exit_after = self.spec.max_slots + 1 if exit_after is None else exit_after
         if work is None:
-            work = self.spec.kv_layout.default_work(self)
+            work = self.spec.kv_layout.default_work(self.spec)
         if rows is not None and rows not in self.spec.row_buckets:
             raise ValueError(f"rows must be one of {self.spec.row_buckets}, got {rows}")
         rows = None if rows == self.spec.max_slots else rows
@@ -327,16 +317,102 @@ class EngineCore(PagedOps):
         )
 
     def compile_ahead(self, modes: Sequence[SamplerMode] = (UNFILTERED,)) -> int:
-        """Compiles every program the engine runs — prefill buckets (dense, or the paged
-        chunk buckets), insert / activate / copy / deactivate, and `generate` for each of
-        `modes` at `chunk` steps and at 1 step — without running them, so that the first
-        real call finds them compiled (call it before taking `rlvr_jax.dispatch.LOCK`).
-        Returns the number of programs compiled."""
+        """Compiles every program the host runs on this engine (`device.compile_ahead`), without
+        running them; call it before taking `dispatch.LOCK`. Returns how many."""
         from rlvr_jax.rollout.device import compile_ahead
 
-        return compile_ahead.compile_all(self, modes)
+        return compile_ahead.compile_all(self.spec, self.params, self.chunk, modes)
+
+    def extend(
+        self,
+        dp: DecodeParams,
+        state: DecodeState,
+        tokens: Sequence[int],
+        start: int,
+        table_row: np.ndarray,
+        shard: int = 0,
+    ) -> DecodeState:
+        """`state` (donated) with the K/V of `tokens` (at most `prefill_chunk`) at positions
+        `start ..` of the sequence whose pages (local ids in shard `shard`; contiguous: the one
+        page of its slot's row) are `table_row` [M]; positions before `start` must already be
+        in those pages."""
+        n = len(tokens)
+        if not 0 < n <= self.spec.prefill_chunk:
+            raise ValueError(f"extend takes 1..{self.spec.prefill_chunk} tokens, got {n}")
+        padded_T = np.zeros((self.spec.chunk_bucket(n),), np.int32)
+        padded_T[:n] = tokens
+        row_M = np.asarray(table_row, np.int32)
+        args = (np.int32(start), np.int32(n), row_M, np.int32(shard))
+        return core.extend(dp, state, padded_T, *args, spec=self.spec)
+
+    def activate(
+        self,
+        state: DecodeState,
+        slots: Sequence[int],
+        requests: Sequence[SlotRequest],
+        tokens: Sequence[int],
+        positions: Sequence[int],
+        generated: Sequence[int] | None = None,
+    ) -> DecodeState:
+        """`state` (donated) with `slots` starting (or resuming) `requests`: slot i feeds
+        `tokens[i]` at `positions[i]` next, `generated[i]` tokens already produced."""
+        settings = self.settings(slots, requests)
+        b, n = self.spec.max_slots, len(slots)
+        token_B, position_B = np.zeros((b,), np.int32), np.zeros((b,), np.int32)
+        token_B[:n], position_B[:n] = tokens, positions
+        if generated is not None:
+            settings.generated_B[:n] = generated
+        return core.activate(state, settings, token_B, position_B, spec=self.spec)
+
+    def deactivate(self, state: DecodeState, slots: Sequence[int]) -> DecodeState:
+        """`state` (donated) with `slots` stopped (preempted)."""
+        return core.deactivate(state, self._padded(slots), spec=self.spec)
+
+    def copy_pages(self, state: DecodeState, copies: Sequence[tuple[int, int, int]]) -> DecodeState:
+        """`state` (donated) with each (shard, src, dst) page copied, all layers."""
+        n, shards = self.spec.max_slots, self.spec.shards
+        for i in range(0, len(copies), n):
+            src, dst, used = np.zeros((shards, n), np.int32), np.zeros((shards, n), np.int32), {}
+            for shard, a, b in copies[i : i + n]:
+                at = used[shard] = used.get(shard, -1) + 1
+                src[shard, at], dst[shard, at] = a, b
+            state = core.copy_pages(state, src, dst, spec=self.spec)
+        return state
+
+    def move_slots(self, state: DecodeState, moves: Sequence[tuple[int, int]]) -> DecodeState:
+        """`state` (donated) with each (src, dst) slot's request moved to dst, src left idle
+        (its K/V stay in its pages; the caller moves the block-table rows)."""
+        src, dst = (self._padded([m[i] for m in moves]) for i in (0, 1))
+        return core.move_slots(state, src, dst, spec=self.spec)
+
+    def _padded(self, slots: Sequence[int]) -> np.ndarray:
+        """`slots` padded to [B] with B (unused)."""
+        slots_B = np.full((self.spec.max_slots,), self.spec.max_slots, np.int32)
+        slots_B[: len(slots)] = slots
+        return slots_B
+
+    @property
+    def static_slots(self) -> int:
+        """Slots the static page assignment serves (`insert` / `generate` without `work`, the
+        JetStream adapter): slot b owns pages for `max_len` positions."""
+        return self.spec.kv_layout.static_slots(self.spec)
+
+    def static_work(self) -> PagedWork:
+        """Paged: decode work over every page of the static assignment (each slot reads its
+        whole `max_len`: the contiguous layout's cost, for callers that track no pages)."""
+        return paged.static_work(self.spec)
 
 
 def make_engine_core(model: Model, *, max_slots: int, max_len: int, **kwargs: Any) -> EngineCore:
     """The plain-JAX engine (see `EngineCore` for the keyword arguments)."""
     return EngineCore(model, max_slots=max_slots, max_len=max_len, **kwargs)
+
+
+def core_of(engine: object) -> EngineCore:
+    """The `EngineCore` of `engine`: itself, or the JetStream adapter's (`make_engine`)."""
+    if isinstance(engine, EngineCore):
+        return engine
+    core = getattr(engine, "core", None)
+    if isinstance(core, EngineCore):
+        return core
+    raise TypeError(f"needs an EngineCore or make_engine's engine, got {type(engine).__name__}")

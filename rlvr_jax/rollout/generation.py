@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.models import Model
+from rlvr_jax.rollout.api import Completion, GroupRequest, Interrupt, Replay, RequestError
 from rlvr_jax.rollout.device.kernel import DecodeParams
 from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplingParams
-from rlvr_jax.rollout.engine import EngineCore, RequestError
-from rlvr_jax.rollout.host.scheduler import BATCHING, Completion, GroupRequest, Scheduler
-from rlvr_jax.rollout.interrupt import Interrupt, Replay
+from rlvr_jax.rollout.engine import EngineCore, core_of
+from rlvr_jax.rollout.host.scheduler import BATCHING, Scheduler
 
 DEFAULT_SLOTS = 32
 """Slots of the engine `generate` builds when given a `Model`."""
@@ -33,18 +33,17 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _as_core(model_or_engine: Any, *, slots: int, len_needed: int) -> EngineCore:
-    if isinstance(model_or_engine, EngineCore):
-        return model_or_engine
-    if hasattr(model_or_engine, "core") and isinstance(model_or_engine.core, EngineCore):
-        return model_or_engine.core  # the JetStream adapter
+def _as_core(model_or_engine: object, *, slots: int, len_needed: int) -> EngineCore:
     if isinstance(model_or_engine, Model):
         # Rounded so that repeated calls reuse the compiled engine.
         return EngineCore(model_or_engine, max_slots=slots, max_len=_round_up(len_needed, 64))
-    raise TypeError(
-        "generate needs an rlvr_jax.models.Model, an EngineCore, a JetStream engine from "
-        f"make_engine, or a vLLM backend; got {type(model_or_engine).__name__}"
-    )
+    try:
+        return core_of(model_or_engine)
+    except TypeError:
+        raise TypeError(
+            "generate needs an rlvr_jax.models.Model, an EngineCore, a JetStream engine from "
+            f"make_engine, or a vLLM backend; got {type(model_or_engine).__name__}"
+        ) from None
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
@@ -82,17 +81,12 @@ def generate(
     max_slots: int | None = None,
     interrupt: Interrupt | None = None,
 ) -> list[Completion]:
-    """Samples `num_samples` completions of each prompt.
-
-    `model_or_engine` is a `Model` (an engine is built with `max_slots` slots, default
-    min(32, samples rounded up to 8)), an
-    `EngineCore`, a JetStream engine from `make_engine`, or a `VllmRollout`. Generation
-    stops at any of `stop_token_ids` (pass the model's EOS ids to stop there) or after
-    `max_new_tokens`. Prompt i samples with seed `request_seed(seed, i)`; results are
-    independent of `batching` and `max_slots`. `max_slots` caps the slots used (default:
-    all of the engine's). `interrupt`: budget forcing (`rlvr_jax.rollout.interrupt`; our
-    engine only). Returns completions ordered by (prompt_index, sample_index).
-    """
+    """`num_samples` completions of each prompt, ordered by (prompt_index, sample_index), from a
+    `Model` (an engine of `max_slots` slots is built, default min(32, samples rounded up to 8)), an
+    `EngineCore`, `make_engine`'s JetStream engine or a `VllmRollout`. Generation stops at any of
+    `stop_token_ids` (the model's EOS ids are not implied) or after `max_new_tokens`; prompt i
+    samples with `request_seed(seed, i)`, whatever `batching` and `max_slots` (the slots used).
+    `interrupt`: budget forcing (`rollout.Interrupt`; our engine only)."""
     if batching not in BATCHING:
         raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
@@ -140,13 +134,10 @@ def rescore(
     sampling: SamplingParams = DEFAULT_SAMPLING,
 ) -> list[list[float]]:
     """The per-token log-probs of each (prompt, completion) as `engine` computes them while
-    sampling: the completion is replayed through its prefill and decode step (`Replay`) with
-    `params` (decode layout, `engine.prepare`; default the engine's) and `sampling` (the
-    sampler's settings: its temperature sets the log-probs, and the same settings compile the
-    same program). With `engine.spec.exact` (every slot decoded every step, so a slot's
-    arithmetic does not depend on the others) the result equals what sampling reported, bit
-    for bit, for completions sampled by an engine of the same spec and params. Empty
-    completions give []."""
+    sampling: the completion replayed through its prefill and decode step (`Replay`) with `params`
+    (decode layout; default the engine's) and the sampler's `sampling` (its temperature sets the
+    log-probs). With `engine.spec.exact` they equal what sampling reported, bit for bit, for an
+    engine of the same spec and params. Empty completions give []."""
     scheduler = Scheduler(engine, params=params)
     for i, (prompt, tokens) in enumerate(sequences):
         if len(tokens):

@@ -1,16 +1,10 @@
-"""The weight-push contract between the learner and the actors, one rule per check.
-
-Every push carries the policy version of its params. An actor (`RolloutStream.update_weights`,
-the schedulers' `set_params`, `VllmRollout.update_weights`) refuses a push
-
-- out of order: its version is not newer than the one the actor holds or was last sent
-  (`OutOfOrderPushError`) — a late or replayed push would roll the policy back silently;
-- partial: its params lack leaves of the policy, have extra ones, or leaves of other shapes
-  than the actor's (`PartialPushError`) — an actor must never mix two policies.
-
-The learner's side (`rlvr_jax.training.push`) bounds each push by `rollout.push_timeout_s`
-(`PushTimeoutError`) and probes the actor afterwards (`StaleWeightsError`).
-"""
+"""The weight-push contract between the learner and the actors, one rule per check: an actor
+(`RolloutStream.update_weights`, the schedulers' `set_params`, `VllmRollout.update_weights`)
+refuses a push out of order — its version not newer than the one it holds or was last sent
+(`OutOfOrderPushError`: it would roll the policy back silently) — or partial — leaves missing,
+extra or of other shapes (`PartialPushError`: an actor must never mix two policies). The
+learner's side (`rlvr_jax.training.push`) bounds each push in time (`PushTimeoutError`) and
+probes the actor afterwards (`StaleWeightsError`)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""`RolloutStream`: the trainer's interface to the engine — requests in continuously,
-completed groups out as soon as all their samples finish, weights swapped in flight.
-
-Driven either by a background thread (`start()`, then `get()`), or synchronously on the
-caller's thread (`step()`), which multi-process runs need: every process must issue the
-same device computations in the same order, so they step in lockstep instead.
-
-Backpressure: `submit` blocks while `max_pending_groups` groups wait for admission, and the
-driver admits no new group while `max_ready_groups` completed groups wait to be taken by
-`get` (in-flight groups still finish). Memory is bounded by both plus the slots.
-
-A failure of the driver thread is never swallowed: it is re-raised (as `RolloutError`,
-with the original exception as its cause) by the next `get`, `submit` or `step`.
-"""
+"""`RolloutStream`: the `Rollout` over a scheduler — requests in continuously, completed groups
+out as soon as all their samples finish, weights swapped in flight. Driven by its thread
+(`start()`) or on the caller's (`step()`: multi-process runs step in lockstep). Backpressure:
+`submit` blocks while `max_pending_groups` wait, and no group is admitted while
+`max_ready_groups` wait for `get`. A driver failure is re-raised (`RolloutError`, the original as
+its cause) by the next `get`, `submit` or `step`."""
 
 from __future__ import annotations
 
@@ -27,63 +19,42 @@ from typing import Any
 import jax
 
 from rlvr_jax import dispatch
+from rlvr_jax.rollout.api import (
+    CompletedGroup,
+    GroupRequest,
+    Interrupt,
+    RolloutError,
+    TokenHook,
+    TurnHook,
+)
 from rlvr_jax.rollout.device.kernel import DecodeParams
 from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplingParams
-from rlvr_jax.rollout.engine import EngineCore
-from rlvr_jax.rollout.host.scheduler import Batching, Completion, GroupRequest, Scheduler, TokenHook
-from rlvr_jax.rollout.interrupt import Interrupt
+from rlvr_jax.rollout.engine import core_of
+from rlvr_jax.rollout.host.scheduler import Batching, Finished, OnPush, Scheduler
 from rlvr_jax.rollout.push import check_order, tree_bytes
 from rlvr_jax.timeline import Timeline
 
-
-class RolloutError(RuntimeError):
-    """The stream's driver failed (see `__cause__`) or the stream was stopped."""
-
-
-@dataclasses.dataclass(frozen=True)
-class CompletedGroup:
-    """All `num_samples` completions of one submitted prompt."""
-
-    request_id: Hashable
-    meta: Any
-    completions: list[Completion]
-    """Ordered by sample index; `prompt_index` is the submission order."""
-    prompt_tokens: list[int]
-
-
-def _core_of(engine: Any) -> EngineCore:
-    if isinstance(engine, EngineCore):
-        return engine
-    if hasattr(engine, "core") and isinstance(engine.core, EngineCore):
-        return engine.core  # the JetStream adapter
-    raise TypeError(
-        f"RolloutStream needs an EngineCore or make_engine's engine, got {type(engine).__name__}"
-    )
+__all__ = ["CompletedGroup", "RolloutError", "RolloutStream"]
 
 
 class RolloutStream:
     """Continuous generation over an engine, one request = one prompt × `num_samples`.
 
     Args:
-      engine: an `EngineCore` (or the JetStream adapter from `make_engine`).
+      engine: an `EngineCore` (or `make_engine`'s JetStream adapter).
       max_new_tokens, sampling, stop_token_ids: per-request defaults (`submit` may override).
-      max_pending_groups: submitted groups waiting for slots before `submit` blocks.
-      max_ready_groups: completed groups waiting for `get` before admission pauses.
+      max_pending_groups / max_ready_groups: the backpressure bounds (module docstring).
       num_slots: slots used (default all). batching: "continuous" (default) or "static".
       version: policy version of the engine's current params.
-      scheduler: drive this scheduler instead of our engine's (`engine` is then unused): an
-        object with `Scheduler`'s `check`, `prepare`, `add`, `set_params`, `step`, `waiting`,
-        `live`, `parked`, `idle` — e.g. `vllm_backend.VllmScheduler`.
-      timeline: when given, each decode chunk the driver thread runs is recorded in it as a
-        "rollout" span (`rlvr_jax.timeline`; `rlvr-bench e2e` measures overlap with it).
-      interrupt: budget forcing of every request (`rlvr_jax.rollout.interrupt`); None = off.
-      turns: `dispatch.DeviceTurns` shared with a learner on the same devices: each decode
-        chunk runs in an actor turn (never beside a train step); None = no turns.
-    """
+      scheduler: drive this instead of our engine's `Scheduler` (`engine` unused), e.g.
+        `backends.vllm.VllmScheduler`. timeline: records each decode chunk as a "rollout" span.
+      interrupt: budget forcing of every request (`api.Interrupt`); None = off.
+      turns: `dispatch.DeviceTurns` shared with a learner: each chunk runs in an actor turn.
+      on_push: in-flight sequences "keep" their K/V at a weight update or "recompute" it."""
 
     def __init__(
         self,
-        engine: Any,
+        engine: object,
         *,
         max_new_tokens: int,
         sampling: SamplingParams = DEFAULT_SAMPLING,
@@ -97,6 +68,7 @@ class RolloutStream:
         scheduler: Any = None,
         interrupt: Interrupt | None = None,
         turns: dispatch.DeviceTurns | None = None,
+        on_push: OnPush = "keep",
     ):
         if max_pending_groups < 1 or max_ready_groups < 1:
             raise ValueError("max_pending_groups and max_ready_groups must be >= 1")
@@ -106,7 +78,11 @@ class RolloutStream:
         self.max_ready_groups = max_ready_groups
         if scheduler is None:
             scheduler = Scheduler(
-                _core_of(engine), batching=batching, num_slots=num_slots, version=version
+                core_of(engine),
+                batching=batching,
+                num_slots=num_slots,
+                version=version,
+                on_push=on_push,
             )
         self.scheduler = scheduler
         self._cond = threading.Condition()
@@ -134,57 +110,8 @@ class RolloutStream:
         num_samples: int,
         seed: int,
         meta: Any = None,
-        **options: Any,
-    ) -> None:
-        """Queues a prompt for `num_samples` samples; blocks while the queue is full (raises
-        `TimeoutError` after `timeout` s). Invalid requests raise `RequestError` here.
-        Options: `timeout`, and per-request `max_new_tokens`, `sampling`, `stop_token_ids`,
-        `version` (see `submit_future`) and `turns` (a multi-turn episode per sample:
-        `rollout.turns.TurnHook`, e.g. an `rlvr_jax.envs.EnvGroup`)."""
-        self._enqueue(request_id, prompt_tokens, num_samples, seed, meta, **options)
-
-    def submit_future(
-        self,
-        request_id: Hashable,
-        prompt_tokens: Sequence[int],
-        num_samples: int,
-        seed: int,
-        meta: Any = None,
         *,
-        on_tokens: TokenHook | None = None,
-        **options: Any,
-    ) -> concurrent.futures.Future:
-        """Like `submit`, but the result goes to the returned future instead of `get`.
-        `on_tokens(sample_index, tokens, logprobs)`, when given, is called on the driver
-        thread after every decode chunk with each live sample's new tokens (streaming; see
-        `scheduler.TokenHook`): quick, never raising, e.g. a `call_soon_threadsafe`.
-        `version=v` pins the request to policy version v: it is admitted once the actors
-        hold v, and no weight update is swapped in while it generates (a push waits for it);
-        a pin older than the actors' version fails the future with `RolloutError`.
-        `first=True` admits it ahead of the waiting requests not started yet, and
-        `budget_forcing=False` leaves the stream's budget forcing off for it (both for the
-        learner's probe after a weight push, `rlvr_jax.training.push`)."""
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._enqueue(
-            request_id,
-            prompt_tokens,
-            num_samples,
-            seed,
-            meta,
-            future=future,
-            on_tokens=on_tokens,
-            **options,
-        )
-        return future
-
-    def _enqueue(
-        self,
-        request_id: Hashable,
-        prompt_tokens: Sequence[int],
-        num_samples: int,
-        seed: int,
-        meta: Any,
-        *,
+        future: bool = False,
         timeout: float | None = None,
         max_new_tokens: int | None = None,
         sampling: SamplingParams | None = None,
@@ -192,16 +119,22 @@ class RolloutStream:
         version: int | None = None,
         first: bool = False,
         budget_forcing: bool = True,
-        future: concurrent.futures.Future | None = None,
         on_tokens: TokenHook | None = None,
-        turns: Any = None,
-    ) -> None:
+        turns: TurnHook | None = None,
+    ) -> concurrent.futures.Future | None:
+        """Queues a prompt for `num_samples` samples; its group comes back from `get`, or resolves
+        the future returned (`future=True`). Blocks while the queue is full (`TimeoutError` after
+        `timeout` s); an invalid request raises `RequestError` here. Per request: `max_new_tokens`,
+        `sampling`, `stop_token_ids`; `version=v` pins it to policy v (admitted once the actors hold
+        v, no update swapped in while it generates; an older pin fails with `RolloutError`);
+        `first=True` admits it ahead of the waiting ones not started, `budget_forcing=False` turns
+        forcing off (both for the learner's push probe); `on_tokens` streams each chunk's tokens
+        (`api.TokenHook`); `turns` runs each sample as a multi-turn episode (`api.TurnHook`)."""
         d_max_new, d_sampling, d_stop = self.defaults
-        prompt = tuple(int(t) for t in prompt_tokens)
         request = GroupRequest(
             key=request_id,
             prompt_index=-1,
-            prompt=prompt,
+            prompt=tuple(int(t) for t in prompt_tokens),
             num_samples=num_samples,
             seed=seed,
             max_new_tokens=d_max_new if max_new_tokens is None else max_new_tokens,
@@ -215,6 +148,7 @@ class RolloutStream:
         )
         self.scheduler.check(request)  # the one validation: bad requests fail their caller
         deadline = None if timeout is None else time.monotonic() + timeout
+        done = concurrent.futures.Future() if future else None
         with self._cond:
             self._raise_if_failed()
             if request_id in self._in_flight:
@@ -228,22 +162,25 @@ class RolloutStream:
             request = dataclasses.replace(request, prompt_index=self._next_index)
             self._next_index += 1
             self._in_flight.add(request_id)
-            if future is not None:
-                self._futures[request_id] = future
+            if done is not None:
+                self._futures[request_id] = done
             if version is not None:
                 self._pins[request_id] = version
             self._incoming.append(request)
             self._cond.notify_all()
+        return done
+
+    def submit_future(self, *args: Any, **options: Any) -> concurrent.futures.Future:
+        return self.submit(*args, future=True, **options)  # `submit`'s former name for it
 
     def update_weights(self, params: Any, version: int) -> dict[str, float]:
-        """New policy params (models layout, any mesh; LoRA: the adapters alone once the engine
-        holds the base); thread-safe. They are moved to the actor devices and re-laid now, and
-        swapped in at the next boundary between decode chunks; the KV cache is kept
-        (PipelineRL) and tokens record `version`. Returns once the actors hold them:
-        `push/bytes` moved and `push/seconds` from the params being ready to that. Refused
-        (`rollout.push`): a `version` not newer than the one the actors hold or were last
-        sent (`OutOfOrderPushError`), params that are not a whole policy (or, LoRA, the
-        adapters) of the actors' shapes (`PartialPushError`, from the scheduler's `prepare`)."""
+        """New policy params (models layout, any mesh; LoRA: the adapters alone once the engine has
+        the base), thread-safe: re-laid on the actor devices now, swapped in at the next chunk
+        boundary (tokens record `version`). Returns `push/bytes` and `push/seconds` once the actors
+        have them. It waits (for `params`, then the re-laid ones) outside `dispatch.LOCK`, held
+        only to enqueue: the driver keeps enqueuing decode chunks meanwhile. Refuses an old
+        `version` (`OutOfOrderPushError`) and params not a whole policy of the actors' shapes
+        (`PartialPushError`)."""
         jax.block_until_ready(params)
         start = time.perf_counter()
         with self._cond:
@@ -313,7 +250,7 @@ class RolloutStream:
     def wait(
         self, futures: Sequence[concurrent.futures.Future], timeout: float | None = None
     ) -> list[CompletedGroup]:
-        """The results of `futures` (from `submit_future`), in order, once all are done. An
+        """The results of `futures` (from `submit(future=True)`), in order, once all are done. An
         unstarted stream is stepped here; groups submitted with `submit` that complete
         meanwhile stay queued for `get`."""
         if not self.threaded:
@@ -348,7 +285,7 @@ class RolloutStream:
 
     def _boundary_locked(self) -> bool:
         """Moves submissions to the scheduler and swaps weights; returns whether to admit.
-        Requests pinned to another version than the scheduler's wait here (`submit_future`);
+        Requests pinned to another version than the scheduler's wait here (`submit`);
         weights are not swapped while a pinned request is queued or generating."""
         held = self._admit_incoming_locked()
         if self._weights is not None and not self._pinned_live:
@@ -390,7 +327,7 @@ class RolloutStream:
         if future is not None:
             future.set_exception(error)
 
-    def _deliver(self, finished: list) -> list[CompletedGroup]:
+    def _deliver(self, finished: Finished) -> list[CompletedGroup]:
         """Routes completed groups: futures are resolved (outside the lock, since their
         callbacks may call back into the stream); the rest are returned."""
         unclaimed, resolved = [], []
@@ -443,7 +380,7 @@ class RolloutStream:
             bool(self.scheduler.waiting) and len(self._ready) < self.max_ready_groups
         )
 
-    def _chunk(self, *, admit: bool) -> list:
+    def _chunk(self, *, admit: bool) -> Finished:
         """One scheduler step (admission + a decode chunk), in an actor turn when turns are
         kept, recorded as a "rollout" span when a timeline is kept."""
         with contextlib.ExitStack() as stack:

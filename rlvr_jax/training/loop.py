@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -49,6 +49,9 @@ from rlvr_jax.training.algorithms import Context, get_algorithm
 from rlvr_jax.training.ledger import Ledger
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
 from rlvr_jax.training.push import WeightPusher
+
+if TYPE_CHECKING:
+    from rlvr_jax.rollout import Rollout
 
 log = logging.getLogger("rlvr_jax.train")
 
@@ -177,7 +180,7 @@ class Trainer:
         self._hung = False  # a push timed out: the actors may never answer again
         self._last_reward = math.nan
         self._saved: int | None = None
-        self._eval_rollout: Any = None
+        self._eval_rollout: Rollout | None = None
 
     # -- the loop -------------------------------------------------------------------------
     def run(self) -> None:
@@ -347,7 +350,7 @@ class Trainer:
                 version=self.version,
             )
 
-    def _evaluation_rollout(self) -> Any:
+    def _evaluation_rollout(self) -> Rollout:
         """An actor rollout for the evaluations of an algorithm that samples nothing itself
         (sft, dpo): built on the actor mesh at the first evaluation, then sent each newer
         policy."""

@@ -23,7 +23,7 @@ Estimates (documented, deliberately simple):
   learner devices each fits on (FSDP over the devices, `mesh.device_memory_gib`).
 - actor: the decode params exactly as the engine lays them out (`rlvr_jax.rollout.device.kernel.
   prepare_params`: matmul weights in the compute dtype, the embedding in the param dtype,
-  the LM head in fp32), split by the engine's logical axes (`rollout.core.
+  the LM head in fp32), split by the engine's logical axes (`rollout.device.decode.
   decode_param_axes`) and `ACTOR_RULES`; plus the KV cache in the compute dtype: paged, the
   pool `rollout.kv_pages` / `kv_cache_gib` buys (by default what the contiguous rows would
   take), or contiguous, 2·L·slots·S·K·H (S = max prompt + max new tokens); slots and pages
@@ -189,7 +189,7 @@ def _actor_params_bytes(cfg: Config, arch: Any, sizes: dict[str, int]) -> float:
         ),
         shapes,
     )
-    axes = jax.tree_util.tree_leaves(core.decode_param_axes(dp), is_leaf=core._is_names)
+    axes = jax.tree_util.tree_leaves(core.decode_param_axes(dp), is_leaf=core.is_axes)
     leaves = jax.tree_util.tree_leaves(dp)
     return sum(
         math.prod(x.shape)

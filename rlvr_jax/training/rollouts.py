@@ -32,6 +32,7 @@ from rlvr_jax.training import ledger
 from rlvr_jax.training.groups import ScoredGroup, score_groups
 
 if TYPE_CHECKING:  # at run time, `algorithms` (which imports this module) would be half-made
+    from rlvr_jax.rollout import CompletedGroup, Rollout
     from rlvr_jax.training.algorithms.common import Context
 
 log = logging.getLogger("rlvr_jax.train")
@@ -46,7 +47,7 @@ class Rollouts:
     """Prompts in, scored groups out, over a rollout stream (our engine or vLLM).
 
     Args:
-      stream: a `RolloutStream` (or the vLLM stream): `submit(..., meta=row)`, `get`, `step`,
+      stream: the `Rollout` (`rollout_stream`): `submit(..., meta=row)`, `get`, `step`,
         `update_weights`, `start`, `stop`.
       prompts: the `PromptIterator` of `data.sources` (rows carry their `prompt_ids`).
       rewards: the `RewardService`.
@@ -60,7 +61,7 @@ class Rollouts:
     def __init__(
         self,
         *,
-        stream: Any,
+        stream: Rollout,
         prompts: Any,
         rewards: Any,
         tokenizer: Any,
@@ -202,15 +203,15 @@ class Rollouts:
         not settled yet)."""
         return {"ledger/drawn": float(self.next_request), "ledger/pending": float(len(self._rows))}
 
-    def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> Any:
+    def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> CompletedGroup | None:
         """One sample of `prompt` by the actors at policy `version` (pinned: it waits for that
         version, ahead of the queue; no budget forcing), for `training.push`; None when the
         stream is stepped on the caller's thread (multi-process), where nothing else would
         step it."""
         if not self.threaded:
             return None
-        future = self.stream.submit_future(
-            ("push-probe", version), prompt, 1, seed=0, version=version, first=True,
+        future = self.stream.submit(
+            ("push-probe", version), prompt, 1, seed=0, future=True, version=version, first=True,
             max_new_tokens=max_new_tokens, budget_forcing=False,
         )  # fmt: skip
         return future.result()
@@ -289,7 +290,7 @@ def merge_service_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -> Any:
+def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -> Rollout:
     """The run's actor rollout (`rollout.build_rollout` on the actor mesh), from `params`."""
     from rlvr_jax.rollout import build_rollout
 

@@ -1,26 +1,15 @@
-"""The JetStream `engine_api.Engine` adapter over `EngineCore`, and its HF tokenizer.
+"""The JetStream `engine_api.Engine` adapter over `EngineCore`, and its HF tokenizer (classes
+built on first use, `make_engine`, once `jetstream_compat` has imported JetStream: importing this
+module imports neither JetStream nor TensorFlow).
 
-JetStream's classes are base classes here, so they are built on first use
-(`make_engine`), after `jetstream_compat` has imported JetStream behind its shim; importing
-this module imports neither JetStream nor TensorFlow.
-
-Mapping of the JetStream contract onto the core:
-- `prefill(params, padded_tokens, true_length)` → `Prefix` (the prompt minus its last
-  token, in the core's own length bucket). `existing_prefix` is honoured by prefilling the
-  concatenation again (the prefix keeps its token ids).
-- `insert(prefix, state, slot)` → the core's insert into one slot; each insert gets the next
-  seed of the engine's counter, the engine's sampling parameters and stop ids, and the rest
-  of the slot as its budget (the orchestrator enforces `max_tokens` itself).
-- `generate(params, state)` → one decode step of every slot; `ResultTokens` rows are
-  (token, valid, generated length).
-
-The tokenizer is built once per engine (`build_tokenizer` caches it) and must be built on
-the main thread before JetStream's orchestrator starts (`rlvr-serve` does): the orchestrator's
-prefill and detokenize threads each call `build_tokenizer` at once, and building it there
-would import transformers (and, through it, sympy and torch) concurrently from several
-threads, which fails with ImportErrors. The one `HFTokenizer` is shared by those threads;
-its `encode`/`decode` hold a lock.
-"""
+- `prefill(params, padded_tokens, true_length)` → `Prefix` (the prompt, after `existing_prefix`'s
+  tokens); `insert(prefix, state, slot)` → its K/V written into the slot's static pages, with the
+  next seed of the engine's counter, its sampling and stop ids, the slot's capacity as budget
+  (the orchestrator enforces `max_tokens`); `generate` → one decode step of every slot,
+  `ResultTokens` rows (token, valid, generated length).
+- The tokenizer is built once per engine, on the main thread before the orchestrator starts
+  (`rlvr-serve` does): its threads would otherwise import transformers concurrently, which
+  fails. The one `HFTokenizer` is shared; `encode` / `decode` hold a lock."""
 
 from __future__ import annotations
 
@@ -33,11 +22,12 @@ import jax
 import numpy as np
 
 from rlvr_jax.models import Model
+from rlvr_jax.rollout.api import SlotRequest
 from rlvr_jax.rollout.backends import jetstream_compat
-from rlvr_jax.rollout.device.decode import DecodeState, Prefix
 from rlvr_jax.rollout.device.kernel import DecodeParams
 from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplerMode, SamplingParams
-from rlvr_jax.rollout.engine import EngineCore, SlotRequest
+from rlvr_jax.rollout.device.state import DecodeState
+from rlvr_jax.rollout.engine import EngineCore, Prefix
 
 JETSTREAM_BUCKETS = tuple(2**i for i in range(4, 16))
 """The prefill lengths JetStream 0.2.2's `pad_tokens` accepts as `max_prefill_length`."""
@@ -50,14 +40,10 @@ def tokenizer_class() -> type:
     from jetstream.engine import token_utils, tokenizer_api
 
     class HFTokenizer(tokenizer_api.Tokenizer):
-        """An HF tokenizer (local directory) behind JetStream's tokenizer API.
-
-        `bos_id` is the tokenizer's BOS, or its pad id when it has none (JetStream prepends
-        `bos_id` to token requests; the engine drops that placeholder again). `stop_tokens`
-        are the EOS ids (the model's and the tokenizer's), not the pad id. Thread-safe:
-        `encode` and `decode` take a lock (JetStream's prefill and detokenize threads share
-        one instance).
-        """
+        """An HF tokenizer (local directory) behind JetStream's tokenizer API: `bos_id` is its BOS,
+        or its pad id when it has none (JetStream prepends it to token requests; the engine drops
+        that placeholder), `stop_tokens` the model's and its EOS ids. `encode` / `decode` take a
+        lock."""
 
         def __init__(self, path: str, stop_ids: Sequence[int] = ()):
             from rlvr_jax.data.tokenizer import load_tokenizer
@@ -157,9 +143,7 @@ def engine_class() -> type:
             if self._strip_bos_placeholder and tokens and tokens[0] == self._placeholder:
                 tokens = tokens[1:]
             if existing_prefix is not None:
-                cached = int(existing_prefix.length)
-                head = np.asarray(existing_prefix.tokens_T)[:cached].tolist()
-                tokens = [*head, int(existing_prefix.last_token), *tokens]
+                tokens = [*existing_prefix.tokens, *tokens]
             return self.core.prefill(params, tokens)
 
         def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
@@ -213,9 +197,7 @@ def engine_class() -> type:
             return tokenizer_pb2.TokenizerParameters(path=self.tokenizer_path)
 
         def build_tokenizer(self, metadata: Any) -> Any:
-            """The `HFTokenizer` of `metadata.path`, stopping on the engine's stop ids: built
-            on the first call, the same instance after (call it once before JetStream's
-            threads start; see the module docstring)."""
+            """The `HFTokenizer` of `metadata.path` (built once; see the module docstring)."""
             with self._tokenizer_lock:
                 tokenizer = self._tokenizers.get(metadata.path)
                 if tokenizer is None:
@@ -270,12 +252,9 @@ def make_engine(
     seed: int = 0,
     **core_kwargs: Any,
 ) -> Any:
-    """A `jetstream.engine.engine_api.Engine` serving `model` (imports JetStream now).
-
-    `tokenizer_path` defaults to the model's directory; `stop_token_ids` to the model's EOS
-    ids; insert i samples with seed `seed + i`. Other keyword arguments go to `EngineCore`
-    (rules, chunk, cache_dtype, max_stop_ids). The core is `engine.core`.
-    """
+    """A `jetstream.engine.engine_api.Engine` serving `model` (imports JetStream now; the core is
+    `engine.core`): `tokenizer_path` defaults to the model's directory, `stop_token_ids` to its EOS
+    ids, insert i samples with seed `seed + i`; other keyword arguments go to `EngineCore`."""
     core = EngineCore(model, max_slots=max_slots, max_len=max_len, mesh=mesh, **core_kwargs)
     stops = model.config.eos_token_id if stop_token_ids is None else tuple(stop_token_ids)
     return engine_class()(

@@ -1,17 +1,10 @@
-"""Importing google-jetstream 0.2.2 (the only release, May 2024) on current JAX, safely.
-
-What the shim does, in order, once per process:
-1. TensorFlow is imported first with accelerators hidden from it (JetStream's tokenizer
-   utilities pull in seqio → TensorFlow, which would otherwise claim the GPUs/TPUs).
-2. `jax.tree_map` (removed from JAX) is restored as `jax.tree.map`: the orchestrator's
-   `delete_pytree` calls it after every insert.
-3. Importing `jetstream.core.orchestrator` sets the root logger to DEBUG with a stdout
-   handler; both are undone.
-4. The orchestrator's `JetThread`, which SIGKILLs the whole process when any of its threads
-   raises, is replaced by `SurfacingThread`: the error is logged with its traceback, kept
-   (`thread_errors()`), and handed to the callbacks registered with `on_thread_error` (the
-   server stops and exits non-zero) — never silent, never a kill.
-"""
+"""Importing google-jetstream 0.2.2 (the only release, May 2024) on current JAX, safely, once per
+process: TensorFlow first, accelerators hidden from it (JetStream's tokenizer utilities pull it
+in); `jax.tree_map` (removed from JAX) restored for the orchestrator's `delete_pytree`; the root
+logger's DEBUG level and stdout handler, which importing the orchestrator sets, undone; and its
+`JetThread`, which SIGKILLs the process when a thread raises, replaced by `SurfacingThread`: the
+error is logged, kept (`thread_errors()`) and handed to the `on_thread_error` callbacks (the
+server stops and exits non-zero) — never silent, never a kill."""
 
 from __future__ import annotations
 
@@ -34,16 +27,8 @@ _lock = threading.Lock()
 
 
 def _import_tensorflow_hidden() -> None:
-    try:
-        from rlvr_jax.data.tf_utils import import_tensorflow
-    except ImportError:  # the data package's helper is absent: do the same inline
-        import tensorflow as tf
+    from rlvr_jax.data.tf_utils import import_tensorflow
 
-        try:
-            tf.config.set_visible_devices([], "GPU")
-        except RuntimeError:  # TensorFlow's runtime was initialised before us
-            logger.warning("TensorFlow was initialised before its GPUs could be hidden")
-        return
     import_tensorflow()
 
 

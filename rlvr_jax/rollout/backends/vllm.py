@@ -21,8 +21,8 @@ import numpy as np
 
 from rlvr_jax.models import ArchConfig, Model
 from rlvr_jax.models.hf_io import get_path, tensor_maps
+from rlvr_jax.rollout.api import Completion
 from rlvr_jax.rollout.device.sampling import SamplingParams
-from rlvr_jax.rollout.host.scheduler import Completion
 from rlvr_jax.rollout.push import PartialPushError, check_complete, check_order, signature
 
 

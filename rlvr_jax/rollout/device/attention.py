@@ -1,33 +1,18 @@
-"""Attention over the paged KV pool: one interface, several implementations.
+"""Attention over the paged KV pool [K, P, Z, H] per layer (the layout of JAX's TPU kernel):
+sequence b's token at position p is at page `table_BxM[b, p // Z]`, offset `p % Z`; page 0 is
+the trash page (idle rows and padding write there; nothing reads it unmasked).
 
-The pool of one layer is `k_pages` / `v_pages` [K, P, Z, H] (kv heads, pages, page size,
-head dim: the layout of JAX's TPU paged-attention kernel). Sequence b's token at position
-p lives at page `table_BxM[b, p // Z]`, offset `p % Z`. Page 0 is the trash page: writes
-of idle rows and of padding go there and nothing reads it unmasked.
-
-Decode (one query per slot) — `decode_attention(..., impl=...)`:
-- "xla" (everywhere): the host lists the live work as blocks of `pages_per_block` pages
-  (`slot_R`, `block_R`, the first `n_blocks` entries real); a `fori_loop` with a dynamic
-  trip count walks them `blocks_per_iter` at a time, gathering only those pages, so a step
-  costs what the live tokens cost, with one compiled program whatever the fill. Each block
-  gives a partial softmax (max, sum, weighted values); a segment max / sum per slot
-  combines them (flash-decoding). Sliding layers get their own, shorter list (only the
-  blocks that meet the window).
-- "pallas_tpu": `jax.experimental.pallas.ops.tpu.paged_attention` (reads K/V as bf16).
-- "pallas_gpu": `jax.experimental.pallas.ops.gpu.paged_attention` (Triton via Pallas).
-The Pallas kernels attend to positions [0, length), so they serve full-attention layers;
-sliding layers always take the XLA path. `select_impl` picks per platform.
-
-Prefill chunks — `context_attention`: T new tokens of one sequence against its pages
-(its earlier tokens and the chunk itself, already written), walked 512 tokens at a time
-with an online softmax and a dynamic trip count (one program per chunk length).
-
-All scores, softmax and value sums are fp32 (K/V upcast after loading), so results agree
-with the contiguous engine's to fp32 rounding.
+Decode (one query per slot): "xla" (everywhere) walks the host's work list — blocks of
+`pages_per_block` pages, `blocks_per_iter` per iteration of a `fori_loop` with a dynamic trip
+count, so a step costs what the live tokens cost with one compiled program — and combines the
+blocks' partial softmaxes per slot (flash-decoding); sliding layers get their own, shorter list.
+"pallas_tpu" / "pallas_gpu": JAX's Pallas paged-attention kernels, for full-attention layers
+(they attend to [0, length)); `select_impl` picks per platform. Prefill chunks
+(`context_attention`): T new tokens against their sequence's pages, 512 tokens per iteration
+with an online softmax. Scores, softmax and value sums are fp32 (K/V upcast after loading).
 
 Letters: B slots, N query heads, K kv heads, G = N/K, H head dim, P pages, Z page size,
-M pages per sequence (table width), R work blocks, C blocks per iteration, T tokens.
-"""
+M pages per sequence (table width), R work blocks, C blocks per iteration, T tokens."""
 
 from __future__ import annotations
 

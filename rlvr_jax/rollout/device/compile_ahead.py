@@ -1,10 +1,7 @@
-"""Compiling an engine's programs ahead of use (`EngineCore.compile_ahead`).
-
-Each jitted device function is lowered on abstract arguments (shapes, dtypes and the
-shardings the real calls will pass) and compiled; JAX keeps the executables, so the first
-real call only traces. The trainer does this before it takes `rlvr_jax.dispatch.LOCK`, so a
-first-time compile of a new bucket never stalls the learner.
-"""
+"""Compiling an engine's programs ahead of use (`EngineCore.compile_ahead`): each jitted function
+is lowered on abstract arguments (the shapes, dtypes and shardings of the real calls) and
+compiled, so the first real call only traces — done before the trainer takes
+`dispatch.LOCK`, so a first compile never stalls the learner."""
 
 from __future__ import annotations
 
@@ -15,7 +12,9 @@ import jax
 import numpy as np
 
 from rlvr_jax.rollout.device import decode as core
+from rlvr_jax.rollout.device.kernel import DecodeParams
 from rlvr_jax.rollout.device.sampling import SamplerMode
+from rlvr_jax.rollout.device.state import EngineSpec, SlotSettings, state_shardings
 
 
 def _abstract(tree: Any) -> Any:
@@ -27,38 +26,42 @@ def host_struct(shape: tuple, dtype: Any = np.int32) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, np.dtype(dtype))
 
 
-def _slot_settings(spec: Any) -> core.SlotSettings:
-    b, e = spec.max_slots, spec.max_stop_ids
-    return core.SlotSettings(
-        slots_B=host_struct((b,)),
-        seed_B=host_struct((b,), np.uint32),
-        sample_B=host_struct((b,)),
-        max_new_B=host_struct((b,)),
-        temperature_B=host_struct((b,), np.float32),
-        top_k_B=host_struct((b,)),
-        top_p_B=host_struct((b,), np.float32),
-        stop_ids_BxE=host_struct((b, e)),
-        generated_B=host_struct((b,)),
-        budget_B=host_struct((b,)),
-        forced_BxF=host_struct((b, spec.max_interrupt_ids)),
-    )
-
-
-def compile_all(engine: Any, modes: Sequence[SamplerMode]) -> int:
-    """Compiles `engine`'s programs (see `EngineCore.compile_ahead`); returns how many."""
-    spec = engine.spec
-    dp = _abstract(engine.params)
+def compile_all(
+    spec: EngineSpec, params: DecodeParams, chunk: int, modes: Sequence[SamplerMode]
+) -> int:
+    """Compiles the programs an engine of `spec` runs for the host's scheduler — `extend` of
+    every chunk bucket, activate / deactivate / copy (and, with row buckets, move), and
+    `generate` of every row bucket for each of `modes` at `chunk` steps — on `params`' avals
+    (see `EngineCore.compile_ahead`); returns how many."""
+    dp = _abstract(params)
     state = jax.eval_shape(lambda: core.init_state(spec=spec))
     place = (
-        core.state_shardings(spec)
+        state_shardings(spec)
         if spec.mesh is not None
         else jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(jax.devices()[0]), state)
     )
     state = jax.tree.map(lambda x, s: x.update(sharding=s), state, place)
-    layout = spec.kv_layout
+    scalar, row = host_struct(()), host_struct((spec.max_pages,))
+    slots, pairs = host_struct((spec.max_slots,)), host_struct((spec.shards, spec.max_slots))
     programs = [core.init_state.lower(spec=spec)]
-    programs += layout.lower_programs(engine, dp, state, _slot_settings(spec))
-    work = layout.abstract_work(spec)
+    programs += [
+        core.extend.lower(dp, state, host_struct((t,)), scalar, scalar, row, scalar, spec=spec)
+        for t in spec.chunk_buckets
+    ]
+    programs.append(
+        core.activate.lower(
+            state,
+            SlotSettings.empty(spec, lambda shape, _, dtype: host_struct(shape, dtype)),
+            slots,
+            slots,
+            spec=spec,
+        )
+    )
+    programs.append(core.deactivate.lower(state, slots, spec=spec))
+    programs.append(core.copy_pages.lower(state, pairs, pairs, spec=spec))
+    if len(spec.row_buckets) > 1:
+        programs.append(core.move_slots.lower(state, slots, slots, spec=spec))
+    work = spec.kv_layout.abstract_work(spec)
     for mode in modes:
         for rows in spec.row_buckets:  # `rows` passed as EngineCore.generate passes it
             rows_arg = None if rows == spec.max_slots else rows
@@ -66,15 +69,14 @@ def compile_all(engine: Any, modes: Sequence[SamplerMode]) -> int:
                 core.generate.lower(
                     dp,
                     state,
-                    host_struct(()),
+                    scalar,
                     work,
                     spec=spec,
-                    n_steps=engine.chunk,
+                    n_steps=chunk,
                     mode=mode,
                     rows=rows_arg,
                 )
             )
     for program in programs:
-        if isinstance(program, jax.stages.Lowered):  # (some come compiled)
-            program.compile()
+        program.compile()
     return len(programs)

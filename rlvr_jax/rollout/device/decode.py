@@ -1,73 +1,52 @@
-"""The engine's device half: a fixed-shape decode state over `max_slots` slots and jitted
-pure functions over it (prepare params, prefill, insert, generate). The paged layout's own
-functions (chunked prefill into pages, slot activation, page copies) are in
-`rlvr_jax.rollout.device.paged`; `generate` serves both layouts.
+"""The engine's jitted functions over a fixed-shape decode state of `max_slots` slots, for both
+KV layouts (what differs is a method of the layout): `prepare` (params in decode layout,
+tensor-parallel), `generate` (up to `n_steps` decode steps in a `while_loop`, sampling in-step,
+stopping once `exit_after` slots finish), `extend` (the K/V of tokens [start, start + length) of
+one sequence written into its pages — the one way K/V enter the cache outside decode: prompt
+chunks, recomputes, appended turns), `copy_pages`, `activate` / `deactivate` / `move_slots`.
 
-- `prepare` re-lays the policy's params for decoding, tensor-parallel on the actor mesh
-  (weights split by heads / mlp / vocab as `ACTOR_RULES` says; see `decode_param_shardings`).
-- `prefill` (contiguous) runs one prompt (all but its last token) padded to a length
-  bucket, so the number of compiles is bounded by the number of buckets; no LM head.
-- `insert` (contiguous) copies one prefix into any number of slots (group prefix sharing:
-  G samples of a prompt are prefilled once) and sets each slot's request (seed, sample
-  index, budget, sampling parameters, stop ids).
-- `generate` runs up to `n_steps` decode steps in a `lax.while_loop` with the state
-  donated, sampling in-step; it stops early once `exit_after` slots have finished in it
-  (the host refills them). Contiguous: every slot attends over its whole row. Paged: the
-  host's `PagedWork` says which pages each slot reads.
-
-The first generated token is sampled by the first decode step, which feeds the prompt's
-last token; prefill and decode therefore share one sampler, keyed by (seed, sample index,
-position of the sampled token).
-
-The functions are module-level and take the static `EngineSpec`, so engines with equal
-specs share compiled code. `rlvr_jax.rollout.engine.EngineCore` is the host-side wrapper.
+The first generated token is sampled by the first decode step, which feeds the prompt's last
+token: one sampler, keyed by (seed, sample index, position). Functions take the static
+`EngineSpec`, so engines with equal specs share compiled code (`engine.EngineCore` wraps them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as Pspec
 
 from rlvr_jax.models import lora, quant
+from rlvr_jax.models.config import SLIDING
+from rlvr_jax.models.layers import attend
 from rlvr_jax.rollout.device import kernel
 from rlvr_jax.rollout.device.paged import PagedWork
 from rlvr_jax.rollout.device.sampling import SamplerMode, sample_tokens
 from rlvr_jax.rollout.device.state import (
-    CACHE_AXES,
-    SLOT_AXES,
+    REPLAY,
     ChunkOutput,
     DecodeState,
     EngineSpec,
-    Prefix,
     SlotSettings,
     constrain,
     named,
     replicated,
+    shard_index,
+    shard_map,
     start_slots,
     state_shardings,
+    with_kv,
 )
-from rlvr_jax.rollout.interrupt import REPLAY
-
-__all__ = [
-    "CACHE_AXES",
-    "SLOT_AXES",
-    "ChunkOutput",
-    "DecodeState",
-    "EngineSpec",
-    "PagedWork",
-    "Prefix",
-    "SlotSettings",
-]
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
 def prepare(params: Any, *, spec: EngineSpec) -> kernel.DecodeParams:
-    """`params` (models layout, already on the engine's devices; LoRA adapters are merged and
-    quantized kernels dequantized first, `lora.merge`) in decode layout, its weights stored in
-    `spec.weight_dtype`, split tensor-parallel on the actor mesh (`decode_param_shardings`)."""
+    """`params` (models layout, on the engine's devices; LoRA merged and quantized kernels
+    dequantized first) in decode layout, weights in `spec.weight_dtype`, tensor-parallel."""
     tensor = 1 if spec.mesh is None else spec.mesh.shape["tensor"]
     dp = kernel.prepare_params(
         lora.merge(params),
@@ -80,49 +59,32 @@ def prepare(params: Any, *, spec: EngineSpec) -> kernel.DecodeParams:
 
 
 def decode_param_axes(dp: kernel.DecodeParams) -> Any:
-    """Logical axes of decode params (a tree like `dp`, name tuples at the leaves): the
-    embedding and LM head split over vocab, the fused q|k|v and o over heads, gate|up and
-    down over mlp (the fused ones only when grouped by shard, `kernel.fused_tp`), norms
-    and the remaining biases replicated. The dry-run plan sizes the actor with these."""
+    """Logical axes of decode params (a tree like `dp`, name tuples at the leaves): embedding
+    and LM head over vocab, q|k|v and o over heads, gate|up and down over mlp (the fused ones
+    only when grouped by shard, `kernel.fused_tp`), the rest replicated. The dry-run plan sizes
+    the actor with these."""
     tp = dp.layers[0].tp
     heads, mlp = ("heads" if tp > 1 else None), ("mlp" if tp > 1 else None)
+    split = {"qkv": (None, heads), "qkv_bias": (heads,), "o": ("heads", None)}
+    split |= {"gate_up": (None, mlp), "gate_up_bias": (mlp,), "down": ("mlp", None)}
 
-    def names(*axes: str | None) -> Any:
-        def of(x: Any) -> Any:
-            if x is None:
-                return None
-            return quant.axes_like(x, axes[: x.ndim] + (None,) * (x.ndim - len(axes)))
+    def names(x: Any, *axes: str | None) -> Any:
+        return None if x is None else quant.axes_like(x, (*axes, *(None,) * (x.ndim - len(axes))))
 
-        return of
-
-    rep = names()
+    fields = [f.name for f in dataclasses.fields(kernel.LayerWeights) if f.name != "tp"]
     layers = tuple(
-        kernel.LayerWeights(
-            attn_norm=rep(w.attn_norm),
-            mlp_norm=rep(w.mlp_norm),
-            qkv=names(None, heads)(w.qkv),
-            qkv_bias=names(heads)(w.qkv_bias),
-            q_norm=rep(w.q_norm),
-            k_norm=rep(w.k_norm),
-            o=names("heads", None)(w.o),
-            o_bias=rep(w.o_bias),
-            gate_up=names(None, mlp)(w.gate_up),
-            gate_up_bias=names(mlp)(w.gate_up_bias),
-            down=names("mlp", None)(w.down),
-            down_bias=rep(w.down_bias),
-            tp=tp,
-        )
-        for w in dp.layers
+        w.replace(**{f: names(getattr(w, f), *split.get(f, ())) for f in fields}) for w in dp.layers
     )
-    return kernel.DecodeParams(
-        embedding=names("vocab", "embed")(dp.embedding),
+    return dp.replace(
+        embedding=names(dp.embedding, "vocab", "embed"),
         layers=layers,
-        final_norm=rep(dp.final_norm),
-        head=names("embed", "vocab")(dp.head),
+        final_norm=names(dp.final_norm),
+        head=names(dp.head, "embed", "vocab"),
     )
 
 
-def _is_names(x: Any) -> bool:
+def is_axes(x: Any) -> bool:
+    """Whether `x` is a leaf of `decode_param_axes` (a tuple of axis names)."""
     return isinstance(x, tuple) and all(n is None or isinstance(n, str) for n in x)
 
 
@@ -135,7 +97,7 @@ def decode_param_shardings(spec: EngineSpec, dp: kernel.DecodeParams) -> Any:
         lambda axes, x: named(spec, axes, x.shape),
         decode_param_axes(dp),
         dp,
-        is_leaf=_is_names,
+        is_leaf=is_axes,
     )
 
 
@@ -162,51 +124,6 @@ def init_state(*, spec: EngineSpec) -> DecodeState:
         budget_B=jnp.full((b,), -1, jnp.int32),
         forced_BxF=jnp.full((b, spec.max_interrupt_ids), -1, jnp.int32),
     )
-    return constrain(state, state_shardings(spec))
-
-
-@functools.partial(jax.jit, static_argnames=("spec",))
-def prefill(
-    dp: kernel.DecodeParams,
-    tokens_T: jax.Array,
-    length: jax.Array,
-    last_token: jax.Array,
-    *,
-    spec: EngineSpec,
-) -> Prefix:
-    """K/V of `tokens_T[:length]` (one prompt minus its last token, bucket-padded) as a
-    dense prefix (the contiguous engine's, and the JetStream adapter's in both layouts)."""
-    ks, vs = kernel.prefill_kv(dp, spec.config, tokens_T[None, :], length[None], spec.cache_dtype)
-    return Prefix(
-        k=ks,
-        v=vs,
-        tokens_T=tokens_T,
-        length=length,
-        last_token=last_token,
-    )
-
-
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def insert(
-    state: DecodeState,
-    prefix: Prefix,
-    settings: SlotSettings,
-    count: jax.Array,
-    *,
-    spec: EngineSpec,
-) -> DecodeState:
-    """`state` (donated) with `prefix` copied into slots `settings.slots_B[:count]`, each
-    starting its request: position = prefix length, next input = the prompt's last token."""
-
-    def copy_prefix(i, kv):
-        k, v = kv
-        start = (settings.slots_B[i], 0, 0, 0)
-        k = tuple(kernel.write_prefix(c, p, start) for c, p in zip(k, prefix.k))
-        v = tuple(kernel.write_prefix(c, p, start) for c, p in zip(v, prefix.v))
-        return k, v
-
-    k, v = jax.lax.fori_loop(0, count, copy_prefix, (state.k, state.v))
-    state = start_slots(state.replace(k=k, v=v), settings, prefix.last_token, prefix.length)
     return constrain(state, state_shardings(spec))
 
 
@@ -255,7 +172,7 @@ def _decode_one(
 
 def _forced(state: DecodeState) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(token_B, forced_B, replay_B): what a slot emits (and feeds next) instead of a draw.
-    Budget forcing (`rlvr_jax.rollout.interrupt`): a slot whose generated count g is in
+    Budget forcing (`api.Interrupt`): a slot whose generated count g is in
     [budget, budget + inserted) emits forced token g - budget (log-prob 0, never a stop). A
     replay (budget `REPLAY`) emits forced token g, scored and stopping as a drawn one."""
     f = state.forced_BxF.shape[1]
@@ -268,21 +185,7 @@ def _forced(state: DecodeState) -> tuple[jax.Array, jax.Array, jax.Array]:
     return token_B, forced_B, replay_B
 
 
-_SLOT_FIELDS = (
-    "tokens_B",
-    "positions_B",
-    "active_B",
-    "generated_B",
-    "max_new_B",
-    "seed_B",
-    "sample_B",
-    "temperature_B",
-    "top_k_B",
-    "top_p_B",
-    "stop_ids_BxE",
-    "budget_B",
-    "forced_BxF",
-)
+_SLOT_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeState) if f.name not in ("k", "v"))
 
 
 @functools.partial(
@@ -299,12 +202,10 @@ def generate(
     mode: SamplerMode,
     rows: int | None = None,
 ) -> tuple[DecodeState, ChunkOutput]:
-    """Up to `n_steps` decode steps of every live slot (`state` donated); stops early when
-    no slot is live or `exit_after` slots have finished during this call. Paged: `work`
-    lists the pages each live slot reads (its pages must hold `n_steps` more tokens), and
-    `rows` (one of `spec.row_buckets`) decodes only slots [0, rows): the scheduler keeps
-    live slots packed there, so a half-empty engine pays half the matmuls. The output then
-    has `rows` rows."""
+    """Up to `n_steps` decode steps of every live slot (`state` donated), stopping early once no
+    slot is live or `exit_after` slots have finished. Paged: `work` lists the pages each slot reads
+    (they must hold `n_steps` more tokens), and `rows` (a `spec.row_buckets` entry) decodes slots
+    [0, rows) only — the host keeps live slots packed there — and the output has `rows` rows."""
     if rows is not None and rows < spec.max_slots:
         head = {f: getattr(state, f)[:rows] for f in _SLOT_FIELDS}
         sub, out = generate.__wrapped__(
@@ -359,9 +260,8 @@ def generate(
 def move_slots(
     state: DecodeState, src_B: jax.Array, dst_B: jax.Array, *, spec: EngineSpec
 ) -> DecodeState:
-    """`state` (donated) with slot `src_B[i]`'s request moved to slot `dst_B[i]` (B =
-    unused) and the source slots idle: a paged slot's K/V stay in its pages, so a move is
-    only its per-slot vectors (the host moves its block-table row)."""
+    """`state` (donated) with slot `src_B[i]`'s request moved to slot `dst_B[i]` (B = unused),
+    the sources idle: a slot's K/V stay in its pages, only its per-slot vectors move."""
     moved = {}
     for f in _SLOT_FIELDS:
         x = getattr(state, f)
@@ -371,3 +271,147 @@ def move_slots(
         moved["active_B"].at[dst_B].set(jnp.take(state.active_B, src_B, mode="clip"), mode="drop")
     )
     return constrain(state.replace(**moved), state_shardings(spec))
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def activate(
+    state: DecodeState,
+    settings: SlotSettings,
+    token_B: jax.Array,
+    position_B: jax.Array,
+    *,
+    spec: EngineSpec,
+) -> DecodeState:
+    """`state` (donated) with slots `settings.slots_B` (B = unused) starting, or resuming,
+    their requests: next input `token_B`, at position `position_B` (its K/V not cached yet;
+    every earlier position is in the slot's pages)."""
+    state = start_slots(state, settings, token_B, position_B)
+    return constrain(state, state_shardings(spec))
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def deactivate(state: DecodeState, slots_B: jax.Array, *, spec: EngineSpec) -> DecodeState:
+    """`state` (donated) with slots `slots_B` (B = unused) stopped (preempted)."""
+    state = state.replace(active_B=state.active_B.at[slots_B].set(False, mode="drop"))
+    return constrain(state, state_shardings(spec))
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def extend(
+    dp: kernel.DecodeParams,
+    state: DecodeState,
+    tokens_T: jax.Array,
+    start: jax.Array,
+    length: jax.Array,
+    table_M: jax.Array,
+    shard: jax.Array,
+    *,
+    spec: EngineSpec,
+) -> DecodeState:
+    """`state` (donated) with the K/V of `tokens_T[:length]` at positions `start ..` of the
+    sequence whose pages (shard `shard`, local ids) are `table_M`, each token attending to
+    the sequence's earlier tokens. Pages must already hold positions [0, start)."""
+    t = tokens_T.shape[0]
+    positions_T = start + jnp.arange(t, dtype=jnp.int32)
+    valid_T = jnp.arange(t) < length
+    attention = spec.kv_layout.extend_attention(
+        spec, positions_T, valid_T, table_M, shard, start + length
+    )
+    kv = tuple(zip(state.k, state.v))
+    _, kv = kernel.run_layers(dp, spec.config, tokens_T[None], positions_T[None], kv, attention)
+    return with_kv(state, kv, spec)
+
+
+@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
+def copy_pages(
+    state: DecodeState, src_SxN: jax.Array, dst_SxN: jax.Array, *, spec: EngineSpec
+) -> DecodeState:
+    """`state` (donated) with page `src[s, i]` copied to `dst[s, i]` in shard s, every layer
+    (a shared prompt's last, partial page; padding pairs are 0 -> 0)."""
+    return with_kv(state, spec.kv_layout.copy_pages(spec, state.k, state.v, src_SxN, dst_SxN), spec)
+
+
+# ---- the contiguous layout's `extend` and `copy_pages`: a slot's row is its one page -------
+
+
+def _row_extend_local(
+    q_TxNxH, k_TxKxH, v_TxKxH, k_segments, v_segments, positions_T, valid_T, row, shard, mask_TxS,
+    *, spec,
+):  # fmt: skip
+    """One shard's part: writes the new K/V into its local row `row` (when it owns it) and
+    attends the new queries to that row."""
+    mine = shard_index(spec) == shard
+    write_T = jnp.where(valid_T & mine, positions_T, spec.max_len)  # out of range: dropped
+    row_T = jnp.full_like(positions_T, row)
+    k_segments = kernel.write_tokens(k_segments, row_T, write_T, k_TxKxH)
+    v_segments = kernel.write_tokens(v_segments, row_T, write_T, v_TxKxH)
+    keys_1xSxKxH, values_1xSxKxH = (
+        jnp.einsum("KSH->SKH", jnp.concatenate([seg[row] for seg in segs], axis=1))[None]
+        for segs in (k_segments, v_segments)
+    )
+    # the model's attention (`models.layers.attend`) of the new queries to the row, in fp32
+    out_TxNxH = attend(
+        q_TxNxH[None].astype(jnp.float32),
+        keys_1xSxKxH.astype(jnp.float32),
+        values_1xSxKxH.astype(jnp.float32),
+        mask_TxS[None],
+    )[0]
+    if spec.mesh is not None and spec.slot_spec is not None:
+        out_TxNxH = jax.lax.psum(jnp.where(mine, out_TxNxH, 0.0), spec.slot_spec)
+    return out_TxNxH, k_segments, v_segments
+
+
+def row_extend_attention(
+    spec: EngineSpec,
+    positions_T: jax.Array,
+    valid_T: jax.Array,
+    table_M: jax.Array,
+    shard: jax.Array,
+    end: jax.Array,
+) -> kernel.Attention:
+    """Each layer's attention of `extend` on the contiguous cache: the new tokens' K/V written
+    into the row of page `table_M[0]` (local slot `table_M[0] - 1` of shard `shard`), each
+    query attending to the row's positions up to its own (the last W on sliding layers)."""
+    del end  # the causal mask covers it
+    cfg = spec.config
+    key_S = jnp.arange(spec.max_len, dtype=jnp.int32)
+    causal_TxS = key_S[None, :] <= positions_T[:, None]
+    masks = (causal_TxS, causal_TxS)
+    if cfg.has_sliding:
+        window = cfg.sliding_window
+        masks = (causal_TxS, causal_TxS & (key_S[None, :] > positions_T[:, None] - window))
+    segments, heads, rep = None, None, Pspec()
+    if spec.mesh is not None:
+        segments = tuple(sh.spec for sh in spec.kv_layout.kv_sharding(spec))
+        heads = Pspec(None, segments[0][1], None)
+    in_specs = (heads, heads, heads, segments, segments, rep, rep, rep, rep, rep)
+    row = table_M[0] - 1
+
+    def attention(i, kv, q_1xTxNxH, k_1xTxKxH, v_1xTxKxH):
+        mask_TxS = masks[1] if cfg.layer_types[i] == SLIDING else masks[0]
+        fn = functools.partial(_row_extend_local, spec=spec)
+        out_TxNxH, k_c, v_c = shard_map(spec, fn, in_specs, (heads, segments, segments))(
+            q_1xTxNxH[0], k_1xTxKxH[0], v_1xTxKxH[0], *kv, positions_T, valid_T, row, shard,
+            mask_TxS,
+        )  # fmt: skip
+        return out_TxNxH[None].astype(q_1xTxNxH.dtype), (k_c, v_c)
+
+    return attention
+
+
+def copy_rows(
+    spec: EngineSpec, k: tuple, v: tuple, src_SxN: jax.Array, dst_SxN: jax.Array
+) -> list[tuple[tuple, tuple]]:
+    """Each layer's (k, v) segments with the row of page `src[s, i]` of shard s copied to the
+    row of page `dst[s, i]` (page p of shard s is row s·B/S + p − 1; padding pairs dropped)."""
+    per_shard = spec.max_slots // spec.shards
+    base_Sx1 = jnp.arange(spec.shards, dtype=jnp.int32)[:, None] * per_shard - 1
+    src_N = jnp.maximum(src_SxN + base_Sx1, 0).reshape(-1)
+    dst_N = jnp.where(dst_SxN > 0, dst_SxN + base_Sx1, spec.max_slots).reshape(-1)
+
+    def copy(segments: tuple) -> tuple:
+        return tuple(
+            seg.at[dst_N].set(jnp.take(seg, src_N, axis=0), mode="drop") for seg in segments
+        )
+
+    return [(copy(k_l), copy(v_l)) for k_l, v_l in zip(k, v)]

@@ -38,7 +38,7 @@ import numpy as np
 from rlvr_jax.models import ArchConfig, quant
 from rlvr_jax.models.config import SLIDING
 from rlvr_jax.models.decoder import rope_tables
-from rlvr_jax.models.layers import NEG_INF, attend, cache_masks, rms_norm, segment_masks
+from rlvr_jax.models.layers import NEG_INF, cache_masks, rms_norm
 from rlvr_jax.models.rope import apply_rope
 
 
@@ -246,42 +246,6 @@ def logits(dp: DecodeParams, config: ArchConfig, x_BxD: jax.Array) -> jax.Array:
     return jnp.einsum("BD,DV->BV", h_BxD.astype(jnp.float32), dp.head)
 
 
-def prefill_kv(
-    dp: DecodeParams,
-    config: ArchConfig,
-    tokens_PxT: jax.Array,
-    lengths_P: jax.Array,
-    cache_dtype: Any = None,
-) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-    """K and V of right-padded prompts, per layer [P, K, T, H] (rotated keys) in
-    `cache_dtype` (default: the compute dtype). Queries attend to K/V as cached (rounded to
-    `cache_dtype`), as decode steps and the paged engine's chunked prefill do.
-
-    Row p's real tokens are `tokens_PxT[p, :lengths_P[p]]`; entries past the length are
-    finite padding that decode never reads before overwriting. No LM head is computed.
-    """
-    cache = jnp.dtype(dp.layers[0].qkv.dtype if cache_dtype is None else cache_dtype)
-    p, t = tokens_PxT.shape
-    positions_PxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32)[None, :], (p, t))
-    segments_PxT = (positions_PxT < lengths_P[:, None]).astype(jnp.int32)
-    window = config.sliding_window if config.has_sliding else None
-    masks = segment_masks(segments_PxT, window)
-
-    def dense(i, _, q_PxTxNxH, k_PxTxKxH, v_PxTxKxH):
-        mask_PxTxT = masks[1] if config.layer_types[i] == SLIDING else masks[0]
-        k_PxTxKxH, v_PxTxKxH = k_PxTxKxH.astype(cache), v_PxTxKxH.astype(cache)
-        attn = attend(
-            q_PxTxNxH.astype(jnp.float32),
-            k_PxTxKxH.astype(jnp.float32),
-            v_PxTxKxH.astype(jnp.float32),
-            mask_PxTxT,
-        ).astype(q_PxTxNxH.dtype)
-        return attn, (jnp.einsum("PTKH->PKTH", k_PxTxKxH), jnp.einsum("PTKH->PKTH", v_PxTxKxH))
-
-    _, kv = run_layers(dp, config, tokens_PxT, positions_PxT, (None,) * config.n_layers, dense)
-    return tuple(k for k, _ in kv), tuple(v for _, v in kv)
-
-
 def attend_segments(
     q_BxNxH: jax.Array,
     k_segments: tuple[jax.Array, ...],
@@ -309,20 +273,6 @@ def attend_segments(
     return out_BxKxGxH.reshape(b, n, h)
 
 
-def write_prefix(segments: tuple[jax.Array, ...], prefix_1xKxTxH: jax.Array, start: tuple) -> tuple:
-    """A dense prefix (positions 0..T-1 of one row) written into a layer's cache segments at
-    `start` = (row, 0, 0, 0)."""
-    t, at, out = prefix_1xKxTxH.shape[2], 0, []
-    for seg in segments:
-        n = seg.shape[2]
-        if at < t:
-            part = prefix_1xKxTxH[:, :, at : min(at + n, t)].astype(seg.dtype)
-            seg = jax.lax.dynamic_update_slice(seg, part, start)
-        out.append(seg)
-        at += n
-    return tuple(out)
-
-
 def write_tokens(
     segments: tuple[jax.Array, ...], rows_B: jax.Array, positions_B: jax.Array, x_BxKxH: jax.Array
 ) -> tuple:
@@ -334,20 +284,6 @@ def write_tokens(
         local_B = jnp.where((local_B >= 0) & (local_B < n), local_B, n)  # n: dropped
         out.append(seg.at[rows_B, :, local_B].set(x_BxKxH.astype(seg.dtype), mode="drop"))
         at += n
-    return tuple(out)
-
-
-def join_segments(segments: tuple[jax.Array, ...]) -> jax.Array:
-    """A layer's cache segments as one [B, K, S, H] array (a copy: for rare callers)."""
-    return segments[0] if len(segments) == 1 else jnp.concatenate(segments, axis=2)
-
-
-def split_segments(x_BxKxSxH: jax.Array, like: tuple[jax.Array, ...]) -> tuple:
-    """`join_segments`' inverse: `x` cut into segments shaped like `like`."""
-    out, at = [], 0
-    for seg in like:
-        out.append(x_BxKxSxH[:, :, at : at + seg.shape[2]])
-        at += seg.shape[2]
     return tuple(out)
 
 

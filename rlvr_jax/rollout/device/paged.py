@@ -1,51 +1,40 @@
-"""The paged engine's device functions: decode over the page pool, chunked prefill into
-pages (`extend`), slot activation, page copies, and writing a dense prefix into pages.
-
-Every function reads pages through host-built block tables of *local* page ids: on a mesh,
-shard s of the slot axes owns slots [s·B/S, (s+1)·B/S) and pages [s·P/S, (s+1)·P/S), and the
-pool-touching part runs under `shard_map` so that a gather never leaves its shard. KV heads
-split over the tensor axis the same way as the contiguous cache's. A single sequence's
-prefill runs on every shard (like any batch-1 work on a data-parallel mesh); only the shard
-that owns its pages writes them, and its attention output is the one kept.
-
-`extend` is the one way K/V enter the pool outside decode: prompt chunks, the recompute of a
-preempted sequence, and (later) forced tokens appended to a running sequence all write
-tokens [start, start + length) of a sequence and attend to everything before them.
-"""
+"""The paged layout's device side: decode over the page pool, `extend`'s attention, page copies,
+and the arrays that describe pages to the device (block tables, work lists, the static
+assignment). Block tables hold *local* page ids: on a mesh, slot shard s owns its slots and its
+range of pages, the pool-touching parts run under `shard_map` (a gather never leaves its
+shard), and a single sequence's prefill runs on every shard, only its owner writing its pages."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as Pspec
 
 from rlvr_jax.models.config import SLIDING
 from rlvr_jax.rollout.device import attention as paged_attention
 from rlvr_jax.rollout.device import kernel
+from rlvr_jax.rollout.device.attention import PageGeometry
 from rlvr_jax.rollout.device.state import (
-    DecodeState,
     EngineSpec,
-    Prefix,
-    SlotSettings,
-    constrain,
-    start_slots,
-    state_shardings,
-    with_kv,
+    shard_index,
+    shard_map,
 )
+
+
+class PageError(RuntimeError):
+    """A page invariant would be broken (double free, foreign page, a work list overflow...)."""
 
 
 @flax.struct.dataclass
 class PagedWork:
-    """The host's description of one decode call: block tables and work lists.
-
-    Lists are per shard ([S, R]); slot ids in them are local to the shard, padding entries
-    carry slot = B/S. The sliding lists (None without sliding layers) hold only the blocks
-    that meet each slot's window."""
+    """The host's description of one decode call: block tables and per-shard work lists ([S, R],
+    local slot ids, padding slot = B/S); the sliding lists (None without sliding layers) hold only
+    the blocks that meet each slot's window."""
 
     table_BxM: jax.Array  # int32 local page ids, 0 = trash
     slot_SxR: jax.Array
@@ -75,23 +64,6 @@ def _token_pages(table_M: jax.Array, positions_T: jax.Array, valid_T: jax.Array,
     (the trash page 0 for the invalid ones)."""
     page_T = jnp.where(valid_T, table_M[jnp.minimum(positions_T // z, table_M.shape[0] - 1)], 0)
     return page_T, positions_T % z
-
-
-def _shard_map(spec: EngineSpec, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:
-    """`fn` under shard_map on the engine's mesh (the plain function without a mesh)."""
-    if spec.mesh is None:
-        return fn
-    return jax.shard_map(
-        fn, mesh=spec.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
-    )
-
-
-def _shard_index(spec: EngineSpec) -> jax.Array:
-    """This shard's index along the slot axes (inside shard_map; 0 without a mesh)."""
-    axes = spec.slot_spec
-    if spec.mesh is None or axes is None:
-        return jnp.zeros((), jnp.int32)
-    return jax.lax.axis_index(axes)
 
 
 def _decode_local(
@@ -173,7 +145,7 @@ def decode_logits(
             if sliding
             else (work.slot_SxR, work.block_SxR, work.count_S)
         )
-        out_BxNxH, kp, vp = _shard_map(spec, fn, in_specs, (heads, pool, pool))(
+        out_BxNxH, kp, vp = shard_map(spec, fn, in_specs, (heads, pool, pool))(
             q_Bx1xNxH[:, 0], k_Bx1xKxH[:, 0], v_Bx1xKxH[:, 0], *kv, *where, *lists_
         )
         return out_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (kp, vp)
@@ -207,7 +179,7 @@ def _extend_local(
     spec: EngineSpec,
     window: int | None,
 ):
-    mine = _shard_index(spec) == shard
+    mine = shard_index(spec) == shard
     page_T = jnp.where(mine, page_T, 0)
     k_pages, v_pages = paged_attention.write_tokens(
         k_pages, v_pages, k_TxKxH, v_TxKxH, page_T, offset_T
@@ -228,26 +200,20 @@ def _extend_local(
     return out, k_pages, v_pages
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def extend(
-    dp: kernel.DecodeParams,
-    state: DecodeState,
-    tokens_T: jax.Array,
-    start: jax.Array,
-    length: jax.Array,
+def extend_attention(
+    spec: EngineSpec,
+    positions_T: jax.Array,
+    valid_T: jax.Array,
     table_M: jax.Array,
     shard: jax.Array,
-    *,
-    spec: EngineSpec,
-) -> DecodeState:
-    """`state` (donated) with the K/V of `tokens_T[:length]` at positions `start ..` of the
-    sequence whose pages (shard `shard`, local ids) are `table_M`, each token attending to
-    the sequence's earlier tokens. Pages must already hold positions [0, start)."""
-    t = tokens_T.shape[0]
-    positions_T = start + jnp.arange(t, dtype=jnp.int32)
-    pages = _token_pages(table_M, positions_T, jnp.arange(t) < length, spec.page_size)
+    end: jax.Array,
+) -> kernel.Attention:
+    """Each layer's attention of `decode.extend` on the pool: the new tokens' K/V written into
+    the sequence's pages `table_M` (shard `shard`), each query attending to positions < `end`
+    of those pages (its earlier tokens and the chunk itself)."""
+    start = positions_T[0]
+    pages = _token_pages(table_M, positions_T, valid_T, spec.page_size)
     where = (positions_T, *pages, table_M, shard)  # every layer's
-    end = start + length
     pool, rep, heads = _pool_spec(spec), Pspec(), Pspec(None, _heads_spec(spec), None)
     in_specs = (heads, heads, heads, pool, pool, rep, rep, rep, rep, rep, rep, rep)
 
@@ -255,15 +221,12 @@ def extend(
         window = _window(spec, i)
         first = jnp.zeros((), jnp.int32) if window is None else jnp.maximum(start - window + 1, 0)
         fn = functools.partial(_extend_local, spec=spec, window=window)
-        out_TxNxH, kp, vp = _shard_map(spec, fn, in_specs, (heads, pool, pool))(
+        out_TxNxH, kp, vp = shard_map(spec, fn, in_specs, (heads, pool, pool))(
             q_1xTxNxH[0], k_1xTxKxH[0], v_1xTxKxH[0], *kv, *where, first, end
         )
         return out_TxNxH[None].astype(q_1xTxNxH.dtype), (kp, vp)
 
-    _, kv = kernel.run_layers(
-        dp, spec.config, tokens_T[None], positions_T[None], tuple(zip(state.k, state.v)), attention
-    )
-    return with_kv(state, kv, spec)
+    return attention
 
 
 def _copy_local(k_pages, v_pages, src_SxN, dst_SxN):
@@ -272,57 +235,84 @@ def _copy_local(k_pages, v_pages, src_SxN, dst_SxN):
     return k_pages, v_pages
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
 def copy_pages(
-    state: DecodeState, src_SxN: jax.Array, dst_SxN: jax.Array, *, spec: EngineSpec
-) -> DecodeState:
-    """`state` (donated) with page `src[s, i]` copied to `dst[s, i]` in shard s, every layer
-    (copy-on-write of a shared prompt's last, partial page; padding pairs are 0 -> 0)."""
+    spec: EngineSpec, k: tuple, v: tuple, src_SxN: jax.Array, dst_SxN: jax.Array
+) -> list[tuple[jax.Array, jax.Array]]:
+    """Each layer's (k, v) pools with page `src[s, i]` copied to `dst[s, i]` in shard s
+    (`decode.copy_pages`)."""
     pool, lists = _pool_spec(spec), Pspec(spec.slot_spec, None)
-    copy = _shard_map(spec, _copy_local, (pool, pool, lists, lists), (pool, pool))
-    return with_kv(state, [copy(k, v, src_SxN, dst_SxN) for k, v in zip(state.k, state.v)], spec)
+    copy = shard_map(spec, _copy_local, (pool, pool, lists, lists), (pool, pool))
+    return [copy(k_l, v_l, src_SxN, dst_SxN) for k_l, v_l in zip(k, v)]
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def write_prefix(
-    state: DecodeState, prefix: Prefix, table_M: jax.Array, shard: jax.Array, *, spec: EngineSpec
-) -> DecodeState:
-    """`state` (donated) with a dense `Prefix`'s K/V written into the pages `table_M` of
-    shard `shard` (the JetStream adapter's insert)."""
-    pos_T = jnp.arange(prefix.k[0].shape[2], dtype=jnp.int32)
-    pages = _token_pages(table_M, pos_T, pos_T < prefix.length, spec.page_size)
-    pool, rep, heads = _pool_spec(spec), Pspec(), Pspec(None, _heads_spec(spec), None)
-
-    def write(k_pages, v_pages, k_TxKxH, v_TxKxH, page_T, offset_T, shard):
-        page_T = jnp.where(_shard_index(spec) == shard, page_T, 0)
-        return paged_attention.write_tokens(k_pages, v_pages, k_TxKxH, v_TxKxH, page_T, offset_T)
-
-    fn = _shard_map(spec, write, (pool, pool, heads, heads, rep, rep, rep), (pool, pool))
-    kv = [
-        fn(k, v, jnp.einsum("KTH->TKH", pk[0]), jnp.einsum("KTH->TKH", pv[0]), *pages, shard)
-        for k, v, pk, pv in zip(state.k, state.v, prefix.k, prefix.v)
-    ]
-    return with_kv(state, kv, spec)
+# ---- the arrays that describe pages to the device ------------------------------------------
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def activate(
-    state: DecodeState,
-    settings: SlotSettings,
-    token_B: jax.Array,
-    position_B: jax.Array,
+def pages_for(tokens: int, page_size: int) -> int:
+    """Pages that hold `tokens` positions."""
+    return -(-tokens // page_size)
+
+
+def work_lists(
+    ends: dict[int, int],
+    starts: dict[int, int],
     *,
-    spec: EngineSpec,
-) -> DecodeState:
-    """`state` (donated) with slots `settings.slots_B` (B = unused) starting, or resuming,
-    their requests: next input `token_B`, at position `position_B` (its K/V not cached yet;
-    every earlier position is in the slot's pages)."""
-    state = start_slots(state, settings, token_B, position_B)
-    return constrain(state, state_shardings(spec))
+    slots_per_shard: int,
+    shards: int,
+    length: int,
+    geometry: PageGeometry,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Decode work lists ([S, R] slot, [S, R] block, [S] count) of live slots: slot b (global)
+    reads blocks `starts[b] // T .. ends[b] // T` (T tokens per block), grouped by slot in slot
+    order; padding carries the local slot id `slots_per_shard` (dropped)."""
+    slot_SxR = np.full((shards, length), slots_per_shard, np.int32)
+    block_SxR = np.zeros((shards, length), np.int32)
+    count_S = np.zeros((shards,), np.int32)
+    t = geometry.block_tokens
+    for b in sorted(ends):
+        s, local = divmod(b, slots_per_shard)
+        first, last = starts[b] // t, ends[b] // t
+        n, at = last - first + 1, count_S[s]
+        if at + n > length:
+            raise PageError(f"work list of shard {s} overflows its {length} entries")
+        slot_SxR[s, at : at + n] = local
+        block_SxR[s, at : at + n] = np.arange(first, last + 1)
+        count_S[s] = at + n
+    return slot_SxR, block_SxR, count_S
 
 
-@functools.partial(jax.jit, static_argnames=("spec",), donate_argnames=("state",))
-def deactivate(state: DecodeState, slots_B: jax.Array, *, spec: EngineSpec) -> DecodeState:
-    """`state` (donated) with slots `slots_B` (B = unused) stopped (preempted)."""
-    state = state.replace(active_B=state.active_B.at[slots_B].set(False, mode="drop"))
-    return constrain(state, state_shardings(spec))
+# ---- the static assignment (callers that track no pages: the JetStream adapter) -------------
+
+
+def static_slots(spec: EngineSpec) -> int:
+    """Slots of a paged engine the static assignment serves: each owns `max_len` positions
+    of pages in its shard."""
+    per_seq = pages_for(spec.max_len, spec.page_size)
+    return min(spec.max_slots // spec.shards, (spec.pages_per_shard - 1) // per_seq) * spec.shards
+
+
+def static_table(spec: EngineSpec) -> np.ndarray:
+    """Block tables [B, M] of the static assignment (slots past `static_slots` get none)."""
+    per_seq, per_shard = pages_for(spec.max_len, spec.page_size), spec.max_slots // spec.shards
+    usable = static_slots(spec) // spec.shards
+    table = np.zeros((spec.max_slots, spec.max_pages), np.int32)
+    for b in range(spec.max_slots):
+        if b % per_shard < usable:
+            table[b, :per_seq] = 1 + (b % per_shard) * per_seq + np.arange(per_seq)
+    return table
+
+
+@functools.cache
+def static_work(spec: EngineSpec) -> PagedWork:
+    """`PagedWork` reading every page of the static assignment (a slot's whole `max_len`)."""
+    table = static_table(spec)
+    usable = [b for b in range(spec.max_slots) if table[b, 0]]
+    full = work_lists(
+        dict.fromkeys(usable, spec.max_len - 1),
+        dict.fromkeys(usable, 0),
+        slots_per_shard=spec.max_slots // spec.shards,
+        shards=spec.shards,
+        length=spec.work_len,
+        geometry=spec.geometry,
+    )
+    return PagedWork(table, *full, *(full if spec.config.has_sliding else (None, None, None)))

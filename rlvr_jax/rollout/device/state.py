@@ -1,20 +1,19 @@
-"""The engine's static spec and its device-state dataclasses, for both KV layouts (the
-layout object, `rlvr_jax.rollout.device.layout`, says what differs).
-
-`DecodeState.k` / `.v` hold one array per layer in either layout; the per-slot vectors are
-the same. On a mesh, slots and pages split over the slot axes of the `cache_batch` rule
-(each data shard owns its slots and its own range of pages, page 0 of each range being
-the trash page) and KV heads over `cache_kv_heads`.
-"""
+"""The engine's static spec and device-state dataclasses, for both KV layouts (`device.layout`
+says what differs), and the mesh helpers the device functions share. On a mesh, slots and pages
+split over the slot axes of the `cache_batch` rule (each data shard owns its slots and its range
+of pages, page 0 of each the trash page) and KV heads over `cache_kv_heads`."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import flax.struct
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlvr_jax import sharding
@@ -27,6 +26,8 @@ POOL_AXES = ("cache_kv_heads", "cache_batch", None, "head_dim")
 """Logical axes of one layer's page pool [K, P, Z, H] (pages split like slots)."""
 SLOT_AXES = ("cache_batch",)
 """Logical axes of a per-slot vector [B]."""
+REPLAY = -2
+"""`DecodeState.budget_B` of a slot replaying given tokens (`api.Replay`; -1 = no forcing)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +56,11 @@ class EngineSpec:
     kv_layout: Any = None
     """The KV layout object (`rlvr_jax.rollout.device.layout`: `PAGED` or `CONTIGUOUS`)."""
     page_size: int = 16
-    """Z: tokens per page (paged)."""
+    """Z: tokens per page (contiguous: `max_len`)."""
     num_pages: int = 0
-    """P: pages in the pool, the trash pages included (paged; a multiple of `shards`)."""
+    """P: pages, a trash page per shard included (contiguous: one per slot, its row)."""
     prefill_chunk: int = 256
-    """Tokens per prefill chunk (paged)."""
+    """Tokens per prefill chunk."""
     attention: str = "xla"
     """Decode attention of full layers: "xla", "pallas_tpu" or "pallas_gpu" (paged)."""
     geometry_tokens: tuple[int, int, int] = GEOMETRY_TOKENS
@@ -67,9 +68,8 @@ class EngineSpec:
     max_interrupt_ids: int = 16
     """F: inserted token ids a request's budget forcing (or replay) may carry."""
     exact: bool = False
-    """Every decode call runs all `max_slots` rows (no row buckets): XLA:CPU's matmul and
-    softmax code depends on the row count, so a fixed count makes a slot's arithmetic the same
-    whatever else is decoding (`rollout.exact`; contiguous engines always run every row)."""
+    """Every decode call runs all `max_slots` rows (`rollout.exact`): XLA:CPU's arithmetic
+    depends on the row count, so a slot's then does not depend on what else decodes."""
 
     def __post_init__(self) -> None:
         if self.max_slots < 1:
@@ -87,19 +87,9 @@ class EngineSpec:
         self.kv_layout.validate(self)
 
     @property
-    def prefill_buckets(self) -> tuple[int, ...]:
-        """Padded lengths of a dense prefill: powers of two from 16, capped by (and ending
-        at) S."""
-        return _powers_up_to(self.max_len)
-
-    def bucket(self, length: int) -> int:
-        """The smallest dense-prefill bucket holding `length` tokens."""
-        return next(b for b in self.prefill_buckets if b >= length)
-
-    @property
     def chunk_buckets(self) -> tuple[int, ...]:
-        """Padded lengths of a paged prefill chunk: powers of two from 16 up to
-        `prefill_chunk`."""
+        """Padded lengths of a prefill chunk (`extend`): powers of two from 16 up to
+        `prefill_chunk` (capped by S)."""
         return _powers_up_to(min(self.prefill_chunk, self.max_len))
 
     def chunk_bucket(self, length: int) -> int:
@@ -191,17 +181,6 @@ class DecodeState:
 
 
 @flax.struct.dataclass
-class Prefix:
-    """A prefilled prompt: K/V of its first `length` tokens, and its last token."""
-
-    k: tuple[jax.Array, ...]  # per layer [1, K, T, H]
-    v: tuple[jax.Array, ...]
-    tokens_T: jax.Array  # int32: the cached tokens, right-padded
-    length: jax.Array  # int32 []: cached tokens (prompt length - 1)
-    last_token: jax.Array  # int32 []
-
-
-@flax.struct.dataclass
 class ChunkOutput:
     """What one `generate` call produced: column c holds decode step c of the chunk."""
 
@@ -230,8 +209,24 @@ class SlotSettings:
     stop_ids_BxE: jax.Array
     generated_B: jax.Array
     budget_B: jax.Array
-    """Budget forcing (`rlvr_jax.rollout.interrupt`): -1 off."""
+    """Budget forcing (`api.Interrupt`): -1 off."""
     forced_BxF: jax.Array
+
+    @classmethod
+    def empty(cls, spec: EngineSpec, array: Callable = np.full) -> SlotSettings:
+        """No slot set: `array(shape, fill, dtype)` per field (numpy arrays, or abstract
+        structs for compile-ahead)."""
+        b, e, f = spec.max_slots, spec.max_stop_ids, spec.max_interrupt_ids
+        fill = {"slots_B": b, "temperature_B": 1, "top_p_B": 1, "budget_B": -1}
+        fill |= {"stop_ids_BxE": -1, "forced_BxF": -1}
+        shapes = {"stop_ids_BxE": (b, e), "forced_BxF": (b, f)}
+        types = {"seed_B": np.uint32, "temperature_B": np.float32, "top_p_B": np.float32}
+        return cls(
+            **{
+                n: array(shapes.get(n, (b,)), fill.get(n, 0), types.get(n, np.int32))
+                for n in cls.__dataclass_fields__
+            }
+        )
 
 
 def start_slots(
@@ -300,3 +295,20 @@ def with_kv(state: DecodeState, kv: Any, spec: EngineSpec) -> DecodeState:
 def constrain(tree: Any, shardings: Any) -> Any:
     """`with_sharding_constraint`, or the identity without shardings."""
     return tree if shardings is None else jax.lax.with_sharding_constraint(tree, shardings)
+
+
+def shard_map(spec: EngineSpec, fn: Callable, in_specs: tuple, out_specs: Any) -> Callable:
+    """`fn` under shard_map on the engine's mesh (the plain function without a mesh)."""
+    if spec.mesh is None:
+        return fn
+    return jax.shard_map(
+        fn, mesh=spec.mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False
+    )
+
+
+def shard_index(spec: EngineSpec) -> jax.Array:
+    """This shard's index along the slot axes (inside `shard_map`; 0 without a mesh)."""
+    axes = spec.slot_spec
+    if spec.mesh is None or axes is None:
+        return jnp.zeros((), jnp.int32)
+    return jax.lax.axis_index(axes)

@@ -1,72 +1,92 @@
-"""The paged engine's host half, driven by `Scheduler`: pages for prompts and growing
-sequences, chunked prefill, copy-on-write prefix sharing, preemption and resumption.
+"""The page policy of both KV layouts (docs/engine.md): it keeps the allocator and the block
+tables and moves sequences through `Sequences`' methods.
 
-- Admission (the queue in order, the head blocking the rest): a group's prompt (all but its
-  last token) gets pages in the shard with a free slot and the most free pages, keeping a
-  watermark of one free page per live slot there (when the pool cannot hold every slot at
-  full length), and is prefilled `prefill_chunk` tokens
-  per boundary while other slots decode (all at once when none do). Its samples then take
-  free slots: they share the prompt's full pages (reference counts) and each gets its own
-  copy of the last, partial page (the last sample takes the original).
-- Before every decode chunk each live slot gets the pages its next `chunk` tokens need.
-  When a shard runs short, its most recently admitted slots are preempted: their pages are
-  freed and they are requeued (behind a head group that holds pages, else first). A
-  resumed sample is recomputed (prompt + its tokens but the last) into fresh pages and
-  continues with its count and budget; sampling being keyed by (seed, sample, position), it
-  ends with the tokens it would have had.
-- A request is refused at queue time if it could not fit the pool alone, so the head of
-  the queue always fits once the running slots drain: no deadlock, no out-of-memory.
-- A multi-turn sequence parked between turns (`rollout.turns`) leaves its slot and keeps
-  its pages; its appended tokens are written into them (`extend`) when it resumes in a free
-  slot of its shard. Parked sequences are the first to lose their pages when a shard runs
-  short (they resume by recompute, like preempted ones).
-"""
+- Admission, in queue order (the head blocks the rest; a request that could not fit the pool
+  alone was refused when queued): a group's prompt (all but its last token) gets pages in the
+  shard with a free slot and the most free pages (a page per live slot kept free when the pool
+  cannot hold every slot at full length) and a reserved slot, and is written `prefill_chunk`
+  tokens per boundary (all at once when nothing decodes). Its samples share the full pages;
+  the first takes the last, partial page, the others a copy.
+- Before each decode chunk every live sequence gets the pages its next tokens need; a shard
+  that runs short frees parked sequences' pages, then preempts its newest sequences, which are
+  requeued and recomputed (prompt and tokens but the last; sampling is keyed by position, so
+  they end as they would have). `recompute_all` does that to every sequence (`on_push`).
+- A parked multi-turn sequence keeps its pages and resumes in a free slot of its shard.
+
+Contiguous: one page of `max_len` per slot, bound to it (page b + 1 of a shard is slot b's
+row): a slot is free only while its page is, and a parked sequence resumes in its own slot."""
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from typing import Any
 
 import numpy as np
 
-from rlvr_jax.rollout.device.paged import PagedWork
-from rlvr_jax.rollout.host.pages import PageAllocator, pages_for, work_lists
+from rlvr_jax.rollout.device.kernel import DecodeParams
+from rlvr_jax.rollout.device.paged import PagedWork, pages_for, work_lists
+from rlvr_jax.rollout.device.state import EngineSpec
+from rlvr_jax.rollout.host.pages import PageAllocator
+from rlvr_jax.rollout.host.sequences import Group, Parked, Prefill, Resume, Seq, Sequences
 
 
 @dataclasses.dataclass
-class _Prefill:
-    """K/V of `tokens` (positions 0..) being written into `pages` of `shard`, by chunks."""
+class SchedulerStats:
+    """Counters of one scheduler; the `*_steps` are sums over decode steps."""
 
-    shard: int
-    tokens: list[int]
-    pages: list[int]
-    done: int = 0
+    decode_calls: int = 0
+    decode_steps: int = 0
+    slot_steps: int = 0
+    """decode steps × slots the scheduler uses."""
+    tokens: int = 0
+    prefills: int = 0
+    preemptions: int = 0
+    """Sequences that lost their pages because the pool ran short."""
+    recomputed_tokens: int = 0
+    """Positions prefilled again for sequences whose K/V was dropped."""
+    kv_token_steps: int = 0
+    """Tokens cached for live sequences."""
+    page_steps: int = 0
+    row_steps: int = 0
+    """Slot rows computed (paged: the packed live rows, rounded up to a row bucket)."""
+    kv_capacity: int = 0
+    """Tokens the KV cache holds (the trash pages excluded)."""
+    parked_steps: int = 0
+    """Sequences parked between turns."""
+
+    @property
+    def waste(self) -> float:
+        """Fraction of slot-steps that produced no token (ALGORITHMS.md's batching waste)."""
+        return 1.0 - self.tokens / self.slot_steps if self.slot_steps else 0.0
+
+    @property
+    def mean_concurrent(self) -> float:
+        """Sequences decoding per decode step, on average."""
+        return self.tokens / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def kv_utilisation(self) -> float:
+        """Fraction of the KV cache holding live tokens, averaged over decode steps."""
+        den = self.decode_steps * self.kv_capacity
+        return self.kv_token_steps / den if den else 0.0
+
+    @property
+    def mean_pages_in_use(self) -> float:
+        """Pages in use per decode step, on average."""
+        return self.page_steps / self.decode_steps if self.decode_steps else 0.0
 
 
-@dataclasses.dataclass
-class _Resume:
-    """A preempted sample waiting to be recomputed into a slot."""
+class PagePolicy:
+    """Pages, block tables and work lists of one scheduler's `Sequences` (module docstring)."""
 
-    slot: Any  # scheduler._Slot, with the tokens it had generated
-    prefill: _Prefill | None = None
-    slot_id: int | None = None
-
-
-class PagedKV:
-    """Pages, block tables and work lists of one `Scheduler` over a paged `EngineCore`."""
-
-    def __init__(self, scheduler: Any):
-        self.sched = scheduler
-        self.core = scheduler.core
-        self.spec = spec = self.core.spec
+    def __init__(self, seqs: Sequences, spec: EngineSpec, stats: SchedulerStats):
+        self.seqs, self.spec, self.stats = seqs, spec, stats
         self.allocator = PageAllocator(spec.pages_per_shard, spec.shards)
         self.per_shard = spec.max_slots // spec.shards
         self.table = np.zeros((spec.max_slots, spec.max_pages), np.int32)
-        self._reserved: set[int] = set()
+        self.bound = not spec.kv_layout.paged  # contiguous: a slot's one page is its row
         full_length = self.per_shard * pages_for(spec.max_len, spec.page_size)
-        self._overcommitted = full_length > self.allocator.capacity
+        self.overcommitted = full_length > self.allocator.capacity
 
     @property
     def in_use(self) -> int:
@@ -78,279 +98,295 @@ class PagedKV:
     def _shard(self, slot: int) -> int:
         return slot // self.per_shard
 
+    def _own_slot(self, shard: int, page: int) -> int:  # bound pages: the row's slot
+        return shard * self.per_shard + page - 1
+
     def _free_slots(self, shard: int) -> list[int]:
         lo = shard * self.per_shard
-        busy = self.sched._slots.keys() | self._reserved
-        return [
-            s for s in range(lo, lo + self.per_shard) if s < self.sched.num_slots and s not in busy
-        ]
+        free = self.seqs.free_slots(lo, lo + self.per_shard)
+        if self.bound:  # a row still held (a group's prompt, a parked sequence) keeps its slot
+            free = [s for s in free if not self.allocator.refcount[shard, s - lo + 1]]
+        return free
 
     def _live_in(self, shard: int) -> list[int]:
-        return [s for s in self.sched._slots if self._shard(s) == shard]
+        return [s for s in self.seqs if self._shard(s) == shard]
+
+    def _alloc(self, shard: int, n: int, slot: int) -> list[int]:
+        """`n` fresh pages of `shard` for a sequence of `slot` (bound: that slot's page)."""
+        if self.bound:
+            return self.allocator.claim(shard, slot - shard * self.per_shard + 1)
+        return self.allocator.alloc(shard, n) or []
 
     def _pick_shard(self, pages: int) -> int | None:
-        """The shard with a free slot and room for `pages` above its watermark, most free
-        pages first. The watermark (a page per live slot, against immediate preemption)
-        applies only to a pool that cannot hold every slot at full length."""
+        """The shard with a free slot and room for `pages` (above a page per live slot when
+        overcommitted: against immediate preemption), most free pages first."""
         best = None
         for shard in range(self.spec.shards):
             free = self.allocator.free(shard)
-            mark = len(self._live_in(shard)) if self._overcommitted else 0
+            mark = len(self._live_in(shard)) if self.overcommitted else 0
             room = self._free_slots(shard) and free >= pages + mark
             if room and (best is None or free > self.allocator.free(best)):
                 best = shard
         return best
+
+    def _set_pages(self, slot: int, pages: list[int]) -> None:
+        self.table[slot] = self._row(pages)
 
     def _row(self, pages: list[int]) -> np.ndarray:
         row = np.zeros((self.spec.max_pages,), np.int32)
         row[: len(pages)] = pages
         return row
 
-    def _set_pages(self, slot_id: int, pages: list[int]) -> None:
-        self.table[slot_id] = self._row(pages)
+    def _restart(self, slot: int, seq: Seq, version: int) -> None:
+        """`seq` (every position but its last in its pages) decodes again in `slot`."""
+        self._set_pages(slot, seq.pages)
+        self.seqs.start([slot], [seq])
+        seq.stamp(version)
 
     # ---- admission --------------------------------------------------------------------------
 
-    def admit(self) -> None:
+    def admit(self, params: DecodeParams, version: int) -> None:
         """Admits from the head of the queue while slots, pages and the prefill budget allow."""
-        budget = [self.spec.prefill_chunk if self.sched._slots else math.inf]
-        waiting = self.sched._waiting
-        while waiting:
-            head = waiting[0]
-            done = (
-                self._resume(head, budget)
-                if isinstance(head, _Resume)
-                else self._group(head, budget)
-            )
+        budget = [self.spec.prefill_chunk if self.seqs else math.inf]
+        while self.seqs.waiting:
+            head = self.seqs.queue[0]
+            if isinstance(head, Resume):
+                done = self._resume(head, budget, params, version)
+            else:
+                done = self._group(head, budget, params, version)
             if not done:
                 return
-            waiting.popleft()
+            self.seqs.pop_head()
 
-    def _run_prefill(self, pf: _Prefill, budget: list[float]) -> bool:
+    def _run_prefill(self, pf: Prefill, budget: list[float], params: DecodeParams) -> bool:
         """Writes chunks of `pf` while the budget lasts; True once all are written."""
         chunk = self.spec.prefill_chunk
         while pf.done < len(pf.tokens):
             if budget[0] <= 0:
                 return False
             n = min(chunk, len(pf.tokens) - pf.done)
-            self.sched._state = self.core.extend(
-                self.sched.params,
-                self.sched._state,
-                pf.tokens[pf.done : pf.done + n],
-                pf.done,
-                self._row(pf.pages),
-                pf.shard,
-            )
+            tokens = pf.tokens[pf.done : pf.done + n]
+            self.seqs.write(params, tokens, pf.done, self._row(pf.pages), pf.shard)
             pf.done += n
             budget[0] -= n
         return True
 
-    def _group(self, group: Any, budget: list[float]) -> bool:
+    def _start_prefill(self, tokens: list[int], version: int) -> Prefill | None:
+        """Pages of a free slot's shard for `tokens`, that slot reserved (None: no room)."""
+        need = pages_for(len(tokens), self.spec.page_size)
+        shard = self._pick_shard(need)
+        if shard is None:
+            return None
+        slot = self._free_slots(shard)[0]
+        self.seqs.reserve(slot)
+        return Prefill(shard, tokens, self._alloc(shard, need, slot), version, slot=slot)
+
+    def _drop_prefill(self, item: Group | Resume) -> None:
+        """`item`'s pages being (or once) written are released (it starts over later)."""
+        pf, item.prefill = item.prefill, None
+        if pf is not None:
+            self.allocator.release(pf.shard, pf.pages)
+            if pf.slot is not None:
+                self.seqs.unreserve(pf.slot)
+
+    def _group(self, group: Group, budget: list[float], params: DecodeParams, version: int) -> bool:
         req = group.request
-        pf = group.prefill
-        if pf is None:
-            cached = list(req.prompt[:-1])
-            shard = self._pick_shard(pages_for(len(cached), self.spec.page_size))
-            if shard is None:
+        if group.prefill is None:
+            group.prefill = self._start_prefill(list(req.prompt[:-1]), version)
+            if group.prefill is None:
                 return False
-            pages = self.allocator.alloc(shard, pages_for(len(cached), self.spec.page_size))
-            pf = group.prefill = _Prefill(shard, cached, pages)
-            group.kv_version = self.sched.version
-            self.sched.stats.prefills += 1
-        if not self._run_prefill(pf, budget):
+            self.stats.prefills += 1
+        pf = group.prefill
+        if not self._run_prefill(pf, budget, params):
             return False
-        z = self.spec.page_size
-        full, partial = divmod(len(pf.tokens), z)
-        slots, samples, copies = [], [], []
-        for slot_id in self._free_slots(pf.shard):
+        full, partial = divmod(len(pf.tokens), self.spec.page_size)
+        slots, seqs, copies = [], [], []
+        for slot in [pf.slot, *self._free_slots(pf.shard)]:
             if group.next_sample == req.num_samples:
                 break
-            last = group.next_sample == req.num_samples - 1
-            pages = list(pf.pages[:full])
-            if partial and not last:
-                fresh = self.allocator.alloc(pf.shard, 1)
-                if fresh is None:
-                    break
-                copies.append((pf.shard, pf.pages[full], fresh[0]))
-                pages += fresh
-            elif partial:
-                pages.append(pf.pages[full])  # the last sample takes the group's own page
-            self.allocator.share(pf.shard, pf.pages[:full])
-            slot = self.sched._new_slot(group, group.next_sample)
-            slot.pages = pages
-            self._set_pages(slot_id, pages)
-            self.sched._slots[slot_id] = slot
-            slots.append(slot_id)
-            samples.append(group.next_sample)
+            if slot is None:
+                continue
+            if slot == pf.slot:  # the first sample: the group's own pages
+                pages, shared = list(pf.pages), list(pf.pages)
+                self.seqs.unreserve(slot)
+                pf.slot = None
+            else:
+                pages, shared = pf.pages[:full], pf.pages[:full]
+                if partial or self.bound:
+                    fresh = self._alloc(pf.shard, 1, slot)
+                    if not fresh:
+                        break
+                    if partial:
+                        copies.append((pf.shard, pf.pages[full], fresh[0]))
+                    pages = pages + fresh
+            self.allocator.share(pf.shard, shared)
+            seq = self.seqs.new_seq(group, group.next_sample, pf.version)
+            seq.pages = pages
+            self._set_pages(slot, pages)
+            slots.append(slot)
+            seqs.append(seq)
             group.next_sample += 1
         if copies:
-            self.sched._state = self.core.copy_pages(self.sched._state, copies)
+            self.seqs.copy(copies)
         if slots:
-            n = len(pf.tokens)
-            self.sched._state = self.core.activate(
-                self.sched._state,
-                slots,
-                [req.slot_request(i) for i in samples],
-                [req.prompt[-1]] * len(slots),
-                [n] * len(slots),
-            )
+            self.seqs.start(slots, seqs)
         if group.next_sample == req.num_samples:
-            # the group's own hold; the partial page went to the last sample
-            self.allocator.release(pf.shard, pf.pages[:full])
-            group.prefill = None
+            self._drop_prefill(group)  # the group's own hold on its pages
             return True
         if not self._free_slots(pf.shard) and self.spec.shards > 1:
             # other shards may have room: this prefix is dropped and prefilled again there
-            self.allocator.release(pf.shard, pf.pages)
-            group.prefill = None
+            self._drop_prefill(group)
         return False
 
-    def _resume(self, item: _Resume, budget: list[float]) -> bool:
-        slot = item.slot
-        cached = [*slot.group.request.prompt, *slot.tokens]
+    def _resume(
+        self, item: Resume, budget: list[float], params: DecodeParams, version: int
+    ) -> bool:
+        seq = item.seq
         if item.prefill is None:
-            need = pages_for(len(cached) - 1, self.spec.page_size)
-            shard = self._pick_shard(need)
-            if shard is None:
+            item.prefill = self._start_prefill(seq.cached[:-1], version)
+            if item.prefill is None:
                 return False
-            item.slot_id = self._free_slots(shard)[0]
-            self._reserved.add(item.slot_id)
-            item.prefill = _Prefill(shard, cached[:-1], self.allocator.alloc(shard, need))
-            self.sched.stats.recomputed_tokens += len(cached) - 1
-        if not self._run_prefill(item.prefill, budget):
+            self.stats.recomputed_tokens += len(item.prefill.tokens)
+        pf = item.prefill
+        if not self._run_prefill(pf, budget, params):
             return False
-        self._reserved.discard(item.slot_id)
-        slot.pages = item.prefill.pages
-        self._set_pages(item.slot_id, slot.pages)
-        self.sched._restart(item.slot_id, slot)
+        self.seqs.unreserve(pf.slot)
+        seq.pages, seq.prompt_version = pf.pages, pf.version
+        self._restart(pf.slot, seq, version)
         return True
 
     # ---- decoding ---------------------------------------------------------------------------
 
     def _compact(self) -> None:
-        """Packs live slots into [0, live) (one shard only): a slot's K/V stay in its pages,
-        so moving it moves its per-slot vectors and its block-table row."""
-        slots = self.sched._slots
-        holes = [s for s in range(len(slots)) if s not in slots and s not in self._reserved]
-        movers = sorted((s for s in slots if s >= len(slots)), reverse=True)
+        """Packs live slots into [0, live) (one shard): their vectors and block-table rows."""
+        n = len(self.seqs)
+        holes = self.seqs.free_slots(0, n)
+        movers = sorted((s for s in self.seqs if s >= n), reverse=True)
         moves = list(zip(movers, holes))
         if not moves:
             return
-        self.sched._state = self.core.move_slots(self.sched._state, moves)
+        self.seqs.move(moves)
         for src, dst in moves:
-            slots[dst] = slots.pop(src)
             self.table[dst], self.table[src] = self.table[src], 0
 
-    def prepare_decode(self, n_steps: int) -> tuple[PagedWork, int]:
-        """Pages for the next `n_steps` tokens of every live slot (preempting the newest
-        slots of a shard that runs short), and the work the decode call reads; with one
-        shard the live slots are packed first, and the rows to decode are returned too."""
+    def prepare_decode(self, n_steps: int, batching: str) -> tuple[PagedWork | None, int | None]:
+        """Pages for the next `n_steps` tokens of every live sequence (a shard short of them
+        preempts its newest), and the work the decode call reads and its rows (live slots packed
+        first when there are row buckets). Contiguous: nothing to do."""
+        if self.bound:
+            return None, None
         spec, z = self.spec, self.spec.page_size
-        ends = {}
+        ends = self._ends(n_steps)
         for shard in range(spec.shards):
             live = self._live_in(shard)
-            need = {}
-            for s in live:
-                slot = self.sched._slots[s]
-                ends[s] = min(slot.position + n_steps - 1, spec.max_len - 1)
-                need[s] = max(0, pages_for(ends[s] + 1, z) - len(slot.pages))
-            victims = sorted(live, key=lambda s: self.sched._slots[s].admitted)
+            need = {s: max(0, pages_for(ends[s] + 1, z) - len(self.seqs[s].pages)) for s in live}
+            victims = sorted(live, key=lambda s: self.seqs[s].admitted)
             if sum(need.values()) > self.allocator.free(shard):  # idle pages first
-                want = sum(need.values())
-                self.sched._turns.evict(shard, functools.partial(self.allocator.free, shard), want)
+                self.evict(shard, sum(need.values()))
             while sum(need.values()) > self.allocator.free(shard):
                 victim = victims.pop()
-                del need[victim], ends[victim]
+                del need[victim]
                 self._preempt(victim)
             for s, n in need.items():
                 if n:
-                    slot = self.sched._slots[s]
-                    slot.pages += self.allocator.alloc(shard, n)
-                    self._set_pages(s, slot.pages)
+                    seq = self.seqs[s]
+                    seq.pages += self.allocator.alloc(shard, n)
+                    self._set_pages(s, seq.pages)
         rows = spec.max_slots
         # static batching decodes its whole batch until the longest request ends (what it
         # is, and what the waste model and HF `generate` count): no row buckets there
-        if len(spec.row_buckets) > 1 and self.sched.batching == "continuous":
+        if len(spec.row_buckets) > 1 and batching == "continuous":
             self._compact()
-            rows = spec.row_bucket(max(self.sched._slots, default=0) + 1)
-            ends = self._ends(n_steps)  # slot ids after the moves
+            rows = spec.row_bucket(max(self.seqs, default=0) + 1)
+        ends = self._ends(n_steps)  # slot ids after preemption and moves
         geometry, window = spec.geometry, spec.config.sliding_window
         lists = dict(slots_per_shard=self.per_shard, shards=spec.shards, length=spec.work_len)
         full = work_lists(ends, dict.fromkeys(ends, 0), geometry=geometry, **lists)
         sliding = (None, None, None)
         if spec.config.has_sliding:
-            starts = {s: max(0, self.sched._slots[s].position - window + 1) for s in ends}
+            starts = {s: max(0, self.seqs[s].position - window + 1) for s in ends}
             sliding = work_lists(ends, starts, geometry=geometry, **lists)
         return PagedWork(self.table.copy(), *full, *sliding), rows
 
     def _ends(self, n_steps: int) -> dict[int, int]:
         last = self.spec.max_len - 1
-        return {s: min(v.position + n_steps - 1, last) for s, v in self.sched._slots.items()}
+        return {s: min(seq.position + n_steps - 1, last) for s, seq in self.seqs.items()}
 
-    def _preempt(self, slot_id: int) -> None:
-        slot = self.sched._slots.pop(slot_id)
-        self.sched._state = self.core.deactivate(self.sched._state, [slot_id])
-        self.release(slot, slot_id)
-        self.sched.stats.preemptions += 1
-        self._requeue(slot)
+    def _preempt(self, slot: int) -> None:
+        (seq,) = self.seqs.stop([slot], running=True)
+        self.release(seq, slot)
+        self.stats.preemptions += 1
+        self.seqs.requeue(seq)
 
-    def _requeue(self, slot: Any) -> None:
-        """Queues `slot` (no pages) to be recomputed: behind head groups holding pages."""
-        waiting = self.sched._waiting
-        at = 0
-        while at < len(waiting) and self._holds_pages(waiting[at]):
-            at += 1
-        waiting.insert(at, _Resume(slot))
-
-    @staticmethod
-    def _holds_pages(item: Any) -> bool:
-        return item.prefill is not None
-
-    def release(self, slot: Any, slot_id: int | None, *, shard: int | None = None) -> None:
-        """Frees the pages of a finished (or preempted) slot `slot_id` (or of a parked
+    def release(self, seq: Seq, slot: int | None, *, shard: int | None = None) -> None:
+        """Frees the pages of a finished (or preempted) sequence of `slot` (or of a parked
         sequence of `shard`, holding no slot)."""
-        self.allocator.release(self._shard(slot_id) if shard is None else shard, slot.pages)
-        slot.pages = []
-        if slot_id is not None:
-            self.table[slot_id] = 0
+        self.allocator.release(self._shard(slot) if shard is None else shard, seq.pages)
+        seq.pages = []
+        if slot is not None:
+            self.table[slot] = 0
+
+    def recompute_all(self) -> None:
+        """Drops every sequence's K/V, to be recomputed with the params held now (`on_push`): live
+        ones are requeued (oldest first, at the head), parked ones lose their pages, prefills
+        restart."""
+        live = sorted(self.seqs, key=lambda s: self.seqs[s].admitted)
+        stopped = self.seqs.stop(live, running=True)
+        for slot, seq in zip(live, stopped):
+            self.release(seq, slot)
+        for item in self.seqs.queue:
+            self._drop_prefill(item)
+        for p in self.seqs.parked:
+            if p.seq.pages:
+                self.release(p.seq, None, shard=p.shard)
+        for seq in reversed(stopped):  # each goes to the head: the oldest ends first
+            self.seqs.requeue(seq)
 
     # ---- multi-turn: parking between turns --------------------------------------------------
 
-    def park(self, parked: Any, slot_id: int) -> None:
-        """A sequence leaves slot `slot_id` until its next turn, keeping its pages."""
-        parked.shard = self._shard(slot_id)
-        self.table[slot_id] = 0
+    def park(self, parked: Parked, slot: int) -> None:
+        """A sequence leaves `slot` until its next turn, keeping its pages."""
+        parked.shard = self._shard(slot)
+        self.table[slot] = 0
 
-    def drop(self, parked: Any) -> None:
+    def drop(self, parked: Parked) -> None:
         """A parked sequence ended: its pages are freed."""
-        self.release(parked.slot, None, shard=parked.shard)
+        self.release(parked.seq, None, shard=parked.shard)
 
-    def resume(self, parked: Any) -> bool:
-        """Writes the appended tokens into the parked sequence's pages and makes it decode
-        again in a free slot of its shard. Without pages (evicted) it is requeued to be
-        recomputed. Returns False when it must wait (no free slot or pages now; other
-        parked sequences' pages are taken first, and with nothing decoding in the shard it
-        gives up its own pages to be recomputed once the pool has room)."""
-        slot, shard = parked.slot, parked.shard
-        if not slot.pages:
-            self._requeue(slot)
+    def evict(self, shard: int, want: int, keep: Parked | None = None) -> None:
+        """Frees the pages of `shard`'s parked sequences but `keep` (those still waiting for their
+        hook first) until `want` pages are free; they are recomputed when they resume."""
+        for p in sorted(self.seqs.parked, key=lambda p: p.append is not None):
+            if self.allocator.free(shard) >= want:
+                return
+            if p is not keep and p.shard == shard and p.seq.pages:
+                self.release(p.seq, None, shard=shard)
+                self.stats.preemptions += 1
+
+    def resume(self, parked: Parked, params: DecodeParams, version: int) -> bool:
+        """Writes the appended tokens into the parked sequence's pages and makes it decode again in
+        a free slot of its shard (bound: its own); without pages it is requeued to be recomputed.
+        False when it must wait (other parked sequences' pages are taken first; with nothing
+        decoding in its shard it gives its pages up, to be recomputed once the pool has room)."""
+        seq, shard = parked.seq, parked.shard
+        if not seq.pages:
+            self.seqs.requeue(seq)
             return True
-        cached = [*slot.group.request.prompt, *slot.tokens]
-        need = pages_for(len(cached) - 1, self.spec.page_size) - len(slot.pages)
-        free = self._free_slots(shard)
+        cached = seq.cached
+        need = pages_for(len(cached) - 1, self.spec.page_size) - len(seq.pages)
+        free = [self._own_slot(shard, seq.pages[0])] if self.bound else self._free_slots(shard)
         if need > self.allocator.free(shard):
-            self.sched._turns.evict(
-                shard, functools.partial(self.allocator.free, shard), need, parked
-            )
+            self.evict(shard, need, parked)
         if not free or need > self.allocator.free(shard):
             if self._live_in(shard):
                 return False
-            self.release(slot, None, shard=shard)  # nothing runs here: recompute it later
-            self.sched.stats.preemptions += 1
-            self._requeue(slot)
+            self.release(seq, None, shard=shard)  # nothing runs here: recompute it later
+            self.stats.preemptions += 1
+            self.seqs.requeue(seq)
             return True
-        slot.pages += self.allocator.alloc(shard, need)
-        self._run_prefill(_Prefill(shard, cached[:-1], slot.pages, parked.cached), [math.inf])
-        self._set_pages(free[0], slot.pages)
-        self.sched._restart(free[0], slot)
+        if need:
+            seq.pages += self.allocator.alloc(shard, need)
+        prefill = Prefill(shard, cached[:-1], seq.pages, version, done=parked.cached)
+        self._run_prefill(prefill, [math.inf], params)
+        self._restart(free[0], seq, version)
         return True

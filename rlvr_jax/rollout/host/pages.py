@@ -1,25 +1,15 @@
-"""Host side of the paged KV cache: the page allocator (reference counts, one range per
-slot shard) and the per-call arrays the device needs (block tables, decode work lists).
-
-Pages are numbered locally within a shard; page 0 of every shard is the trash page (never
-allocated). A page's reference count is the number of sequences (or held prompt prefixes)
-that use it: the G samples of a prompt share its full pages, so a page returns to the free
-list only when its last user releases it. Every misuse (releasing a free page, sharing a
-free page, an id out of range) raises instead of corrupting the pool.
-"""
+"""The page allocator of the page policy (`host.kv`): reference-counted pages, one range per slot
+shard, numbered locally (page 0 of each is the trash page, never allocated). A page returns to
+the free list when its last user (a sequence, or a group holding its prompt) releases it; every
+misuse (double free, a free page shared, an id out of range) raises instead of corrupting it."""
 
 from __future__ import annotations
 
-import functools
-from typing import Any
-
 import numpy as np
 
-from rlvr_jax.rollout.device.attention import PageGeometry
+from rlvr_jax.rollout.device.paged import PageError
 
-
-class PageError(RuntimeError):
-    """An allocator invariant would be broken (double free, foreign page...)."""
+__all__ = ["PageAllocator", "PageError"]
 
 
 class PageAllocator:
@@ -58,6 +48,16 @@ class PageAllocator:
         pages = [free.pop() for _ in range(n)]
         self.refcount[shard, pages] = 1
         return pages
+
+    def claim(self, shard: int, page: int) -> list[int]:
+        """[`page`] of `shard`, which must be free, taken (refcount 1): a page bound to a slot
+        (the contiguous layout's rows)."""
+        free = self._free[shard]
+        if page not in free:
+            raise PageError(f"claim: page {page} of shard {shard} is not free")
+        free.remove(page)
+        self.refcount[shard, page] = 1
+        return [page]
 
     def _check(self, shard: int, pages: list[int], what: str) -> None:
         if not 0 <= shard < self.shards:
@@ -98,78 +98,3 @@ class PageAllocator:
             held = set(np.flatnonzero(self.refcount[s]).tolist())
             if held & set(free) or len(held) + len(free) != self.capacity:
                 raise PageError(f"shard {s}: free list and reference counts disagree")
-
-
-def pages_for(tokens: int, page_size: int) -> int:
-    """Pages that hold `tokens` positions."""
-    return -(-tokens // page_size)
-
-
-def work_lists(
-    ends: dict[int, int],
-    starts: dict[int, int],
-    *,
-    slots_per_shard: int,
-    shards: int,
-    length: int,
-    geometry: PageGeometry,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode work lists ([S, R] slot, [S, R] block, [S] count) of live slots.
-
-    Slot b (global id) reads blocks `starts[b] // T .. ends[b] // T` (T = tokens per
-    block; `ends[b]` the last position it may reach in the call, `starts[b]` the first it
-    may attend to). Entries are grouped by slot in slot order; padding carries the local
-    slot id `slots_per_shard` (a dropped segment)."""
-    slot_SxR = np.full((shards, length), slots_per_shard, np.int32)
-    block_SxR = np.zeros((shards, length), np.int32)
-    count_S = np.zeros((shards,), np.int32)
-    t = geometry.block_tokens
-    for b in sorted(ends):
-        s, local = divmod(b, slots_per_shard)
-        first, last = starts[b] // t, ends[b] // t
-        n, at = last - first + 1, count_S[s]
-        if at + n > length:
-            raise PageError(f"work list of shard {s} overflows its {length} entries")
-        slot_SxR[s, at : at + n] = local
-        block_SxR[s, at : at + n] = np.arange(first, last + 1)
-        count_S[s] = at + n
-    return slot_SxR, block_SxR, count_S
-
-
-# ---- the static assignment (callers that track no pages: the JetStream adapter) -------------
-
-
-def static_slots(spec: Any) -> int:
-    """Slots of a paged engine the static assignment serves: each owns `max_len` positions
-    of pages in its shard."""
-    per_seq = pages_for(spec.max_len, spec.page_size)
-    return min(spec.max_slots // spec.shards, (spec.pages_per_shard - 1) // per_seq) * spec.shards
-
-
-def static_table(spec: Any) -> np.ndarray:
-    """Block tables [B, M] of the static assignment (slots past `static_slots` get none)."""
-    per_seq, per_shard = pages_for(spec.max_len, spec.page_size), spec.max_slots // spec.shards
-    usable = static_slots(spec) // spec.shards
-    table = np.zeros((spec.max_slots, spec.max_pages), np.int32)
-    for b in range(spec.max_slots):
-        if b % per_shard < usable:
-            table[b, :per_seq] = 1 + (b % per_shard) * per_seq + np.arange(per_seq)
-    return table
-
-
-@functools.cache
-def static_work(spec: Any) -> Any:
-    """`PagedWork` reading every page of the static assignment (a slot's whole `max_len`)."""
-    from rlvr_jax.rollout.device.paged import PagedWork
-
-    table = static_table(spec)
-    usable = [b for b in range(spec.max_slots) if table[b, 0]]
-    full = work_lists(
-        dict.fromkeys(usable, spec.max_len - 1),
-        dict.fromkeys(usable, 0),
-        slots_per_shard=spec.max_slots // spec.shards,
-        shards=spec.shards,
-        length=spec.work_len,
-        geometry=spec.geometry,
-    )
-    return PagedWork(table, *full, *(full if spec.config.has_sliding else (None, None, None)))
