@@ -201,7 +201,14 @@ class RolloutConfig:
     kv_cache_gib: float | None = None
     """KV pool size in GiB per actor device (paged; set this or `kv_pages`)."""
     prefill_chunk: int = 512
-    """Prompt tokens prefilled per chunk, interleaved with decode chunks (paged)."""
+    """Prompt tokens prefilled per chunk, interleaved with decode chunks."""
+    on_push: Literal["keep", "recompute"] = "keep"
+    """What in-flight sequences do at a weight push: `keep` their KV cache, computed by the
+    older weights, and continue on the new ones (PipelineRL: nothing recomputed; a
+    completion's tokens carry the version that sampled each); `recompute` drop it and prefill
+    prompt and tokens so far again with the new weights (the preemption path), so every token
+    sampled after the push attends to K/V of the weights that sample it — costs a prefill of
+    every in-flight sequence per push (`rollout/recomputed_tokens`)."""
     push_timeout_s: float = 600.0
     """A weight push to the actors (hand-over, swap and probe) still running after this many
     seconds stops the run with `PushTimeoutError` instead of hanging; 0 = no limit."""
@@ -219,7 +226,7 @@ class RolloutConfig:
     this opens shows in `kl/sampler_learner` and `tis/*`, and TIS (`loss.tis_cap`) corrects
     it. Embedding, norms and the fp32 LM head are unchanged."""
     interrupt: InterruptConfig = field(default_factory=InterruptConfig)
-    """Budget forcing (`rlvr_jax.rollout.interrupt`; our engine only, not vLLM); metric
+    """Budget forcing (`rlvr_jax.rollout.api.Interrupt`; our engine only, not vLLM); metric
     `rollout/interrupted_fraction`."""
     exact: bool = False
     """Sampler and learner compute the same function: the engine decodes every slot every

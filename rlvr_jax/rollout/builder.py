@@ -126,7 +126,7 @@ def build_rollout(
     engine = build_engine(cfg, model, mesh, tokenizer, max_len=max_len)
     if compile_ahead:
         engine.compile_ahead()
-    return RolloutStream(engine, **common)
+    return RolloutStream(engine, on_push=cfg.on_push, **common)
 
 
 def build_engine(
