@@ -151,6 +151,47 @@ def test_the_probe_detects_actors_that_kept_old_weights(ctx, actors, monkeypatch
         pusher.push(source, _moved(ctx.model.params, 0.05, seed=1), 1)
 
 
+def test_decode_chunks_are_enqueued_while_a_push_waits(ctx, actors, monkeypatch):
+    # `dispatch.LOCK` is held only to enqueue: while a push waits for the actors' re-laid params
+    # (here: until `gate` opens), the driver must still take the lock and enqueue decode chunks.
+    stream, source = actors
+    scheduler, core = stream.scheduler, stream.scheduler.core
+    gate, waiting, enqueued = threading.Event(), threading.Event(), threading.Event()
+    prepare, swap, generate = scheduler.prepare, scheduler.set_params, core.generate
+
+    class Relaid:  # the re-laid params, ready once the gate opens
+        def __init__(self, params):
+            self.params = params
+
+        def block_until_ready(self):
+            waiting.set()
+            gate.wait(120)
+            return self
+
+    def generate_and_note(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        if waiting.is_set() and not gate.is_set():
+            enqueued.set()
+        return out
+
+    monkeypatch.setattr(scheduler, "prepare", lambda params: Relaid(prepare(params)))
+    monkeypatch.setattr(scheduler, "set_params", lambda relaid, v: swap(relaid.params, v))
+    monkeypatch.setattr(core, "generate", generate_and_note)
+    pusher = WeightPusher(ctx)
+    out: dict = {}
+    push = threading.Thread(target=lambda: out.update(pusher.push(source, ctx.model.params, 1)))
+    push.start()
+    try:
+        assert waiting.wait(120), "the push never reached its wait for the re-laid params"
+        stream.submit("during", [5, 6, 7], num_samples=1, seed=0)
+        assert enqueued.wait(120), "no decode chunk was enqueued while the push waited"
+    finally:
+        gate.set()
+        push.join(120)
+    assert stream.get(timeout=120).request_id == "during"
+    assert stream.version == 1 and out["push/probe_max_abs_logp"] < 1e-4, out
+
+
 def test_the_probe_request_is_admitted_before_the_waiting_ones(ctx):
     core = EngineCore(ctx.model, max_slots=4, max_len=ctx.seq_len, chunk=4)
     one = RolloutStream(core, max_new_tokens=4, num_slots=1)  # one request at a time

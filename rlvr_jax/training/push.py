@@ -2,8 +2,10 @@
 push is bounded in time and verified by a probe.
 
 `WeightPusher.push(source, params, version)`:
-1. hands the params to the source's actors (`source.push_weights`, under `dispatch.LOCK`; the
-   actors refuse an out-of-order or partial push);
+1. hands the params to the source's actors (`source.push_weights`; the actors refuse an
+   out-of-order or partial push). Not under `dispatch.LOCK`: the actors take it only to enqueue
+   the re-lay of the params and wait for it outside, so their driver keeps enqueuing decode
+   chunks meanwhile (`RolloutStream.update_weights`);
 2. probes: a fixed prompt, `rollout.push_probe_tokens` tokens sampled by the actors on a request
    pinned to `version` and admitted ahead of the queue (so it waits for the swap and runs on the
    new weights), re-scored by the learner with `params`: the largest |Δ log p| over them is
@@ -73,8 +75,7 @@ class WeightPusher:
         def work() -> None:
             try:
                 t0, moved = time.perf_counter(), params if sent is None else sent
-                with dispatch.LOCK:
-                    stats = source.push_weights(moved, version)
+                stats = source.push_weights(moved, version)  # enqueues under the lock itself
                 group = source.probe(version, self.prompt, self.tokens) if self.tokens else None
                 out["push/seconds"] = time.perf_counter() - t0
                 out["push/bytes"] = float(tree_bytes(moved))
