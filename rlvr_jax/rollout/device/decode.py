@@ -18,11 +18,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as Pspec
 
 from rlvr_jax.models import lora, quant
-from rlvr_jax.models.config import SLIDING
-from rlvr_jax.models.layers import attend
 from rlvr_jax.rollout.device import kernel
 from rlvr_jax.rollout.device.paged import PagedWork
 from rlvr_jax.rollout.device.sampling import SamplerMode, sample_tokens
@@ -35,8 +32,6 @@ from rlvr_jax.rollout.device.state import (
     constrain,
     named,
     replicated,
-    shard_index,
-    shard_map,
     start_slots,
     state_shardings,
     with_kv,
@@ -329,89 +324,3 @@ def copy_pages(
     """`state` (donated) with page `src[s, i]` copied to `dst[s, i]` in shard s, every layer
     (a shared prompt's last, partial page; padding pairs are 0 -> 0)."""
     return with_kv(state, spec.kv_layout.copy_pages(spec, state.k, state.v, src_SxN, dst_SxN), spec)
-
-
-# ---- the contiguous layout's `extend` and `copy_pages`: a slot's row is its one page -------
-
-
-def _row_extend_local(
-    q_TxNxH, k_TxKxH, v_TxKxH, k_segments, v_segments, positions_T, valid_T, row, shard, mask_TxS,
-    *, spec,
-):  # fmt: skip
-    """One shard's part: writes the new K/V into its local row `row` (when it owns it) and
-    attends the new queries to that row."""
-    mine = shard_index(spec) == shard
-    write_T = jnp.where(valid_T & mine, positions_T, spec.max_len)  # out of range: dropped
-    row_T = jnp.full_like(positions_T, row)
-    k_segments = kernel.write_tokens(k_segments, row_T, write_T, k_TxKxH)
-    v_segments = kernel.write_tokens(v_segments, row_T, write_T, v_TxKxH)
-    keys_1xSxKxH, values_1xSxKxH = (
-        jnp.einsum("KSH->SKH", jnp.concatenate([seg[row] for seg in segs], axis=1))[None]
-        for segs in (k_segments, v_segments)
-    )
-    # the model's attention (`models.layers.attend`) of the new queries to the row, in fp32
-    out_TxNxH = attend(
-        q_TxNxH[None].astype(jnp.float32),
-        keys_1xSxKxH.astype(jnp.float32),
-        values_1xSxKxH.astype(jnp.float32),
-        mask_TxS[None],
-    )[0]
-    if spec.mesh is not None and spec.slot_spec is not None:
-        out_TxNxH = jax.lax.psum(jnp.where(mine, out_TxNxH, 0.0), spec.slot_spec)
-    return out_TxNxH, k_segments, v_segments
-
-
-def row_extend_attention(
-    spec: EngineSpec,
-    positions_T: jax.Array,
-    valid_T: jax.Array,
-    table_M: jax.Array,
-    shard: jax.Array,
-    end: jax.Array,
-) -> kernel.Attention:
-    """Each layer's attention of `extend` on the contiguous cache: the new tokens' K/V written
-    into the row of page `table_M[0]` (local slot `table_M[0] - 1` of shard `shard`), each
-    query attending to the row's positions up to its own (the last W on sliding layers)."""
-    del end  # the causal mask covers it
-    cfg = spec.config
-    key_S = jnp.arange(spec.max_len, dtype=jnp.int32)
-    causal_TxS = key_S[None, :] <= positions_T[:, None]
-    masks = (causal_TxS, causal_TxS)
-    if cfg.has_sliding:
-        window = cfg.sliding_window
-        masks = (causal_TxS, causal_TxS & (key_S[None, :] > positions_T[:, None] - window))
-    segments, heads, rep = None, None, Pspec()
-    if spec.mesh is not None:
-        segments = tuple(sh.spec for sh in spec.kv_layout.kv_sharding(spec))
-        heads = Pspec(None, segments[0][1], None)
-    in_specs = (heads, heads, heads, segments, segments, rep, rep, rep, rep, rep)
-    row = table_M[0] - 1
-
-    def attention(i, kv, q_1xTxNxH, k_1xTxKxH, v_1xTxKxH):
-        mask_TxS = masks[1] if cfg.layer_types[i] == SLIDING else masks[0]
-        fn = functools.partial(_row_extend_local, spec=spec)
-        out_TxNxH, k_c, v_c = shard_map(spec, fn, in_specs, (heads, segments, segments))(
-            q_1xTxNxH[0], k_1xTxKxH[0], v_1xTxKxH[0], *kv, positions_T, valid_T, row, shard,
-            mask_TxS,
-        )  # fmt: skip
-        return out_TxNxH[None].astype(q_1xTxNxH.dtype), (k_c, v_c)
-
-    return attention
-
-
-def copy_rows(
-    spec: EngineSpec, k: tuple, v: tuple, src_SxN: jax.Array, dst_SxN: jax.Array
-) -> list[tuple[tuple, tuple]]:
-    """Each layer's (k, v) segments with the row of page `src[s, i]` of shard s copied to the
-    row of page `dst[s, i]` (page p of shard s is row s·B/S + p − 1; padding pairs dropped)."""
-    per_shard = spec.max_slots // spec.shards
-    base_Sx1 = jnp.arange(spec.shards, dtype=jnp.int32)[:, None] * per_shard - 1
-    src_N = jnp.maximum(src_SxN + base_Sx1, 0).reshape(-1)
-    dst_N = jnp.where(dst_SxN > 0, dst_SxN + base_Sx1, spec.max_slots).reshape(-1)
-
-    def copy(segments: tuple) -> tuple:
-        return tuple(
-            seg.at[dst_N].set(jnp.take(seg, src_N, axis=0), mode="drop") for seg in segments
-        )
-
-    return [(copy(k_l), copy(v_l)) for k_l, v_l in zip(k, v)]
