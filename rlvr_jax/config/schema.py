@@ -201,7 +201,8 @@ class RolloutConfig:
     kv_cache_gib: float | None = None
     """KV pool size in GiB per actor device (paged; set this or `kv_pages`)."""
     prefill_chunk: int = 512
-    """Prompt tokens prefilled per chunk, interleaved with decode chunks."""
+    """Prompt tokens prefilled per chunk, interleaved with decode chunks (paged; a contiguous
+    engine writes a prompt whole at admission)."""
     on_push: Literal["keep", "recompute"] = "keep"
     """What in-flight sequences do at a weight push: `keep` their KV cache, computed by the
     older weights, and continue on the new ones (PipelineRL: nothing recomputed; a

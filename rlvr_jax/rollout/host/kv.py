@@ -146,8 +146,9 @@ class PagePolicy:
     # ---- admission --------------------------------------------------------------------------
 
     def admit(self, params: DecodeParams, version: int) -> None:
-        """Admits from the head of the queue while slots, pages and the prefill budget allow."""
-        budget = [self.spec.prefill_chunk if self.seqs else math.inf]
+        """Admits from the head of the queue while slots, pages and the prefill budget allow
+        (`prefill_chunk` tokens while others decode; contiguous: none, as its dense prefill)."""
+        budget = [self.spec.prefill_chunk if self.seqs and not self.bound else math.inf]
         while self.seqs.waiting:
             head = self.seqs.queue[0]
             if isinstance(head, Resume):
