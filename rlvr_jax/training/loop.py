@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from rlvr_jax import dispatch, losses, models, sharding
-from rlvr_jax.config.checks import check
+from rlvr_jax.config.checks import check, check_context
 from rlvr_jax.config.schema import Config
 from rlvr_jax.models import lora
 from rlvr_jax.models.bootstrap import ensure_model
@@ -126,6 +126,7 @@ class Trainer:
         self.algorithm = get_algorithm(cfg.algorithm)
         learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh)
         path = ensure_model(cfg)
+        check_context(cfg)  # again: `model.create_if_missing` may have just built the model
         model = models.load_pretrained(
             path, dtype=cfg.model.param_dtype, mesh=learner_mesh, rules=sharding.LEARNER_RULES
         )
