@@ -49,6 +49,7 @@ from rlvr_jax.training.algorithms import Context, get_algorithm
 from rlvr_jax.training.ledger import Ledger
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
 from rlvr_jax.training.push import WeightPusher
+from rlvr_jax.training.step_log import EmptySteps
 
 log = logging.getLogger("rlvr_jax.train")
 
@@ -93,7 +94,7 @@ class _Pending:
     step: int
     host: dict[str, Any]
     device: list[Any]
-    texts: list[str]
+    samples: list[dict[str, Any]]
     dispatched: float
     tokens: int
     version: int
@@ -176,7 +177,8 @@ class Trainer:
         self._pusher: threading.Thread | None = None
         self._push_error: BaseException | None = None  # of the watcher thread's push
         self._hung = False  # a push timed out: the actors may never answer again
-        self._last_reward = math.nan
+        self._bar: Any = None
+        self.empty_steps = EmptySteps()
         self._saved: int | None = None
         self._eval_rollout: Any = None
 
@@ -185,7 +187,7 @@ class Trainer:
         cfg = self.cfg
         self.source.start()
         pending: _Pending | None = None
-        bar = _progress(cfg, self.start_step)
+        bar = self._bar = _progress(cfg, self.start_step)
         step = self.start_step
         try:
             while step < cfg.train.max_steps and not self.stop:
@@ -196,6 +198,7 @@ class Trainer:
                 self.ledger.write(step, batch.settled)  # before step's checkpoint can be
                 current = self._dispatch(step, batch)
                 self.dispatched = step
+                self.empty_steps.record(step, batch.arrays is not None, batch.empty_reason)
                 if pending is not None:
                     self._write(pending)
                 pending = current
@@ -206,10 +209,6 @@ class Trainer:
                     self.timeline.mark("step")
                 if bar is not None:
                     bar.update(1)
-                    reward = batch.metrics.get("reward/mean", math.nan)
-                    if math.isfinite(reward):
-                        self._last_reward = reward
-                    bar.set_postfix(reward=f"{self._last_reward:.3f}")
         finally:
             if pending is not None:
                 self._write(pending)
@@ -235,7 +234,7 @@ class Trainer:
             raise
         self.version += n
         pending = _Pending(
-            step, dict(batch.metrics), device, batch.texts, t0, batch.tokens, self.version
+            step, dict(batch.metrics), device, batch.samples, t0, batch.tokens, self.version
         )
         watched = (self.state.params, device) if n else device
         if n and self.source.on_policy:  # watched first: the train span ends with the update
@@ -307,8 +306,10 @@ class Trainer:
         if "tis/mean" not in row and "tis_weight/mean" in row:
             row["tis/mean"] = row["tis_weight/mean"]
         self.metrics.write(p.step, row)
-        for i, text in enumerate(p.texts[: self.cfg.log.sample_completions]):
-            self.metrics.text(p.step, f"samples/{i}", text)
+        for i, sample in enumerate(p.samples[: self.cfg.log.sample_completions]):
+            self.metrics.sample(p.step, i, sample)
+        if self._bar is not None:
+            self._bar.set_postfix(_postfix(row), refresh=False)
 
     def _maybe_eval_and_checkpoint(self, step: int, pending: _Pending) -> None:
         cfg = self.cfg
@@ -377,6 +378,8 @@ class Trainer:
             self._checkpoint(step)
         self.checkpointer.wait()
         self.ledger.write(step, self.source.pending())  # dropped again on resume
+        if self.stop.signal is not None:
+            log.warning("stopped at step %d, checkpoint written; rerun to resume", step)
         cfg = self.cfg
         if cfg.log.plots and self.metrics.enabled:
             plot_curves(read_jsonl(self.metrics.path), self.out / "curves.png")
@@ -446,6 +449,16 @@ def _device_turns(cfg: Config) -> dispatch.DeviceTurns | None:
     (multi-process runs step the rollout on the loop's thread already)."""
     shared = cfg.mesh.actor_devices == 0 and cfg.rollout.mode == "async"
     return dispatch.DeviceTurns() if shared and jax.process_count() == 1 else None
+
+
+def _postfix(row: dict[str, Any]) -> dict[str, str]:
+    """The progress bar's figure of a written step: its mean reward, else (SFT, DPO) its loss;
+    nothing when the step has neither (a step that trained nothing and sampled nothing)."""
+    for key, name in (("reward/mean", "reward"), ("loss", "loss")):
+        value = row.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            return {name: f"{value:.3f}"}
+    return {}
 
 
 def _progress(cfg: Config, start: int):
