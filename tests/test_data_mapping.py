@@ -162,18 +162,25 @@ def test_a_tool_module_in_the_working_directory_is_found_and_checked(tmp_path, m
         _load(tmp_path, "env.name=tools", "env.tools=['mytools_here:untyped']")
 
 
-def test_context_is_checked_against_the_model_at_load(tmp_path):
+def test_context_is_checked_against_the_model(tmp_path, capsys):
+    from rlvr_jax.cli import train_main
+    from rlvr_jax.config import check_context
+
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"max_position_embeddings": 256}))
     ok = load(None, [f"model.path={model}", "data.max_prompt_len=192", "rollout.max_new_tokens=64"])
-    assert ok.data.max_prompt_len == 192
+    check_context(ok)
+    long = [f"model.path={model}", "data.max_prompt_len=200", "rollout.max_new_tokens=64"]
     with pytest.raises(ConfigError) as e:
-        load(None, [f"model.path={model}", "data.max_prompt_len=200", "rollout.max_new_tokens=64"])
+        check_context(load(None, long))
     assert (
         "data.max_prompt_len=200 + rollout.max_new_tokens=64 = 264 positions exceed the "
         f"model's max_position_embeddings=256 ({model / 'config.json'})" in str(e.value)
     )
     inline = ["model.hf_config={max_position_embeddings: 128}", "algorithm=dpo"]
     with pytest.raises(ConfigError, match=r"dpo.max_response_len=100 = 356 .*\(model.hf_config\)"):
-        _load(tmp_path, *inline, "dpo.max_response_len=100")
+        check_context(_load(tmp_path, *inline, "dpo.max_response_len=100"))
+    check_context(_load(tmp_path))  # no model at hand: nothing to check against
+    assert train_main(["--dry-run", *long]) == 2  # rlvr-train checks it right after the load
+    assert "264 positions exceed" in capsys.readouterr().err

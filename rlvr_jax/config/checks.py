@@ -12,8 +12,11 @@ the key and the file.
   of the config imported now (`env.name`, `env.tools`, the sources' verifiers and transforms;
   the losses through their registries): a missing module is named with its key at load, the
   working directory searched as well (`rlvr_jax.config.refs`);
-- prompt + completion budget against the model's context (`check_context`), when the model's
-  config.json (or `model.hf_config`) is at hand.
+
+`check_context` checks the prompt + completion budget against the model's context, when the
+model's config.json (or `model.hf_config`) is at hand: `rlvr-train` calls it right after the
+load (a config only read for its `rollout:` section, as `rlvr-serve` reads one, does not need
+it), and the trainer again once `model.create_if_missing` has built the model.
 
 What needs the model, the data or the machine is checked where those are loaded;
 `check_runtime` checks what this machine must have to run a config (not to plan it).
@@ -52,7 +55,6 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
         get_algorithm(cfg.algorithm).validate(cfg)
         _check_sources(cfg)
         _check_env_refs(cfg.env)
-        _check_context(cfg)
     except ValueError as e:
         raise ConfigError(f"{source}: {e}") from None
 

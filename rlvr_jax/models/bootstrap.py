@@ -35,5 +35,8 @@ def ensure_model(cfg: Config) -> Path:
             )
         return path
     raise FileNotFoundError(
-        f"model.path {str(path)!r} has no config.json (and model.create_if_missing is not set)"
+        f"model.path {str(path)!r} has no config.json (and model.create_if_missing is not set): "
+        "give an HF checkpoint directory (a run's <train.output_dir>/final is one); rlvr-eval "
+        "and rlvr-serve also take a training checkpoint (<train.output_dir>/checkpoints/<step>), "
+        "and `rlvr-export CHECKPOINT OUT` writes one's HF export"
     )

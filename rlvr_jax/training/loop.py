@@ -46,6 +46,7 @@ from rlvr_jax.rollout.push import PushTimeoutError
 from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
 from rlvr_jax.training.algorithms import Context, get_algorithm
+from rlvr_jax.training.export import write_run_config
 from rlvr_jax.training.ledger import Ledger
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
 from rlvr_jax.training.push import WeightPusher
@@ -124,6 +125,8 @@ class Trainer:
         self.stop.where = lambda: self.dispatched
         self.out = Path(cfg.train.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        if jax.process_index() == 0:  # what rlvr-export / rlvr-eval read to load a checkpoint
+            write_run_config(cfg, self.out)
         self.algorithm = get_algorithm(cfg.algorithm)
         learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh)
         path = ensure_model(cfg)
