@@ -190,7 +190,7 @@ def export_main(argv: list[str] | None = None) -> int:
     p.add_argument("out", help="directory to write (new or empty)")
     p.add_argument(
         "--config",
-        help="the config the run was trained with (default: <train.output_dir>/config.yaml, "
+        help="the config the run was trained with (default: <train.output_dir>/run_config.yaml, "
         "which rlvr-train writes)",
     )
     args = p.parse_args(argv)

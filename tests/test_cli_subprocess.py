@@ -45,9 +45,9 @@ def test_rlvr_train_runs_a_few_steps_and_its_checkpoints_are_policies(tmp_path):
     assert (out / "checkpoints" / "2").is_dir() and (out / "final").is_dir()
     _quiet(proc.stderr())
 
-    # rlvr-eval takes a training checkpoint as it takes an HF directory (the run's config.yaml
+    # rlvr-eval takes a training checkpoint as it takes an HF directory (the run's run_config.yaml
     # says what the checkpoint holds; no --config needed)
-    assert (out / "config.yaml").is_file()
+    assert (out / "run_config.yaml").is_file()
     report = tmp_path / "eval.json"
     args = ["--model", str(out / "checkpoints" / "3"), "--input", str(tmp_path / "test.jsonl")]
     args += ["--ks", "1", "2", "--max-prompts", "2", "--json", str(report)]

@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         required=True,
         help="local HF checkpoint directory, or a training checkpoint "
-        "(<output_dir>/checkpoints/<step>: exported with its run's config.yaml)",
+        "(<output_dir>/checkpoints/<step>: exported with its run's run_config.yaml)",
     )
     p.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
     p.add_argument(

@@ -3,7 +3,7 @@
 
 Imports only the standard library at the top (`rlvr-eval --help` stays quick). A checkpoint
 directory is `<train.output_dir>/checkpoints/<step>` (`training.checkpoint`); the
-run's resolved config, which `rlvr-train` writes to `<train.output_dir>/config.yaml`
+run's resolved config, which `rlvr-train` writes to `<train.output_dir>/run_config.yaml`
 (`RUN_CONFIG`), says what it holds: the base model (`model.path`), the param dtype and LoRA.
 Only the policy's params are restored (not the optimizer state); with LoRA the checkpoint holds
 the adapters alone, which are merged into the base's kernels. The export is a plain HF
@@ -23,8 +23,9 @@ from rlvr_jax.config.schema import Config
 
 log = logging.getLogger("rlvr_jax")
 
-RUN_CONFIG = "config.yaml"
-"""The run's resolved config, in `train.output_dir` (written by the trainer at its start)."""
+RUN_CONFIG = "run_config.yaml"
+"""The run's resolved config, in `train.output_dir` (written by the trainer at its start; a
+name of its own, so that a user's `config.yaml` kept there is never overwritten)."""
 
 
 def is_checkpoint(path: str | Path) -> bool:
@@ -39,7 +40,7 @@ def run_config_path(checkpoint: str | Path) -> Path:
 
 
 def write_run_config(cfg: Config, output_dir: str | Path) -> Path:
-    """Writes `cfg` (resolved) to `<output_dir>/config.yaml`; returns the path."""
+    """Writes `cfg` (resolved) to `<output_dir>/run_config.yaml`; returns the path."""
     from rlvr_jax.config import dump
 
     path = Path(output_dir) / RUN_CONFIG
@@ -55,7 +56,7 @@ def checkpoint_config(
     checkpoint: str | Path, config: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> Config:
     """The config `checkpoint` was trained with: `config` when given, else the run's
-    config.yaml (FileNotFoundError naming it when absent)."""
+    run_config.yaml (FileNotFoundError naming it when absent)."""
     from rlvr_jax.config import load
 
     path = Path(config) if config is not None else run_config_path(checkpoint)
@@ -140,7 +141,7 @@ def policy_directory(
 ) -> Iterator[tuple[str | None, str | None]]:
     """(an HF directory of the policy at `path`, the config to run it with): `path` and
     `config` themselves, unless `path` is a training checkpoint: then its export in a
-    temporary directory (removed on exit) and `config`, else the run's config.yaml."""
+    temporary directory (removed on exit) and `config`, else the run's run_config.yaml."""
     if path is None or not is_checkpoint(path):
         yield path, config
         return
