@@ -56,6 +56,22 @@ def test_rlvr_train_runs_a_few_steps_and_its_checkpoints_are_policies(tmp_path):
     assert json.loads(report.read_text())["prompts"] == 2
     _quiet(proc.stderr())
 
+    # so does rlvr-serve, under the name <run>-step<N>
+    import openai
+
+    ready = tmp_path / "ready.json"
+    args = ["--model", str(out / "checkpoints" / "3"), "--http-port", "0", "--no-grpc"]
+    proc = C.Proc("rlvr-serve", [*args, "--ready-file", str(ready)], tmp_path)
+    try:
+        port = proc.wait_for_file(ready, 300)["http_port"]
+        client = openai.OpenAI(api_key="-", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["out-step3"]
+        answer = client.completions.create(model="out-step3", prompt="1 + 2", max_tokens=2)
+        assert answer.usage.completion_tokens >= 1
+    finally:
+        rc, _ = proc.stop()
+    assert rc == 0, proc.stderr()[-3000:]
+
     # ... because its export is the policy: the last checkpoint's equals the run's final/
     from safetensors.numpy import load_file
 

@@ -59,6 +59,7 @@ def checkpoint_config(
     run_config.yaml (FileNotFoundError naming it when absent)."""
     from rlvr_jax.config import load
 
+    _check_is_checkpoint(checkpoint)
     path = Path(config) if config is not None else run_config_path(checkpoint)
     if config is None and not path.is_file():
         raise FileNotFoundError(
@@ -79,11 +80,7 @@ def load_checkpoint(checkpoint: str | Path, cfg: Config) -> Any:
     from rlvr_jax.models.bootstrap import ensure_model
 
     checkpoint = Path(checkpoint)
-    if not is_checkpoint(checkpoint):
-        raise FileNotFoundError(
-            f"{checkpoint} is not a training checkpoint (<train.output_dir>/checkpoints/<step>, "
-            "holding a state/ directory)"
-        )
+    _check_is_checkpoint(checkpoint)
     base = ensure_model(cfg)
     if cfg.model.lora.rank:
         model = models.load_pretrained(base, dtype=cfg.model.param_dtype)
@@ -96,6 +93,14 @@ def load_checkpoint(checkpoint: str | Path, cfg: Config) -> Any:
         params = _restore_params(checkpoint, models.abstract_params(config, cfg.model.param_dtype))
     params = jax.tree_util.tree_map(np.asarray, params)
     return models.Model(config=config, params=params, path=str(base))
+
+
+def _check_is_checkpoint(path: str | Path) -> None:
+    if not is_checkpoint(path):
+        raise FileNotFoundError(
+            f"{path} is not a training checkpoint (<train.output_dir>/checkpoints/<step>, "
+            "holding a state/ directory)"
+        )
 
 
 def _restore_params(checkpoint: Path, like: Any) -> Any:
