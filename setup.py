@@ -67,6 +67,7 @@ setup(
             "rlvr-filter=rlvr_jax.cli:filter_main",
             "rlvr-serve=rlvr_jax.cli:serve_main",
             "rlvr-prefs=rlvr_jax.cli:prefs_main",
+            "rlvr-export=rlvr_jax.cli:export_main",
         ]
     },
 )

@@ -7,6 +7,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 EXIT_USAGE = 2
 VERBOSE_FLAG = "--verbose"
@@ -57,16 +58,21 @@ def train_main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the resolved config and the parameter/memory plan, then exit",
     )
-    p.add_argument("--describe", action="store_true", help="list every config key with its doc")
+    p.add_argument(
+        "--describe",
+        action="store_true",
+        help="list every config key (a source's keys too) with its type, default and doc",
+    )
     args = p.parse_args(argv)
-    from rlvr_jax.config import ConfigError, describe, dump
+    from rlvr_jax.config import ConfigError, check_context, describe, dump
 
     if args.describe:
-        for key, tp, doc in describe():
-            print(f"{key:36s} {tp:28s} {doc}")
+        for key, tp, default, doc in describe():
+            print(f"{key:36s} {tp:28s} {default:14s} {doc}")
         return 0
     try:
         cfg = _load_config(args)
+        check_context(cfg, source=args.config or "<defaults>")
     except ConfigError as e:
         return _fail(str(e))
     _setup_logging(cfg.log.log_level, args.verbose)
@@ -169,6 +175,38 @@ def _simple(module: str, what: str) -> Callable[[list[str] | None], int]:
 eval_main = _simple("rlvr_jax.eval.cli", "rlvr-eval")
 filter_main = _simple("rlvr_jax.eval.filter_cli", "rlvr-filter")
 prefs_main = _simple("rlvr_jax.eval.prefs_cli", "rlvr-prefs")
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    """`rlvr-export CHECKPOINT OUT [--config FILE]`: a training checkpoint's HF export."""
+    argv, verbose = _pop_verbose(list(sys.argv[1:] if argv is None else argv))
+    p = argparse.ArgumentParser(
+        prog="rlvr-export",
+        description="Write the HF export of a training checkpoint (<output_dir>/checkpoints/"
+        "<step>): the policy's params, LoRA adapters merged, with the run's tokenizer files; "
+        "rlvr-eval, rlvr-serve and transformers then load OUT as they load a run's final/.",
+    )
+    p.add_argument("checkpoint", help="<train.output_dir>/checkpoints/<step>")
+    p.add_argument("out", help="directory to write (new or empty)")
+    p.add_argument(
+        "--config",
+        help="the config the run was trained with (default: <train.output_dir>/run_config.yaml, "
+        "which rlvr-train writes)",
+    )
+    args = p.parse_args(argv)
+    _setup_logging(verbose=verbose)
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        return _fail(f"{out} exists and is not an empty directory: give a new OUT")
+    from rlvr_jax.training.export import checkpoint_config, export_checkpoint
+
+    try:
+        cfg = checkpoint_config(args.checkpoint, args.config)
+        export_checkpoint(args.checkpoint, out, cfg)
+    except (OSError, ValueError) as e:
+        return _fail(str(e))
+    print(f"rlvr-export: wrote the HF export of {args.checkpoint} to {out}")
+    return 0
 
 
 def serve_main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,16 @@ the key and the file.
 - `model.lora` and `rollout.weight_dtype` (and what the vLLM backend cannot do with them);
 - `env.*` against `rollout` and `algorithm`;
 - the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
-- what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`).
+- what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`);
+- the prompt sources' `fields`, `verifier` and `answer_transform`, and every `module:function`
+  of the config imported now (`env.name`, `env.tools`, the sources' verifiers and transforms;
+  the losses through their registries): a missing module is named with its key at load, the
+  working directory searched as well (`rlvr_jax.config.refs`);
+
+`check_context` checks the prompt + completion budget against the model's context, when the
+model's config.json (or `model.hf_config`) is at hand: `rlvr-train` calls it right after the
+load (a config only read for its `rollout:` section, as `rlvr-serve` reads one, does not need
+it), and the trainer again once `model.create_if_missing` has built the model.
 
 What needs the model, the data or the machine is checked where those are loaded;
 `check_runtime` checks what this machine must have to run a config (not to plan it).
@@ -16,6 +25,7 @@ What needs the model, the data or the machine is checked where those are loaded;
 from __future__ import annotations
 
 from rlvr_jax.config import schema
+from rlvr_jax.config.refs import search_working_directory
 
 
 class ConfigError(ValueError):
@@ -27,6 +37,7 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
     from rlvr_jax.losses import loss_settings_from_config
     from rlvr_jax.training.algorithms import get_algorithm
 
+    search_working_directory()  # `module:function` may name a module beside the command
     try:
         _check_interrupt(cfg.rollout)
         if cfg.rollout.exact and cfg.rollout.backend == "vllm":
@@ -42,8 +53,118 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
             raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")
         loss_settings_from_config(cfg.loss)
         get_algorithm(cfg.algorithm).validate(cfg)
+        _check_sources(cfg)
+        _check_env_refs(cfg.env)
     except ValueError as e:
         raise ConfigError(f"{source}: {e}") from None
+
+
+def check_context(cfg: schema.Config, *, source: str = "<config>") -> None:
+    """ConfigError when the longest sequence a run holds (`data.max_prompt_len` + the
+    completion budget) exceeds the model's `max_position_embeddings`; nothing when the model's
+    config is not at hand (a path `model.create_if_missing` builds: the trainer checks again
+    once it is built)."""
+    try:
+        _check_context(cfg)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _check_context(cfg: schema.Config) -> None:
+    found = _model_positions(cfg.model)
+    if found is None:
+        return
+    limit, where = found
+    if cfg.algorithm == "dpo" and cfg.dpo.max_response_len is not None:
+        budget, key = cfg.dpo.max_response_len, "dpo.max_response_len"
+    else:
+        budget, key = cfg.rollout.max_new_tokens, "rollout.max_new_tokens"
+    total = cfg.data.max_prompt_len + budget
+    if total > limit:
+        raise ValueError(
+            f"data.max_prompt_len={cfg.data.max_prompt_len} + {key}={budget} = {total} "
+            f"positions exceed the model's max_position_embeddings={limit} ({where}): lower "
+            "one of them"
+        )
+
+
+def _model_positions(model: schema.ModelConfig) -> tuple[int, str] | None:
+    """(max_position_embeddings, where it was read) of `model.path`'s config.json, else of
+    `model.hf_config`; None when neither gives it."""
+    import json
+    from pathlib import Path
+
+    file = Path(model.path) / "config.json"
+    hf, where = model.hf_config, "model.hf_config"
+    if file.is_file():
+        try:
+            hf, where = json.loads(file.read_text()), str(file)
+        except (OSError, ValueError):
+            return None  # the model's loader names what is wrong with it
+    value = hf.get("max_position_embeddings") if isinstance(hf, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value, where
+
+
+def _source_lists(cfg: schema.Config) -> list[tuple[str, list[schema.SourceConfig]]]:
+    return [
+        ("data.sources", cfg.data.sources),
+        ("data.eval_sources", cfg.data.eval_sources),
+        ("sft.sources", cfg.sft.sources),
+        ("dpo.sources", cfg.dpo.sources),
+    ]
+
+
+def _check_sources(cfg: schema.Config) -> None:
+    """Each source's `fields` maps row fields, and its `verifier` and `answer_transform`
+    resolve (a `module:function` one is imported)."""
+    from rlvr_jax.config.refs import import_function, is_ref
+    from rlvr_jax.data.mapping import answer_transform, check_fields
+
+    for name, sources in _source_lists(cfg):
+        for i, src in enumerate(sources):
+            key = f"{name}[{i}]"
+            check_fields(src.fields, f"{key}.fields")
+            if src.verifier is not None:
+                if not src.verifier.strip():
+                    raise ValueError(f"{key}.verifier must not be empty")
+                if is_ref(src.verifier):
+                    import_function(src.verifier, f"{key}.verifier")
+            if src.answer_transform is not None:
+                answer_transform(src.answer_transform, f"{key}.answer_transform")
+
+
+def _check_env_refs(env: schema.EnvConfig) -> None:
+    """`env.name` resolves, and so does each of `env.tools` (a `module:function` tool is
+    imported and its schema made from its signature)."""
+    if env.name is None:
+        return
+    from rlvr_jax.config.refs import import_function, is_ref
+
+    if is_ref(env.name):
+        import_function(env.name, "env.name")
+    else:
+        from rlvr_jax.envs.base import env_factory
+
+        env_factory(env.name)  # a registered name; the error names env.name
+    if env.name != "tools":
+        return
+    from rlvr_jax.envs.tools import BUILTIN_TOOLS, make_tool
+
+    for i, spec in enumerate(env.tools):
+        key = f"env.tools[{i}]"
+        if spec in BUILTIN_TOOLS:
+            continue
+        if not is_ref(spec):
+            raise ValueError(
+                f"{key}: {spec!r} is not one of {sorted(BUILTIN_TOOLS)} nor 'module:function'"
+            )
+        fn = import_function(spec, key)
+        try:
+            make_tool(fn, spec.partition(":")[2])
+        except TypeError as e:
+            raise ValueError(f"{key}: {e}") from None
 
 
 def _check_eval(cfg: schema.Config) -> None:

@@ -128,6 +128,17 @@ class SourceConfig:
     """TFDS data directory (local)."""
     domain: str | None = None
     """Default domain for rows that name none."""
+    fields: dict[str, str] = field(default_factory=dict)
+    """Row field -> the record's column that holds it, for files with their own column names
+    (e.g. `{prompt: question, ground_truth: answer}`); row fields: `prompt`, `ground_truth`,
+    `verifier`, `domain`, `verifier_kwargs`, `response`, `chosen`, `rejected` (docs/data.md)."""
+    verifier: str | None = None
+    """Verifier of rows that name none (`math`, `code`, `ifeval`, `judge`, `rubric`, a
+    registered name or `module:function`)."""
+    answer_transform: str | None = None
+    """Applied to each row's ground truth after the mapping: `gsm8k` (the text after GSM8K's
+    `#### `, commas dropped) or `module:function` (a function of the ground truth returning
+    the new one; a ValueError skips the row)."""
 
 
 @dataclass(frozen=True)
