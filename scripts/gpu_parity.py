@@ -210,9 +210,9 @@ def engine_check(sizes: Sizes, interpret: bool) -> dict[str, Any]:
     from rlvr_jax.rollout import EngineCore, generate
 
     heads = dict(n_heads=sizes.heads, n_kv_heads=sizes.kv_heads)
-    arch = common.bench_arch(
+    arch = common.ModelSize(
         d_model=sizes.heads * sizes.head_dim, n_layers=2, d_ff=256, vocab=512, **heads
-    )
+    ).arch()
     params = models.init_params(arch, jax.random.key(0))
     params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
     model = models.Model(config=arch, params=params, compute_dtype=jnp.bfloat16)

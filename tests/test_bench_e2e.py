@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rlvr_jax import timeline as tl
-from rlvr_jax.bench import e2e, e2e_run
+from rlvr_jax.bench import e2e, e2e_run, table
+from rlvr_jax.cli import bench_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,7 +133,7 @@ def test_quick_run_writes_consistent_json_and_plot(tmp_path, monkeypatch, capsys
     out, png = tmp_path / "e2e.json", tmp_path / "e2e.png"
     args = ["--quick", "--json", str(out), "--plot", str(png), "--set", "seed=1"]
     args += ["--set", "filter.zero_variance=false"]  # active sampling is off: train every group
-    code = e2e.main(args)
+    code = bench_main(["e2e", *args])
     assert code == 0
     r = json.loads(out.read_text())
     trl_ok = r["peers"]["trl"]["status"] == "ok"
@@ -179,7 +180,7 @@ def test_quick_run_writes_consistent_json_and_plot(tmp_path, monkeypatch, capsys
     assert r["roofline"]["peak_gflops_fp32"] > 0 and r["roofline"]["memory_gbps"] > 0
     assert "cpu_isa" in r["machine"] or not Path("/proc/cpuinfo").exists()
     printed = capsys.readouterr().out
-    assert "async / sync steps/s" in printed and "roofline fp32" in printed
+    assert "ratios/async_over_sync " in printed and "roofline fp32" in printed
 
 
 def test_settle_waits_for_the_load_to_fall_and_gives_up_at_its_cap():
@@ -210,20 +211,18 @@ def test_settle_waits_for_the_load_to_fall_and_gives_up_at_its_cap():
 def test_bad_settle_is_refused(capsys):
     for args in (["--settle", "-1"], ["--settle", "10", "--settle-below", "0"]):
         with pytest.raises(SystemExit):
-            e2e.main(["--config", str(ROOT / "configs" / "demo.yaml"), *args])
+            table.parse("e2e", ["--config", str(ROOT / "configs" / "demo.yaml"), *args])
         assert "--settle must be >= 0" in capsys.readouterr().err
 
 
 def test_bad_config_is_named(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        e2e.main(["--config", str(tmp_path / "missing.yaml")])
+    assert bench_main(["e2e", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml: no such file" in capsys.readouterr().err
 
 
 def test_bad_override_is_named_before_any_run(capsys):
     config = str(ROOT / "configs" / "demo.yaml")
-    with pytest.raises(SystemExit):
-        e2e.main(["--config", config, "--set", "train.max_stepz=3"])
+    assert bench_main(["e2e", "--config", config, "--set", "train.max_stepz=3"]) == 2
     err = capsys.readouterr().err
     assert "train.max_stepz" in err and "train.max_steps" in err
 
@@ -246,7 +245,7 @@ def test_bench_preset_is_the_bench_model_with_256_token_completions(tmp_path, mo
     assert not cfg.filter.active_sampling
     e2e.build_bench_policy(path, cfg)
     model = models.load_pretrained(path)
-    bench = common.bench_arch()
+    bench = common.ModelSize().arch()
     assert model.config.n_params() == bench.n_params()
     assert 55e6 < bench.n_params() < 57e6
     assert (model.config.d_model, model.config.n_layers, model.config.vocab_size) == (512, 8, 32000)

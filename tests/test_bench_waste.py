@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from rlvr_jax.bench import waste
+from rlvr_jax.bench import table, waste
 from rlvr_jax.bench.waste import LengthDistribution, simulate_continuous, simulate_static
+from rlvr_jax.cli import bench_main
 
 
 def test_two_requests_two_slots_by_hand():
@@ -88,9 +89,9 @@ def test_olmo3_regime_reproduces_the_reported_static_waste():
 @pytest.mark.slow  # ~8 s: compiles and runs the real engine twice
 def test_main_quick_measures_the_engine_as_the_simulation_predicts(tmp_path, capsys):
     out, png = tmp_path / "w.json", tmp_path / "w.png"
-    assert waste.main(["--quick", "--json", str(out), "--plot", str(png)]) == 0
-    table = capsys.readouterr().out
-    assert "LogNormal(mu=" in table and "static waste" in table
+    assert bench_main(["waste", "--quick", "--json", str(out), "--plot", str(png)]) == 0
+    printed = capsys.readouterr().out
+    assert "measured/predicted/static_waste" in printed and "simulated/static_waste" in printed
     result = json.loads(out.read_text())
     m = result["measured"]
     # the engine's own counters equal the exact slot-step count of the same lengths
@@ -106,9 +107,9 @@ def test_main_quick_measures_the_engine_as_the_simulation_predicts(tmp_path, cap
 
 def test_main_rejects_bad_sizes(capsys):
     with pytest.raises(SystemExit) as e:
-        waste.main(["--quick", "--measured-slots", "0"])
+        table.parse("waste", ["--quick", "--measured-slots", "0"])
     assert e.value.code == 2
     assert "measured_slots must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        waste.main(["--quick", "--mean", "40000"])
+        table.parse("waste", ["--quick", "--mean", "40000"])
     assert "mean must be in (0, cap=32768)" in capsys.readouterr().err

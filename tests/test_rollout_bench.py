@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from rlvr_jax.bench import common, decode, roofline
+from rlvr_jax.bench import common, decode
 from rlvr_jax.cli import bench_main
 from rlvr_jax.models import ArchConfig
 from rlvr_jax.rollout.waste import continuous_steps, static_steps
@@ -42,7 +42,7 @@ def test_flops_per_token_hand_derived():
 @pytest.mark.smoke("bench")
 def test_roofline_quick(tmp_path):
     out = tmp_path / "roof.json"
-    assert roofline.main(["--quick", "--json", str(out)]) == 0
+    assert bench_main(["roofline", "--quick", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert set(result["matmul_gflops"]) == {"float32", "bfloat16"}
     assert result["peak_gflops"] == result["matmul_gflops"]["float32"] > 0  # CPU denominator
