@@ -89,13 +89,14 @@ class ModelSize:
 
     def model(self, seed: int = 0, dtype: str = "float32") -> Any:
         """The bench model with these sizes and random weights (`models.init_params`, seeded),
-        stored in `dtype`."""
+        stored and computed in `dtype`."""
         import jax
 
         from rlvr_jax import models
 
-        arch = self.arch()
-        return models.Model(arch, models.init_params(arch, jax.random.key(seed), dtype))
+        arch, compute = self.arch(), jax.numpy.dtype(dtype)
+        params = models.init_params(arch, jax.random.key(seed), dtype)
+        return models.Model(arch, params, compute_dtype=compute)
 
 
 TINY_SIZES = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab=512)

@@ -172,9 +172,12 @@ def run_short(cfg: BenchConfig) -> dict:
     """Runs the throughput and long-tailed workloads and the roofline probe; the JSON-able
     result."""
     rng = np.random.default_rng(cfg.seed)
-    progress.line("building the model (random weights, HF and ours)")
-    with tempfile.TemporaryDirectory() as tmp:
-        hf, model = build_models(cfg, tmp)
+    progress.line("building the model (random weights, HF's twin unless --skip-hf)")
+    if cfg.skip_hf:
+        hf, model = None, cfg.model(cfg.seed, cfg.dtype)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            hf, model = build_models(cfg, tmp)
     prompts_np = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.prompt))
     prompts = prompts_np.tolist()
     core = EngineCore(model, max_slots=cfg.batch, max_len=cfg.prompt + cfg.new, chunk=cfg.chunk)
@@ -271,7 +274,7 @@ def run_short(cfg: BenchConfig) -> dict:
         "roofline": roof,
         "machine": {
             "torch_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "hf_device": str(hf.device),
+            "hf_device": str(hf.device) if hf is not None else None,
         },
         "config": {
             "model": config.to_hf(),

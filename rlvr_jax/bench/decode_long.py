@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -33,7 +32,6 @@ import numpy as np
 
 from rlvr_jax.bench import progress
 from rlvr_jax.bench.common import option
-from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.rollout import EngineCore, GroupRequest, Scheduler, SlotRequest
 from rlvr_jax.rollout.paged_core import PagedWork
 from rlvr_jax.rollout.pages import pages_for, work_lists
@@ -223,12 +221,10 @@ def fit_line(points: dict) -> dict:
 
 def run(cfg: Any) -> dict:
     """`rlvr-bench decode --workload long`: the long section (`cfg.long`) and the roofline.
-    The model: the bench model of `cfg` (`decode.BenchConfig`)."""
+    The model: the bench model of `cfg` (`decode.BenchConfig`), random weights."""
     from rlvr_jax.bench.roofline import best_roofline
 
-    with tempfile.TemporaryDirectory() as tmp:
-        _, model = build_models(cfg, tmp)
-    long = run_long(model, cfg.long)
+    long = run_long(cfg.model(cfg.seed, cfg.dtype), cfg.long)
     return {"long": long, "roofline": best_roofline(cfg.quick)}
 
 

@@ -49,7 +49,7 @@ def _policy(cfg: Any, lora_rank: int) -> models.Model:
     """The bench model (random, `cfg.dtype`), with trained-looking adapters of `lora_rank`."""
     from rlvr_jax.config.schema import LoraConfig
 
-    model = dataclasses.replace(cfg.model(cfg.seed, cfg.dtype), compute_dtype=jnp.dtype(cfg.dtype))
+    model = cfg.model(cfg.seed, cfg.dtype)
     if not lora_rank:
         return model
     model = models.adapt_lora(model, LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank))
