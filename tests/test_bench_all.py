@@ -1,5 +1,6 @@
-"""`rlvr-bench all` and the shared bench helpers: skipping missing modules, recording failures,
-the summary table, JSON writing, and a real quick run of two benchmarks."""
+"""`rlvr-bench` as one table (`rlvr_jax.bench.table`) and `rlvr-bench all`: flags from the config
+fields, every subcommand declared and wired, failures recorded, the one formatter, JSON writing
+and plots. (A real `all --quick` run: test_cli_bench_subprocess.py.)"""
 
 import dataclasses
 import json
@@ -193,20 +194,3 @@ def test_plots_are_png_and_panels_are_checked(tmp_path):
         common.Panel("t", "y")
     with pytest.raises(ValueError, match=r"should end in \.png"):
         common.save_plot(tmp_path / "p.jpg", [common.Panel("t", "y", bars={"a": 1.0})], "x")
-
-
-@pytest.mark.slow  # ~15 s: the real roofline and waste benchmarks at quick sizes
-def test_real_quick_run(tmp_path, capsys):
-    out = tmp_path / "all.json"
-    plots = tmp_path / "plots"
-    argv = ["--quick", "--only", "roofline,waste", "--json", str(out), "--plot-dir", str(plots)]
-    assert table.main_all(argv) == 0
-    r = json.loads(out.read_text())
-    assert {s["status"] for s in r["status"].values()} == {"ok"}
-    summary = r["summary"]
-    assert summary["roofline"]["matmul_gflops/float32"] > 0
-    waste = r["benchmarks"]["waste"]["measured"]
-    assert summary["waste"]["measured/static_waste"] == waste["static_waste"]
-    assert summary["waste"]["measured/continuous_waste"] < waste["static_waste"]
-    assert (plots / "waste.png").exists()
-    assert "measured/continuous_waste" in capsys.readouterr().out

@@ -1,7 +1,7 @@
-"""`rlvr-bench waste`: slot-step counts by hand, the clipped log-normal, the OLMo 3 regime,
-and the engine's measured waste against the simulation of the same lengths."""
+"""`rlvr-bench waste`: slot-step counts by hand, the clipped log-normal, the OLMo 3 regime.
+(The engine's measured waste against the simulation of the same lengths: its `--quick` run in
+test_cli_bench_subprocess.py.)"""
 
-import json
 import math
 
 import numpy as np
@@ -9,7 +9,6 @@ import pytest
 
 from rlvr_jax.bench import table, waste
 from rlvr_jax.bench.waste import LengthDistribution, simulate_continuous, simulate_static
-from rlvr_jax.cli import bench_main
 
 
 def test_two_requests_two_slots_by_hand():
@@ -84,25 +83,6 @@ def test_olmo3_regime_reproduces_the_reported_static_waste():
     assert sim["continuous_waste"] < 0.05
     assert sim["by_slots"]["1"]["static_waste"] == 0.0
     assert sim["by_slots"]["8"]["static_waste"] < sim["by_slots"]["64"]["static_waste"]
-
-
-@pytest.mark.slow  # ~8 s: compiles and runs the real engine twice
-def test_main_quick_measures_the_engine_as_the_simulation_predicts(tmp_path, capsys):
-    out, png = tmp_path / "w.json", tmp_path / "w.png"
-    assert bench_main(["waste", "--quick", "--json", str(out), "--plot", str(png)]) == 0
-    printed = capsys.readouterr().out
-    assert "measured/predicted/static_waste" in printed and "simulated/static_waste" in printed
-    result = json.loads(out.read_text())
-    m = result["measured"]
-    # the engine's own counters equal the exact slot-step count of the same lengths
-    assert m["slot_steps"] == m["predicted_slot_steps"]
-    assert m["static_waste"] == pytest.approx(m["predicted"]["static_waste"], abs=1e-12)
-    assert m["continuous_waste"] == pytest.approx(m["predicted"]["continuous_waste"], abs=1e-12)
-    assert m["continuous_waste"] < m["static_waste"]
-    assert m["tokens"] == pytest.approx(m["sample_mean"] * m["requests"])
-    assert result["distribution"]["simulated"]["mean"] == pytest.approx(14_700)
-    assert result["distribution"]["measured"]["cap"] == waste.QUICK.measured_cap
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_main_rejects_bad_sizes(capsys):
