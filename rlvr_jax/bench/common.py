@@ -104,8 +104,6 @@ TINY_SIZES = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, voc
 SIZES_1B = dict(d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, d_ff=5632)
 """≈0.97B params with the bench vocabulary (20 layers of D=2048, F=5632, 16 heads of 128, 4
 KV heads): the GPU presets' model (one H100/H200-class GPU)."""
-SIZE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSize))
-"""The names of the bench model's sizes."""
 
 
 def hf_config_dict(sizes: ModelSize) -> dict:

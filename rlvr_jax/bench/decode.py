@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import tempfile
 import time
 from typing import Any
 
@@ -173,11 +172,7 @@ def run_short(cfg: BenchConfig) -> dict:
     result."""
     rng = np.random.default_rng(cfg.seed)
     progress.line("building the model (random weights, HF's twin unless --skip-hf)")
-    if cfg.skip_hf:
-        hf, model = None, cfg.model(cfg.seed, cfg.dtype)
-    else:
-        with tempfile.TemporaryDirectory() as tmp:
-            hf, model = build_models(cfg, tmp)
+    hf, model = (None, cfg.model(cfg.seed, cfg.dtype)) if cfg.skip_hf else build_models(cfg)
     prompts_np = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.prompt))
     prompts = prompts_np.tolist()
     core = EngineCore(model, max_slots=cfg.batch, max_len=cfg.prompt + cfg.new, chunk=cfg.chunk)

@@ -138,7 +138,7 @@ def run(sizes: Any) -> dict:
     from rlvr_jax.rollout import EngineCore
 
     cfg = QUICK if sizes.quick else MultiturnConfig()
-    names = [*common.SIZE_FIELDS, "repeats"]
+    names = [f.name for f in dataclasses.fields(common.ModelSize)] + ["repeats"]
     cfg = dataclasses.replace(cfg, **{n: getattr(sizes, n) for n in names if not sizes.quick})
     arch = cfg.arch()
     model = cfg.model(cfg.seed)
