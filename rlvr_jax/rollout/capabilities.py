@@ -69,7 +69,7 @@ VLLM = Backend(
         "rollout.max_slots": "max_num_seqs (samples in vLLM at once)",
         "(prompt + rollout.max_new_tokens)": "max_model_len",
         "rollout.kv_cache_gib / kv_pages / (neither: max_slots full rows)": "kv_cache_memory_bytes",
-        "rollout.prefill_chunk": "max_num_batched_tokens (at least max_slots)",
+        "rollout.prefill_chunk": "max_num_batched_tokens (whole prompts: at least max_len)",
         "rollout.decode_chunk": "engine steps between the stream's boundaries (pushes, admission)",
         "model.compute_dtype": "dtype",
         "rollout.stop_strings": "stop_token_ids (one token each, as for our engine)",

