@@ -72,10 +72,13 @@ def test_kv_budget_keys_become_vllms_cache_size():
                             n_kv_heads=2, head_dim=64, d_ff=512)  # fmt: skip
     per_token = 2 * 2 * 2 * 64 * 4  # K and V, layers, KV heads, head dim, fp32
     kw = dict(dtype_bytes=4, max_slots=8, max_len=100, page_size=16)
-    assert kv_cache_bytes(cfg, **kw) == 8 * 100 * per_token  # max_slots contiguous rows
+    # max_slots contiguous rows, each of whole 128-token vLLM blocks
+    assert kv_cache_bytes(cfg, **kw) == 8 * 128 * per_token
+    assert kv_cache_bytes(cfg, **kw, block=16) == 8 * 112 * per_token
     assert kv_cache_bytes(cfg, **kw, kv_pages=10) == 10 * 16 * per_token
+    assert kv_cache_bytes(cfg, **kw, kv_pages=2) == 128 * per_token  # one sequence at least
     assert kv_cache_bytes(cfg, **kw, kv_cache_gib=0.5) == 2**29
-    assert kv_cache_bytes(cfg, **kw, tensor_parallel=2) == 8 * 100 * per_token // 2
+    assert kv_cache_bytes(cfg, **kw, tensor_parallel=2) == 8 * 128 * per_token // 2
 
 
 def test_engine_args_honour_the_engine_keys(tmp_path):

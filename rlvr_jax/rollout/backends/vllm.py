@@ -46,6 +46,8 @@ from rlvr_jax.rollout.sampling import SamplingParams
 from rlvr_jax.rollout.scheduler import Completion, GroupRequest
 
 ON_PUSH = ("keep", "recompute")
+VLLM_CPU_BLOCK = 128
+"""Tokens per KV block of vLLM's CPU build (its default there; GPUs use 16)."""
 """`rollout.on_push` values this backend honours."""
 
 
@@ -128,14 +130,17 @@ def kv_cache_bytes(
     kv_pages: int | None = None,
     kv_cache_gib: float | None = None,
     tensor_parallel: int = 1,
+    block: int = VLLM_CPU_BLOCK,
 ) -> int:
     """vLLM's KV cache size per device (`kv_cache_memory_bytes`) for our engine's budget keys:
     `kv_cache_gib` per device as given; else `kv_pages` pages of `page_size` tokens, or (neither)
-    the `max_slots` rows of `max_len` a contiguous cache holds, split over the tensor-parallel
-    devices (each holds its share of the KV heads)."""
+    the `max_slots` rows of `max_len` a contiguous cache holds (each row rounded up to whole
+    vLLM blocks of `block` tokens, so that `max_slots` sequences fit), split over the
+    tensor-parallel devices (each holds its share of the KV heads)."""
     if kv_cache_gib is not None:
         return int(kv_cache_gib * 2**30)
-    tokens = kv_pages * page_size if kv_pages is not None else max_slots * max_len
+    row = -(-max_len // block) * block
+    tokens = max(kv_pages * page_size, row) if kv_pages is not None else max_slots * row
     per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * dtype_bytes
     return -(-tokens * per_token // tensor_parallel)
 
