@@ -257,12 +257,14 @@ class VllmEngine:
         self.steps = 0
         """Engine steps run so far."""
 
-    def load(self, weights: list[tuple[str, Any]], version: int) -> None:
+    def load(self, weights: list[tuple[str, Any]], version: int, *, initial: bool = False) -> None:
         """Loads `torch_weights(...)` into every worker, between engine steps: later steps
         sample with them (`on_push` says what the in-flight requests' KV does). Refuses an
-        out-of-order push; raises `PartialPushError` when a worker took fewer tensors than
-        sent (its weights are then mixed: the run must stop)."""
-        check_order(version, self.version)
+        out-of-order push (unless `initial`: the weights the engine starts from); raises
+        `PartialPushError` when a worker took fewer tensors than sent (its weights are then
+        mixed: the run must stop)."""
+        if not initial:
+            check_order(version, self.version)
         loaded = self.llm.collective_rpc(self.reload, args=(weights,))
         short = [f"worker {i}: {n}" for i, n in enumerate(loaded) if n != len(weights)]
         if short:
@@ -273,11 +275,11 @@ class VllmEngine:
         self.llm.reset_prefix_cache(reset_running_requests=self.on_push == "recompute")
         self.version = version
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """`load` of policy params (models layout), once checked whole."""
-        check_order(version, self.version)
+    def update_weights(self, params: Any, version: int, *, initial: bool = False) -> None:
+        """`load` of policy params (models layout), once checked whole; `initial`: the params
+        the engine starts from (any version, the current one included)."""
         check_complete(params, self.signature, version=version)
-        self.load(torch_weights(params, self.config), version)
+        self.load(torch_weights(params, self.config), version, initial=initial)
 
     def sampling_params(self, request: GroupRequest, sample_index: int) -> Any:
         """vLLM's `SamplingParams` of one sample: our sampling settings, the request's stop
@@ -493,8 +495,9 @@ def build_rollout(cfg: Any, model: Model, mesh: Any, *, max_len: int | None, ver
                   interrupt: Any = None, turns: Any = None, **stream: Any) -> Any:  # fmt: skip
     """`rollout.build_rollout` for `rollout.backend: vllm`: a `RolloutStream` over a
     `VllmEngine` of `cfg` (the `rollout:` section) serving `model` in `model.compute_dtype`,
-    tensor-parallel over the actor mesh's `tensor` axis. vLLM loads the checkpoint on disk
-    (`model.path`); a resumed run (`version` > 0) then pushes `model.params` into it."""
+    tensor-parallel over the actor mesh's `tensor` axis. vLLM builds itself from the checkpoint
+    on disk (`model.path`), then `model.params` (a resumed run's, a trained policy's) are
+    pushed into it as policy `version`."""
     from rlvr_jax.rollout.stream import RolloutStream
 
     if interrupt is not None:  # refused at load (capabilities); a Config built in Python
@@ -504,7 +507,6 @@ def build_rollout(cfg: Any, model: Model, mesh: Any, *, max_len: int | None, ver
         cfg, model, max_len=max_len or model.config.max_position_embeddings,
         dtype=jax.numpy.dtype(model.compute_dtype).name, tensor_parallel=tensor,
     )  # fmt: skip
-    if version:  # resumed: vLLM loaded the checkpoint on disk, not these params
-        engine.update_weights(model.params, version)
+    engine.update_weights(model.params, version, initial=True)  # not the disk's: these
     scheduler = VllmScheduler(engine, version=version)
     return RolloutStream(None, scheduler=scheduler, version=version, turns=turns, **stream)
