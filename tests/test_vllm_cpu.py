@@ -226,3 +226,25 @@ def test_rlvr_train_refuses_a_key_vllm_cannot_honour_naming_it_and_the_backend(t
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
     assert "rollout.exact is not supported by rollout.backend: vllm" in out.stderr
+
+
+def test_rlvr_bench_decode_peer_vllm_writes_both_dtypes(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "peer.json"
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "rlvr-bench"), "decode", "--peer", "vllm", "--quick",
+         "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(out.read_text())
+    for d in ("float32", "bfloat16"):
+        ours, peer = r["tokens_per_s"]["continuous"][d], r["peers"]["vllm"]["tokens_per_s"][d]
+        assert ours > 0 and peer > 0
+        assert r["ratios"]["continuous_over_vllm"][d] == pytest.approx(ours / peer)
+        assert len(r["load"]["by_dtype"][d]) == 2
+    assert r["machine"]["cpu_isa"] is not None and r["roofline"]["peak_gflops_fp32"] > 0
+    assert "continuous / vLLM" in proc.stdout

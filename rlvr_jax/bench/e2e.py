@@ -226,7 +226,8 @@ def run(
     vllm_runs: list[ModeRun] = []
     trl_rows, trl_vllm_rows = [], []
     below = SETTLE_BELOW if settle_below is None else settle_below
-    waited = {"sync": 0.0, "async": 0.0, "trl": 0.0, "vllm": 0.0, "trl_vllm": 0.0}
+    sides = ("sync", "async", "trl", *(("vllm", "trl_vllm") if has_vllm() else ()))
+    waited = dict.fromkeys(sides, 0.0)
 
     def pause(side: str) -> None:
         if settle_s > 0:

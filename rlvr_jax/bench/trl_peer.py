@@ -17,6 +17,7 @@ processes and timeouts (TRL calls the verifiers in-process).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -185,6 +186,9 @@ def run_trl(
     args = grpo_args(cfg, max_steps=warmup + steps, output_dir=Path(out) / "trl")
     if use_vllm:
         args.update(use_vllm=True, vllm_mode="colocate")
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    if "activation_checkpointing" not in fields:  # transformers < 5.20 (the vLLM venv's)
+        args["gradient_checkpointing"] = args.pop("activation_checkpointing")
     marks: dict[str, Any] = {"begin": None, "steps": []}
 
     class StepClock(transformers.TrainerCallback):
