@@ -248,3 +248,32 @@ def test_rlvr_bench_decode_peer_vllm_writes_both_dtypes(tmp_path):
         assert len(r["load"]["by_dtype"][d]) == 2
     assert r["machine"]["cpu_isa"] is not None and r["roofline"]["peak_gflops_fp32"] > 0
     assert "continuous / vLLM" in proc.stdout
+
+
+def test_rlvr_eval_filter_and_prefs_sample_through_vllm(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    bin_ = Path(sys.executable).parent
+    base = ["--config", "configs/demo.yaml", "rollout.backend=vllm", f"model.path={BASE}"]
+    small = tmp_path / "four.jsonl"
+    lines = (ROOT / "data" / "demo" / "test.jsonl").read_text().splitlines()[:4]
+    small.write_text("".join(line + "\n" for line in lines))
+    runs = {
+        "rlvr-eval": [*base, "--input", str(small), "--ks", "1", "2", "--json",
+                      str(tmp_path / "eval.json")],
+        "rlvr-filter": [*base, "--input", str(small), "--output", str(tmp_path / "kept.jsonl"),
+                        "--samples", "2", "--json", str(tmp_path / "filter.json")],
+        "rlvr-prefs": [*base, "--strong", str(BASE), "--weak", str(BASE), "--input", str(small),
+                       "--output", str(tmp_path / "pairs.jsonl"), "--samples", "2",
+                       "--json", str(tmp_path / "prefs.json"), "--no-progress"],
+    }  # fmt: skip
+    for cmd, args in runs.items():
+        proc = subprocess.run([str(bin_ / cmd), *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=900)  # fmt: skip
+        assert proc.returncode == 0, f"{cmd}: {proc.stderr[-3000:]}"
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["prompts"] == 4 and 0 <= report["pass@k"]["1"] <= 1
+    assert json.loads((tmp_path / "filter.json").read_text())
+    assert json.loads((tmp_path / "prefs.json").read_text())
