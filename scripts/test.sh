@@ -12,8 +12,8 @@
 #                                 tiers and how a test's time is counted)
 #
 # The vLLM tier (tests marked `vllm`: rollout.backend: vllm on vLLM's CPU build) runs after the
-# whole suite in its own venv, .venv-vllm (`scripts/setup_env.sh --vllm`: ~6 min the first time,
-# then ~5 min of tests); the suite itself runs without vLLM. `--no-vllm` skips the tier,
+# whole suite in its own venv, $RLVR_VLLM_VENV (default .venv-vllm; `scripts/setup_env.sh --vllm`:
+# 12 min the first time here, loaded); the suite itself runs without vLLM. `--no-vllm` skips the tier,
 # `--vllm-only` runs it alone; `--fast` skips it.
 #
 # `--fast`, `--no-vllm` and `--vllm-only` are taken by this script; every other argument goes to
@@ -47,7 +47,6 @@ if [ "$MAIN" = 1 ]; then
 fi
 if [ "$VLLM_TIER" = 1 ]; then
   (
-    unset RLVR_VENV
     source scripts/setup_env.sh --vllm
     echo "[test] pytest -m vllm (the vLLM tier, in $(dirname "$(dirname "$(command -v python)")"))"
     python -m pytest -q -n 0 -m vllm --durations=10 ${ARGS[@]+"${ARGS[@]}"}
