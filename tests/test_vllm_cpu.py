@@ -196,10 +196,14 @@ def test_the_probe_stops_a_run_whose_push_left_the_old_weights(tmp_path, monkeyp
 def test_async_run_then_resume_hands_vllm_the_resumed_weights(tmp_path):
     from rlvr_jax.training.metrics import read_jsonl
 
-    _train(_cfg(tmp_path, "train.max_steps=2", "checkpoint.every_steps=1", "rollout.mode=async"))
+    evals = ["eval.every_steps=2", "eval.max_prompts=4", "eval.num_samples=2", "eval.ks=[1,2]"]
+    _train(_cfg(tmp_path, "train.max_steps=2", "checkpoint.every_steps=1", "rollout.mode=async",
+                *evals))  # fmt: skip
     _train(_cfg(tmp_path, "train.max_steps=3", "checkpoint.every_steps=1", "rollout.mode=sync"))
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
+    # the in-loop evaluation sampled through the run's vLLM rollout, pinned to version 2
+    assert 0 <= rows[1]["eval/pass@1"] <= 1 and "eval/pass@1" not in rows[0]
     for r in rows:  # vLLM's sampler against our learner, fp32: the same function
         assert r["push/probe_max_abs_logp"] < 1e-3, r
         assert r["push/bytes"] > 0 and r["push/seconds"] > 0
