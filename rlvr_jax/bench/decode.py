@@ -27,6 +27,10 @@ Python between device calls in one more continuous run, every device call timed 
 `--preset bench` (default; the 56M bench model), `quick` (smoke test), `gpu-1b` (≈1B params,
 bf16); `--dtype` sets both models' dtype. On a GPU transformers runs on CUDA too.
 
+`--peer vllm` (`rlvr_jax.bench.decode_vllm`): our continuous engine beside vLLM on one HF
+checkpoint per dtype, fp32 and bf16 (or `--dtype`), interleaved rounds; needs vLLM (its CPU
+build: `bash scripts/setup_env.sh --vllm`, docs/vllm.md).
+
 `--weight-dtype D` / `--lora-rank R` (`rlvr_jax.bench.decode_weights`): the engine decoding
 from weights stored in D (int8, fp8, bfloat16) against the compute dtype on the same run, with
 the per-token sampler/learner mismatch it causes, and with LoRA what an adapters-only push
@@ -281,7 +285,8 @@ def plot(result: dict, path: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     """`rlvr-bench decode [--workload short|long|all] [--preset bench|quick|gpu-1b] [--dtype D]
-    [--json FILE] [--plot FILE.png] [--quick] [--repeats N] [--skip-hf] [long sizes]`."""
+    [--json FILE] [--plot FILE.png] [--quick] [--repeats N] [--skip-hf] [--peer vllm]
+    [long sizes]`."""
     p = argparse.ArgumentParser(prog="rlvr-bench decode", description=__doc__.split("\n")[0])
     p.add_argument("--json", help="write the results here as JSON")
     p.add_argument("--plot", help="write a PNG plot here")
@@ -306,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         help="decode weights stored so, against the compute dtype (with the mismatch)",
     )
     p.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters: time their push")
+    p.add_argument(
+        "--peer", choices=("vllm",), help="vllm: our continuous engine beside vLLM, fp32 and bf16"
+    )
     args = p.parse_args(argv)
     quick = args.quick or args.preset == "quick"
     cfg = QUICK if quick else PRESETS[args.preset]
@@ -318,6 +326,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--repeats must be >= 1")
     overrides = {"repeats": args.repeats, "dtype": args.dtype}
     cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+    if args.peer == "vllm":
+        from rlvr_jax.bench import decode_vllm
+
+        dtypes = (args.dtype,) if args.dtype else decode_vllm.DTYPES
+        result = decode_vllm.run(cfg, dtypes=dtypes, quick=quick)
+        print(decode_vllm.format_result(result))
+        return common.write_outputs(result, args.json)
     if args.workload == "multiturn":
         from rlvr_jax.bench import multiturn
 
