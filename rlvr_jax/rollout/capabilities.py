@@ -45,10 +45,20 @@ class Backend:
     build: str | None = None
     """"module:function" building its `RolloutStream` (`rollout.builder.build_rollout`'s
     arguments); None = our engine, built by `build_rollout` itself."""
+    plan: str | None = None
+    """"module:function" planning its actor memory for `--dry-run` as `fn(cfg, arch, actor_axes)
+    -> (kv plan, actor bytes per device)`; None = our engine's plan."""
 
     def builder(self) -> Callable[..., Any]:
-        module, _, name = self.build.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return _resolve(self.build)
+
+    def planner(self) -> Callable[..., Any] | None:
+        return _resolve(self.plan) if self.plan else None
+
+
+def _resolve(ref: str) -> Callable[..., Any]:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 _OUR_KEYS = (
@@ -116,6 +126,7 @@ VLLM = Backend(
     install="its CPU build in its own venv: bash scripts/setup_env.sh --vllm (docs/vllm.md); "
     "on a GPU machine pip install 'rlvr_jax[vllm]'",
     build="rlvr_jax.rollout.backends.vllm:build_rollout",
+    plan="rlvr_jax.training.plan:vllm_kv_plan",
 )
 
 BACKENDS = {b.name: b for b in (JETSTREAM, VLLM)}
