@@ -83,7 +83,7 @@ def test_rollout_imports_and_core_generation_stay_light():
         "rlvr_jax.serve.cli",
         "rlvr_jax.serve.http",
         "rlvr_jax.rollout.jetstream_engine",
-        "rlvr_jax.rollout.vllm_backend",
+        "rlvr_jax.rollout.backends.vllm",
         "rlvr_jax.bench.decode",
         "rlvr_jax.bench.roofline",
     ]

@@ -23,6 +23,10 @@ Python between device calls in one more continuous run, every device call timed 
 
 `--preset`: `bench` (default; the 56M bench model), `quick` (smoke test), `gpu-1b` (≈1B
 params, bf16). On a GPU transformers runs on CUDA too.
+
+`--peer vllm` (`rlvr_jax.bench.decode_vllm`): our continuous engine beside vLLM on one HF
+checkpoint per dtype (`--peer-dtypes`: fp32 and bf16), interleaved rounds; needs vLLM (its CPU
+build: `bash scripts/setup_env.sh --vllm`, docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import tempfile
 import time
 from typing import Any
 
 import numpy as np
 
-from rlvr_jax.bench import common, decode_long, decode_weights, multiturn, progress
+from rlvr_jax.bench import common, decode_long, decode_vllm, decode_weights, multiturn, progress
 from rlvr_jax.bench.common import option
 from rlvr_jax.bench.decode_long import QUICK_LONG, LongConfig
 from rlvr_jax.bench.engine_timing import host_share, interleaved_best, profile_engine, run_lengths
@@ -90,6 +95,11 @@ class BenchConfig(common.ModelSize):
     """LoRA adapters of this rank: time their push (`rlvr_jax.bench.decode_weights`)."""
     long: LongConfig = dataclasses.field(default_factory=LongConfig)
     """The long workload's sizes."""
+    peer: str = option("", choices=("vllm",))
+    """vllm: our continuous engine beside vLLM on the throughput workload
+    (`rlvr_jax.bench.decode_vllm`)."""
+    peer_dtypes: tuple[str, ...] = option(decode_vllm.DTYPES, choices=decode_vllm.DTYPES)
+    """--peer: the dtypes compared, one HF checkpoint each (repeatable)."""
     quick: bool = option(False, None)
     """The smoke test's sizes (`--quick`): the roofline probe's too."""
 
@@ -154,7 +164,9 @@ def _hf_generate(hf: Any, prompts: np.ndarray, new: int) -> float:
 
 def run(cfg: BenchConfig) -> dict:
     """The config's workload (`BenchConfig.workload`; decode weights given `weight_dtype` or
-    `lora_rank`); the JSON-able result."""
+    `lora_rank`, beside a peer given `peer`); the JSON-able result."""
+    if cfg.peer == "vllm":
+        return decode_vllm.run(cfg)
     if cfg.workload == "multiturn":
         return multiturn.run(cfg)
     if cfg.weight_dtype or cfg.lora_rank:
@@ -172,7 +184,11 @@ def run_short(cfg: BenchConfig) -> dict:
     result."""
     rng = np.random.default_rng(cfg.seed)
     progress.line("building the model (random weights, HF's twin unless --skip-hf)")
-    hf, model = (None, cfg.model(cfg.seed, cfg.dtype)) if cfg.skip_hf else build_models(cfg)
+    if cfg.skip_hf:
+        hf, model = None, cfg.model(cfg.seed, cfg.dtype)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            hf, model = build_models(cfg, tmp)
     prompts_np = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.prompt))
     prompts = prompts_np.tolist()
     core = EngineCore(model, max_slots=cfg.batch, max_len=cfg.prompt + cfg.new, chunk=cfg.chunk)
@@ -297,6 +313,7 @@ BENCH = Bench(
         "multiturn/tokens_per_s",
         "multiturn/in_slot_over_reprefill",
         "multiturn/roofline_fraction",
+        "peers/vllm/tokens_per_s",
         "mismatch",
         "push/seconds",
         "apply/faster",

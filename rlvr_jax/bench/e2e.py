@@ -25,6 +25,12 @@ dispatched: the timed window runs from the last warm-up update's end to the last
   (`rlvr-bench roofline`'s `best_roofline`, probed after the last side) and, in `machine`,
   the CPU's model and vector ISA (`common.cpu_info`): a ratio against a peer moves with both.
 
+With vLLM installed (its CPU build: the vLLM venv, docs/vllm.md), two more rows: `vllm`, our
+trainer in async mode on `rollout.backend: vllm` (`steps_per_s.vllm`, `tokens_per_s.vllm`,
+`ratios.async_over_vllm`: our engine against vLLM under the same trainer), and `peers.trl_vllm`,
+TRL's GRPOTrainer generating with vLLM colocated (`use_vllm`, `vllm_mode: colocate`) where TRL
+can drive this vLLM (else the row reports the error; the peer is never patched).
+
 The TRL row needs `trl` (not a dependency); without it the row says so. Every run draws the
 same number of groups per optimizer step (`filter.active_sampling=false`, before the user's
 `--set`).
@@ -119,20 +125,29 @@ def build_bench_policy(path: str | Path, cfg: Any) -> Path:
     return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed, hf_config=bench)
 
 
+def has_vllm() -> bool:
+    """Whether vLLM is installed here (the `vllm` and `trl_vllm` rows)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
 def trl_peer(
-    config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path
-) -> dict[str, Any]:
+    config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path,
+    use_vllm: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """The TRL row: TRL's GRPOTrainer on the same setup (`rlvr_jax.bench.trl_peer`) when `trl`
-    is installed (it is never a dependency); a failure of the peer never fails the bench."""
+    is installed (it is never a dependency); a failure of the peer never fails the bench.
+    `use_vllm`: the TRL-with-vLLM row (TRL generating with vLLM colocated)."""
     if importlib.util.find_spec("trl") is None:
         return {"status": "skipped", "reason": "trl is not installed (pip install trl to add it)"}
     load_before = load_1min()
     try:
         from rlvr_jax.bench.trl_peer import run_trl
 
-        cfg = load_config(config_path, overrides, steps=warmup + steps, out=out / "trl")
-        progress.line(f"TRL GRPOTrainer peer: {warmup} warm-up + {steps} timed steps")
-        row = run_trl(cfg, steps=steps, warmup=warmup, out=out)
+        name = "trl_vllm" if use_vllm else "trl"
+        cfg = load_config(config_path, overrides, steps=warmup + steps, out=out / name)
+        progress.line(f"TRL GRPOTrainer peer{' with vLLM' * use_vllm}: {warmup} warm-up + "
+                      f"{steps} timed steps")  # fmt: skip
+        row = run_trl(cfg, steps=steps, warmup=warmup, out=out / name, use_vllm=use_vllm)
     except Exception as e:  # reported in the row: the peer never fails the bench
         return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
     return {**row, "loadavg": [load_before, load_1min()]}
@@ -231,9 +246,11 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
     unused = Path("unused")
     load_config(config_path, [*_MATCHED, *PRESETS[preset], *overrides], steps=1, out=unused)
     runs: dict[str, list[ModeRun]] = {"sync": [], "async": []}
-    trl_rows = []
+    vllm_runs: list[ModeRun] = []
+    trl_rows, trl_vllm_rows = [], []
     below = SETTLE_BELOW if cfg.settle_below is None else cfg.settle_below
-    waited = {"sync": 0.0, "async": 0.0, "trl": 0.0}
+    sides = ("sync", "async", "trl", *(("vllm", "trl_vllm") if has_vllm() else ()))
+    waited = dict.fromkeys(sides, 0.0)
 
     def pause(side: str) -> None:
         if settle_s > 0:
@@ -257,6 +274,16 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
                 done.append(run_mode(config_path, [*extra, *overrides], mode, **kw))
             pause("trl")
             trl_rows.append(trl_peer(config_path, [*extra, *overrides], **kw))
+            if has_vllm():  # our trainer on vLLM, and TRL with vLLM
+                pause("vllm")
+                on_vllm = [*extra, *overrides, "rollout.backend=vllm"]
+                vllm_runs.append(
+                    run_mode(config_path, on_vllm, "async", **{**kw, "out": kw["out"] / "vllm"})
+                )
+                pause("trl_vllm")
+                trl_vllm_rows.append(
+                    trl_peer(config_path, [*extra, *overrides], **kw, use_vllm=True)
+                )
     # probed after the sides, so that its own load (both cores for seconds) is not theirs
     progress.line("roofline probe (matmul peak, memory bandwidth)")
     roofline = best_roofline(quick)
@@ -280,10 +307,29 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
             async_.tokens_per_s, trl["tokens_per_s"]
         )
         loads["trl"] = tuple(trl["loadavg"])
+    peers = {"trl": trl}
+    if vllm_runs:
+        on_vllm = pool(vllm_runs)
+        summary["steps_per_s"]["vllm"] = on_vllm.steps_per_s
+        summary["tokens_per_s"]["vllm"] = on_vllm.tokens_per_s
+        summary["ratios"]["async_over_vllm"] = async_.steps_per_s / on_vllm.steps_per_s
+        summary["ratios"]["async_over_vllm_tokens"] = _ratio(
+            async_.tokens_per_s, on_vllm.tokens_per_s
+        )
+        summary["modes"]["vllm"] = {
+            **dataclasses.asdict(on_vllm),
+            "steps_per_s": on_vllm.steps_per_s,
+            "tokens_per_s": on_vllm.tokens_per_s,
+            "stale_share": on_vllm.stale_share,
+        }
+        loads["vllm"] = on_vllm.loadavg
+        peers["trl_vllm"] = pool_trl(trl_vllm_rows)
+        if peers["trl_vllm"]["status"] == "ok":
+            loads["trl_vllm"] = tuple(peers["trl_vllm"]["loadavg"])
     return {
         **summary,
         **quietness(loads),
-        "peers": {"trl": trl},
+        "peers": peers,
         "roofline": roofline,
         "config": {
             "config": str(config_path),
@@ -309,6 +355,8 @@ BENCH = Bench(
         "overlap_fraction",
         "projected_speedup_disjoint",
         "modes/async/stale_share",
+        "peers/trl/status",
+        "peers/trl_vllm/status",
         "quiet",
     ),
     plot=(

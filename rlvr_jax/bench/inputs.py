@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,11 +18,11 @@ import numpy as np
 from rlvr_jax.bench import common
 
 
-def build_models(cfg: Any) -> tuple[Any, Any]:
+def build_models(cfg: Any, path: str | Path) -> tuple[Any, Any]:
     """(HF torch model, our `Model`) of the bench model of `cfg` (`common.ModelSize` fields and
     a `dtype`) with the same random weights: HF's init (seeded by `cfg.seed`; on CUDA when JAX
-    runs on a GPU and torch sees one: like for like), saved in `cfg.dtype` to a temporary
-    folder and loaded back as ours in that dtype.
+    runs on a GPU and torch sees one: like for like), saved at `path` in `cfg.dtype`, loaded
+    back as ours in that dtype.
 
     Unless the environment says otherwise, torch's OpenMP threads are told to sleep rather
     than spin while waiting (`OMP_WAIT_POLICY=PASSIVE`, read when torch first loads): on a
@@ -41,9 +41,8 @@ def build_models(cfg: Any) -> tuple[Any, Any]:
     on_gpu = jax.default_backend() == "gpu" and torch.cuda.is_available()
     with torch.device("cuda" if on_gpu else "cpu"):
         hf = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype)).eval()
-    with tempfile.TemporaryDirectory() as path:
-        hf.save_pretrained(path)
-        return hf, load_pretrained(path, dtype=cfg.dtype)
+    hf.save_pretrained(path)
+    return hf, load_pretrained(path, dtype=cfg.dtype)
 
 
 def random_sample(rng: np.random.Generator, vocab: int, n_prompt: int, n: int) -> Any:

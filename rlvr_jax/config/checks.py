@@ -4,7 +4,8 @@ the key and the file.
 
 - `rollout.interrupt` and `rollout.push_*` against the rest of `rollout`; `eval.*` against
   `data.eval_sources`;
-- `model.lora` and `rollout.weight_dtype` (and what the vLLM backend cannot do with them);
+- `model.lora` and `rollout.weight_dtype`;
+- what `rollout.backend` cannot honour (its capability table, `rlvr_jax.rollout.capabilities`);
 - `env.*` against `rollout` and `algorithm`;
 - the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
 - what the `algorithm` needs of the config (its `validate` in `rlvr_jax.training.algorithms`);
@@ -35,16 +36,15 @@ class ConfigError(ValueError):
 def check(cfg: schema.Config, *, source: str = "<config>") -> None:
     """Raises ConfigError (`<source>: <the key's problem>`) for the first failed check."""
     from rlvr_jax.losses import loss_settings_from_config
+    from rlvr_jax.rollout.capabilities import refused
     from rlvr_jax.training.algorithms import get_algorithm
 
     search_working_directory()  # `module:function` may name a module beside the command
     try:
+        why = refused(cfg)
+        if why:
+            raise ValueError(why)
         _check_interrupt(cfg.rollout)
-        if cfg.rollout.exact and cfg.rollout.backend == "vllm":
-            raise ValueError(
-                "rollout.exact replays completions through our engine's decode step; vLLM "
-                "computes another function: use rollout.backend: jetstream or rollout.exact: false"
-            )
         _check_push(cfg.rollout)
         _check_lora(cfg)
         _check_env(cfg)
@@ -197,7 +197,7 @@ def _check_push(rollout: schema.RolloutConfig) -> None:
 
 
 def _check_lora(cfg: schema.Config) -> None:
-    """`model.lora`'s values; LoRA and quantized decode weights run on our engine only."""
+    """`model.lora`'s values."""
     lo = cfg.model.lora
     if lo.rank < 0:
         raise ValueError(f"model.lora.rank must be >= 0 (0 = off), got {lo.rank}")
@@ -218,15 +218,10 @@ def _check_lora(cfg: schema.Config) -> None:
                 f"model.lora.targets: {bad or 'empty'}; expected a non-empty subset of "
                 f"{list(schema.LORA_TARGETS)}"
             )
-    if cfg.rollout.backend == "vllm" and (lo.rank or cfg.rollout.weight_dtype):
-        raise ValueError(
-            "model.lora and rollout.weight_dtype run on our engine only: with rollout.backend: "
-            "vllm set model.lora.rank: 0 and leave rollout.weight_dtype unset"
-        )
 
 
 def _check_env(cfg: schema.Config) -> None:
-    """A multi-turn environment needs our engine, no budget forcing, and `algorithm: rl`
+    """A multi-turn environment needs no budget forcing, and `algorithm: rl`
     (the other algorithms would train on the environment's tokens)."""
     env = cfg.env
     if env.max_turns < 1 or env.workers < 1 or env.tool_timeout_s <= 0:
@@ -236,8 +231,6 @@ def _check_env(cfg: schema.Config) -> None:
         )
     if env.name is None:
         return
-    if cfg.rollout.backend == "vllm":
-        raise ValueError(f"env.name={env.name!r} needs rollout.backend: jetstream (not vllm)")
     if cfg.rollout.interrupt.thinking_budget:
         raise ValueError(
             f"env.name={env.name!r} and rollout.interrupt (budget forcing) cannot be combined; "
@@ -259,12 +252,6 @@ def _check_interrupt(rollout: schema.RolloutConfig) -> None:
         return
     if not it.text:
         raise ValueError("rollout.interrupt.text must not be empty")
-    if rollout.backend == "vllm":
-        raise ValueError(
-            "rollout.interrupt (budget forcing) is not supported with "
-            "rollout.backend: vllm; use rollout.backend: jetstream or set "
-            "rollout.interrupt.thinking_budget: 0"
-        )
     if it.thinking_budget + it.answer_budget >= rollout.max_new_tokens:
         raise ValueError(
             f"rollout.interrupt: thinking_budget={it.thinking_budget} + "
@@ -275,12 +262,16 @@ def _check_interrupt(rollout: schema.RolloutConfig) -> None:
 
 def check_runtime(cfg: schema.Config, *, source: str = "<config>") -> None:
     """Raises ConfigError when this machine lacks what `cfg` needs to run (not to be planned:
-    `rlvr-train --dry-run` skips it): today the `vllm` package for `rollout.backend: vllm`."""
+    `rlvr-train --dry-run` skips it): the package `rollout.backend` needs (its capabilities'
+    `package`, e.g. `vllm`)."""
     import importlib.util
 
-    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+    from rlvr_jax.rollout.capabilities import backend
+
+    b = backend(cfg.rollout.backend)
+    if b.package is not None and importlib.util.find_spec(b.package) is None:
         raise ConfigError(
-            f"{source}: rollout.backend: vllm needs the vllm package, which is not installed "
-            "here; install the extra on a GPU machine (pip install 'rlvr_jax[vllm]') or set "
-            "rollout.backend: jetstream (our engine, runs everywhere)"
+            f"{source}: rollout.backend: {b.name} needs the {b.package} package, which is not "
+            f"installed here; install {b.install}, or set rollout.backend: jetstream (our "
+            "engine, runs everywhere)"
         )

@@ -177,7 +177,9 @@ class RolloutConfig:
     """`sync`: generate, score, train, repeat. `async`: the actors generate while the
     learner trains, with in-flight weight updates."""
     backend: Literal["jetstream", "vllm"] = "jetstream"
-    """Rollout engine: our JAX engine (JetStream `Engine` API) or vLLM (GPU only)."""
+    """Rollout engine: our JAX engine (JetStream `Engine` API) or vLLM's engine (its GPU
+    build, or its CPU build in its own venv: docs/vllm.md). What each honours:
+    `rlvr_jax.rollout.capabilities`."""
     num_samples: int = 8
     """G: completions per prompt (group size)."""
     max_new_tokens: int = 64
@@ -223,6 +225,11 @@ class RolloutConfig:
     """The probe's largest |actor − learner| log-prob above which the run stops with
     `StaleWeightsError` (the actors do not hold the pushed weights). The on-policy mismatch is
     ~1e-6 in float32 and up to ~0.07 in bfloat16; tighten it to catch smaller updates."""
+    on_push: str = "keep"
+    """What a weight push does to the requests generating at that moment: `keep` their KV cache
+    (PipelineRL: their next tokens are sampled by the new weights over the old KV) or
+    `recompute` it with the new weights first. Tokens always record the version that sampled
+    them. Which backend offers which: `rlvr_jax.rollout.capabilities`."""
     weight_dtype: Literal["float32", "bfloat16", "int8", "fp8"] | None = None
     """Storage of the actors' decode matmul weights; None = `model.compute_dtype` (as the
     learner). `int8` / `fp8` (float8_e4m3fn): quantized per output channel (via qwix), the

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlvr_jax.rollout import capabilities
 from rlvr_jax.rollout.generation import request_seed
 from rlvr_jax.rollout.interrupt import from_config as interrupt_from_config
 from rlvr_jax.rollout.sampling import SamplingParams
@@ -126,8 +127,8 @@ def build_rollout(
         then never run beside a train step).
 
     Raises:
-      ValueError: a stop string that is not one token, budget forcing that does not fit
-        `max_new_tokens`, or budget forcing with the vLLM backend (naming the keys).
+      ValueError: a stop string that is not one token, or budget forcing that does not fit
+        `max_new_tokens` (naming the keys).
     """
     from rlvr_jax.data.formatting import stop_token_ids
 
@@ -145,18 +146,9 @@ def build_rollout(
         interrupt=forcing,
         turns=turns,
     )
-    if cfg.backend == "vllm":
-        from rlvr_jax.rollout.vllm_backend import VllmRollout, VllmScheduler
-
-        if forcing is not None:
-            raise ValueError(
-                "rollout.interrupt (budget forcing) is not supported with rollout.backend: vllm; "
-                "use rollout.backend: jetstream"
-            )
-        engine = VllmRollout(model)
-        if version:  # resumed: the engine loaded the checkpoint on disk, not these params
-            engine.update_weights(model.params, version)
-        return RolloutStream(None, scheduler=VllmScheduler(engine, version=version), **common)
+    backend = capabilities.backend(cfg.backend)
+    if backend.build is not None:  # another engine than ours (`rollout.capabilities`)
+        return backend.builder()(cfg, model, mesh, max_len=max_len, **common)
     engine = build_engine(cfg, model, mesh, tokenizer, max_len=max_len)
     if compile_ahead:
         engine.compile_ahead()

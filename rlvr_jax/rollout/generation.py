@@ -85,11 +85,11 @@ def generate(
     """Samples `num_samples` completions of each prompt.
 
     `model_or_engine` is a `Model` (an engine is built with `max_slots` slots, default
-    min(32, samples rounded up to 8)), an
-    `EngineCore`, a JetStream engine from `make_engine`, or a `VllmRollout`. Generation
-    stops at any of `stop_token_ids` (pass the model's EOS ids to stop there) or after
-    `max_new_tokens`. Prompt i samples with seed `request_seed(seed, i)`; results are
-    independent of `batching` and `max_slots`. `max_slots` caps the slots used (default:
+    min(32, samples rounded up to 8)), an `EngineCore`, a JetStream engine from
+    `make_engine`, or a vLLM engine (`backends.vllm.VllmEngine`). Generation stops at any of
+    `stop_token_ids` (pass the model's EOS ids to stop there) or after `max_new_tokens`.
+    Prompt i samples with seed `request_seed(seed, i)`; results are independent of
+    `batching` and `max_slots`. `max_slots` caps the slots used (default:
     all of the engine's). `interrupt`: budget forcing (`rlvr_jax.rollout.interrupt`; our
     engine only). Returns completions ordered by (prompt_index, sample_index).
     """

@@ -1,7 +1,7 @@
 """The weight-push contract between the learner and the actors, one rule per check.
 
 Every push carries the policy version of its params. An actor (`RolloutStream.update_weights`,
-the schedulers' `set_params`, `VllmRollout.update_weights`) refuses a push
+the schedulers' `set_params`, `VllmEngine.load`) refuses a push
 
 - out of order: its version is not newer than the one the actor holds or was last sent
   (`OutOfOrderPushError`) — a late or replayed push would roll the policy back silently;

@@ -73,7 +73,7 @@ class RolloutStream:
       version: policy version of the engine's current params.
       scheduler: drive this scheduler instead of our engine's (`engine` is then unused): an
         object with `Scheduler`'s `check`, `prepare`, `add`, `set_params`, `step`, `waiting`,
-        `live`, `parked`, `idle` — e.g. `vllm_backend.VllmScheduler`.
+        `live`, `parked`, `idle` — e.g. `backends.vllm.VllmScheduler`.
       timeline: when given, each decode chunk the driver thread runs is recorded in it as a
         "rollout" span (`rlvr_jax.timeline`; `rlvr-bench e2e` measures overlap with it).
       interrupt: budget forcing of every request (`rlvr_jax.rollout.interrupt`); None = off.

@@ -55,6 +55,7 @@ import jax
 import numpy as np
 
 from rlvr_jax.config.schema import Config, MeshAxes
+from rlvr_jax.rollout import capabilities
 
 GiB = 1024**3
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -532,8 +533,9 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
     _, micro_batch = micro_batch_rows(cfg, seq, learner_axes["data"] * learner_axes["fsdp"])
     learner = learner_bytes(cfg, arch, learner_axes)
-    if cfg.rollout.backend == "vllm":
-        kv, actor_bytes = vllm_kv_plan(cfg, arch, actor_axes)
+    actor_plan = capabilities.backend(cfg.rollout.backend).planner()
+    if actor_plan is not None:
+        kv, actor_bytes = actor_plan(cfg, arch, actor_axes)
     else:
         kv = kv_plan(cfg, arch, actor_axes)
         actor_bytes = {
