@@ -179,6 +179,12 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+def _mode_row(m: ModeRun) -> dict[str, Any]:
+    """A mode's figures in the JSON: its fields and its rates."""
+    rates = {"steps_per_s": m.steps_per_s, "tokens_per_s": m.tokens_per_s}
+    return {**dataclasses.asdict(m), **rates, "stale_share": m.stale_share}
+
+
 def summarize(sync: ModeRun, async_: ModeRun) -> dict[str, Any]:
     """The headline figures from the two runs."""
     r, t = sync.split_s["rollout"], sync.split_s["train"]
@@ -189,15 +195,7 @@ def summarize(sync: ModeRun, async_: ModeRun) -> dict[str, Any]:
         "time_s": {"rollout": r, "train": t},
         "overlap_fraction": async_.overlap_fraction,
         "projected_speedup_disjoint": (r + t) / max(r, t) if max(r, t) > 0 else None,
-        "modes": {
-            m.mode: {
-                **dataclasses.asdict(m),
-                "steps_per_s": m.steps_per_s,
-                "tokens_per_s": m.tokens_per_s,
-                "stale_share": m.stale_share,
-            }
-            for m in (sync, async_)
-        },
+        "modes": {m.mode: _mode_row(m) for m in (sync, async_)},
     }
 
 
@@ -316,12 +314,7 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
         summary["ratios"]["async_over_vllm_tokens"] = _ratio(
             async_.tokens_per_s, on_vllm.tokens_per_s
         )
-        summary["modes"]["vllm"] = {
-            **dataclasses.asdict(on_vllm),
-            "steps_per_s": on_vllm.steps_per_s,
-            "tokens_per_s": on_vllm.tokens_per_s,
-            "stale_share": on_vllm.stale_share,
-        }
+        summary["modes"]["vllm"] = _mode_row(on_vllm)
         loads["vllm"] = on_vllm.loadavg
         peers["trl_vllm"] = pool_trl(trl_vllm_rows)
         if peers["trl_vllm"]["status"] == "ok":
