@@ -115,42 +115,37 @@ def _run_library(module: str, fn: str, *args, what: str) -> int:
     return int(getattr(mod, fn)(*args) or 0)
 
 
-_BENCH: dict[str, tuple[str, str]] = {
-    "losses": ("rlvr_jax.bench.losses", "Loss lab: every registered loss variant on one batch."),
-    "verifiers": ("rlvr_jax.bench.verifiers", "Verifier throughput (math, code sandbox)."),
-    "roofline": ("rlvr_jax.bench.roofline", "Matmul throughput and memory bandwidth."),
-    "decode": ("rlvr_jax.bench.decode", "Decode tokens/s: continuous, static, HF generate."),
-    "learner": ("rlvr_jax.bench.learner", "Train-step tokens/s and achieved FLOPs fraction."),
-    "e2e": ("rlvr_jax.bench.e2e", "The demo RL setup in sync and async mode."),
-    "waste": ("rlvr_jax.bench.waste", "Static vs continuous batching waste."),
-    "mismatch": ("rlvr_jax.bench.mismatch", "Sampler vs learner log-probs, default and exact."),
-    "all": ("rlvr_jax.bench.all", "Every benchmark, one JSON and one table."),
-}
-
-
 def bench_main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench SUBCOMMAND [options]`; each subcommand has `--json FILE`. SIGTERM/SIGINT
-    stop it within 10 s (exit 128 + signal number)."""
+    """`rlvr-bench SUBCOMMAND [options]` (`rlvr_jax.bench.table`; `all`: every one of them); each
+    subcommand has `--json FILE`. SIGTERM/SIGINT stop it within 10 s (exit 128 + signal
+    number)."""
+    from rlvr_jax.bench.table import SUBCOMMANDS
+
+    commands = {**SUBCOMMANDS, "all": "Every benchmark, one JSON and one table."}
     argv_given = argv is not None
     argv, verbose = _pop_verbose(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: rlvr-bench SUBCOMMAND [--json FILE] [options]\n\nsubcommands:")
-        for name, (_, doc) in _BENCH.items():
+        for name, doc in commands.items():
             print(f"  {name:10s} {doc}")
         return 0 if argv else EXIT_USAGE
     name, rest = argv[0], argv[1:]
-    if name not in _BENCH:
-        return _fail(f"unknown benchmark {name!r}; choose from {', '.join(_BENCH)}")
-    module, _ = _BENCH[name]
+    if name not in commands:
+        return _fail(f"unknown benchmark {name!r}; choose from {', '.join(commands)}")
     _setup_logging(verbose=verbose)
-    from rlvr_jax.bench import progress
+    from rlvr_jax.bench import progress, table
     from rlvr_jax.shutdown import Interrupted, SignalStop
 
     progress.begin(f"rlvr-bench {name}")
-
     signals = SignalStop(f"rlvr-bench {name}", raise_in_main=True).install()
     try:
-        return _run_library(module, "main", rest, what=f"rlvr-bench {name}")
+        if name == "all":
+            return table.main_all(rest)
+        table.run(name, rest)
+        return 0
+    except (OSError, ValueError) as e:  # a bad file, batch, config or setting: exit 2
+        logging.getLogger("rlvr_jax").debug("rlvr-bench failed", exc_info=True)
+        return _fail(f"rlvr-bench {name}: {e}")
     except Interrupted as e:
         print(f"rlvr-bench {name}: interrupted by {e}", file=sys.stderr)
         if argv_given:

@@ -251,7 +251,7 @@ def test_rlvr_bench_decode_peer_vllm_writes_both_dtypes(tmp_path):
         assert r["ratios"]["continuous_over_vllm"][d] == pytest.approx(ours / peer)
         assert len(r["load"]["by_dtype"][d]) == 2
     assert r["machine"]["cpu_isa"] is not None and r["roofline"]["peak_gflops_fp32"] > 0
-    assert "continuous / vLLM" in proc.stdout
+    assert "ratios/continuous_over_vllm/bfloat16" in proc.stdout  # the headline figures
 
 
 def test_rlvr_eval_filter_and_prefs_sample_through_vllm(tmp_path):

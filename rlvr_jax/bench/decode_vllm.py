@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.bench import common, progress
+from rlvr_jax.bench import progress
 from rlvr_jax.bench.engine_timing import interleaved_best
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.bench.roofline import best_roofline
@@ -79,13 +79,14 @@ def vllm_generate(engine: Any, prompts: list[list[int]], new: int, seed: int) ->
     return generated
 
 
-def run(cfg: Any, *, dtypes: tuple[str, ...] = DTYPES, quick: bool = False) -> dict[str, Any]:
-    """Both engines on each of `dtypes`; the JSON-able result (module docstring)."""
+def run(cfg: Any) -> dict[str, Any]:
+    """Both engines on each of `cfg.peer_dtypes` (`decode.BenchConfig`); the JSON-able result
+    (module docstring)."""
     from rlvr_jax.rollout import EngineCore, generate
 
-    if quick:  # one head of 64 (vLLM's CPU attention refuses the smoke model's head dim 16)
+    dtypes = cfg.peer_dtypes
+    if cfg.quick:  # one head of 64 (vLLM's CPU attention refuses the smoke model's head dim 16)
         cfg = dataclasses.replace(cfg, n_heads=1, n_kv_heads=1)
-    load_before = os.getloadavg()
     rng = np.random.default_rng(cfg.seed)
     prompts = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.prompt)).tolist()
     n_tokens = cfg.batch * cfg.new
@@ -95,7 +96,7 @@ def run(cfg: Any, *, dtypes: tuple[str, ...] = DTYPES, quick: bool = False) -> d
         for dtype in dtypes:
             c = dataclasses.replace(cfg, dtype=dtype)
             progress.line(f"{dtype}: building the model (one HF checkpoint) and both engines")
-            _, model = build_models(c, os.path.join(tmp, dtype))
+            _, model = build_models(c, os.path.join(tmp, dtype))  # vLLM reads the checkpoint
             core = EngineCore(model, max_slots=c.batch, max_len=c.prompt + c.new, chunk=c.chunk)
             engine = vllm_engine(model, c)
             fns = {
@@ -116,7 +117,7 @@ def run(cfg: Any, *, dtypes: tuple[str, ...] = DTYPES, quick: bool = False) -> d
                 tps[name][dtype] = n_tokens / wall
             del engine
     progress.line("roofline probe (matmul peak, memory bandwidth)")
-    roof = best_roofline(quick)
+    roof = best_roofline(cfg.quick)
     import torch
     import vllm
 
@@ -134,28 +135,6 @@ def run(cfg: Any, *, dtypes: tuple[str, ...] = DTYPES, quick: bool = False) -> d
         },
         "load": {"by_dtype": load, "threshold": 0.75 * (os.cpu_count() or 1)},
         "roofline": roof,
-        "machine": {
-            **common.machine_info(load_before),
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        },
-        "config": {**dataclasses.asdict(cfg), "dtypes": list(dtypes), "quick": quick},
+        "machine": {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
+        "config": {**dataclasses.asdict(cfg), "dtypes": list(dtypes)},
     }
-
-
-def format_result(result: dict[str, Any]) -> str:
-    """The human-readable lines."""
-    lines = []
-    for d, ours in result["tokens_per_s"]["continuous"].items():
-        peer = result["peers"]["vllm"]["tokens_per_s"][d]
-        ratio = result["ratios"]["continuous_over_vllm"][d]
-        lines.append(
-            f"{d:9s} continuous {ours:8.1f} tokens/s   vLLM {peer:8.1f} tokens/s   "
-            f"continuous / vLLM {ratio:.2f}x   (load {max(result['load']['by_dtype'][d]):.2f})"
-        )
-    m, roof = result["machine"], result["roofline"]
-    lines.append(
-        f"machine: {m.get('cpu_model', '?')} ({'/'.join(m.get('cpu_isa') or []) or '?'}, "
-        f"{m.get('cpu_count', '?')} cores); roofline fp32 {roof['peak_gflops_fp32']:.1f} GFLOP/s, "
-        f"{roof['memory_gbps']:.1f} GB/s; vLLM {result['peers']['vllm']['version']}"
-    )
-    return "\n".join(lines)
