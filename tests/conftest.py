@@ -104,6 +104,7 @@ SUBSYSTEMS = (
     "config",
     "checkpoint",
     "bench",
+    "envs",
 )
 """Each has one smoke test in the fast tier."""
 NEAR_LIMIT = 0.6  # the summary lists fast-tier tests above this fraction of their limit

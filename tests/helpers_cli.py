@@ -21,6 +21,10 @@ lose some (the DPO experiment's --quick run: 106 s -> 125 s, load ~2.5). The flo
 are XLA's either way (no fast-math)."""
 FAULTS = Path(__file__).with_name("serve_faults")
 """PYTHONPATH entry whose sitecustomize injects engine faults (see its docstring)."""
+CHECKOUT = str(Path(__file__).resolve().parents[1])
+"""The checkout these tests belong to: first on the PYTHONPATH of every console script they
+start, so that the script runs this checkout's package whichever checkout the virtualenv's
+editable install points at (the same directory when it is this one)."""
 
 
 def script(name: str) -> str:
@@ -38,12 +42,14 @@ def xla_flags(devices: int = 1) -> str:
 
 def user_env(**extra: str) -> dict[str, str]:
     """The environment a user's shell has after `source scripts/setup_env.sh` (no test-only
-    XLA device count: `xla_flags()`), plus `extra`; `RLVR_TEST_*` variables put `FAULTS` on
-    PYTHONPATH."""
+    XLA device count: `xla_flags()`), plus `extra`; PYTHONPATH is `CHECKOUT`, then `extra`'s
+    PYTHONPATH, then (with `RLVR_TEST_*` variables) `FAULTS`."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
     env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(), **extra)
+    path = [CHECKOUT, *([extra["PYTHONPATH"]] if extra.get("PYTHONPATH") else [])]
     if any(k.startswith("RLVR_TEST_") for k in extra):
-        env["PYTHONPATH"] = str(FAULTS)
+        path.append(str(FAULTS))
+    env["PYTHONPATH"] = os.pathsep.join(path)
     return env
 
 

@@ -15,9 +15,9 @@ _BUILT: dict[tuple, Path] = {}  # (texts, seed) -> a policy built in this proces
 
 def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
     """A 2-layer Qwen2-shaped random policy with a 320-token BPE tokenizer at `path`
-    (`rlvr_jax.bench.common.tiny_policy`). Built once per process for the same texts and seed
+    (`rlvr_jax.models.testing.tiny_policy`). Built once per process for the same texts and seed
     (initialising the params compiles ~20 XLA programs: seconds), then copied file for file."""
-    from rlvr_jax.bench.common import tiny_policy
+    from rlvr_jax.models.testing import tiny_policy
 
     key = (tuple(texts), seed)
     if key not in _BUILT:

@@ -1,125 +1,153 @@
-"""`rlvr-bench all` and the shared bench helpers: skipping missing modules, recording failures,
-the summary table, JSON writing, and a real quick run of two benchmarks."""
+"""`rlvr-bench` as one table (`rlvr_jax.bench.table`) and `rlvr-bench all`: flags from the config
+fields, every subcommand declared and wired, failures recorded, the one formatter, JSON writing
+and plots. (A real `all --quick` run: test_cli_bench_subprocess.py.)"""
 
+import dataclasses
 import json
 import math
-import sys
-import textwrap
+import os
 
 import numpy as np
 import pytest
 
-from rlvr_jax.bench import all as bench_all
-from rlvr_jax.bench import common
+from rlvr_jax.bench import common, table
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeConfig:
+    size: int = 3
+    """The fake's size."""
+    broken: bool = False
+    """Refuse every run."""
+
+    def __post_init__(self) -> None:
+        if self.broken:
+            raise ValueError("broken by its preset")
+
+
+def _ok(cfg):
+    return {"tokens_per_s": {"a": 2.5, "b": 4}, "ratios": {"x": 0.5}, "size": cfg.size}
+
+
+def _raises(cfg):
+    raise RuntimeError("out of memory in fake")
+
+
+def _exits(cfg):
+    raise SystemExit(2)  # as argparse does on a bad flag
+
 
 FAKES = {
-    "fake_bench_ok": """
-        import argparse, json
-        def main(argv):
-            p = argparse.ArgumentParser()
-            p.add_argument("--json"); p.add_argument("--quick", action="store_true")
-            a = p.parse_args(argv)
-            json.dump({"tokens_per_s": {"a": 2.5, "b": 4}, "ratios": {"x": 0.5},
-                       "quick": a.quick, "other": 1.0}, open(a.json, "w"))
-            print("fake table")
-            return 0
-    """,
-    "fake_bench_raises": """
-        def main(argv):
-            raise RuntimeError("out of memory in fake")
-    """,
-    "fake_bench_badargs": """
-        import argparse
-        def main(argv):
-            argparse.ArgumentParser().parse_args(argv)  # --quick is unknown: exits with 2
-            return 0
-    """,
-    "fake_bench_nojson": """
-        def main(argv):
-            return 0
-    """,
-}
+    "ok": table.Bench(FakeConfig, _ok, {"default": FakeConfig(), "quick": FakeConfig(size=1)},
+                      headlines=("tokens_per_s", "ratios/x")),
+    "raises": table.Bench(FakeConfig, _raises, {"default": FakeConfig(), "quick": FakeConfig()},
+                          headlines=()),
+    "badargs": table.Bench(FakeConfig, _exits, {"default": FakeConfig(), "quick": FakeConfig()},
+                           headlines=()),
+}  # fmt: skip
 
 
 @pytest.fixture
-def fake_suite(tmp_path, monkeypatch):
-    for name, src in FAKES.items():
-        (tmp_path / f"{name}.py").write_text(textwrap.dedent(src))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    suite = {
-        "ok": bench_all.Subcommand("fake_bench_ok", headlines=("tokens_per_s", "ratios/x")),
-        "missing": bench_all.Subcommand("fake_bench_not_written_yet"),
-        "raises": bench_all.Subcommand("fake_bench_raises"),
-        "badargs": bench_all.Subcommand("fake_bench_badargs"),
-        "nojson": bench_all.Subcommand("fake_bench_nojson"),
-    }
-    monkeypatch.setattr(bench_all, "SUBCOMMANDS", suite)
-    yield
-    for name in FAKES:
-        sys.modules.pop(name, None)
+def fake_suite(monkeypatch):
+    monkeypatch.setattr(table, "SUBCOMMANDS", {name: f"the {name} fake" for name in FAKES})
+    monkeypatch.setattr(table, "bench", FAKES.__getitem__)
 
 
-def test_all_runs_what_exists_skips_what_does_not_and_records_failures(
-    fake_suite, tmp_path, capsys
-):
+def test_all_runs_every_subcommand_and_records_failures(fake_suite, tmp_path, capsys):
     out = tmp_path / "all.json"
-    assert bench_all.main(["--quick", "--json", str(out)]) == 1  # some failed
+    assert table.main_all(["--quick", "--json", str(out)]) == 1  # some failed
     printed = capsys.readouterr()
-    assert "fake table" in printed.out and "failed: raises, badargs, nojson" in printed.err
+    assert "tokens_per_s/a" in printed.out and "failed: raises, badargs" in printed.err
     r = json.loads(out.read_text())
     status = r["status"]
     assert status["ok"]["status"] == "ok"
-    assert status["missing"] == {
-        "status": "skipped",
-        "note": "module fake_bench_not_written_yet is not built yet",
-    }
     assert status["raises"]["note"] == "RuntimeError: out of memory in fake"
     assert status["badargs"]["note"] == "exit code 2"
-    assert status["nojson"]["note"] == "finished without writing its --json file"
-    assert r["benchmarks"] == {
-        "ok": {
-            "tokens_per_s": {"a": 2.5, "b": 4},
-            "ratios": {"x": 0.5},
-            "quick": True,
-            "other": 1.0,
-        }
-    }
+    ok = r["benchmarks"]["ok"]  # with where and how it ran
+    assert (ok["size"], ok["config"]) == (1, {"size": 1, "broken": False})
+    assert (
+        ok["machine"]["cpu_count"] == os.cpu_count() and len(ok["machine"]["loadavg_before"]) == 3
+    )
     assert r["summary"] == {"ok": {"tokens_per_s/a": 2.5, "tokens_per_s/b": 4, "ratios/x": 0.5}}
-    table = printed.out.split("rlvr-bench all (quick)")[1]
-    assert "tokens_per_s/a" in table and "skipped" in table and "exit code 2" in table
-    assert "other" not in table  # not a headline
+    summary = printed.out.split("rlvr-bench all (quick)")[1]
+    assert "tokens_per_s/a" in summary and "RuntimeError" in summary and "size" not in summary
+
+
+def test_flags_come_from_the_config_fields(fake_suite, capsys):
+    args, cfg = table.parse("ok", ["--size", "7", "--json", "x.json"])
+    assert cfg == FakeConfig(size=7) and args.json == "x.json"
+    assert table.parse("ok", ["--quick"])[1] == FakeConfig(size=1)
+    with pytest.raises(SystemExit):  # the config checks the flags' result
+        table.parse("ok", ["--broken"])
+    assert "broken by its preset" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        table.parse("ok", ["--help"])
+    assert "The fake's size. (default: 3)" in capsys.readouterr().out
 
 
 def test_only_and_skip_select_benchmarks(fake_suite, tmp_path, capsys):
     out = tmp_path / "a.json"
-    assert bench_all.main(["--only", "ok,missing", "--skip", "missing", "--json", str(out)]) == 0
+    assert table.main_all(["--only", "ok,raises", "--skip", "raises", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert list(r["status"]) == ["ok"] and r["benchmarks"]["ok"]["quick"] is False
+    assert list(r["status"]) == ["ok"] and r["benchmarks"]["ok"]["size"] == 3
     with pytest.raises(SystemExit):
-        bench_all.main(["--only", "ok,nope"])
+        table.main_all(["--only", "ok,nope"])
     assert "--only: unknown benchmark(s) ['nope']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bench_all.main(["--only", "ok", "--skip", "ok"])
+        table.main_all(["--only", "ok", "--skip", "ok"])
     assert "no benchmark left to run" in capsys.readouterr().err
 
 
-def test_every_known_subcommand_is_wired_in_the_cli():
+def test_every_subcommand_is_declared_and_wired_in_the_cli(capsys):
     from rlvr_jax import cli
 
-    assert set(bench_all.SUBCOMMANDS) | {"all"} == set(cli._BENCH)
-    for name, sub in bench_all.SUBCOMMANDS.items():
-        assert sub.module == cli._BENCH[name][0]
+    assert cli.bench_main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    for name, summary in table.SUBCOMMANDS.items():
+        b = table.bench(name)
+        assert f"  {name} " in listed and summary in listed
+        assert "quick" in b.presets and b.headlines
+        for preset in b.presets.values():
+            assert isinstance(preset, b.config)
+        with pytest.raises(SystemExit) as e:  # every flag of every subcommand parses
+            table.parse(name, ["--help"])
+        assert e.value.code == 0 and "--json" in capsys.readouterr().out
 
 
 def test_headline_figures_take_leaves_and_subtrees():
     result = {"a": {"b": 1.5, "c": {"d": 2, "e": "text"}}, "f": True, "g": None, "ab": 9}
-    assert bench_all.headline_figures(result, ["a/c", "f", "g", "a/b"]) == {
+    assert table.headline_figures(result, ["a/c", "f", "g", "a/b"]) == {
         "a/c/d": 2,
+        "a/c/e": "text",
+        "f": True,
         "g": None,
         "a/b": 1.5,
     }
-    assert bench_all.headline_figures(result, ["a"]) == {"a/b": 1.5, "a/c/d": 2}
-    assert bench_all.headline_figures(result, ["zz"]) == {}
+    assert table.headline_figures(result, ["a"]) == {"a/b": 1.5, "a/c/d": 2, "a/c/e": "text"}
+    assert table.headline_figures(result, ["zz"]) == {}
+    assert table.headline_figures({"h": [1, 2]}, ["h"]) == {}  # lists are not figures
+
+
+def test_one_formatter_shows_figures_and_tables_of_rows():
+    result = {
+        "tokens_per_s": {"a": 2.5, "b": 4},
+        "rows": {"x": {"loss": 1.0, "note": "n"}, "y": {"loss": 2.0, "tis": {"mean": 0.5}}},
+        "machine": {"cpu_model": "CPU", "cpu_isa": ["avx2"], "cpu_count": 2, "device_kind": "cpu",
+                    "loadavg_before": [0.5, 0, 0], "loadavg_after": [1.25, 0, 0]},
+        "roofline": {"peak_gflops_fp32": 100.0, "memory_gbps": 20.0},
+    }  # fmt: skip
+    text = table.format_result(result, ["tokens_per_s", "rows"]).splitlines()
+    assert text[:4] == ["figure          value", "--------------  -----",
+                        "tokens_per_s/a    2.5", "tokens_per_s/b      4"]  # fmt: skip
+    assert text[5:9] == ["rows  loss  note  tis/mean", "----  ----  ----  --------",
+                         "x        1  n            -", "y        2  -          0.5"]  # fmt: skip
+    assert text[-1] == (
+        "machine: CPU (avx2, 2 cores, cpu); roofline fp32 100.0 GFLOP/s, 20.0 GB/s; "
+        "load 0.50 -> 1.25"
+    )
+    loud = {"quiet": False, "load": {"threshold": 1.5, "by_side": {"a": [2.0, 1.0]}}}
+    assert "NOT QUIET: 1-minute load above 1.5 around a (2.00)" in table.machine_line(loud)
+    assert table.machine_line({}) == "machine: ? (ISA unknown, ? cores, ?)"
 
 
 def test_json_table_and_flatten_helpers(tmp_path):
@@ -166,20 +194,3 @@ def test_plots_are_png_and_panels_are_checked(tmp_path):
         common.Panel("t", "y")
     with pytest.raises(ValueError, match=r"should end in \.png"):
         common.save_plot(tmp_path / "p.jpg", [common.Panel("t", "y", bars={"a": 1.0})], "x")
-
-
-@pytest.mark.slow  # ~15 s: the real roofline and waste benchmarks at quick sizes
-def test_real_quick_run(tmp_path, capsys):
-    out = tmp_path / "all.json"
-    plots = tmp_path / "plots"
-    argv = ["--quick", "--only", "roofline,waste", "--json", str(out), "--plot-dir", str(plots)]
-    assert bench_all.main(argv) == 0
-    r = json.loads(out.read_text())
-    assert {s["status"] for s in r["status"].values()} == {"ok"}
-    summary = r["summary"]
-    assert summary["roofline"]["matmul_gflops/float32"] > 0
-    waste = r["benchmarks"]["waste"]["measured"]
-    assert summary["waste"]["measured/static_waste"] == waste["static_waste"]
-    assert summary["waste"]["measured/continuous_waste"] < waste["static_waste"]
-    assert (plots / "waste.png").exists()
-    assert "measured/continuous_waste" in capsys.readouterr().out

@@ -34,7 +34,7 @@ def test_quick_long_run_writes_the_keys_scripts_read(tmp_path):
     args = ["decode", "--workload", "long", "--quick", "--json", str(out)]
     proc = C.Proc("rlvr-bench", args, tmp_path)
     assert proc.wait(300) == 0, proc.stderr()[-3000:]
-    assert "[decode long]" in proc.stderr()  # progress while it runs
+    assert "rlvr-bench decode [" in proc.stderr() and "interleaved" in proc.stderr()  # progress
     long = json.loads(out.read_text())["long"]
     layouts = {"paged", "contiguous"}
     for key in ("tokens_per_s", "kv_bytes", "mean_concurrent"):

@@ -1,5 +1,6 @@
-"""`rlvr-bench e2e --quick`: both modes run, the figures are consistent with each other; a step
-counts when its update has finished; rounds pool; load flags a run that was not quiet."""
+"""`rlvr-bench e2e`: the summary by hand; a step counts when its update has finished; rounds
+pool; load flags a run that was not quiet; bad settings and configs are named before any run.
+(Its `--quick` run's figures: test_cli_bench_subprocess.py, from `rlvr-bench all --quick`.)"""
 
 import json
 import os
@@ -9,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from rlvr_jax import timeline as tl
-from rlvr_jax.bench import e2e, e2e_run
+from rlvr_jax.bench import e2e, e2e_run, table
+from rlvr_jax.cli import bench_main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,62 +128,6 @@ def test_rounds_pool_as_totals_and_load_flags_quiet():
     assert e2e.pool_trl([trl, failed]) == failed
 
 
-@pytest.mark.slow
-def test_quick_run_writes_consistent_json_and_plot(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(ROOT)  # the demo config's data paths are relative to the repository
-    out, png = tmp_path / "e2e.json", tmp_path / "e2e.png"
-    args = ["--quick", "--json", str(out), "--plot", str(png), "--set", "seed=1"]
-    args += ["--set", "filter.zero_variance=false"]  # active sampling is off: train every group
-    code = e2e.main(args)
-    assert code == 0
-    r = json.loads(out.read_text())
-    trl_ok = r["peers"]["trl"]["status"] == "ok"
-    sides = {"sync", "async", "trl"} if trl_ok else {"sync", "async"}
-    assert set(r["steps_per_s"]) == set(r["tokens_per_s"]) == sides
-    assert r["config"]["rounds"] == 1 and isinstance(r["quiet"], bool)
-    assert set(r["load"]["by_side"]) == sides
-    assert r["config"]["preset"] == "demo"
-    assert r["ratios"]["async_over_sync"] == r["async_over_sync"]
-    if trl_ok:
-        ratio = r["steps_per_s"]["async"] / r["steps_per_s"]["trl"]
-        assert r["ratios"]["async_over_trl"] == pytest.approx(ratio)
-    else:
-        assert r["ratios"]["async_over_trl"] is None
-    assert "filter.active_sampling=false" in r["config"]["overrides"]
-    for mode in ("sync", "async"):
-        m = r["modes"][mode]
-        assert m["steps"] == 2 and m["wall_s"] > 0 and m["tokens"] > 0
-        assert m["groups_drawn"] >= 2 and m["groups_stale"] >= 0  # (a batch draws >= 1 group)
-        total = m["groups_drawn"] + m["groups_stale"]
-        assert m["stale_share"] == pytest.approx(m["groups_stale"] / total)
-        assert m["steps_per_s"] == pytest.approx(2 / m["wall_s"])
-        assert m["tokens_per_s"] == pytest.approx(m["tokens"] / m["wall_s"])
-        # the timed window ends when the last update has finished
-        assert m["window_s"][1] >= max(m["update_ends_s"]) and len(m["update_ends_s"]) == 3
-        assert m["busy_s"]["rollout"] > 0 and m["busy_s"]["train"] > 0
-        # busy time within the measured window
-        assert m["busy_s"]["train"] <= m["wall_s"] + 1e-6
-        assert 0.0 <= m["reward_mean"] <= 1.0
-    # sync mode trains only once every group it waits for is in: the stages never overlap
-    assert r["modes"]["sync"]["overlap_fraction"] < 0.05
-    assert 0.0 <= r["overlap_fraction"] <= 1.0
-    split = r["time_s"]
-    assert r["projected_speedup_disjoint"] == pytest.approx(
-        (split["rollout"] + split["train"]) / max(split.values())
-    )
-    assert 1.0 <= r["projected_speedup_disjoint"] <= 2.0
-    assert r["config"]["quick"] and "seed=1" in r["config"]["overrides"]
-    assert r["config"]["settle"]["max_s"] == 0 and set(r["config"]["settle"]["waited_s"]) == {
-        "sync", "async", "trl"}  # fmt: skip
-    assert r["peers"]["trl"]["status"] in ("skipped", "ok")
-    assert png.read_bytes()[:4] == b"\x89PNG"
-    # the machine's measured peak and its CPU go with the figures
-    assert r["roofline"]["peak_gflops_fp32"] > 0 and r["roofline"]["memory_gbps"] > 0
-    assert "cpu_isa" in r["machine"] or not Path("/proc/cpuinfo").exists()
-    printed = capsys.readouterr().out
-    assert "async / sync steps/s" in printed and "roofline fp32" in printed
-
-
 def test_settle_waits_for_the_load_to_fall_and_gives_up_at_its_cap():
     class Fake:  # a clock that sleeping advances, and a load that decays as it does
         def __init__(self, loads):
@@ -210,20 +156,18 @@ def test_settle_waits_for_the_load_to_fall_and_gives_up_at_its_cap():
 def test_bad_settle_is_refused(capsys):
     for args in (["--settle", "-1"], ["--settle", "10", "--settle-below", "0"]):
         with pytest.raises(SystemExit):
-            e2e.main(["--config", str(ROOT / "configs" / "demo.yaml"), *args])
+            table.parse("e2e", ["--config", str(ROOT / "configs" / "demo.yaml"), *args])
         assert "--settle must be >= 0" in capsys.readouterr().err
 
 
 def test_bad_config_is_named(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        e2e.main(["--config", str(tmp_path / "missing.yaml")])
+    assert bench_main(["e2e", "--config", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml: no such file" in capsys.readouterr().err
 
 
 def test_bad_override_is_named_before_any_run(capsys):
     config = str(ROOT / "configs" / "demo.yaml")
-    with pytest.raises(SystemExit):
-        e2e.main(["--config", config, "--set", "train.max_stepz=3"])
+    assert bench_main(["e2e", "--config", config, "--set", "train.max_stepz=3"]) == 2
     err = capsys.readouterr().err
     assert "train.max_stepz" in err and "train.max_steps" in err
 
@@ -246,7 +190,7 @@ def test_bench_preset_is_the_bench_model_with_256_token_completions(tmp_path, mo
     assert not cfg.filter.active_sampling
     e2e.build_bench_policy(path, cfg)
     model = models.load_pretrained(path)
-    bench = common.bench_arch()
+    bench = common.ModelSize().arch()
     assert model.config.n_params() == bench.n_params()
     assert 55e6 < bench.n_params() < 57e6
     assert (model.config.d_model, model.config.n_layers, model.config.vocab_size) == (512, 8, 32000)

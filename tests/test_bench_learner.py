@@ -8,14 +8,15 @@ import os
 import numpy as np
 import pytest
 
-from rlvr_jax.bench import common, decode
+from rlvr_jax.bench import common, decode, table
 from rlvr_jax.bench import learner as bench
+from rlvr_jax.cli import bench_main
 
 TINY = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab=512)
 
 
 def test_flops_by_hand():
-    arch = common.bench_arch(**TINY)
+    arch = common.ModelSize(**TINY).arch()
     assert (arch.head_dim, arch.tie_embeddings, arch.qkv_bias) == (16, True, True)
     # per layer: q 64*4*16 + k, v 2*64*2*16 + o 4*16*64 + mlp 3*64*128
     #          = 4096 + 4096 + 4096 + 24576 = 36864; x2 layers + LM head 512*64 = 106496
@@ -44,7 +45,8 @@ def test_flops_by_hand():
     ],
 )
 def test_datasheet_peaks(kind, expected):
-    assert common.datasheet_peak(kind) == expected
+    sheet = common.datasheet(kind)
+    assert (sheet and (sheet["name"], sheet["bf16_tflops"])) == expected
 
 
 def test_the_bench_model_is_decodes():
@@ -54,12 +56,12 @@ def test_the_bench_model_is_decodes():
     assert (arch.n_heads, arch.n_kv_heads, arch.d_ff) == (cfg.n_heads, cfg.n_kv_heads, cfg.d_ff)
     big = bench.PRESETS["gpu-1b"]
     assert 0.9e9 < big.arch().n_params() < 1.1e9 and big.dtype == "bfloat16"
-    with pytest.raises(ValueError, match="unknown bench model size"):
-        common.bench_arch(width=3)
+    with pytest.raises(TypeError, match="width"):
+        common.ModelSize(width=3)
 
 
 def test_synthetic_batch_is_a_collated_rl_batch():
-    arch = common.bench_arch(**TINY)
+    arch = common.ModelSize(**TINY).arch()
     b = bench.synthetic_batch(arch, rows=6, seq=40, seed=2, with_old_logp=True)
     t = b.tokens  # one completion per row: the packed rows are the completion slots
     on = b.mask_BxT > 0
@@ -77,21 +79,28 @@ def test_synthetic_batch_is_a_collated_rl_batch():
     assert len(set(lengths.tolist())) > 1  # varied completion lengths
 
 
+def parse_config(argv):
+    return table.parse("learner", argv)
+
+
 def test_options_override_the_preset(capsys):
-    _, cfg = bench.parse_config(["--preset", "quick", "--batch", "8", "--dtype", "bf16"])
+    _, cfg = parse_config(["--preset", "quick", "--batch", "8", "--dtype", "bf16"])
     assert (cfg.batch, cfg.dtype, cfg.d_model) == (8, "bfloat16", 64)
-    _, cfg = bench.parse_config(["--layers", "4", "--n-micro", "4", "--no-profile"])
+    _, cfg = parse_config(["--layers", "4", "--n-micro", "4", "--no-profile"])
     assert (cfg.n_layers, cfg.n_micro, cfg.profile, cfg.vocab) == (4, 4, False, 32000)
+    _, cfg = parse_config(["--kv-heads", "4", "--heads", "4", "--attention", "xla"])
+    assert (cfg.n_kv_heads, cfg.n_heads, cfg.attention_impl) == (4, 4, "xla")
     with pytest.raises(SystemExit):
-        bench.parse_config(["--quick", "--n-micro", "3"])
+        parse_config(["--quick", "--n-micro", "3"])
     assert "n_micro=3 must be >= 1 and divide batch=4" in capsys.readouterr().err
-    _, cfg = bench.parse_config(["--quick", "--remat", "--attn-chunk", "8", "--logits-chunk", "16"])
+    _, cfg = parse_config(["--quick", "--remat", "--attn-chunk", "8", "--logits-chunk", "16"])
     memory = cfg.memory()
     assert (memory.remat, memory.attn_chunk, memory.logits_chunk) == (True, 8, 16)
     with pytest.raises(SystemExit):  # the learner would silently ignore a chunk not dividing T
-        bench.parse_config(["--quick", "--logits-chunk", "12"])
+        parse_config(["--quick", "--logits-chunk", "12"])
     assert "logits_chunk=12 must be 0 (off) or a divisor of seq=32" in capsys.readouterr().err
-    assert bench.main(["--quick", "--loss", "no_such_preset"]) == 2
+    with pytest.raises(SystemExit):
+        parse_config(["--quick", "--loss", "no_such_preset"])
     assert "no_such_preset" in capsys.readouterr().err
 
 
@@ -148,7 +157,7 @@ def test_main_quick_reports_consistent_figures(tmp_path, capsys):
     out, png = tmp_path / "l.json", tmp_path / "l.png"
     argv = ["--quick", "--json", str(out), "--plot", str(png), "--device-kind", "NVIDIA H200"]
     argv += ["--trace", str(tmp_path / "trace")]
-    assert bench.main(argv) == 0
+    assert bench_main(["learner", *argv]) == 0
     assert "train_step" in capsys.readouterr().out
     r = json.loads(out.read_text())
     cfg = bench.PRESETS["quick"]
@@ -191,8 +200,8 @@ def test_attention_memory_workload(tmp_path, capsys):
     out, png = tmp_path / "m.json", tmp_path / "m.png"
     argv = ["--quick", "--workload", "attention-memory", "--seqs", "1024,2048,4096",
             "--json", str(out), "--plot", str(png)]  # fmt: skip
-    assert bench.main(argv) == 0
-    assert "vs blockwise" in capsys.readouterr().out
+    assert bench_main(["learner", *argv]) == 0
+    assert "attention_memory/over_blockwise/xla" in capsys.readouterr().out
     r = json.loads(out.read_text())["attention_memory"]
     assert r["kernels"] == ["xla", "blockwise"] and r["seqs"] == [1024, 2048, 4096]
     for k in r["kernels"]:
@@ -208,4 +217,4 @@ def test_attention_memory_workload(tmp_path, capsys):
 
 def test_seqs_option_is_checked():
     with pytest.raises(SystemExit):
-        bench.parse_config(["--seqs", "1024,512,2048"])
+        parse_config(["--seqs", "1024,512,2048"])

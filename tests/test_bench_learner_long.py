@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from rlvr_jax.bench import learner as bench
 from rlvr_jax.bench import learner_long as long
+from rlvr_jax.cli import bench_main
 
 
 def test_lengths_are_olmo3_shaped_and_scaled_to_the_cap():
@@ -46,7 +46,7 @@ def test_bad_shapes_are_named():
         long.LongWorkload(cap=1024, completions=30, micro_rows=8)
     with pytest.raises(ValueError, match="--long-cap"):
         long.LongWorkload(cap=64)
-    assert bench.main(["--quick", "--workload", "long", "--long-cap", "64"]) == 2
+    assert bench_main(["learner", "--quick", "--workload", "long", "--long-cap", "64"]) == 2
 
 
 @pytest.mark.slow  # ~1 min: two train steps and two attention-memory compiles of the quick model
@@ -55,9 +55,9 @@ def test_quick_long_workload_reports_consistent_figures(tmp_path, capsys):
     argv = ["--quick", "--workload", "long", "--long-cap", "256", "--batch", "16",
             "--n-micro", "4", "--long-memory-seq", "1024", "--json", str(out),
             "--plot", str(png)]  # fmt: skip
-    assert bench.main(argv) == 0
+    assert bench_main(["learner", *argv]) == 0
     text = capsys.readouterr().out
-    assert "packed / padded useful tokens/s" in text and "SCALED DOWN" in text
+    assert "long/packed_over_padded " in text and "long/scaled_down" in text
     r = json.loads(out.read_text())["long"]
     runs, tps = r["runs"], r["useful_tokens_per_s"]
     for name in ("packed", "padded"):

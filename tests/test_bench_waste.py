@@ -1,13 +1,13 @@
-"""`rlvr-bench waste`: slot-step counts by hand, the clipped log-normal, the OLMo 3 regime,
-and the engine's measured waste against the simulation of the same lengths."""
+"""`rlvr-bench waste`: slot-step counts by hand, the clipped log-normal, the OLMo 3 regime.
+(The engine's measured waste against the simulation of the same lengths: its `--quick` run in
+test_cli_bench_subprocess.py.)"""
 
-import json
 import math
 
 import numpy as np
 import pytest
 
-from rlvr_jax.bench import waste
+from rlvr_jax.bench import table, waste
 from rlvr_jax.bench.waste import LengthDistribution, simulate_continuous, simulate_static
 
 
@@ -85,30 +85,11 @@ def test_olmo3_regime_reproduces_the_reported_static_waste():
     assert sim["by_slots"]["8"]["static_waste"] < sim["by_slots"]["64"]["static_waste"]
 
 
-@pytest.mark.slow  # ~8 s: compiles and runs the real engine twice
-def test_main_quick_measures_the_engine_as_the_simulation_predicts(tmp_path, capsys):
-    out, png = tmp_path / "w.json", tmp_path / "w.png"
-    assert waste.main(["--quick", "--json", str(out), "--plot", str(png)]) == 0
-    table = capsys.readouterr().out
-    assert "LogNormal(mu=" in table and "static waste" in table
-    result = json.loads(out.read_text())
-    m = result["measured"]
-    # the engine's own counters equal the exact slot-step count of the same lengths
-    assert m["slot_steps"] == m["predicted_slot_steps"]
-    assert m["static_waste"] == pytest.approx(m["predicted"]["static_waste"], abs=1e-12)
-    assert m["continuous_waste"] == pytest.approx(m["predicted"]["continuous_waste"], abs=1e-12)
-    assert m["continuous_waste"] < m["static_waste"]
-    assert m["tokens"] == pytest.approx(m["sample_mean"] * m["requests"])
-    assert result["distribution"]["simulated"]["mean"] == pytest.approx(14_700)
-    assert result["distribution"]["measured"]["cap"] == waste.QUICK.measured_cap
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
 def test_main_rejects_bad_sizes(capsys):
     with pytest.raises(SystemExit) as e:
-        waste.main(["--quick", "--measured-slots", "0"])
+        table.parse("waste", ["--quick", "--measured-slots", "0"])
     assert e.value.code == 2
     assert "measured_slots must be >= 1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        waste.main(["--quick", "--mean", "40000"])
+        table.parse("waste", ["--quick", "--mean", "40000"])
     assert "mean must be in (0, cap=32768)" in capsys.readouterr().err

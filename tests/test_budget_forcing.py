@@ -245,7 +245,8 @@ def test_trainer_runs_with_budget_forcing(tmp_path):
         )
         row = read_jsonl(out / "metrics.jsonl")[-1]
         assert 0.0 < row["rollout/interrupted_fraction"] <= 1.0  # a random policy rarely stops
-        texts = [json.loads(x)["text"] for x in (out / "samples.jsonl").read_text().splitlines()]
+        lines = (out / "samples.jsonl").read_text().splitlines()
+        texts = [json.loads(x)["completion"] for x in lines]
         assert any(" ok" in t for t in texts)
 
 

@@ -122,8 +122,23 @@ def test_replace_dotted():
 def test_every_field_has_a_docstring():
     rows = describe()
     assert len(rows) > 60
-    undocumented = [k for k, _, doc in rows if not doc]
+    undocumented = [k for k, _, _, doc in rows if not doc]
     assert undocumented == []
+
+
+def test_describe_gives_defaults_and_the_keys_of_a_source():
+    rows = {key: (tp, default, doc) for key, tp, default, doc in describe()}
+    assert rows["model.path"][1] == "required"
+    assert rows["rollout.num_samples"][:2] == ("int", "8")
+    assert rows["rollout.mode"][1] == "sync" and rows["eval.ks"][1] == "[1, 8]"
+    assert rows["model.tokenizer"][1] == "null" and rows["env.kwargs"][1] == "{}"
+    assert rows["data.sources"][:2] == ("list[SourceConfig]", "[]")
+    assert rows["data.sources[].path"][1] == "required"
+    assert rows["data.sources[].fields"][0] == "dict[str, str]"
+    assert rows["data.sources[].answer_transform"][1] == "null"
+    assert "data.eval_sources[].path" not in rows  # written out once, at data.sources
+    assert "keys of `data.sources[]`" in rows["data.eval_sources"][2]
+    assert "keys of `data.sources[]`" in rows["dpo.sources"][2]
 
 
 def test_configs_are_frozen():

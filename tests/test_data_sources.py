@@ -179,10 +179,14 @@ def test_unknown_verifier_is_an_error_naming_the_row(tmp_path):
     path = write_lines(tmp_path / "unk.jsonl", [json.dumps(r) for r in rows])
     with pytest.raises(UnknownVerifier, match=r"unk\.jsonl\) line 2: unknown verifier 'poetry'"):
         load_source(SourceConfig(path=str(path)), known_verifiers=KNOWN)
-    # module:function verifiers are resolved by the rewards registry, not here.
-    rows[1]["verifier"] = "my_pkg.rewards:score"
+    # module:function verifiers are imported once each when the source loads
+    rows[1]["verifier"] = "helpers_train:word_parity"
     write_lines(path, [json.dumps(r) for r in rows])
     assert len(load_source(SourceConfig(path=str(path)), known_verifiers=KNOWN).rows) == 2
+    rows[1]["verifier"] = "my_pkg.rewards:score"
+    write_lines(path, [json.dumps(r) for r in rows])
+    with pytest.raises(UnknownVerifier, match=r"line 2 'verifier': cannot import module 'my_pkg"):
+        load_source(SourceConfig(path=str(path)), known_verifiers=KNOWN)
 
 
 def test_entirely_unusable_sources(tmp_path):

@@ -313,3 +313,52 @@ def test_registry_and_config_checks(tmp_path):
             load(base, overrides)
     cfg = load(base, ["env.name=tools", "env.tools=[calculator]", "env.max_turns=2"])
     assert cfg.env.tools == ["calculator"] and cfg.env.max_turns == 2
+
+
+class ScriptedCalculator(ToolEnv):
+    """The calculator environment whose first assistant turn is taken to be `CALL` (a small
+    policy never writes one): every step after it is the policy's own text."""
+
+    def __init__(self, **kwargs):
+        super().__init__(tools=["calculator"], **kwargs)
+        self.turn = 0
+
+    def step(self, assistant_text):
+        self.turn += 1
+        return super().step(CALL if self.turn == 1 else assistant_text)
+
+
+@pytest.mark.smoke("envs")
+def test_tool_episodes_run_in_the_engine_slots(tokenizer):
+    """The shipped demo policy (2 layers) decodes two samples of a calculator episode through
+    the rollout engine: the tool's response is appended in the slot (not sampled), the turns
+    go on to the budget, and each completion carries its episode."""
+    from rlvr_jax import models
+    from rlvr_jax.envs import answer_text
+    from rlvr_jax.rollout import EngineCore, GroupRequest, Scheduler
+
+    eos, budget = tokenizer.eos_token_id, 96
+    runner = _runner(tokenizer, name="test_envs:ScriptedCalculator", budget=budget)
+    group = runner.group({"prompt": "Compute 48213 + 90877.", "index": 0})
+    core = EngineCore(models.load_pretrained(DEMO_TOKENIZER), max_slots=2, max_len=256, chunk=8)
+    sched = Scheduler(core)
+    prompt = tuple(group.prompt_ids)
+    sched.add(GroupRequest(0, 0, prompt, 2, seed=3, max_new_tokens=budget, turns=group,
+                           stop_token_ids=(eos,)))  # fmt: skip
+    ((_, completions),) = sched.run()
+    runner.close()
+    records = []
+    for i, c in enumerate(completions):
+        record = c.episode
+        assert record is group.episode(i) and record.error is None
+        assert record.tool_calls == 1 and record.tool_errors == 0 and record.turns >= 2
+        assert [m["role"] for m in record.messages[:3]] == ["user", "assistant", "tool"]
+        assert len(c.tokens) <= budget and len(c.sampled) == len(c.tokens)
+        appended = [t for t, sampled in zip(c.tokens, c.sampled) if not sampled]
+        assert "<tool_response>\n139090\n</tool_response>" in tokenizer.decode(appended)
+        assert c.logprobs[c.sampled.index(False)] == 0.0  # an appended token: never trained on
+        assert answer_text(c, tokenizer) == record.final_text
+        records.append(record)
+    metrics = episode_metrics(records)
+    assert metrics["env/tool_calls"] == 1.0 and metrics["env/turns"] >= 2.0
+    assert metrics["env/failed_episodes"] == 0.0

@@ -70,7 +70,7 @@ def test_rl_with_tools_in_the_engine(tmp_path, mode):
         assert r["env/parked_slots"] >= 0.0 and r["env/failed_episodes"] == 0.0
     assert 0.0 <= rows[-1]["eval/pass@1"] <= 1.0
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
-    texts = [s["text"] for s in samples]
-    assert all(t.startswith("<|im_start|>system\n<tools>\n") for t in texts)
+    assert all(s["prompt"].startswith("<|im_start|>system\n<tools>\n") for s in samples)
+    texts = [s["completion"] for s in samples]  # the whole conversation after the prompt
     assert any("<tool_response>\n42\n</tool_response>" in t for t in texts)
     assert any("error: ZeroDivisionError" in t for t in texts)

@@ -204,6 +204,29 @@ def test_bad_arguments_exit_2(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_overrides_after_a_list_option_are_not_read_as_its_values(tmp_path, capsys):
+    from rlvr_jax.eval.cli_common import overrides_last
+
+    argv = ["--ks", "1", "4", "env.name=tools", "seed=3", "--json", "eval=1.json", "algorithm=rl"]
+    assert overrides_last(argv) == [
+        "--ks", "1", "4", "--json", "eval=1.json", "--", "env.name=tools", "seed=3",
+        "algorithm=rl",
+    ]  # fmt: skip
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model: {{path: {tmp_path / 'absent'}}}\n")
+    # the override reaches the config (its typo is named), --ks keeps its two values
+    assert main(["--config", str(cfg), "--ks", "1", "4", "eval.temprature=1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'eval.temprature'" in err and "invalid int" not in err
+
+
+def test_a_run_directory_is_not_a_policy_and_the_error_says_what_is(tmp_path, capsys):
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    assert main(["--model", str(tmp_path / "run"), "--input", __file__]) == 2
+    err = capsys.readouterr().err
+    assert "has no config.json" in err and "checkpoints/<step>" in err and "rlvr-export" in err
+
+
 def test_console_entry_point_is_wired(capsys):
     from rlvr_jax import cli
 

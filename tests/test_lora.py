@@ -222,7 +222,10 @@ def _causal(config):
         ),
         (["model.lora.rank=8", "model.lora.dropout=1.0"], r"model\.lora\.dropout must be in"),
         (["model.lora.base_dtype=int8"], r"model\.lora\.base_dtype: int8 needs LoRA"),
-        (["model.lora.rank=8", "rollout.backend=vllm"], r"with rollout\.backend: vllm"),
+        (
+            ["model.lora.rank=8", "rollout.backend=vllm"],
+            r"model\.lora\.rank is not supported by rollout\.backend: vllm",
+        ),
         (["rollout.weight_dtype=int8", "rollout.backend=vllm"], r"rollout\.weight_dtype"),
     ],
 )

@@ -89,6 +89,15 @@ def test_sync_packed_rl_pushes_and_checkpoints_adapters_only_resumes_and_exports
     assert params == moved // 4 and sum(stored.values()) < 3 * params + 100
     resumed = run(cfg, out, "train.max_steps=3", *extra)
     assert [r["step"] for r in resumed] == [1, 2, 3]
+    # the last checkpoint is the final policy: its export merges the adapters the same way
+    from safetensors.numpy import load_file
+
+    exported = tmp_path / "exported"
+    assert cli.export_main([str(out / "checkpoints" / "3"), str(exported)]) == 0
+    final, mine = (load_file(d / "model.safetensors") for d in (out / "final", exported))
+    assert sorted(final) == sorted(mine)
+    for name in final:
+        np.testing.assert_allclose(mine[name], final[name], rtol=0, atol=1e-6, err_msg=name)
     # the exports: the merged checkpoint in transformers, the adapter in PEFT, same logits
     tokens = np.random.default_rng(0).integers(2, 300, size=(2, 12))
     ours = np.asarray(models.forward(models.load_pretrained(out / "final"), tokens))

@@ -67,3 +67,39 @@ def test_anchor_slugs_follow_github():
     # Hand-derived: backticks and punctuation go, spaces become hyphens, repeats get -1.
     md = "# Serving (`rlvr-serve`)\n## Limitations\n## Limitations\n```\n# not a heading\n```\n"
     assert _anchors(md) == {"serving-rlvr-serve", "limitations", "limitations-1"}
+
+
+BENCH_DIRS = [ROOT / "bench_results" / "cpu_2core", ROOT / "bench_results" / "h200"]
+BENCH_NAME = re.compile(
+    r"\b((?:roofline|decode|learner|e2e|waste|mismatch)[\w\-]*(?:\{[\w,]+\}[\w\-]*)?\.(?:json|png))"
+)
+
+
+def _bench_names(text: str) -> set[str]:
+    """Benchmark result files a page names; `decode_{int8,fp8}.json` names both."""
+    names = set()
+    for name in BENCH_NAME.findall(text):
+        if m := re.match(r"(.*)\{([\w,]+)\}(.*)", name):
+            names.update(m[1] + alt + m[3] for alt in m[2].split(","))
+        else:
+            names.add(name)
+    return names
+
+
+def test_bench_results_named_in_docs_exist_and_every_kept_run_is_cited():
+    """Every result file the README or docs/ name is in bench_results/, and every file in
+    bench_results/cpu_2core/ is named by one of them (older runs stay only where cited)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    named = set().union(*(_bench_names(p.read_text()) for p in pages))
+    kept = {p.name for d in BENCH_DIRS for p in d.rglob("*") if p.is_file()}
+    assert not named - kept, f"named but not in bench_results/: {sorted(named - kept)}"
+    uncited = {p.name for p in BENCH_DIRS[0].iterdir()} - named
+    assert not uncited, f"in bench_results/cpu_2core/ but named nowhere: {sorted(uncited)}"
+
+
+def test_bench_names_expand_braces():
+    assert _bench_names("see `decode_{int8,fp8}.json` and e2e_demo.json, not report.json") == {
+        "decode_int8.json",
+        "decode_fp8.json",
+        "e2e_demo.json",
+    }

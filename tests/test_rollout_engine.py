@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from rlvr_jax import models
-from rlvr_jax.bench.waste_model import continuous_steps, static_steps, waste
+from rlvr_jax.bench.waste import continuous_steps, static_steps, waste
 from rlvr_jax.rollout import EngineCore, GroupRequest, RequestError, Scheduler, generate
 
 ARCHS = ["llama", "qwen2", "qwen3", "olmo2", "olmo3"]

@@ -47,6 +47,7 @@ class Server:
         )
         args = ["--model", str(chat_model_dir), "--http-port", "0", "--grpc-port", "0"]
         args += ["--config", str(config), "--max-len", "128", "--temperature", "0"]
+        args += ["--model-name", "m"]  # what requests name
         self.proc = C.Proc(
             "rlvr-serve", [*args, "--ready-file", str(self.ready_file), *extra], workdir, **env
         )
@@ -163,6 +164,7 @@ def test_streaming_with_usage_matches_the_plain_answer(server, kind):
     ("kwargs", "param"),
     [
         ({"prompt": "hi", "max_tokens": 500}, "max_tokens"),
+        ({"prompt": "hi", "max_tokens": -3}, "max_tokens"),
         ({"prompt": "hi", "top_p": 0}, "top_p"),
         ({"prompt": "hi", "extra_body": {"n": "2"}}, "n"),
         ({"prompt": "hi", "echo": True}, "echo"),
@@ -173,6 +175,22 @@ def test_bad_input_is_a_400_naming_the_parameter(server, kwargs, param):
     with pytest.raises(openai.BadRequestError) as e:
         server.client().completions.create(model="m", **kwargs)
     assert e.value.body["param"] == param, e.value.body
+    assert "max_new_tokens" not in e.value.body["message"]  # the API's names, not the engine's
+
+
+def test_unknown_model_is_a_404_listing_the_served_one(server):
+    client = server.client()
+    assert [m.id for m in client.models.list()] == ["m"]
+    for create, kwargs in (
+        (client.completions.create, {"prompt": "hi"}),
+        (client.chat.completions.create, {"messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        with pytest.raises(openai.NotFoundError) as e:
+            create(model="gpt-4o", max_tokens=2, **kwargs)
+        assert e.value.status_code == 404
+        assert e.value.body["code"] == "model_not_found" and e.value.body["param"] == "model"
+        assert "'gpt-4o' does not exist" in e.value.body["message"]
+        assert "['m']" in e.value.body["message"]
 
 
 def test_jetstream_proto_client(server):

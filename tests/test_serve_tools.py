@@ -138,7 +138,7 @@ def server(tmp_path_factory):
     work = tmp_path_factory.mktemp("serve_tools")
     ready = work / "ready.json"
     args = ["--model", str(path), "--http-port", "0", "--grpc-port", "0", "--max-len", "256",
-            "--temperature", "0", "--ready-file", str(ready)]  # fmt: skip
+            "--temperature", "0", "--ready-file", str(ready), "--model-name", "policy"]  # fmt: skip
     # the worktree's package in the server process too (the console script is main's venv)
     pythonpath = str(Path(rlvr_jax.__file__).parents[1])
     proc = C.Proc("rlvr-serve", args, work, PYTHONPATH=pythonpath)

@@ -1,4 +1,6 @@
-"""vLLM backend: the parameter export to HF names (CPU), and a real vLLM run (GPU + vLLM)."""
+"""vLLM backend without vLLM: the parameter export to HF names, the KV budget it is given, the
+capability table and the config's refusals (vLLM itself runs in tests/test_vllm_cpu.py, the
+`vllm` tier)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ import numpy as np
 import pytest
 
 from rlvr_jax import models
-from rlvr_jax.rollout.backends.vllm import hf_weights
+from rlvr_jax.config import ConfigError, load
+from rlvr_jax.rollout import api
+from rlvr_jax.rollout.backends.vllm import engine_args, hf_weights, kv_cache_bytes
 
 
 @pytest.mark.parametrize(
@@ -47,118 +51,6 @@ def test_export_follows_new_params(tmp_path):
     np.testing.assert_allclose(np.asarray(after[name]), 2 * np.asarray(before[name]))
 
 
-def _gpu_and_vllm() -> str | None:
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (extra `vllm`, GPU machines only)"
-    if not any(d.platform == "gpu" for d in jax.devices()):
-        return "no GPU visible to JAX"
-    return None
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(_gpu_and_vllm() is not None, reason=str(_gpu_and_vllm()))
-def test_vllm_generates_and_takes_pushed_weights(tmp_path):
-    from rlvr_jax.rollout import generate
-    from rlvr_jax.rollout.backends.vllm import VllmRollout
-
-    hf_model = H.build_hf_checkpoint("qwen2", tmp_path, seed=5)
-    model = models.load_pretrained(tmp_path)
-    rollout = VllmRollout(model, dtype="float32", gpu_memory_utilization=0.2, enforce_eager=True)
-    prompts = [[5, 6, 7], [9, 10]]
-    greedy = generate(rollout, prompts, max_new_tokens=6, temperature=0.0)
-    want = generate(model, prompts, max_new_tokens=6, temperature=0.0)
-    assert [c.tokens for c in greedy] == [c.tokens for c in want]
-    logits = H.hf_logits(hf_model, np.array([prompts[0] + greedy[0].tokens]))[0]
-    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    np.testing.assert_allclose(
-        greedy[0].logprobs, [logp[2 + i, t] for i, t in enumerate(greedy[0].tokens)], atol=1e-3
-    )
-    new_params = jax.tree.map(lambda x: 1.5 * x, model.params)
-    rollout.update_weights(new_params, version=1)
-    after = generate(rollout, prompts, max_new_tokens=6, temperature=0.0)
-    import dataclasses
-
-    reference = generate(
-        dataclasses.replace(model, params=new_params), prompts, max_new_tokens=6, temperature=0.0
-    )
-    assert [c.tokens for c in after] == [c.tokens for c in reference]
-    assert after[0].policy_versions == [1] * 6
-
-
-# -- `rollout.backend: vllm` behind the trainer's stream interface -----------------------
-
-
-class EngineAsVllm:
-    """Stands in for `VllmRollout` where vLLM cannot run (CPU): the same two methods and
-    `signature`, backed by our engine, so `VllmStream`'s queueing, grouping, meta and weight
-    hand-over are exercised."""
-
-    def __init__(self, model):
-        from rlvr_jax.rollout.push import signature
-
-        self.model, self.version, self.calls, self.loaded = model, 0, [], []
-        self.signature = signature(model.params)
-
-    def update_weights(self, params, version):
-        import dataclasses
-
-        self.model = dataclasses.replace(self.model, params=params)
-        self.version = version
-        self.loaded.append(version)
-
-    def generate_completions(self, prompts, *, max_new_tokens, sampling, num_samples,
-                             stop_token_ids, seeds):  # fmt: skip
-        from rlvr_jax.rollout import generate
-
-        self.calls.append(len(prompts))
-        out = []
-        for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-            for c in generate(self.model, [prompt], max_new_tokens=max_new_tokens,
-                              temperature=sampling.temperature, num_samples=num_samples,
-                              stop_token_ids=stop_token_ids, seed=seed):  # fmt: skip
-                out.append(dataclasses_replace(c, i, self.version))
-        return out
-
-
-def dataclasses_replace(c, prompt_index, version):
-    import dataclasses
-
-    return dataclasses.replace(
-        c, prompt_index=prompt_index, policy_versions=[version] * len(c.tokens)
-    )
-
-
-@pytest.mark.parametrize("threaded", [True, False])
-@pytest.mark.slow
-def test_vllm_scheduler_behind_the_stream_groups_requests_with_meta_and_weights(tmp_path, threaded):
-    from rlvr_jax.rollout import RolloutStream
-    from rlvr_jax.rollout.backends.vllm import VllmScheduler
-
-    H.build_hf_checkpoint("qwen2", tmp_path, seed=5)
-    model = models.load_pretrained(tmp_path)
-    engine = EngineAsVllm(model)
-    stream = RolloutStream(None, scheduler=VllmScheduler(engine, version=3), max_new_tokens=4)
-    if threaded:
-        stream.start()
-    for rid, prompt in enumerate([[5, 6, 7], [9, 10], [11]]):
-        stream.submit(rid, prompt, num_samples=2, seed=rid, meta={"row": rid})
-    groups = stream.step() if not threaded else [stream.get(timeout=120) for _ in range(3)]
-    by_id = {g.request_id: g for g in groups}
-    assert sorted(by_id) == [0, 1, 2]
-    for rid, g in by_id.items():
-        assert g.meta == {"row": rid} and len(g.completions) == 2
-        assert [c.sample_index for c in g.completions] == [0, 1]
-        assert all(c.policy_versions == [3] * len(c.tokens) for c in g.completions)
-    # a weight update is loaded before the next generate call, and tokens record it
-    stream.update_weights(jax.tree.map(lambda x: 1.5 * x, model.params), 4)
-    stream.submit(9, [5, 6], num_samples=1, seed=0, meta=None)
-    (g,) = stream.step() if not threaded else [stream.get(timeout=120)]
-    assert engine.loaded == [4] and g.completions[0].policy_versions[0] == 4
-    with pytest.raises(ValueError, match="num_samples must be >= 1"):
-        stream.submit(10, [5], num_samples=0, seed=0)
-    stream.stop()
-
-
 @pytest.mark.slow
 def test_vllm_backend_without_vllm_is_a_config_error_naming_the_key(tmp_path, capsys):
     from helpers_train import tiny_run
@@ -175,37 +67,69 @@ def test_vllm_backend_without_vllm_is_a_config_error_naming_the_key(tmp_path, ca
     assert cli.train_main(["--config", str(cfg), "rollout.backend=vllm", "--dry-run"]) == 0
 
 
-@pytest.mark.slow
-def test_trainer_runs_on_the_vllm_backend_source(tmp_path, monkeypatch):
-    # rollout.backend: vllm builds VllmStream (not our RolloutStream) behind the same source
-    from helpers_train import tiny_run
+def test_kv_budget_keys_become_vllms_cache_size():
+    cfg = models.ArchConfig(arch="llama", vocab_size=64, d_model=256, n_layers=2, n_heads=4,
+                            n_kv_heads=2, head_dim=64, d_ff=512)  # fmt: skip
+    per_token = 2 * 2 * 2 * 64 * 4  # K and V, layers, KV heads, head dim, fp32
+    kw = dict(dtype_bytes=4, max_slots=8, max_len=100, page_size=16)
+    # max_slots contiguous rows, each of whole 128-token vLLM blocks
+    assert kv_cache_bytes(cfg, **kw) == 8 * 128 * per_token
+    assert kv_cache_bytes(cfg, **kw, block=16) == 8 * 112 * per_token
+    assert kv_cache_bytes(cfg, **kw, kv_pages=10) == 10 * 16 * per_token
+    assert kv_cache_bytes(cfg, **kw, kv_pages=2) == 128 * per_token  # one sequence at least
+    assert kv_cache_bytes(cfg, **kw, kv_cache_gib=0.5) == 2**29
+    assert kv_cache_bytes(cfg, **kw, tensor_parallel=2) == 8 * 128 * per_token // 2
 
-    from rlvr_jax import config
-    from rlvr_jax.rollout.backends import vllm as vllm_backend
-    from rlvr_jax.training.loop import Trainer
-    from rlvr_jax.training.metrics import read_jsonl
 
-    built = []
+def test_engine_args_honour_the_engine_keys(tmp_path):
+    H.build_hf_checkpoint("qwen2", tmp_path, seed=5)
+    model = models.load_pretrained(tmp_path)
+    args = engine_args(model, dtype="bfloat16", max_slots=12, max_len=300,
+                       kv_cache_memory_bytes=123, prefill_chunk=512, seed=3)  # fmt: skip
+    assert args["max_num_seqs"] == 12 and args["max_model_len"] == 300
+    assert args["kv_cache_memory_bytes"] == 123 and args["max_num_batched_tokens"] == 512
+    assert args["dtype"] == "bfloat16" and args["seed"] == 3 and args["model"] == str(tmp_path)
+    assert args["logprobs_mode"] == "processed_logprobs" and not args["enable_chunked_prefill"]
+    long = engine_args(model, dtype="float32", max_slots=4, max_len=4096,
+                       kv_cache_memory_bytes=1, prefill_chunk=512)  # fmt: skip
+    assert long["max_num_batched_tokens"] == 4096  # whole prompts per step
 
-    def fake_rollout(model, **_):
-        built.append(EngineAsVllm(model))
-        return built[-1]
 
-    monkeypatch.setattr(vllm_backend, "VllmRollout", fake_rollout)
-    cfg = config.load(
-        tiny_run(tmp_path),
-        ["rollout.backend=vllm", "train.max_steps=2", "log.progress_bar=false"],
-    )
-    trainer = Trainer(cfg)
-    try:
-        stream = trainer.source.rollouts.stream
-        assert isinstance(stream.scheduler, vllm_backend.VllmScheduler)
-        trainer.run()
-    finally:
-        trainer.close()
-    # each update's weights were loaded into the one engine (step 2 generated with update 1's)
-    # (how the driver splits a step's prompts over generate calls depends on thread timing):
-    # 4 training prompts, and the probe prompt after each of the two pushes
-    assert len(built) == 1 and sum(built[0].calls) == 4 + 2 and built[0].loaded == [1, 2]
-    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
-    assert all(0 <= r["push/probe_max_abs_logp"] < 1e-4 for r in rows), rows
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("rollout.exact=true", "rollout.exact"),
+        ("rollout.interrupt.thinking_budget=8", "rollout.interrupt.thinking_budget"),
+        ("rollout.weight_dtype=int8", "rollout.weight_dtype"),
+        ("model.lora.rank=4", "model.lora.rank"),
+        ("env.name=tools", "env.name"),
+    ],
+)
+def test_a_setting_vllm_cannot_honour_is_refused_at_load_naming_key_and_backend(override, key):
+    with pytest.raises(ConfigError, match=rf"configs/demo.yaml .*: {key} is not supported by "
+                       r"rollout\.backend: vllm \(.*use rollout\.backend: jetstream"):  # fmt: skip
+        load("configs/demo.yaml", ["rollout.backend=vllm", override])
+    load("configs/demo.yaml", [override] if key != "env.name" else [])  # our engine: fine
+
+
+def test_on_push_is_offered_by_both_backends():  # a typo: tests/test_rollout_on_push.py
+    for backend in ("jetstream", "vllm"):
+        cfg = load("configs/demo.yaml", [f"rollout.backend={backend}", "rollout.on_push=recompute"])
+        assert cfg.rollout.on_push == "recompute"
+
+
+def test_no_backend_branch_outside_the_table_and_the_backend_module():
+    import re
+    from pathlib import Path
+
+    import rlvr_jax
+
+    root = Path(rlvr_jax.__file__).parent
+    allowed = {root / "rollout" / "api.py", root / "rollout" / "backends" / "vllm.py"}
+    branch = re.compile(r'backend [=!]= "vllm"')
+    found = [
+        str(p) for p in root.rglob("*.py") if p not in allowed and branch.search(p.read_text())
+    ]
+    assert found == []
+    assert set(api.BACKENDS) == {"jetstream", "vllm"}
+    assert api.backend("vllm").builder().__name__ == "build_rollout"

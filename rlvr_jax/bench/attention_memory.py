@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax import losses, models
-from rlvr_jax.bench import common
+from rlvr_jax.bench import common, progress
 from rlvr_jax.bench.inputs import synthetic_batch
 from rlvr_jax.models import attention
 
@@ -76,9 +76,7 @@ def micro_batch_memory(cfg: Any, kernel: str, seq: int, rows: int) -> dict[str, 
     return {**stats, "peak_bytes": peak, "compile_s": compile_s}
 
 
-def measure(
-    cfg: Any, *, seqs: tuple[int, ...] = SEQS, rows: int = 1, progress=print
-) -> dict[str, Any]:
+def measure(cfg: Any, *, seqs: tuple[int, ...] = SEQS, rows: int = 1) -> dict[str, Any]:
     """Every kernel here × every T in `seqs`; the JSON-able result (module docstring)."""
     if len(seqs) < 3 or list(seqs) != sorted(seqs):
         raise ValueError(f"seqs must be at least 3 increasing lengths, got {seqs}")
@@ -89,10 +87,9 @@ def measure(
         table[kernel] = {}
         for seq in seqs:
             one = table[kernel][str(seq)] = micro_batch_memory(cfg, kernel, seq, rows)
-            progress(
-                f"  {kernel:9s} T={seq:6d}: temp {one['temp_bytes'] / 2**30:8.3f} GiB "
-                f"(compiled in {one['compile_s']:.1f} s)",
-                flush=True,
+            progress.line(
+                f"{kernel} T={seq}: temp {one['temp_bytes'] / 2**30:.3f} GiB "
+                f"(compiled in {one['compile_s']:.1f} s)"
             )
     last = [str(s) for s in seqs[-3:]]
     temp = {k: [table[k][s]["temp_bytes"] for s in last] for k in kernels}
@@ -112,42 +109,15 @@ def measure(
     }
 
 
-def format_result(result: dict[str, Any]) -> str:
-    """The table `rlvr-bench learner --workload attention-memory` prints."""
-    seqs = [str(s) for s in result["seqs"]]
-    rows = []
-    for k in result["kernels"]:
-        rows.append(
-            [k, *(result["memory"][k][s]["temp_bytes"] / 2**30 for s in seqs),
-             result["growth"][k], result["over_blockwise"][k]]
-        )  # fmt: skip
-    head = ["kernel", *(f"T={s} GiB" for s in seqs), "growth", "vs blockwise"]
-    return (
-        f"peak memory of one micro-batch ({result['rows']} row(s) × T tokens), XLA temp "
-        "buffers; growth = Δ at the largest T / Δ before it (2 linear, 4 quadratic)\n"
-        + common.format_table(head, rows)
-    )
-
-
-def run(cfg: Any, *, seqs: tuple[int, ...] = SEQS, rows: int = 1) -> dict[str, Any]:
-    """`measure` plus where and how it ran (machine, load, the bench config)."""
-    load_before = common.machine_info()["loadavg"]
-    result = measure(cfg, seqs=seqs, rows=rows)
-    return {
-        "attention_memory": result,
-        "machine": {**common.machine_info(), "loadavg_before": load_before},
-        "config": {**dataclasses.asdict(cfg), "model": cfg.arch().to_hf()},
-    }
-
-
-def plot(result: dict[str, Any], path: str) -> None:
-    """Temp memory against T, one line per kernel."""
-    r = result["attention_memory"]
+def panel(result: dict[str, Any]) -> common.Panel | None:
+    """Temp memory against T, one line per kernel (None: not this workload's result)."""
+    r = result.get("attention_memory")
+    if r is None:
+        return None
     lines = {
         k: (r["seqs"], [r["memory"][k][str(s)]["temp_bytes"] / 2**30 for s in r["seqs"]])
         for k in r["kernels"]
     }
-    panel = common.Panel(
+    return common.Panel(
         "one micro-batch: XLA temp memory", "GiB", lines=lines, xlabel="T (tokens)", logx=True
     )
-    common.save_plot(path, [panel], "rlvr-bench learner --workload attention-memory")

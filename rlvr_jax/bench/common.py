@@ -2,8 +2,8 @@
 timing and op profiles, machine info, JSON writing, tables and plots.
 
 The bench model is `ModelSize` (Qwen2-shaped, D = 512, 8 layers, 32K vocab, tied embeddings),
-which every benchmark's config extends; `bench_arch` builds its `ArchConfig` with any size
-overridden, so that learner and decode figures describe one model.
+which every benchmark's config extends (`ModelSize.arch`, `ModelSize.model`), so that learner
+and decode figures describe one model.
 
 FLOPs follow the usual model-FLOPs convention (PaLM, Megatron): a forward pass costs
 2 FLOPs per matmul parameter per token (the LM head included, the embedding lookup not) plus
@@ -19,14 +19,15 @@ import gzip
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr_jax.bench import progress
-from rlvr_jax.models import ArchConfig
+
+if TYPE_CHECKING:
+    from rlvr_jax.models import ArchConfig
 
 DATASHEETS: tuple[tuple[str, str, float, float], ...] = (
     ("h100 pcie", "NVIDIA H100 PCIe", 756.0, 2000.0),
@@ -54,11 +55,11 @@ def datasheet(device_kind: str) -> dict[str, Any] | None:
     return None
 
 
-def datasheet_peak(device_kind: str) -> tuple[str, float] | None:
-    """(datasheet name, dense bf16 TFLOP/s) of a JAX `device_kind`, or None when unknown
-    (CPUs have no datasheet entry: their denominator is the measured matmul peak)."""
-    sheet = datasheet(device_kind)
-    return None if sheet is None else (sheet["name"], sheet["bf16_tflops"])
+def option(default: Any, flag: str | None = "", **argparse: Any) -> Any:
+    """A benchmark config field whose flag is not the plain `--<field-name>`
+    (`rlvr_jax.bench.table`): `flag` its name (None: no flag), `argparse` more keywords of
+    `add_argument` (choices, type, metavar)."""
+    return dataclasses.field(default=default, metadata={"flag": flag, **argparse})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +70,11 @@ class ModelSize:
 
     d_model: int = 512
     """D: hidden size."""
-    n_layers: int = 8
+    n_layers: int = option(8, "--layers")
     """L: decoder layers."""
-    n_heads: int = 8
+    n_heads: int = option(8, "--heads")
     """N: query heads."""
-    n_kv_heads: int = 2
+    n_kv_heads: int = option(2, "--kv-heads")
     """K: key/value heads."""
     d_ff: int = 2816
     """F: SwiGLU width."""
@@ -82,7 +83,20 @@ class ModelSize:
 
     def arch(self) -> ArchConfig:
         """The bench model with these sizes."""
+        from rlvr_jax.models import ArchConfig
+
         return ArchConfig.from_hf(hf_config_dict(self))
+
+    def model(self, seed: int = 0, dtype: str = "float32") -> Any:
+        """The bench model with these sizes and random weights (`models.init_params`, seeded),
+        stored and computed in `dtype`."""
+        import jax
+
+        from rlvr_jax import models
+
+        arch, compute = self.arch(), jax.numpy.dtype(dtype)
+        params = models.init_params(arch, jax.random.key(seed), dtype)
+        return models.Model(arch, params, compute_dtype=compute)
 
 
 TINY_SIZES = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab=512)
@@ -90,8 +104,6 @@ TINY_SIZES = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, voc
 SIZES_1B = dict(d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, d_ff=5632)
 """≈0.97B params with the bench vocabulary (20 layers of D=2048, F=5632, 16 heads of 128, 4
 KV heads): the GPU presets' model (one H100/H200-class GPU)."""
-SIZE_FIELDS = tuple(f.name for f in dataclasses.fields(ModelSize))
-"""The names of the bench model's sizes."""
 
 
 def hf_config_dict(sizes: ModelSize) -> dict:
@@ -107,18 +119,6 @@ def hf_config_dict(sizes: ModelSize) -> dict:
         "max_position_embeddings": 4096,
         "tie_word_embeddings": True,
     }
-
-
-def bench_arch(**sizes: int) -> ArchConfig:
-    """The bench model's architecture, sizes overridden by `sizes` (any of the `ModelSize`
-    fields)."""
-    unknown = sorted(set(sizes) - set(SIZE_FIELDS))
-    if unknown:
-        raise ValueError(f"unknown bench model size(s) {unknown}; known: {sorted(SIZE_FIELDS)}")
-    for name, value in sizes.items():
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"bench model size {name} must be a positive int, got {value!r}")
-    return ModelSize(**sizes).arch()
 
 
 def matmul_params(arch: ArchConfig) -> int:
@@ -251,30 +251,6 @@ def op_profile(fn: Callable[[], Any], trace_dir: str | Path, top: int = 15) -> l
     ]
 
 
-def tiny_policy(
-    path: str | Path, texts: Sequence[str], *, seed: int = 0, hf_config: dict | None = None
-) -> Path:
-    """A random 2-layer d=32 Qwen2-shaped policy with a 320-token byte-level BPE tokenizer
-    trained on `texts`, saved in HF format at `path` (bos/eos/pad ids 0/1/2): the smallest
-    model a benchmark smoke run or a trainer test can use, built without any download. With
-    `hf_config`, that architecture instead (e.g. the bench model's; ids the tokenizer does not
-    have decode to nothing)."""
-    import jax
-
-    from rlvr_jax import models
-    from rlvr_jax.data.tokenizer import train_tokenizer
-
-    train_tokenizer(texts, vocab_size=320, path=path)
-    special = dict(eos_token_id=1, bos_token_id=0, pad_token_id=2)
-    tiny = ModelSize(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, vocab=320)
-    arch = models.ArchConfig.from_hf(
-        {**(hf_config or {**hf_config_dict(tiny), "max_position_embeddings": 256}), **special}
-    )
-    params = models.init_params(arch, jax.random.key(seed))
-    models.save_pretrained(models.Model(config=arch, params=params), path, tokenizer_dir=path)
-    return Path(path)
-
-
 CPU_ISA_FLAGS = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx2", "fma")
 """The /proc/cpuinfo flags `cpu_info` reports, widest first: XLA:CPU's matmul peak on an
 AVX-512 core with AMX is ~2-6x an AVX2 core's, so a CPU figure means little without them."""
@@ -349,22 +325,6 @@ def write_json(path: str | Path, result: Mapping[str, Any]) -> Path:
     return path
 
 
-def write_outputs(
-    result: Mapping[str, Any],
-    json_path: str | None,
-    plot_path: str | None = None,
-    plot: Callable[[Any, str], Any] | None = None,
-) -> int:
-    """A benchmark's files: `result` as JSON at `json_path` and `plot(result, plot_path)` when
-    asked, each named on stderr; returns 0 (the benchmark's exit code)."""
-    if json_path:
-        print(f"wrote {write_json(json_path, result)}", file=sys.stderr)
-    if plot_path and plot is not None:
-        plot(result, plot_path)
-        print(f"wrote {plot_path}", file=sys.stderr)
-    return 0
-
-
 def flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Leaves of a nested dict under slash-joined keys: {"a": {"b": 1}} -> {"a/b": 1}."""
     out: dict[str, Any] = {}
@@ -435,13 +395,6 @@ class Panel:
     def __post_init__(self) -> None:
         if (self.bars is None) == (self.lines is None):
             raise ValueError(f"panel {self.title!r}: give exactly one of bars or lines")
-
-
-def save_bars(
-    path: str | Path, title: str, panels: Mapping[str, tuple[str, Mapping[str, float]]]
-) -> Path:
-    """`save_plot` of bar panels: {panel title: (y label, {bar label: value})}."""
-    return save_plot(path, [Panel(t, ylabel, bars=b) for t, (ylabel, b) in panels.items()], title)
 
 
 def save_plot(path: str | Path, panels: Sequence[Panel], title: str) -> Path:

@@ -9,11 +9,8 @@ to `long_new`) have mean/max ~ 0.45 (as OLMo 3's ~14K of 32K; prompts short next
 generations, as in RL), on `batch` slots; static batching pays 1 - mean/max of its
 slot-steps, continuous only the final drain.
 
-Workload 3 (`--workload long`, `rlvr_jax.bench.decode_long`): the paged KV cache against
-the contiguous one at equal KV memory on long, LogNormal-length rollouts, and decode step
-time against live tokens. `--workload short` (the default) runs workloads 1 and 2, `all`
-all three. `--workload multiturn` (`rlvr_jax.bench.multiturn`): tool-using episodes with
-their turns continued in the slot against re-prefilling the conversation every turn.
+The other workloads (`--workload`, `--weight-dtype`, `--lora-rank`): `decode_long`,
+`multiturn` and `decode_weights`, each described in its module.
 
 `roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
 token, plus attention) per second, over this machine's measured fp32 matmul throughput
@@ -24,18 +21,16 @@ Python between device calls in one more continuous run, every device call timed 
 (`common.decode_step_bytes`) per measured step second over the measured memory bandwidth
 (and over the datasheet's HBM bandwidth on a GPU/TPU).
 
-`--preset bench` (default; the 56M bench model), `quick` (smoke test), `gpu-1b` (≈1B params,
-bf16); `--dtype` sets both models' dtype. On a GPU transformers runs on CUDA too.
+`--preset`: `bench` (default; the 56M bench model), `quick` (smoke test), `gpu-1b` (≈1B
+params, bf16). On a GPU transformers runs on CUDA too.
 
-`--weight-dtype D` / `--lora-rank R` (`rlvr_jax.bench.decode_weights`): the engine decoding
-from weights stored in D (int8, fp8, bfloat16) against the compute dtype on the same run, with
-the per-token sampler/learner mismatch it causes, and with LoRA what an adapters-only push
-costs.
+`--peer vllm` (`rlvr_jax.bench.decode_vllm`): our continuous engine beside vLLM on one HF
+checkpoint per dtype (`--peer-dtypes`: fp32 and bf16), interleaved rounds; needs vLLM (its CPU
+build: `bash scripts/setup_env.sh --vllm`, docs/vllm.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import os
@@ -45,43 +40,78 @@ from typing import Any
 
 import numpy as np
 
-from rlvr_jax.bench import common, progress
-from rlvr_jax.bench.engine_timing import host_share, interleaved_best, profile_engine
+from rlvr_jax.bench import common, decode_long, decode_vllm, decode_weights, multiturn, progress
+from rlvr_jax.bench.common import option
+from rlvr_jax.bench.decode_long import QUICK_LONG, LongConfig
+from rlvr_jax.bench.engine_timing import host_share, interleaved_best, profile_engine, run_lengths
 from rlvr_jax.bench.inputs import build_models
-from rlvr_jax.bench.roofline import best_roofline, machine_info
-from rlvr_jax.bench.waste_model import continuous_steps, static_steps, waste
+from rlvr_jax.bench.roofline import best_roofline
+from rlvr_jax.bench.table import Bars, Bench
+from rlvr_jax.bench.waste import continuous_steps, static_steps, waste
 from rlvr_jax.rollout import (
     EngineCore,
-    GroupRequest,
     SamplingParams,
-    Scheduler,
     generate,
 )
-from rlvr_jax.rollout.host.scheduler import SchedulerStats
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig(common.ModelSize):
-    """Sizes of one benchmark run (the model's: `common.ModelSize`)."""
+    """One `rlvr-bench decode` run: the model (`common.ModelSize`), the workloads' sizes and
+    which workload runs."""
 
     batch: int = 32
     """Slots, and prompts of the throughput workload."""
     prompt: int = 64
+    """Throughput workload: prompt tokens."""
     new: int = 128
-    long_requests: int = 192
-    long_prompt: int = 32
-    long_new: int = 256
+    """Throughput workload: generated tokens per prompt."""
+    long_requests: int = option(192, "--tail-requests")
+    """Long-tailed workload: requests."""
+    long_prompt: int = option(32, "--tail-prompt")
+    """Long-tailed workload: prompt tokens."""
+    long_new: int = option(256, "--tail-new")
+    """Long-tailed workload: the longest budget."""
     mean_over_max: float = 0.45
+    """Long-tailed workload: mean / max of the budgets."""
     chunk: int = 8
+    """Decode steps per engine call."""
     repeats: int = 2
+    """Timed repeats per measurement (the best is kept)."""
     seed: int = 0
-    dtype: str = "float32"
-    """Params, activations and KV cache of both models (float32 | bfloat16)."""
+    """Seed of the weights and prompts."""
+    dtype: str = option("float32", choices=("float32", "bfloat16"))
+    """Params, activations and KV cache of both models."""
+    workload: str = option("short", choices=("short", "long", "all", "multiturn"))
+    """short: throughput + long-tailed; long: paged vs contiguous KV
+    (`rlvr_jax.bench.decode_long`); all: the three; multiturn: in-slot tool turns vs
+    re-prefilling each turn (`rlvr_jax.bench.multiturn`)."""
+    skip_hf: bool = False
+    """Do not time transformers' generate."""
+    weight_dtype: str = option("", choices=("float32", "bfloat16", "int8", "fp8"))
+    """Decode from weights stored so, against the compute dtype, with the mismatch it causes
+    (`rlvr_jax.bench.decode_weights`)."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank: time their push (`rlvr_jax.bench.decode_weights`)."""
+    long: LongConfig = dataclasses.field(default_factory=LongConfig)
+    """The long workload's sizes."""
+    peer: str = option("", choices=("vllm",))
+    """vllm: our continuous engine beside vLLM on the throughput workload
+    (`rlvr_jax.bench.decode_vllm`)."""
+    peer_dtypes: tuple[str, ...] = option(decode_vllm.DTYPES, choices=decode_vllm.DTYPES)
+    """--peer: the dtypes compared, one HF checkpoint each (repeatable)."""
+    quick: bool = option(False, None)
+    """The smoke test's sizes (`--quick`): the roofline probe's too."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1 or self.lora_rank < 0:
+            raise ValueError(f"repeats must be >= 1, lora_rank >= 0; got {self.repeats}")
 
 
 QUICK = BenchConfig(
-    **common.TINY_SIZES, batch=4, prompt=8, new=8, long_requests=12, chunk=4, repeats=1
-)
+    **common.TINY_SIZES, batch=4, prompt=8, new=8, long_requests=12, chunk=4, repeats=1,
+    long=QUICK_LONG, quick=True,
+)  # fmt: skip
 PRESETS = {
     "bench": BenchConfig(),
     "quick": QUICK,
@@ -122,15 +152,8 @@ def _hf_generate(hf: Any, prompts: np.ndarray, new: int) -> float:
     ids = torch.as_tensor(prompts, dtype=torch.long, device=hf.device)
     with torch.no_grad():
         start = time.perf_counter()
-        out = hf.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=new,
-        )
+        sample = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new)
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), **sample)
         if ids.is_cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -139,27 +162,33 @@ def _hf_generate(hf: Any, prompts: np.ndarray, new: int) -> float:
     return seconds
 
 
-def run_long_tail(
-    core: EngineCore, prompts: list[list[int]], lengths: list[int], batching: str
-) -> SchedulerStats:
-    """Runs the long-tailed workload to the end; returns the scheduler's counters."""
-    sched = Scheduler(core, batching=batching)
-    for i, (p, n) in enumerate(zip(prompts, lengths)):
-        sched.add(GroupRequest(i, i, tuple(p), 1, seed=i, max_new_tokens=n))
-    done = sched.run()
-    if sum(len(c.tokens) for _, group in done for c in group) != sum(lengths):
-        raise RuntimeError("long-tail workload: wrong number of generated tokens")
-    return sched.stats
+def run(cfg: BenchConfig) -> dict:
+    """The config's workload (`BenchConfig.workload`; decode weights given `weight_dtype` or
+    `lora_rank`, beside a peer given `peer`); the JSON-able result."""
+    if cfg.peer == "vllm":
+        return decode_vllm.run(cfg)
+    if cfg.workload == "multiturn":
+        return multiturn.run(cfg)
+    if cfg.weight_dtype or cfg.lora_rank:
+        return decode_weights.run(cfg)
+    if cfg.workload == "long":
+        return decode_long.run(cfg)
+    result = run_short(cfg)
+    if cfg.workload == "all":
+        result["long"] = decode_long.run(cfg)["long"]
+    return result
 
 
-def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict:
-    """Runs both workloads and the roofline probe (`quick`: its tiny sizes); returns the
-    JSON-able results."""
-    load_before = os.getloadavg()
+def run_short(cfg: BenchConfig) -> dict:
+    """Runs the throughput and long-tailed workloads and the roofline probe; the JSON-able
+    result."""
     rng = np.random.default_rng(cfg.seed)
-    progress.line("building the model (random weights, HF and ours)")
-    with tempfile.TemporaryDirectory() as tmp:
-        hf, model = build_models(cfg, tmp)
+    progress.line("building the model (random weights, HF's twin unless --skip-hf)")
+    if cfg.skip_hf:
+        hf, model = None, cfg.model(cfg.seed, cfg.dtype)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            hf, model = build_models(cfg, tmp)
     prompts_np = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.prompt))
     prompts = prompts_np.tolist()
     core = EngineCore(model, max_slots=cfg.batch, max_len=cfg.prompt + cfg.new, chunk=cfg.chunk)
@@ -169,7 +198,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
         b: functools.partial(generate, core, prompts, batching=b, **kw)
         for b in ("continuous", "static")
     }
-    if not skip_hf:
+    if not cfg.skip_hf:
         throughput["hf_generate"] = functools.partial(_hf_generate, hf, prompts_np, cfg.new)
         _hf_generate(hf, prompts_np[:, : min(8, cfg.prompt)], 2)  # warm up
     progress.line("throughput workload: compiling and warming up the engine")
@@ -187,10 +216,10 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
         model, max_slots=cfg.batch, max_len=cfg.long_prompt + cfg.long_new, chunk=cfg.chunk
     )
     progress.line("long-tailed workload: compiling and warming up")
-    run_long_tail(long_core, long_prompts[: cfg.batch], lengths[: cfg.batch], "continuous")
+    run_lengths(long_core, long_prompts[: cfg.batch], lengths[: cfg.batch], "continuous")
     long_walls, stats = interleaved_best(
         {
-            b: functools.partial(run_long_tail, long_core, long_prompts, lengths, b)
+            b: functools.partial(run_lengths, long_core, long_prompts, lengths, b)
             for b in ("continuous", "static")
         },
         cfg.repeats,
@@ -198,7 +227,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
     progress.line("profile: prefill and decode step")
     profile = profile_engine(core, prompts, cfg.repeats)
     host = host_share(core, throughput["continuous"])
-    roof = best_roofline(quick)
+    roof = best_roofline(cfg.quick)
     config = model.config
     work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(config, cfg.prompt + cfg.new / 2)
     fraction = {k: work / wall / (roof["peak_gflops_fp32"] * 1e9) for k, wall in walls.items()}
@@ -236,7 +265,7 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
         "decode_step_memory_fraction": profile["decode_step_memory_fraction"],
         "ratios": {
             "continuous_over_hf_tokens_per_s": (
-                None if skip_hf else tokens_per_s["continuous"] / tokens_per_s["hf_generate"]
+                None if cfg.skip_hf else tokens_per_s["continuous"] / tokens_per_s["hf_generate"]
             ),
             "continuous_over_static_wall_long_tail": long_walls["continuous"]
             / long_walls["static"],
@@ -255,12 +284,10 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
         "profile": profile,
         "roofline": roof,
         "machine": {
-            **machine_info(load_before),
             "torch_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-            "hf_device": str(hf.device),
+            "hf_device": str(hf.device) if hf is not None else None,
         },
         "config": {
-            **dataclasses.asdict(cfg),
             "model": config.to_hf(),
             "params": config.n_params(),
             "sampling": dataclasses.asdict(SamplingParams()),
@@ -268,93 +295,35 @@ def run(cfg: BenchConfig, *, skip_hf: bool = False, quick: bool = False) -> dict
     }
 
 
-def plot(result: dict, path: str) -> Any:
-    """Tokens/s by mode, the long-tail wall times, and where the continuous engine's time goes."""
-    shares = {k: result["profile"][f"{k}_share"] for k in ("prefill", "decode", "host_and_other")}
-    panels = {
-        "throughput (batch workload)": ("tokens/s", result["tokens_per_s"]),
-        "long-tailed workload": ("wall seconds", result["wall_s"]),
-        "continuous engine: share of wall": ("fraction", shares),
-    }
-    return common.save_bars(path, "rlvr-bench decode", panels)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench decode [--workload short|long|all] [--preset bench|quick|gpu-1b] [--dtype D]
-    [--json FILE] [--plot FILE.png] [--quick] [--repeats N] [--skip-hf] [long sizes]`."""
-    p = argparse.ArgumentParser(prog="rlvr-bench decode", description=__doc__.split("\n")[0])
-    p.add_argument("--json", help="write the results here as JSON")
-    p.add_argument("--plot", help="write a PNG plot here")
-    p.add_argument("--preset", choices=sorted(PRESETS), default="bench", help="named sizes")
-    p.add_argument("--quick", action="store_true", help="same as --preset quick (smoke test)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="override the preset's dtype")
-    p.add_argument("--repeats", type=int, help="timed repeats per measurement (best is kept)")
-    p.add_argument("--skip-hf", action="store_true", help="do not time transformers' generate")
-    p.add_argument(
-        "--workload",
-        choices=("short", "long", "all", "multiturn"),
-        default="short",
-        help="short: throughput + long-tail (default); long: paged vs contiguous KV; all; "
-        "multiturn: in-slot tool turns vs re-prefilling each turn",
-    )
-    p.add_argument("--long-requests", type=int, help="long workload: requests (default 64)")
-    p.add_argument("--paged-slots", type=int, help="long workload: paged engine slots (64)")
-    p.add_argument("--long-capacity", type=int, help="long workload: tokens a slot holds (4096)")
-    p.add_argument(
-        "--weight-dtype",
-        choices=("float32", "bfloat16", "int8", "fp8"),
-        help="decode weights stored so, against the compute dtype (with the mismatch)",
-    )
-    p.add_argument("--lora-rank", type=int, default=0, help="LoRA adapters: time their push")
-    args = p.parse_args(argv)
-    quick = args.quick or args.preset == "quick"
-    cfg = QUICK if quick else PRESETS[args.preset]
-    long_flags = (("requests", args.long_requests), ("paged_slots", args.paged_slots),
-                  ("capacity", args.long_capacity))  # fmt: skip
-    long_sizes = {k: v for k, v in long_flags if v is not None}
-    if any(v < 2 for v in long_sizes.values()):
-        p.error("--long-requests, --paged-slots and --long-capacity must be >= 2")
-    if args.repeats is not None and args.repeats < 1:
-        p.error("--repeats must be >= 1")
-    overrides = {"repeats": args.repeats, "dtype": args.dtype}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
-    if args.workload == "multiturn":
-        from rlvr_jax.bench import multiturn
-
-        return multiturn.main(cfg, quick, args.json, args.plot)
-    if args.weight_dtype or args.lora_rank:
-        from rlvr_jax.bench import decode_weights
-
-        if args.lora_rank < 0:
-            p.error("--lora-rank must be >= 0")
-        result = decode_weights.run(
-            cfg, weight_dtype=args.weight_dtype, lora_rank=args.lora_rank, quick=quick
-        )
-        print(decode_weights.format_result(result))
-        return common.write_outputs(result, args.json)
-    if args.workload == "long":
-        from rlvr_jax.bench import decode_long
-
-        result = decode_long.main_result(cfg, quick, **long_sizes)
-        return common.write_outputs(result, args.json)
-    result = run(cfg, skip_hf=args.skip_hf, quick=quick)
-    if args.workload == "all":
-        from rlvr_jax.bench import decode_long
-
-        result["long"] = decode_long.main_result(cfg, quick, **long_sizes)["long"]
-    for mode, tps in result["tokens_per_s"].items():
-        print(f"tokens/s {mode:12s} {tps:10.1f}")
-    for mode, s in result["wall_s"].items():
-        print(f"long-tail wall {mode:10s} {s:8.2f} s")
-    ratios = result["ratios"]
-    if ratios["continuous_over_hf_tokens_per_s"] is not None:
-        print(
-            f"continuous / hf_generate tokens/s   {ratios['continuous_over_hf_tokens_per_s']:.2f}x"
-        )
-    print(
-        f"continuous / static long-tail wall  {ratios['continuous_over_static_wall_long_tail']:.2f}"
-    )
-    print(f"roofline fraction (continuous)      {result['roofline_fraction']:.3f}")
-    print(f"decode step memory-bandwidth frac.  {result['decode_step_memory_fraction']:.3f}")
-    print(f"host share of the continuous run    {result['profile']['host_share']:.3f}")
-    return common.write_outputs(result, args.json, args.plot, plot)
+_SHARES = ("prefill_share", "decode_share", "host_and_other_share")
+BENCH = Bench(
+    BenchConfig,
+    run,
+    presets=PRESETS,
+    headlines=(
+        "tokens_per_s",
+        "roofline_fraction",
+        "decode_step_memory_fraction",
+        "ratios",
+        "long_tail/waste",
+        "profile/host_share",
+        "long/tokens_per_s",
+        "long/ratios",
+        "long/kv_utilisation",
+        "multiturn/tokens_per_s",
+        "multiturn/in_slot_over_reprefill",
+        "multiturn/roofline_fraction",
+        "peers/vllm/tokens_per_s",
+        "mismatch",
+        "push/seconds",
+        "apply/faster",
+    ),
+    plot=(
+        Bars("throughput (batch workload)", "tokens/s", "tokens_per_s"),
+        Bars("long-tailed workload", "wall seconds", "wall_s"),
+        Bars("continuous engine: share of wall", "fraction", "profile", _SHARES),
+        Bars("long: paged vs contiguous", "tokens/s", "long/tokens_per_s"),
+        Bars("multiturn: generated tokens/s", "tokens/s", "multiturn/tokens_per_s"),
+        Bars("multiturn: prefilled tokens", "tokens", "multiturn/prefilled_tokens"),
+    ),
+)

@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
-import tempfile
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
-from rlvr_jax.bench.inputs import build_models
+from rlvr_jax.bench import progress
+from rlvr_jax.bench.common import option
 from rlvr_jax.rollout import EngineCore, GroupRequest, Scheduler, SlotRequest
 from rlvr_jax.rollout.device.paged import PagedWork, pages_for, work_lists
 from rlvr_jax.rollout.device.sampling import SamplerMode
@@ -45,27 +44,37 @@ class LongConfig:
     capacity: int = 4096
     """Completion tokens a slot holds (the cap of the length distribution)."""
     prompt: int = 256
+    """Prompt tokens per request."""
     requests: int = 64
+    """Requests."""
     contiguous_slots: int = 32
-    paged_slots: int = 64
+    """The contiguous engine's slots (its KV memory is the paged pool's)."""
+    paged_slots: int = option(64, "--paged-slots")
+    """The paged engine's slots."""
     page_size: int = 16
+    """Tokens per KV page."""
     prefill_chunk: int = 512
+    """The paged engine's prefill chunk."""
     sigma: float = 0.8
     """σ of the LogNormal completion lengths."""
     mean_over_max: float = 0.45
+    """Mean / max of the completion lengths."""
     chunk: int = 8
+    """Decode steps per engine call."""
     fills: tuple[float, ...] = (0.125, 0.25, 0.5, 0.75, 1.0)
+    """Fractions of the pool live at which a decode step is timed."""
     fill_repeats: int = 3
+    """Timed chunks per fill (the best is kept)."""
     seed: int = 0
+    """Seed of the lengths and prompts."""
+
+    def __post_init__(self) -> None:
+        if min(self.requests, self.paged_slots, self.capacity) < 2:
+            raise ValueError("--long-requests, --paged-slots and --long-capacity must be >= 2")
 
 
 QUICK_LONG = LongConfig(capacity=96, prompt=16, requests=12, contiguous_slots=4, paged_slots=8,
                         page_size=4, prefill_chunk=16, chunk=4, fill_repeats=1)  # fmt: skip
-
-
-def progress(message: str) -> None:
-    """One progress line on stderr (the JSON goes to stdout / a file)."""
-    print(f"[decode long] {message}", file=sys.stderr, flush=True)
 
 
 def lognormal_lengths(n: int, cap: int, mean_over_max: float, sigma: float, seed: int) -> list:
@@ -84,6 +93,11 @@ def lognormal_lengths(n: int, cap: int, mean_over_max: float, sigma: float, seed
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if lengths(mid).mean() / cap > mean_over_max else (mid, hi)
     return lengths((lo + hi) / 2).tolist()
+
+
+_STATS = ("mean_concurrent", "kv_utilisation", "preemptions", "recomputed_tokens",
+          "decode_steps", "mean_pages_in_use")  # fmt: skip
+"""The scheduler's counters (`SchedulerStats`) each engine's run reports."""
 
 
 def run_workloads(engines: dict[str, EngineCore], prompts: list, lengths: list) -> dict:
@@ -109,7 +123,7 @@ def run_workloads(engines: dict[str, EngineCore], prompts: list, lengths: list) 
             wall[name] += time.perf_counter() - t
         if time.perf_counter() - last > 15:
             last = time.perf_counter()
-            progress(
+            progress.line(
                 ", ".join(
                     f"{n}: {s.stats.tokens:,} / {total:,} tokens, {s.live} live, "
                     f"{s.stats.preemptions} preempted, {wall[n]:.0f} s"
@@ -124,15 +138,10 @@ def run_workloads(engines: dict[str, EngineCore], prompts: list, lengths: list) 
         out[name] = {
             "wall_s": wall[name],
             "tokens_per_s": total / wall[name],
-            "mean_concurrent": s.mean_concurrent,
-            "kv_utilisation": s.kv_utilisation,
-            "preemptions": s.preemptions,
-            "recomputed_tokens": s.recomputed_tokens,
-            "decode_steps": s.decode_steps,
-            "mean_pages_in_use": s.mean_pages_in_use,
+            **{k: getattr(s, k) for k in _STATS},
             "mean_rows": s.row_steps / s.decode_steps if s.decode_steps else 0.0,
         }
-    progress(f"done in {time.perf_counter() - start:.0f} s (load {load_before:.1f} before)")
+    progress.line(f"done in {time.perf_counter() - start:.0f} s (load {load_before:.1f} before)")
     return out
 
 
@@ -177,27 +186,18 @@ def _time_chunk(core: EngineCore, length: int, live: int, repeats: int) -> float
     return 1e3 * best / core.chunk
 
 
-def step_ms_at_fill(core: EngineCore, capacity: int, fills: tuple, repeats: int) -> dict:
-    """Decode ms/step with all slots live, filling `fills` of `capacity` tokens (shorter
-    sequences at lower fills: the start of a rollout)."""
-    out = {}
-    b = core.spec.max_slots
-    for f in fills:
-        length = max(1, int(f * capacity / b) - core.chunk - 1)
-        ms = _time_chunk(core, length, b, repeats)
-        out[str(float(f))] = {"ms_per_step": ms, "live_tokens": length * b, "live_slots": b}
-    return out
-
-
-def step_ms_at_fill_by_slots(core: EngineCore, capacity: int, fills: tuple, repeats: int):
-    """Decode ms/step with a fraction `fills` of the slots live, each at the length that
-    fills the pool when all are live (fewer sequences at lower fills: a rollout's tail,
+def step_ms_at_fill(
+    core: EngineCore, capacity: int, fills: tuple, repeats: int, *, fewer_slots: bool = False
+) -> dict:
+    """Decode ms/step at each fraction of `fills` of the pool of `capacity` tokens: all slots
+    live at shorter lengths (the start of a rollout), or with `fewer_slots` that fraction of
+    the slots live, each at the length that fills the pool when all are (a rollout's tail,
     where the long ones decode alone)."""
     out = {}
     b = core.spec.max_slots
-    length = max(1, int(capacity / b) - core.chunk - 1)
     for f in fills:
-        live = max(1, round(f * b))
+        length = max(1, int((1.0 if fewer_slots else f) * capacity / b) - core.chunk - 1)
+        live = max(1, round(f * b)) if fewer_slots else b
         ms = _time_chunk(core, length, live, repeats)
         out[str(float(f))] = {"ms_per_step": ms, "live_tokens": length * live, "live_slots": live}
     return out
@@ -218,39 +218,13 @@ def fit_line(points: dict) -> dict:
     return {"intercept_ms": float(a), "ms_per_1k_live_tokens": float(1e3 * b), "r2": float(r2)}
 
 
-def print_summary(long: dict) -> None:
-    """The long workload's figures, one per line."""
-    tps, ratios = long["tokens_per_s"], long["ratios"]
-    print(f"long: tokens/s paged {tps['paged']:.1f}  contiguous {tps['contiguous']:.1f}")
-    print(f"long: paged / contiguous tokens/s  {ratios['paged_over_contiguous_tokens_per_s']:.2f}x")
-    print(f"long: mean concurrent {long['mean_concurrent']}")
-    print(f"long: KV utilisation {long['kv_utilisation']:.3f}, preemptions {long['preemptions']}")
-    print(f"long: decode ms/step at fill {long['step_ms_at_fill']}")
-    print(f"long: decode ms/step at fill, fewer slots {long['step_ms_at_fill_fewer_slots']}")
-    for key, what in (("", "all slots live"), ("_fewer_slots", "fewer slots live")):
-        if ratios["step_ms_quarter_over_full" + key] is not None:
-            q = ratios["step_ms_quarter_over_full" + key]
-            print(f"long: step ms 25% / 100% fill ({what})  {q:.2f}")
+def run(cfg: Any) -> dict:
+    """`rlvr-bench decode --workload long`: the long section (`cfg.long`) and the roofline.
+    The model: the bench model of `cfg` (`decode.BenchConfig`), random weights."""
+    from rlvr_jax.bench.roofline import best_roofline
 
-
-def main_result(cfg: Any, quick: bool, **sizes: int) -> dict:
-    """`rlvr-bench decode --workload long`: the long section (`sizes` override `LongConfig`
-    fields), the roofline and the machine (load average before and after), printed and
-    returned for the JSON. The model: the bench model of `cfg` (`decode.BenchConfig`)."""
-    from rlvr_jax.bench.roofline import best_roofline, machine_info
-
-    load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        _, model = build_models(cfg, tmp)
-    long = run_long(model, dataclasses.replace(QUICK_LONG if quick else LongConfig(), **sizes))
-    roofline = best_roofline(quick)
-    print_summary(long)
-    return {
-        "long": long,
-        "roofline": roofline,
-        "machine": machine_info(load_before),
-        "config": dataclasses.asdict(cfg),
-    }
+    long = run_long(cfg.model(cfg.seed, cfg.dtype), cfg.long)
+    return {"long": long, "roofline": best_roofline(cfg.quick)}
 
 
 def run_long(model: Any, lc: LongConfig) -> dict:
@@ -260,36 +234,26 @@ def run_long(model: Any, lc: LongConfig) -> dict:
     prompts = rng.integers(0, model.config.vocab_size, size=(lc.requests, lc.prompt)).tolist()
     max_len = lc.prompt + lc.capacity
     pool_tokens = lc.contiguous_slots * max_len
+    kw = dict(model=model, max_len=max_len, chunk=lc.chunk)
+    pool = dict(page_size=lc.page_size, kv_pages=pool_tokens // lc.page_size)
     engines = {
-        "contiguous": EngineCore(
-            model,
-            max_slots=lc.contiguous_slots,
-            max_len=max_len,
-            chunk=lc.chunk,
-            kv_layout="contiguous",
-        ),
-        "paged": EngineCore(
-            model,
-            max_slots=lc.paged_slots,
-            max_len=max_len,
-            chunk=lc.chunk,
-            page_size=lc.page_size,
-            kv_pages=pool_tokens // lc.page_size,
-            prefill_chunk=lc.prefill_chunk,
-        ),
+        "contiguous": EngineCore(max_slots=lc.contiguous_slots, kv_layout="contiguous", **kw),
+        "paged": EngineCore(max_slots=lc.paged_slots, prefill_chunk=lc.prefill_chunk, **pool, **kw),
     }
     start = time.perf_counter()
     engines["paged"].compile_ahead()
     run_workloads(engines, prompts[:2], [3, 3])  # warm-up: compiles what is left
-    progress(f"compiled in {time.perf_counter() - start:.0f} s; running both, interleaved")
+    progress.line(f"compiled in {time.perf_counter() - start:.0f} s; running both, interleaved")
     load_before = os.getloadavg()
     runs = run_workloads(engines, prompts, lengths)
     load_after = os.getloadavg()
     fills, by_slots = {}, {}
     for name, core in engines.items():
-        progress(f"{name}: timing decode steps at fills {list(lc.fills)} of {pool_tokens:,}")
+        progress.line(f"{name}: timing decode steps at fills {list(lc.fills)} of {pool_tokens:,}")
         fills[name] = step_ms_at_fill(core, pool_tokens, lc.fills, lc.fill_repeats)
-        by_slots[name] = step_ms_at_fill_by_slots(core, pool_tokens, lc.fills, lc.fill_repeats)
+        by_slots[name] = step_ms_at_fill(
+            core, pool_tokens, lc.fills, lc.fill_repeats, fewer_slots=True
+        )
     paged, tail = fills["paged"], by_slots["paged"]
     return {
         "tokens_per_s": {k: r["tokens_per_s"] for k, r in runs.items()},

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import time
 from typing import Any
 
 import jax
@@ -39,7 +37,7 @@ import numpy as np
 from rlvr_jax import models
 from rlvr_jax.bench import common, progress
 from rlvr_jax.bench.engine_timing import interleaved_best, profile_engine
-from rlvr_jax.bench.roofline import best_roofline, machine_info
+from rlvr_jax.bench.roofline import best_roofline
 from rlvr_jax.losses.kl import kl_per_token
 from rlvr_jax.models import lora, quant
 from rlvr_jax.rollout import EngineCore, generate
@@ -51,9 +49,7 @@ def _policy(cfg: Any, lora_rank: int) -> models.Model:
     """The bench model (random, `cfg.dtype`), with trained-looking adapters of `lora_rank`."""
     from rlvr_jax.config.schema import LoraConfig
 
-    arch = cfg.arch()
-    model = models.Model(arch, models.init_params(arch, jax.random.key(cfg.seed), cfg.dtype))
-    model = dataclasses.replace(model, compute_dtype=jnp.dtype(cfg.dtype))
+    model = cfg.model(cfg.seed, cfg.dtype)
     if not lora_rank:
         return model
     model = models.adapt_lora(model, LoraConfig(rank=lora_rank, alpha=2.0 * lora_rank))
@@ -93,18 +89,10 @@ def _mismatch(model: models.Model, prompts: list[list[int]], completions: list[A
     }
 
 
-def _best(fn: Any, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def run(cfg: Any, *, weight_dtype: str | None, lora_rank: int, quick: bool) -> dict:
-    """The comparison (module docstring); JSON-able."""
-    load_before = os.getloadavg()
+def run(cfg: Any) -> dict:
+    """The comparison (module docstring) of `cfg` (`decode.BenchConfig`: its `weight_dtype`
+    and `lora_rank`); JSON-able."""
+    weight_dtype, lora_rank = cfg.weight_dtype, cfg.lora_rank
     progress.line("building the policy and the two engines")
     model = _policy(cfg, lora_rank)
     rng = np.random.default_rng(cfg.seed)
@@ -127,7 +115,7 @@ def run(cfg: Any, *, weight_dtype: str | None, lora_rank: int, quick: bool) -> d
     mismatch = {n: _mismatch(model, prompts, outs[n]) for n in names}
     progress.line("profile: decode step")
     profile = {n: profile_engine(e, prompts, cfg.repeats) for n, e in engines.items()}
-    roof = best_roofline(quick)
+    roof = best_roofline(cfg.quick)
     arch = model.config
     work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(arch, cfg.prompt + cfg.new / 2)
     cache_bytes = jnp.dtype(cfg.dtype).itemsize
@@ -152,11 +140,7 @@ def run(cfg: Any, *, weight_dtype: str | None, lora_rank: int, quick: bool) -> d
     if lora_rank:
         result["push"] = _push(engines[label], model, cfg.repeats)
         result["apply"] = _apply_vs_merge(model, cfg, result["push"]["seconds"]["adapters"])
-    result["machine"] = machine_info(load_before)
-    result["config"] = {
-        **dataclasses.asdict(cfg), "weight_dtype": label, "lora_rank": lora_rank,
-        "model": arch.to_hf(), "params": arch.n_params(),
-    }  # fmt: skip
+    result["config"] = {"weight_dtype": label, "model": arch.to_hf(), "params": arch.n_params()}
     return result
 
 
@@ -165,12 +149,12 @@ def _push(engine: EngineCore, model: models.Model, repeats: int) -> dict:
     adapters = lora.adapters(model.params)
     merged = lora.merge(model.params)
     fns = {
-        "adapters": lambda: engine.prepare(adapters),
-        "whole_policy": lambda: engine.prepare(merged),
+        "adapters": lambda: jax.block_until_ready(engine.prepare(adapters)),
+        "whole_policy": lambda: jax.block_until_ready(engine.prepare(merged)),
     }
     for fn in fns.values():
-        jax.block_until_ready(fn())
-    seconds = {n: _best(fn, repeats + 2) for n, fn in fns.items()}
+        fn()
+    seconds = interleaved_best(fns, repeats + 2)[0]
     sizes = {"adapters": quant.nbytes(adapters), "whole_policy": quant.nbytes(merged)}
     return {
         "seconds": seconds,
@@ -238,41 +222,3 @@ def _apply_vs_merge(model: models.Model, cfg: Any, merge_seconds: float) -> dict
         "outputs_relative_gap": abs(totals["applied"] - totals["merged"])
         / max(abs(totals["merged"]), 1e-30),
     }
-
-
-def format_result(result: dict) -> str:
-    cfg = result["config"]
-    lines = [
-        f"rlvr-bench decode: weights {cfg['weight_dtype']} vs {cfg['dtype']}, "
-        f"{cfg['params'] / 1e6:.1f}M params, {cfg['batch']} x ({cfg['prompt']} + {cfg['new']})"
-        + (f", LoRA rank {cfg['lora_rank']}" if cfg["lora_rank"] else "")
-    ]
-    for n, tps in result["tokens_per_s"].items():
-        m = result["mismatch"][n]
-        lines.append(
-            f"  {n:9s} {tps:9.1f} tokens/s  weights {result['decode_weight_bytes'][n] / 2**20:7.1f}"
-            f" MiB  kl(sampler||learner) {m['kl_sampler_learner']:.2e}  mean|dlogp| "
-            f"{m['mean_abs_logp_diff']:.2e}  TIS weight outside [0.5, 2]: "
-            f"{m['tis_weight_outside_0.5_2']:.2%}"
-        )
-    if "push" in result:
-        p = result["push"]
-        lines.append(
-            f"  push: adapters {p['bytes']['adapters'] / 2**20:.2f} MiB in "
-            f"{p['seconds']['adapters'] * 1e3:.1f} ms (merge + re-lay) vs the whole policy "
-            f"{p['bytes']['whole_policy'] / 2**20:.1f} MiB in "
-            f"{p['seconds']['whole_policy'] * 1e3:.1f} ms"
-        )
-    if "apply" in result:
-        a = result["apply"]
-        lines.append(
-            f"  apply in the decode step: +{a['overhead_per_decode_step_s'] * 1e3:.3f} ms a step"
-            f" x {a['decode_steps_per_push']} steps = {a['apply_seconds_per_push'] * 1e3:.1f} ms"
-            f" a push vs merge {a['merge_seconds_per_push'] * 1e3:.1f} ms (break-even"
-            f" {a['break_even_decode_steps']:.0f} steps): {a['faster']} is faster"
-        )
-    load = result["machine"]["loadavg_before"]
-    lines.append(
-        f"  load average before {load[0]:.2f}, after {result['machine']['loadavg_after'][0]:.2f}"
-    )
-    return "\n".join(lines)

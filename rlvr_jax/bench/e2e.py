@@ -1,14 +1,6 @@
 """`rlvr-bench e2e`: the demo RL setup run in sync and in async mode for the same number of
 optimizer steps with the same batch shape, beside TRL's GRPOTrainer when it is installed.
 
-    rlvr-bench e2e [--config configs/demo.yaml] [--steps 6] [--warmup 2] [--rounds 2]
-                   [--set key=value ...] [--preset demo|bench] [--quick] [--json FILE]
-                   [--plot FILE.png]
-
-`--preset bench`: the demo's prompts and batch with the 56M-parameter bench model
-(`common.bench_arch`, random weights, a tokenizer trained on the prompts) generating 256-token
-completions; `demo` (default): the config as given.
-
 Every run starts from the same policy and data; the sides run in `--rounds` interleaved rounds
 (sync, async, TRL, sync, async, TRL, ...) so that a load change hits them alike, each round's
 first `--warmup` steps (compiles) left out; a side's rounds are pooled (totals over totals). A
@@ -33,6 +25,12 @@ dispatched: the timed window runs from the last warm-up update's end to the last
   (`rlvr-bench roofline`'s `best_roofline`, probed after the last side) and, in `machine`,
   the CPU's model and vector ISA (`common.cpu_info`): a ratio against a peer moves with both.
 
+With vLLM installed (its CPU build: the vLLM venv, docs/vllm.md), two more rows: `vllm`, our
+trainer in async mode on `rollout.backend: vllm` (`steps_per_s.vllm`, `tokens_per_s.vllm`,
+`ratios.async_over_vllm`: our engine against vLLM under the same trainer), and `peers.trl_vllm`,
+TRL's GRPOTrainer generating with vLLM colocated (`use_vllm`, `vllm_mode: colocate`) where TRL
+can drive this vLLM (else the row reports the error; the peer is never patched).
+
 The TRL row needs `trl` (not a dependency); without it the row says so. Every run draws the
 same number of groups per optimizer step (`filter.active_sampling=false`, before the user's
 `--set`).
@@ -40,17 +38,16 @@ same number of groups per optimizer step (`filter.active_sampling=false`, before
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.util
 import json
-import os
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from rlvr_jax.bench import common, progress
+from rlvr_jax.bench.common import option
 from rlvr_jax.bench.e2e_run import (
     SETTLE_BELOW,
     ModeRun,
@@ -62,6 +59,8 @@ from rlvr_jax.bench.e2e_run import (
     settle,
 )
 from rlvr_jax.bench.roofline import best_roofline
+from rlvr_jax.bench.table import Bars, Bench
+from rlvr_jax.models.testing import tiny_policy
 
 DEFAULT_CONFIG = "configs/demo.yaml"
 
@@ -88,8 +87,11 @@ _BENCH = (
 PRESETS = {"demo": (), "bench": _BENCH}
 """`--preset`: overrides of the config for each named workload."""
 
-# --quick: a random 2-layer d=32 policy built in the output directory, 2 prompts × 4 samples.
+# --quick: a random 2-layer d=32 policy built in the output directory, 2 prompts × 4 samples,
+# every group trained (a random policy's rewards are mostly all equal: the zero-variance filter
+# would leave nothing to train).
 _QUICK = (
+    "filter.zero_variance=false",
     "model.create_if_missing=rlvr_jax.bench.e2e:build_tiny_policy",
     "model.hf_config=null",
     "train.prompts_per_batch=2",
@@ -110,33 +112,42 @@ def _prompt_texts(cfg: Any) -> list[str]:
 
 
 def build_tiny_policy(path: str | Path, cfg: Any) -> Path:
-    """`common.tiny_policy` with its tokenizer trained on the config's first 400 training
-    prompts of each source (`model.create_if_missing` of `--quick`)."""
-    return common.tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed)
+    """`models.testing.tiny_policy` with its tokenizer trained on the config's first 400
+    training prompts of each source (`model.create_if_missing` of `--quick`)."""
+    return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed)
 
 
 def build_bench_policy(path: str | Path, cfg: Any) -> Path:
-    """The bench model (`common.bench_arch`: d=512, 8 layers, V=32000, 56M parameters) with
+    """The bench model (`common.ModelSize`: d=512, 8 layers, V=32000, 56M parameters) with
     random weights and a tokenizer trained on the config's prompts (`model.create_if_missing`
     of `--preset bench`)."""
     bench = common.hf_config_dict(common.ModelSize())
-    return common.tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed, hf_config=bench)
+    return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed, hf_config=bench)
+
+
+def has_vllm() -> bool:
+    """Whether vLLM is installed here (the `vllm` and `trl_vllm` rows)."""
+    return importlib.util.find_spec("vllm") is not None
 
 
 def trl_peer(
-    config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path
-) -> dict[str, Any]:
+    config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path,
+    use_vllm: bool = False,
+) -> dict[str, Any]:  # fmt: skip
     """The TRL row: TRL's GRPOTrainer on the same setup (`rlvr_jax.bench.trl_peer`) when `trl`
-    is installed (it is never a dependency); a failure of the peer never fails the bench."""
+    is installed (it is never a dependency); a failure of the peer never fails the bench.
+    `use_vllm`: the TRL-with-vLLM row (TRL generating with vLLM colocated)."""
     if importlib.util.find_spec("trl") is None:
         return {"status": "skipped", "reason": "trl is not installed (pip install trl to add it)"}
     load_before = load_1min()
     try:
         from rlvr_jax.bench.trl_peer import run_trl
 
-        cfg = load_config(config_path, overrides, steps=warmup + steps, out=out / "trl")
-        progress.line(f"TRL GRPOTrainer peer: {warmup} warm-up + {steps} timed steps")
-        row = run_trl(cfg, steps=steps, warmup=warmup, out=out)
+        name = "trl_vllm" if use_vllm else "trl"
+        cfg = load_config(config_path, overrides, steps=warmup + steps, out=out / name)
+        progress.line(f"TRL GRPOTrainer peer{' with vLLM' * use_vllm}: {warmup} warm-up + "
+                      f"{steps} timed steps")  # fmt: skip
+        row = run_trl(cfg, steps=steps, warmup=warmup, out=out / name, use_vllm=use_vllm)
     except Exception as e:  # reported in the row: the peer never fails the bench
         return {"status": "failed", "reason": f"{type(e).__name__}: {e}"}
     return {**row, "loadavg": [load_before, load_1min()]}
@@ -168,6 +179,12 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if b else None
 
 
+def _mode_row(m: ModeRun) -> dict[str, Any]:
+    """A mode's figures in the JSON: its fields and its rates."""
+    rates = {"steps_per_s": m.steps_per_s, "tokens_per_s": m.tokens_per_s}
+    return {**dataclasses.asdict(m), **rates, "stale_share": m.stale_share}
+
+
 def summarize(sync: ModeRun, async_: ModeRun) -> dict[str, Any]:
     """The headline figures from the two runs."""
     r, t = sync.split_s["rollout"], sync.split_s["train"]
@@ -178,39 +195,60 @@ def summarize(sync: ModeRun, async_: ModeRun) -> dict[str, Any]:
         "time_s": {"rollout": r, "train": t},
         "overlap_fraction": async_.overlap_fraction,
         "projected_speedup_disjoint": (r + t) / max(r, t) if max(r, t) > 0 else None,
-        "modes": {
-            m.mode: {
-                **dataclasses.asdict(m),
-                "steps_per_s": m.steps_per_s,
-                "tokens_per_s": m.tokens_per_s,
-                "stale_share": m.stale_share,
-            }
-            for m in (sync, async_)
-        },
+        "modes": {m.mode: _mode_row(m) for m in (sync, async_)},
     }
 
 
-def run(
-    config_path: str | Path,
-    overrides: list[str],
-    *,
-    steps: int,
-    warmup: int,
-    quick: bool,
-    preset: str = "demo",
-    rounds: int = 1,
-    settle_s: float = 0.0,
-    settle_below: float | None = None,
-) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class E2EConfig:
+    """One `rlvr-bench e2e` run."""
+
+    config: str = DEFAULT_CONFIG
+    """An `algorithm: rl` config (YAML)."""
+    set: tuple[str, ...] = option((), metavar="KEY=VALUE")
+    """Config override, as rlvr-train's (repeatable)."""
+    preset: str = option("demo", choices=tuple(PRESETS))
+    """demo: the config as given; bench: the demo's prompts and batch with the 56M bench model
+    (random weights, a tokenizer trained on the prompts) generating 256-token completions."""
+    steps: int = 6
+    """Measured steps per mode."""
+    warmup: int = 2
+    """Steps left out first (compiles)."""
+    rounds: int = 2
+    """Interleaved rounds per side."""
+    settle: float = option(0.0, metavar="S")
+    """Before each side wait up to S seconds for the 1-minute load to fall under
+    --settle-below (the load a side's own threads leave behind otherwise flags the next)."""
+    settle_below: float | None = option(None, metavar="LOAD")
+    """--settle's target load (default half a thread per core: 1.0 on two cores)."""
+    quick: bool = option(False, None)
+    """A tiny random policy (the smoke test, `--quick`)."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.warmup < 0 or self.rounds < 1:
+            raise ValueError("steps and rounds must be >= 1 and warmup >= 0")
+        if self.settle < 0 or (self.settle_below is not None and self.settle_below <= 0):
+            raise ValueError("--settle must be >= 0 and --settle-below > 0")
+
+
+def run(cfg: E2EConfig) -> dict[str, Any]:
     """`rounds` interleaved rounds of sync, async and the TRL peer (a load change on the shared
     machine hits every side alike); the JSON-able result, each side's rounds pooled. With
-    `settle_s` > 0 each side first waits, at most that long, for the 1-minute load to fall under
-    `settle_below` (default `SETTLE_BELOW`: `e2e_run.settle`)."""
-    load_before = common.machine_info()["loadavg"]
+    `settle` > 0 each side first waits, at most that long, for the 1-minute load to fall under
+    `settle_below` (default `SETTLE_BELOW`: `e2e_run.settle`). A bad config file or override fails
+    before either run spends any time."""
+    config_path, overrides, steps, warmup = cfg.config, list(cfg.set), cfg.steps, cfg.warmup
+    quick, preset, rounds, settle_s = cfg.quick, cfg.preset, cfg.rounds, cfg.settle
+    if not Path(config_path).is_file():
+        raise ValueError(f"--config {config_path}: no such file (run from the repository root)")
+    unused = Path("unused")
+    load_config(config_path, [*_MATCHED, *PRESETS[preset], *overrides], steps=1, out=unused)
     runs: dict[str, list[ModeRun]] = {"sync": [], "async": []}
-    trl_rows = []
-    below = SETTLE_BELOW if settle_below is None else settle_below
-    waited = {"sync": 0.0, "async": 0.0, "trl": 0.0}
+    vllm_runs: list[ModeRun] = []
+    trl_rows, trl_vllm_rows = [], []
+    below = SETTLE_BELOW if cfg.settle_below is None else cfg.settle_below
+    sides = ("sync", "async", "trl", *(("vllm", "trl_vllm") if has_vllm() else ()))
+    waited = dict.fromkeys(sides, 0.0)
 
     def pause(side: str) -> None:
         if settle_s > 0:
@@ -234,6 +272,16 @@ def run(
                 done.append(run_mode(config_path, [*extra, *overrides], mode, **kw))
             pause("trl")
             trl_rows.append(trl_peer(config_path, [*extra, *overrides], **kw))
+            if has_vllm():  # our trainer on vLLM, and TRL with vLLM
+                pause("vllm")
+                on_vllm = [*extra, *overrides, "rollout.backend=vllm"]
+                vllm_runs.append(
+                    run_mode(config_path, on_vllm, "async", **{**kw, "out": kw["out"] / "vllm"})
+                )
+                pause("trl_vllm")
+                trl_vllm_rows.append(
+                    trl_peer(config_path, [*extra, *overrides], **kw, use_vllm=True)
+                )
     # probed after the sides, so that its own load (both cores for seconds) is not theirs
     progress.line("roofline probe (matmul peak, memory bandwidth)")
     roofline = best_roofline(quick)
@@ -257,12 +305,25 @@ def run(
             async_.tokens_per_s, trl["tokens_per_s"]
         )
         loads["trl"] = tuple(trl["loadavg"])
+    peers = {"trl": trl}
+    if vllm_runs:
+        on_vllm = pool(vllm_runs)
+        summary["steps_per_s"]["vllm"] = on_vllm.steps_per_s
+        summary["tokens_per_s"]["vllm"] = on_vllm.tokens_per_s
+        summary["ratios"]["async_over_vllm"] = async_.steps_per_s / on_vllm.steps_per_s
+        summary["ratios"]["async_over_vllm_tokens"] = _ratio(
+            async_.tokens_per_s, on_vllm.tokens_per_s
+        )
+        summary["modes"]["vllm"] = _mode_row(on_vllm)
+        loads["vllm"] = on_vllm.loadavg
+        peers["trl_vllm"] = pool_trl(trl_vllm_rows)
+        if peers["trl_vllm"]["status"] == "ok":
+            loads["trl_vllm"] = tuple(peers["trl_vllm"]["loadavg"])
     return {
         **summary,
         **quietness(loads),
-        "peers": {"trl": trl},
+        "peers": peers,
         "roofline": roofline,
-        "machine": {**common.machine_info(), "loadavg_before": load_before},
         "config": {
             "config": str(config_path),
             "preset": preset,
@@ -276,118 +337,25 @@ def run(
     }
 
 
-def format_result(result: dict[str, Any]) -> str:
-    """The human-readable table."""
-    rows = []
-    for mode in ("sync", "async"):
-        m = result["modes"][mode]
-        rows.append(
-            [mode, m["steps_per_s"], m["tokens_per_s"], m["split_s"]["rollout"],
-             m["split_s"]["train"], m["busy_s"]["rollout"], m["busy_s"]["train"],
-             m["overlap_fraction"], m["stale_share"], m["reward_mean"],
-             max(m["loadavg"])]
-        )  # fmt: skip
-    trl = result["peers"]["trl"]
-    if trl["status"] == "ok":
-        rows.append(["trl", trl["steps_per_s"], trl["tokens_per_s"], *[None] * 6,
-                     trl["reward_mean"], max(trl["loadavg"])])  # fmt: skip
-    heads = ["mode", "steps/s", "tokens/s", "rollout s", "train s", "decode busy s",
-             "train busy s", "overlap", "stale", "reward", "load"]  # fmt: skip
-    lines = [
-        common.format_table(heads, rows),
-        _machine_line(result),
-        f"async / sync steps/s:           {result['async_over_sync']:.3f}",
-        f"overlap fraction (async):       {result['overlap_fraction']:.3f}",
-        f"projected speedup, own devices: {result['projected_speedup_disjoint']:.3f}",
-        f"TRL peer: {trl['status']} ({trl['reason']})"
-        if trl["status"] != "ok"
-        else f"async / TRL {trl['trl_version']} steps/s: {trl['ours_async_over_trl']:.3f}",
-    ]
-    if not result["quiet"]:
-        limit = result["load"]["threshold"]
-        loud = {k: max(v) for k, v in result["load"]["by_side"].items() if max(v) > limit}
-        lines.append(
-            f"NOT QUIET: 1-minute load above {limit:g} ({os.cpu_count()} cores) around "
-            + ", ".join(f"{k} ({v:.2f})" for k, v in loud.items())
-            + ": ratios measured under load"
-        )
-    return "\n".join(lines)
-
-
-def _machine_line(result: dict[str, Any]) -> str:
-    """ "machine: <CPU> (<ISA>, <n> cores); roofline fp32 <GFLOP/s>, <GB/s>" (a JSON of an
-    earlier version, without them, gives "?" and nan)."""
-    machine, roof = result.get("machine", {}), result.get("roofline") or {}
-    cpu = machine.get("cpu_model") or machine.get("processor", "?")
-    isa = "/".join(machine.get("cpu_isa") or []) or "ISA unknown"
-    nan = float("nan")
-    return (
-        f"machine: {cpu} ({isa}, {machine.get('cpu_count', '?')} cores); roofline fp32 "
-        f"{roof.get('peak_gflops_fp32', nan):.1f} GFLOP/s, {roof.get('memory_gbps', nan):.1f} GB/s"
-    )
-
-
-def plot(result: dict[str, Any], path: str | Path) -> Path:
-    """Steps/s and tokens/s per side, the sync rollout/train split, the async busy time."""
-    busy = {**result["modes"]["async"]["busy_s"], "both": result["modes"]["async"]["overlap_s"]}
-    panels = {
-        "optimizer steps per second": ("steps/s", result["steps_per_s"]),
-        "trained tokens per second": ("tokens/s", result["tokens_per_s"]),
-        "sync split (measured steps)": ("seconds", result["time_s"]),
-        "async busy time": ("seconds", busy),
-    }
-    return common.save_bars(path, "rlvr-bench e2e", panels)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench e2e [options]`."""
-    p = argparse.ArgumentParser(prog="rlvr-bench e2e", description=__doc__.split("\n")[0])
-    p.add_argument("--config", default=DEFAULT_CONFIG, help="an algorithm: rl config (YAML)")
-    p.add_argument("--steps", type=int, help="measured steps per mode (default 6; quick 2)")
-    p.add_argument("--warmup", type=int, help="steps left out first (default 2; quick 1)")
-    p.add_argument("--rounds", type=int, help="interleaved rounds per side (default 2, quick 1)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, as rlvr-train's (repeatable)")  # fmt: skip
-    p.add_argument(
-        "--preset",
-        choices=sorted(PRESETS),
-        default="demo",
-        help="demo: the config as given; bench: the 56M bench model, 256-token completions",
-    )
-    p.add_argument("--quick", action="store_true", help="a tiny random policy (smoke test)")
-    p.add_argument(
-        "--settle", type=float, default=0.0, metavar="S",
-        help="before each side wait up to S seconds for the 1-minute load to fall under "
-        "--settle-below (the load a side's own threads leave behind otherwise flags the next)",
-    )  # fmt: skip
-    p.add_argument(
-        "--settle-below",
-        type=float,
-        metavar="LOAD",
-        help="--settle's target load (default half a thread per core: 1.0 on two cores)",
-    )
-    p.add_argument("--json", help="write the results here as JSON")
-    p.add_argument("--plot", help="write a PNG plot here")
-    args = p.parse_args(argv)
-    steps = args.steps if args.steps is not None else (2 if args.quick else 6)
-    warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
-    rounds = args.rounds if args.rounds is not None else (1 if args.quick else 2)
-    if steps < 1 or warmup < 0 or rounds < 1:
-        p.error("--steps and --rounds must be >= 1 and --warmup >= 0")
-    if args.settle < 0 or (args.settle_below is not None and args.settle_below <= 0):
-        p.error("--settle must be >= 0 and --settle-below > 0")
-    if not Path(args.config).is_file():
-        p.error(f"--config {args.config}: no such file (run from the repository root)")
-    try:  # a bad --set or config fails here, before either run spends any time
-        load_config(
-            args.config, [*_MATCHED, *PRESETS[args.preset], *args.set],
-            steps=warmup + steps, out=Path("unused"),
-        )  # fmt: skip
-    except ValueError as e:
-        p.error(str(e))
-    result = run(
-        args.config, args.set, steps=steps, warmup=warmup, quick=args.quick, preset=args.preset,
-        rounds=rounds, settle_s=args.settle, settle_below=args.settle_below,
-    )  # fmt: skip
-    print(format_result(result))
-    return common.write_outputs(result, args.json, args.plot, plot)
+BENCH = Bench(
+    E2EConfig,
+    run,
+    presets={"default": E2EConfig(), "quick": E2EConfig(steps=2, warmup=1, rounds=1, quick=True)},
+    headlines=(
+        "steps_per_s",
+        "tokens_per_s",
+        "ratios",
+        "overlap_fraction",
+        "projected_speedup_disjoint",
+        "modes/async/stale_share",
+        "peers/trl/status",
+        "peers/trl_vllm/status",
+        "quiet",
+    ),
+    plot=(
+        Bars("optimizer steps per second", "steps/s", "steps_per_s"),
+        Bars("trained tokens per second", "tokens/s", "tokens_per_s"),
+        Bars("sync split (measured steps)", "seconds", "time_s"),
+        Bars("async busy time", "seconds", "modes/async/busy_s"),
+    ),
+)

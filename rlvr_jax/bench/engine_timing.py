@@ -1,6 +1,6 @@
-"""Engine timings shared by the decode benchmarks (`rlvr_jax.bench.decode`,
-`rlvr_jax.bench.decode_weights`): best-of-rounds wall times measured in interleaved rounds, an
-engine's prefill and decode-step seconds, and the host's share of a scheduled run."""
+"""Engine timings shared by the benchmarks: best-of-rounds wall times measured in interleaved
+rounds, a workload of forced lengths through the scheduler, an engine's prefill and decode-step
+seconds, and the host's share of a scheduled run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import jax
 
 from rlvr_jax.bench import progress
-from rlvr_jax.rollout import EngineCore, SlotRequest
+from rlvr_jax.rollout import EngineCore, GroupRequest, Scheduler, SlotRequest
 from rlvr_jax.rollout.device.sampling import SamplerMode
 
 
@@ -30,6 +30,19 @@ def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[d
             if seconds < best[name]:
                 best[name], outputs[name] = seconds, out
     return best, outputs
+
+
+def run_lengths(core: EngineCore, prompts: list, lengths: list[int], batching: str) -> Any:
+    """Every prompt decoded to its length (its own `max_new_tokens`, no stop token) through a
+    `Scheduler` of `batching`; the scheduler's counters (`SchedulerStats`)."""
+    sched = Scheduler(core, batching=batching)
+    for i, (prompt, n) in enumerate(zip(prompts, lengths)):
+        sched.add(GroupRequest(i, i, tuple(prompt), 1, seed=i, max_new_tokens=int(n)))
+    got = {req.key: len(group[0].tokens) for req, group in sched.run()}
+    bad = [i for i, n in enumerate(lengths) if got.get(i) != int(n)]
+    if bad:
+        raise RuntimeError(f"{batching}: requests {bad[:5]} did not generate their forced lengths")
+    return sched.stats
 
 
 def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:

@@ -18,25 +18,18 @@ import numpy as np
 from rlvr_jax.bench import common
 
 
-def hf_device() -> str:
-    """Where the HF twin runs: "cuda" when JAX runs on a GPU and torch sees one, else "cpu"
-    (the same device as ours, so that the comparison is like for like)."""
-    import jax
-    import torch
-
-    return "cuda" if jax.default_backend() == "gpu" and torch.cuda.is_available() else "cpu"
-
-
 def build_models(cfg: Any, path: str | Path) -> tuple[Any, Any]:
     """(HF torch model, our `Model`) of the bench model of `cfg` (`common.ModelSize` fields and
-    a `dtype`) with the same random weights: HF's init (seeded by `cfg.seed`, on `hf_device`),
-    saved at `path` in `cfg.dtype`, loaded back as ours in that dtype.
+    a `dtype`) with the same random weights: HF's init (seeded by `cfg.seed`; on CUDA when JAX
+    runs on a GPU and torch sees one: like for like), saved at `path` in `cfg.dtype`, loaded
+    back as ours in that dtype.
 
     Unless the environment says otherwise, torch's OpenMP threads are told to sleep rather
     than spin while waiting (`OMP_WAIT_POLICY=PASSIVE`, read when torch first loads): on a
     shared machine, spinning makes `generate` up to 10x slower (measured here: 130 s instead
     of 14 s at load 6), which would flatter our engine. The policy used is reported."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import jax
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -45,7 +38,8 @@ def build_models(cfg: Any, path: str | Path) -> tuple[Any, Any]:
     torch.manual_seed(cfg.seed)
     hf_cfg = dict(common.hf_config_dict(cfg))
     config = AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
-    with torch.device(hf_device()):
+    on_gpu = jax.default_backend() == "gpu" and torch.cuda.is_available()
+    with torch.device("cuda" if on_gpu else "cpu"):
         hf = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, cfg.dtype)).eval()
     hf.save_pretrained(path)
     return hf, load_pretrained(path, dtype=cfg.dtype)

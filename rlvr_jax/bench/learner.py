@@ -5,7 +5,7 @@ What is timed: `rlvr_jax.training.learner.make_train_step` (the trainer's step: 
 backward, the loss preset's policy loss with global token normalisation, gradient
 accumulation over `n_micro` micro-batches, the trainer's AdamW with global-norm clipping),
 compiled once ahead of time and run on a realistic RL batch (`collate` of prompts +
-completions of varied lengths, right-padded) of the bench model (`common.bench_arch`). The
+completions of varied lengths, right-padded) of the bench model (`common.ModelSize`). The
 old-log-prob forward (`make_logprob_fn`, one extra forward when several optimizer steps share
 a rollout batch) is timed and reported separately.
 
@@ -22,19 +22,12 @@ constant stored in `--weight-dtype` (float32 | bfloat16 | int8); train FLOPs are
 forward and the activations' backward (4·P·tokens + attention) plus the adapters' 6·P_lora·
 tokens, and the result gives `lora.trainable_params` / `optimizer_state_bytes` (a full run's
 beside it).
-
-    rlvr-bench learner [--preset cpu|quick|gpu-1b] [--json FILE] [--plot FILE.png] [sizes...]
-    rlvr-bench learner --lora-rank 8 [--weight-dtype int8] [...]
-    rlvr-bench learner --workload attention-memory [--json FILE] [--plot FILE.png]
-    rlvr-bench learner --workload long [--long-cap 4096] [--batch N] [--n-micro M] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import sys
 from typing import Any
 
 import jax
@@ -42,15 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax import losses, models
-from rlvr_jax.bench import common, progress
+from rlvr_jax.bench import attention_memory, common, learner_long, progress
+from rlvr_jax.bench.common import option
 from rlvr_jax.bench.inputs import compiled_train_step, synthetic_batch
+from rlvr_jax.bench.table import Bars, Bench
 from rlvr_jax.models import lora, quant
 from rlvr_jax.models.attention import IMPLS, resolve_impl
 
-WORKLOADS = ("step", "attention-memory", "long")
-"""`--workload`: the timed train step, the attention kernels' memory, or packed vs padded
-batches on long-tailed lengths (`rlvr_jax.bench.learner_long`)."""
-DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+"""Short names `--dtype` takes."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,8 +56,8 @@ class LearnerBenchConfig(common.ModelSize):
     """Token positions per row the learner computes (prompt + completion, padded)."""
     n_micro: int = 1
     """Gradient-accumulation micro-batches per step (must divide `batch`)."""
-    dtype: str = "float32"
-    """Compute dtype of the matmuls (params, LM head and log-softmax stay fp32)."""
+    dtype: str = option("float32", choices=("float32", "bfloat16"), type=lambda s: DTYPES.get(s, s))
+    """Compute dtype of the matmuls (params, LM head and log-softmax stay fp32; fp32, bf16)."""
     loss: str = "olmo3"
     """Loss preset (`rlvr_jax.losses.resolve_loss_settings`)."""
     remat: bool = False
@@ -74,7 +67,7 @@ class LearnerBenchConfig(common.ModelSize):
     logits_chunk: int = 0
     """Positions per LM-head + log-softmax chunk, 0 = all at once (`train.logits_chunk`; must
     divide `seq`)."""
-    attention_impl: str = "auto"
+    attention_impl: str = option("auto", "--attention", choices=IMPLS)
     """Attention kernel (`model.attention_impl`: auto | xla | blockwise | cudnn | splash)."""
     repeats: int = 3
     """Timed calls per measurement after one warm-up call (the best is reported)."""
@@ -88,8 +81,24 @@ class LearnerBenchConfig(common.ModelSize):
     """Also time the LM head + log-softmax and the optimizer update on their own."""
     lora_rank: int = 0
     """LoRA rank on every projection (0 = the whole model trains)."""
-    weight_dtype: str = ""
+    weight_dtype: str = option("", choices=("float32", "bfloat16", "int8"))
     """Storage of the weights ("" = float32; with LoRA the frozen base may be int8)."""
+    workload: str = option("step", choices=("step", "attention-memory", "long"))
+    """step: time the train step; attention-memory: peak memory of one micro-batch per
+    attention kernel, T up to 8K (`rlvr_jax.bench.attention_memory`); long: packed vs padded
+    batches on long-tailed lengths (`rlvr_jax.bench.learner_long`)."""
+    device_kind: str = ""
+    """Device kind for the datasheet lookup ("" = detected)."""
+    datasheet_tflops: float = 0.0
+    """Datasheet bf16 TFLOP/s, the MFU base (0 = the device's datasheet entry)."""
+    trace: str = ""
+    """Profile one more step into this directory and list its top ops."""
+    seqs: tuple[int, ...] = attention_memory.SEQS
+    """attention-memory: the row lengths T."""
+    long_cap: int = 0
+    """long: tokens per row (0 = 4096; 1024 on a CPU, mean/max kept)."""
+    long_memory_seq: int = 8192
+    """long: tokens per row of the attention-memory figure."""
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "batch"):
@@ -107,6 +116,11 @@ class LearnerBenchConfig(common.ModelSize):
             raise ValueError("lora_rank must be >= 0 and weight_dtype float32|bfloat16|int8")
         if self.weight_dtype == "int8" and not self.lora_rank:
             raise ValueError("--weight-dtype int8 stores a frozen LoRA base: give --lora-rank")
+        if len(self.seqs) < 3 or list(self.seqs) != sorted(set(self.seqs)) or self.seqs[0] < 2:
+            raise ValueError(f"seqs: need at least 3 increasing lengths >= 2, got {self.seqs}")
+        if self.datasheet_tflops < 0:
+            raise ValueError(f"datasheet_tflops must be >= 0, got {self.datasheet_tflops}")
+        losses.resolve_loss_settings(self.loss)  # a LossSettingsError (ValueError) names it
         for name in ("attn_chunk", "logits_chunk"):
             chunk = getattr(self, name)
             if chunk < 0 or (chunk and (chunk >= self.seq or self.seq % chunk)):
@@ -311,29 +325,34 @@ def summarize(
     }  # fmt: skip
 
 
-def run(
-    cfg: LearnerBenchConfig,
-    *,
-    device_kind: str | None = None,
-    datasheet_tflops: float | None = None,
-    trace_dir: str | None = None,
-) -> dict[str, Any]:
+def run(cfg: LearnerBenchConfig) -> dict[str, Any]:
+    """The config's workload: `run_step`, `attention_memory.run` or `learner_long.run`."""
+    if cfg.workload == "attention-memory":
+        memory = attention_memory.measure(cfg, seqs=cfg.seqs)
+        return {"attention_memory": memory, "config": {"model": cfg.arch().to_hf()}}
+    if cfg.workload == "long":
+        platform = common.machine_info()["platform"]
+        return learner_long.run(cfg, learner_long.workload_of(cfg, platform=platform))
+    return run_step(cfg)
+
+
+def run_step(cfg: LearnerBenchConfig) -> dict[str, Any]:
     """Measures the roofline, then the learner, then the fp32 peak again; the nested
-    JSON-able result. MFU is reported on accelerators, or wherever `device_kind` (a kind
-    for the datasheet table) or `datasheet_tflops` (bf16 TFLOP/s) is given."""
+    JSON-able result. MFU is reported on accelerators, or wherever `cfg.device_kind` (a kind
+    for the datasheet table) or `cfg.datasheet_tflops` (bf16 TFLOP/s) is given."""
     from rlvr_jax.bench.roofline import matmul_gflops, measure_roofline
 
-    load_before = common.machine_info()["loadavg"]
     roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)
     progress.line("train step and log-prob forward")
-    measured = measure(cfg, trace_dir=trace_dir)
+    measured = measure(cfg, trace_dir=cfg.trace or None)
     progress.line("fp32 matmul peak again")
     after_fp32 = matmul_gflops(cfg.roofline_size, jnp.float32)
     machine = common.machine_info()
-    if datasheet_tflops:
-        datasheet = ("--datasheet-tflops", datasheet_tflops)
-    elif machine["platform"] != "cpu" or device_kind:
-        datasheet = common.datasheet_peak(device_kind or machine["device_kind"])
+    if cfg.datasheet_tflops:
+        datasheet = ("--datasheet-tflops", cfg.datasheet_tflops)
+    elif machine["platform"] != "cpu" or cfg.device_kind:
+        sheet = common.datasheet(cfg.device_kind or machine["device_kind"])
+        datasheet = sheet and (sheet["name"], sheet["bf16_tflops"])
     else:
         datasheet = None
     peak = _peak_gflops(roofline, after_fp32, machine["platform"])
@@ -347,8 +366,7 @@ def run(
             "matmul_gflops_fp32_after": after_fp32,
             "memory_gbps": roofline["memory_gbps"],
         },
-        "machine": {**machine, "loadavg_before": load_before},
-        "config": {**dataclasses.asdict(cfg), "old_from": measured["old_from"],
+        "config": {"old_from": measured["old_from"],
                    "model": cfg.arch().to_hf(), "attention_kernel": attention_kernel(cfg),
                    "loss_settings": dataclasses.asdict(losses.resolve_loss_settings(cfg.loss))},
     }  # fmt: skip
@@ -362,198 +380,33 @@ def attention_kernel(cfg: LearnerBenchConfig) -> str:
     return resolve_impl(cfg.attention_impl, **kw)
 
 
-def format_result(result: dict[str, Any]) -> str:
-    """The human-readable table of a `run` result."""
-    cfg = result["config"]
-    head = (
-        f"rlvr-bench learner: d={cfg['d_model']} L={cfg['n_layers']} V={cfg['vocab']} "
-        f"({result['flops']['params'] / 1e6:.1f}M params), {cfg['batch']} x {cfg['seq']} tokens, "
-        f"{cfg['dtype']}, loss {cfg['loss']}, n_micro={cfg['n_micro']}, remat={cfg['remat']}, "
-        f"attn_chunk={cfg['attn_chunk']}, logits_chunk={cfg['logits_chunk']}, "
-        f"attention {cfg['attention_impl']} -> {cfg['attention_kernel']}"
-    )
-    rows = []
-    for name in ("train_step", "logprob_forward"):
-        mfu = result["mfu"][name] if result["mfu"] else None
-        tps, gflops, frac = (
-            result[k][name] for k in ("tokens_per_s", "achieved_gflops", "flops_fraction")
-        )
-        rows.append([name, tps, result["seconds"]["best"][name], gflops, frac, mfu])
-    peak = result["roofline"]["peak_gflops"]
-    rows.append([f"matmul peak ({result['roofline']['denominator']})", None, None, peak, 1.0, None])
-    table = common.format_table(
-        ["measure", "tokens/s", "seconds", "GFLOP/s", "of peak", "MFU"], rows
-    )
-    lines = [head, table]
-    prof = result["profile"]
-    if prof:
-        lines.append(
-            f"profile: LM head + log-softmax fwd/bwd {prof['lm_head_logsoftmax_fwd_bwd_s']:.3g} s "
-            f"({prof['lm_head_logsoftmax_fwd_bwd_share']:.0%} of the step), optimizer update "
-            f"{prof['optimizer_update_s']:.3g} s ({prof['optimizer_update_share']:.0%})"
-        )
-    for op in (result["op_profile"] or [])[:10]:
-        lines.append(
-            f"  op {op['op']:40s} {op['ms']:9.1f} ms {op['calls']:4d} calls {op['share']:6.1%}"
-        )
-    lo = result["lora"]
-    if lo["rank"]:
-        lines.append(
-            f"LoRA rank {lo['rank']}: {lo['trainable_params']:,} trainable parameters, optimizer "
-            f"state {lo['optimizer_state_bytes'] / 2**20:.2f} MiB (a full run's "
-            f"{lo['full_optimizer_state_bytes'] / 2**20:.1f} MiB), frozen base "
-            f"{lo['frozen_bytes'] / 2**20:.1f} MiB ({cfg['weight_dtype'] or 'float32'})"
-        )
-    load, share = result["machine"]["loadavg"], result["cpu_share"]["train_step"]
-    lines.append(
-        f"load average {load[0]:.2f} (1 min) on {result['machine']['cpu_count']} CPUs; the "
-        f"fastest step used {share:.0%} of them (lower: other processes shared the cores)"
-    )
-    return "\n".join(lines)
-
-
-def plot(result: dict[str, Any], path: str) -> None:
-    """Achieved GFLOP/s against the measured peak, and the step's time split."""
-    gflops, prof, best = result["achieved_gflops"], result["profile"], result["seconds"]["best"]
-    achieved = {
-        "matmul peak": result["roofline"]["peak_gflops"],
-        "train step": gflops["train_step"],
-        "logprob fwd": gflops["logprob_forward"],
-    }
-    panels = {"achieved vs measured matmul peak": ("GFLOP/s", achieved)}
-    if prof:
-        head, opt = prof["lm_head_logsoftmax_fwd_bwd_s"], prof["optimizer_update_s"]
-        split = {
-            "layers fwd+bwd (rest)": best["train_step"] - head - opt,
-            "LM head+log-softmax": head,
-            "optimizer": opt,
-            "logprob fwd (separate)": best["logprob_forward"],
-        }
-        panels["train step split"] = ("seconds", split)
-    common.save_bars(path, "rlvr-bench learner", panels)
-
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a comma-separated list of integers: {text!r}"
-        ) from None
-    if len(values) < 3 or list(values) != sorted(set(values)) or values[0] < 2:
-        raise argparse.ArgumentTypeError(f"need at least 3 increasing lengths >= 2, got {text!r}")
-    return values
-
-
-def parse_config(argv: list[str]) -> tuple[argparse.Namespace, LearnerBenchConfig]:
-    """The command line → (arguments, config): a preset, then any explicit size over it."""
-    p = argparse.ArgumentParser(prog="rlvr-bench learner", description=__doc__.split("\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="cpu", help="named sizes")
-    p.add_argument("--quick", action="store_true", help="same as --preset quick (smoke test)")
-    p.add_argument("--json", help="write the results here as JSON")
-    p.add_argument("--plot", help="write a PNG plot here")
-    sizes = {"--d-model": "d_model", "--layers": "n_layers", "--heads": "n_heads",
-             "--kv-heads": "n_kv_heads", "--d-ff": "d_ff", "--vocab": "vocab", "--batch": "batch",
-             "--seq": "seq", "--n-micro": "n_micro", "--repeats": "repeats",
-             "--roofline-size": "roofline_size", "--roofline-mib": "roofline_mib",
-             "--attn-chunk": "attn_chunk", "--logits-chunk": "logits_chunk"}  # fmt: skip
-    for flag, field in sizes.items():
-        p.add_argument(flag, dest=field, type=int, help=f"override the preset's {field}")
-    p.add_argument("--dtype", choices=sorted(DTYPES), help="compute dtype")
-    p.add_argument("--loss", help="loss preset (default olmo3)")
-    p.add_argument("--attention", choices=IMPLS, help="attention kernel (default auto)")
-    p.add_argument("--remat", action="store_true", help="rematerialise each layer (backward)")
-    p.add_argument("--lora-rank", type=int, help="train LoRA adapters of this rank only")
-    p.add_argument(
-        "--weight-dtype",
-        choices=("float32", "bfloat16", "int8"),
-        help="storage of the weights (int8: a frozen LoRA base)",
-    )
-    p.add_argument("--no-profile", action="store_true", help="skip the per-piece timings")
-    p.add_argument("--device-kind", help="device kind for the datasheet lookup (default: detected)")
-    p.add_argument("--datasheet-tflops", type=float, help="datasheet bf16 TFLOP/s (MFU base)")
-    p.add_argument("--trace", help="profile one more step into this directory; list its top ops")
-    p.add_argument(
-        "--workload",
-        choices=WORKLOADS,
-        default="step",
-        help="step: time the train step (default); attention-memory: peak memory of one "
-        "micro-batch per attention kernel, T up to 8K (rlvr_jax.bench.attention_memory)",
-    )
-    p.add_argument(
-        "--seqs",
-        type=_int_list,
-        help="attention-memory: comma-separated row lengths (default 1024,2048,4096,8192)",
-    )
-    p.add_argument(
-        "--long-cap",
-        type=int,
-        help="long: tokens per row (default 4096; 1024 on a CPU, mean/max kept)",
-    )
-    p.add_argument(
-        "--long-memory-seq",
-        type=int,
-        help="long: tokens per row of the attention-memory figure (default 8192)",
-    )
-    args = p.parse_args(argv)
-    cfg = PRESETS["quick" if args.quick else args.preset]
-    overrides = {f: getattr(args, f) for f in sizes.values() if getattr(args, f) is not None}
-    if args.dtype:
-        overrides["dtype"] = DTYPES[args.dtype]
-    if args.loss:
-        overrides["loss"] = args.loss
-    if args.attention:
-        overrides["attention_impl"] = args.attention
-    if args.no_profile:
-        overrides["profile"] = False
-    if args.remat:
-        overrides["remat"] = True
-    if args.lora_rank is not None:
-        overrides["lora_rank"] = args.lora_rank
-    if args.weight_dtype:
-        overrides["weight_dtype"] = args.weight_dtype
-    try:
-        cfg = dataclasses.replace(cfg, **overrides)
-    except ValueError as e:
-        p.error(str(e))
-    if args.datasheet_tflops is not None and args.datasheet_tflops <= 0:
-        p.error(f"--datasheet-tflops must be positive, got {args.datasheet_tflops}")
-    return args, cfg
-
-
-def main(argv: list[str]) -> int:
-    """`rlvr-bench learner [options]`; see the module docstring."""
-    args, cfg = parse_config(argv)
-    try:
-        losses.resolve_loss_settings(cfg.loss)
-    except losses.LossSettingsError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.workload == "attention-memory":
-        from rlvr_jax.bench import attention_memory as workload
-
-        result = workload.run(cfg, seqs=args.seqs or workload.SEQS)
-        print(workload.format_result(result["attention_memory"]))
-        draw = workload.plot
-    elif args.workload == "long":
-        from rlvr_jax.bench import learner_long as workload
-
-        try:
-            work = workload.workload_of(
-                cfg,
-                cap=args.long_cap,
-                platform=common.machine_info()["platform"],
-                memory_seq=args.long_memory_seq,
-            )
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        result = workload.run(cfg, work)
-        print(workload.format_result(result))
-        draw = workload.plot
-    else:
-        kw = dict(device_kind=args.device_kind, datasheet_tflops=args.datasheet_tflops)
-        result = run(cfg, trace_dir=args.trace, **kw)
-        print(format_result(result))
-        draw = plot
-    return common.write_outputs(result, args.json, args.plot, draw)
+_PIECES = ("lm_head_logsoftmax_fwd_bwd_s", "optimizer_update_s")
+BENCH = Bench(
+    LearnerBenchConfig,
+    run,
+    presets=PRESETS,
+    headlines=(
+        "tokens_per_s",
+        "achieved_flops_fraction",
+        "logprob_forward/flops_fraction",
+        "mfu/train_step",
+        "profile/lm_head_logsoftmax_fwd_bwd_share",
+        "profile/optimizer_update_share",
+        "config/attention_kernel",
+        "attention_memory/over_blockwise",
+        "attention_memory/growth",
+        "long/useful_tokens_per_s",
+        "long/packed_over_padded",
+        "long/packed_over_padded_cpu",
+        "long/scaled_down",
+        "long/attention_peak_bytes",
+    ),
+    plot=(
+        Bars("achieved GFLOP/s", "GFLOP/s", "achieved_gflops"),
+        Bars("share of the measured matmul peak", "fraction", "flops_fraction"),
+        Bars("the step's pieces alone", "seconds", "profile", _PIECES),
+        Bars("long: useful tokens/s", "tokens/s", "long/useful_tokens_per_s"),
+        Bars("long: one micro-batch's peak memory", "bytes", "long/attention_peak_bytes"),
+        attention_memory.panel,
+    ),
+)

@@ -197,23 +197,19 @@ def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -
     }
 
 
-def workload_of(
-    cfg: Any, *, cap: int | None, platform: str, memory_seq: int | None = None
-) -> LongWorkload:
+def workload_of(cfg: Any, *, platform: str) -> LongWorkload:
     """The workload of a learner bench config: `cfg.batch` completions in micro-batches of
-    `cfg.batch // cfg.n_micro` rows, the cap given or the platform's default."""
-    if cap is None:
-        cap = CPU_CAP if platform == "cpu" else FULL_CAP
-    extra = {} if memory_seq is None else {"memory_seq": memory_seq}
+    `cfg.batch // cfg.n_micro` rows, `cfg.long_cap` tokens a row (0: the platform's default)
+    and `cfg.long_memory_seq`."""
+    cap = cfg.long_cap or (CPU_CAP if platform == "cpu" else FULL_CAP)
     return LongWorkload(cap=cap, completions=cfg.batch, micro_rows=cfg.batch // cfg.n_micro,
-                        seed=cfg.seed, **extra)  # fmt: skip
+                        memory_seq=cfg.long_memory_seq, seed=cfg.seed)  # fmt: skip
 
 
 def run(cfg: Any, work: LongWorkload) -> dict[str, Any]:
-    """`measure` plus the roofline, where and how it ran (machine, load, the bench config)."""
+    """`measure` plus the roofline and the model."""
     from rlvr_jax.bench.roofline import measure_roofline
 
-    load_before = common.machine_info()["loadavg"]
     if work.cap < FULL_CAP:
         progress.line(
             f"scaled down: rows of {work.cap} tokens instead of {FULL_CAP} (mean/max kept), "
@@ -224,50 +220,5 @@ def run(cfg: Any, work: LongWorkload) -> dict[str, Any]:
     return {
         "long": result,
         "roofline": roofline,
-        "machine": {**common.machine_info(), "loadavg_before": load_before},
-        "config": {**dataclasses.asdict(cfg), "model": cfg.arch().to_hf()},
+        "config": {"model": cfg.arch().to_hf()},
     }
-
-
-def format_result(result: dict[str, Any]) -> str:
-    """The table `rlvr-bench learner --workload long` prints."""
-    r, cfg = result["long"], result["config"]
-    w, lengths = r["workload"], r["lengths"]
-    rows = []
-    for name in ("padded", "packed"):
-        one = r["runs"][name]
-        rows.append([name, r["useful_tokens_per_s"][name], one["seconds"], one["rows"],
-                     one["positions"], one["n_micro"], r["padding_fraction"][name]])  # fmt: skip
-    table = common.format_table(
-        ["layout", "useful tok/s", "step s", "rows", "T", "micro", "padding"], rows
-    )
-    kernels = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in r["attention_peak_bytes"].items())
-    scale = (
-        f" (SCALED DOWN from a {FULL_CAP} cap for this machine; mean/max kept)"
-        if r["scaled_down"]
-        else ""
-    )
-    load = result["machine"]["loadavg"]
-    peak = result["roofline"]["matmul_gflops"]["float32"]
-    return "\n".join([
-        f"rlvr-bench learner --workload long: d={cfg['d_model']} L={cfg['n_layers']} "
-        f"V={cfg['vocab']}, {w['completions']} completions per step, cap {w['cap']}{scale}, "
-        f"completion mean/max {lengths['mean_over_max']:.2f}, {r['useful_tokens']} useful tokens",
-        table,
-        f"packed / padded useful tokens/s: {r['packed_over_padded']:.2f}x (target >= 1.7x); "
-        f"per CPU second (less sensitive to other processes): {r['packed_over_padded_cpu']:.2f}x",
-        f"peak memory of one micro-batch of 1 x {r['memory_seq']} tokens: {kernels}",
-        f"matmul peak fp32 {peak:.1f} GFLOP/s; load average {load[0]:.2f} (1 min) on "
-        f"{result['machine']['cpu_count']} CPUs",
-    ])  # fmt: skip
-
-
-def plot(result: dict[str, Any], path: str) -> None:
-    """Useful tokens/s of both layouts and the kernels' peak memory at `memory_seq`."""
-    r = result["long"]
-    memory = {k: v / 2**30 for k, v in r["attention_peak_bytes"].items()}
-    panels = {
-        "useful tokens/s": ("tokens/s", r["useful_tokens_per_s"]),
-        f"one micro-batch, 1 x {r['memory_seq']} tokens": ("GiB", memory),
-    }
-    common.save_bars(path, "rlvr-bench learner --workload long", panels)

@@ -15,12 +15,9 @@ budget of `seq-mean-token-sum-norm`; default: the padded length T). `save_batch`
 
 from __future__ import annotations
 
-import argparse
-import json
+import dataclasses
 import math
-import sys
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -28,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax.bench import progress
+from rlvr_jax.bench.table import Bench
 from rlvr_jax.losses import advantages, policy_loss, resolve_loss_settings
 from rlvr_jax.losses.batch_file import REQUIRED_ARRAYS, BatchError, load_batch, save_batch
 from rlvr_jax.losses.presets import PRESETS
@@ -185,69 +183,49 @@ def run_lab(
     return results
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
+@dataclasses.dataclass(frozen=True)
+class LabConfig:
+    """The batch the lab evaluates and what it evaluates on it."""
+
+    batch: str = ""
+    """.npz batch (see `save_batch`); "" = a seeded synthetic batch."""
+    seed: int = 0
+    """Synthetic batch: its seed."""
+    groups: int = 8
+    """Synthetic batch: prompts."""
+    group_size: int = 8
+    """Synthetic batch: completions per prompt."""
+    max_len: int = 256
+    """Synthetic batch: the generation budget."""
+    agg: str = "token-mean"
+    """Aggregation of the variant rows."""
+    variant: tuple[str, ...] = ()
+    """Evaluate only these variants (registered names or module:function; repeatable)."""
+    save_synthetic: str = ""
+    """Write the synthetic batch to this .npz."""
+
+    def __post_init__(self) -> None:
+        if self.batch and self.save_synthetic:
+            raise ValueError("--save-synthetic writes the synthetic batch; not with --batch")
 
 
-def format_table(results: dict[str, Any]) -> str:
-    """The lab's results as a fixed-width text table."""
-    cols = (
-        "loss",
-        "grad_norm",
-        "clip_fraction",
-        "weight_cv",
-        "weight_max_over_min",
-        "zero_grad_fraction",
-    )
-    heads = ("loss", "|grad|", "clip", "|g| cv", "|g| max/min", "zero-g")
-    info = results["batch"]
-    lines = [
-        f"batch: {info['rows']} rows, {info['tokens']} tokens, padded T = {info['padded_len']}; "
-        f"variants at their default ranges with {info['variant_agg']}, no TIS/KL",
-        f"{'kind':8s} {'name':28s} " + " ".join(f"{h:>11s}" for h in heads) + "  note",
-    ]
-    for kind in ("variants", "presets"):
-        for name, row in results[kind].items():
-            cells = " ".join(f"{_fmt(row[c]):>11s}" for c in cols)
-            lines.append(f"{kind[:-1]:8s} {name:28s} {cells}  {row.get('note', '')}".rstrip())
-    return "\n".join(lines)
+def run(cfg: LabConfig) -> dict[str, Any]:
+    """`run_lab` on the config's batch (read, or synthesised and maybe saved)."""
+    if cfg.batch:
+        batch = load_batch(cfg.batch)
+    else:
+        sizes = dict(groups=cfg.groups, group_size=cfg.group_size, max_len=cfg.max_len)
+        batch = synthetic_batch(seed=cfg.seed, **sizes)
+        if cfg.save_synthetic:
+            save_batch(cfg.save_synthetic, **batch)
+    results = run_lab(batch, variants=list(cfg.variant) or None, agg=cfg.agg)
+    results["batch"]["source"] = cfg.batch or f"synthetic(seed={cfg.seed})"
+    return results
 
 
-def main(argv: list[str]) -> int:
-    """`rlvr-bench losses [--batch FILE.npz] [--json FILE] ...`; returns the exit code."""
-    p = argparse.ArgumentParser(prog="rlvr-bench losses", description=__doc__.split("\n")[0])
-    p.add_argument("--batch", help=".npz batch (see `save_batch`); default: a synthetic batch")
-    p.add_argument("--json", help="also write the numbers as nested JSON to this file")
-    p.add_argument("--seed", type=int, default=0, help="synthetic batch seed")
-    p.add_argument("--groups", type=int, default=8, help="synthetic batch: prompts")
-    p.add_argument("--group-size", type=int, default=8, help="synthetic batch: completions each")
-    p.add_argument("--max-len", type=int, default=256, help="synthetic batch: generation budget")
-    p.add_argument("--agg", default="token-mean", help="aggregation for the variant rows")
-    p.add_argument(
-        "--variant",
-        action="append",
-        help="evaluate only these variants (registered names or module:function; repeatable)",
-    )
-    p.add_argument("--save-synthetic", help="write the synthetic batch to this .npz")
-    args = p.parse_args(argv)
-    if args.batch and args.save_synthetic:
-        p.error("--save-synthetic writes the synthetic batch; it cannot be used with --batch")
-    try:
-        if args.batch:
-            batch = load_batch(args.batch)
-        else:
-            batch = synthetic_batch(
-                seed=args.seed, groups=args.groups, group_size=args.group_size, max_len=args.max_len
-            )
-            if args.save_synthetic:
-                save_batch(args.save_synthetic, **batch)
-        results = run_lab(batch, variants=args.variant, agg=args.agg)
-    except ValueError as e:  # BatchError, RegistryError, bad settings
-        print(f"rlvr-bench losses: error: {e}", file=sys.stderr)
-        return 2
-    results["batch"]["source"] = args.batch or f"synthetic(seed={args.seed})"
-    print(format_table(results))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+BENCH = Bench(
+    LabConfig,
+    run,
+    presets={"default": LabConfig(), "quick": LabConfig(groups=2, group_size=4, max_len=32)},
+    headlines=("batch", "variants", "presets"),
+)

@@ -29,11 +29,12 @@ distributions); prompts are its own samples after BOS.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import time
 from typing import Any
+
+from rlvr_jax.bench.common import option
+from rlvr_jax.bench.table import Bench
 
 DEVICES = 8
 """Simulated devices of the tensor-parallel settings."""
@@ -46,23 +47,42 @@ class BenchConfig:
     """Sizes of one run."""
 
     prompts: int = 16
+    """Prompts (the model's own samples after BOS)."""
     samples: int = 2
+    """Completions per prompt."""
     prompt_len: int = 12
+    """Tokens per prompt."""
     new: int = 48
+    """Generated tokens per completion."""
     slots: int = 8
+    """Engine slots."""
     chunk: int = 4
+    """Decode steps per engine call."""
     update_after: int = 3
     """Decode chunks before the in-flight weight update."""
     noise: float = 0.02
     """The update: each weight + noise × its std × N(0, 1)."""
     repeats: int = 2
+    """Timed repeats per engine (the best is kept)."""
     seed: int = 0
+    """Seed of the requests and the update."""
     dtypes: tuple[str, ...] = ("float32", "bfloat16")
+    """Compute dtypes (repeatable)."""
     layouts: tuple[str, ...] = ("paged", "contiguous")
-    tensor_parallel: bool = True
+    """KV layouts (repeatable)."""
+    tensor_parallel: bool = option(True, "--no-tp")
+    """Also the tensor-parallel settings (8 simulated devices)."""
+    quick: bool = option(False, None)
+    """The smoke test's sizes (`--quick`): the roofline probe's too."""
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
 
 
-QUICK = BenchConfig(prompts=4, new=8, slots=4, update_after=1, repeats=1, layouts=("paged",))
+QUICK = BenchConfig(
+    prompts=4, new=8, slots=4, update_after=1, repeats=1, layouts=("paged",), quick=True
+)
 """`--quick` (the smoke test): 8 sequences on 4 slots, two waves of two chunks; the update after
 the first chunk, so the first wave has tokens before it and lagged ones, the second after it."""
 
@@ -180,6 +200,7 @@ def run_setting(model: Any, mesh: Any, layout: str, cfg: BenchConfig) -> dict:
     import jax
     import numpy as np
 
+    from rlvr_jax.bench.engine_timing import interleaved_best
     from rlvr_jax.rollout import EngineCore, generate, rescore
     from rlvr_jax.training import learner
 
@@ -221,14 +242,9 @@ def run_setting(model: Any, mesh: Any, layout: str, cfg: BenchConfig) -> dict:
         return lambda: generate(engine, prompts, max_new_tokens=cfg.new, num_samples=cfg.samples)
 
     runs = {"default": timed(engines["learner"]), "exact": timed(engines["replay"])}
-    best = {k: float("inf") for k in runs}
     for fn in runs.values():
         fn()  # compile and warm up
-    for _ in range(cfg.repeats):  # interleaved: a load change hits both alike
-        for k, fn in runs.items():
-            start = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - start)
+    best = interleaved_best(runs, cfg.repeats)[0]
     n = len(prompts) * cfg.samples * cfg.new
     out["tokens_per_s"] = {k: n / s for k, s in best.items()}
     return out
@@ -244,15 +260,14 @@ def _worst(settings: dict, method: str, dtype: str) -> dict:
     }
 
 
-def run(cfg: BenchConfig, *, quick: bool = False) -> dict:
-    """Every setting, the summary keys, the roofline probe and the machine's load."""
+def run(cfg: BenchConfig) -> dict:
+    """Every setting, the summary keys and the roofline probe."""
     tp_ok = _flags_for_devices() if cfg.tensor_parallel else False
-    load_before = os.getloadavg()
     import jax
 
     from rlvr_jax import models, sharding
     from rlvr_jax.bench import progress
-    from rlvr_jax.bench.roofline import best_roofline, machine_info
+    from rlvr_jax.bench.roofline import best_roofline
     from rlvr_jax.demo.base_model import SHIPPED_DIR
 
     meshes = {"1dev": None}
@@ -274,10 +289,8 @@ def run(cfg: BenchConfig, *, quick: bool = False) -> dict:
         "tokens_per_s": tps,
         "exact_over_default_tokens_per_s": min(ratios),
         "settings": settings,
-        "roofline": best_roofline(quick),
-        "machine": machine_info(load_before),
+        "roofline": best_roofline(cfg.quick),
         "config": {
-            **dataclasses.asdict(cfg),
             "model": str(SHIPPED_DIR),
             "tensor_parallel_mesh": TP_MESH if tp_ok else None,
             "xla_flags": os.environ.get("XLA_FLAGS", ""),
@@ -285,29 +298,9 @@ def run(cfg: BenchConfig, *, quick: bool = False) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench mismatch [--json FILE] [--quick] [--repeats N] [--no-tp]`."""
-    p = argparse.ArgumentParser(prog="rlvr-bench mismatch", description=__doc__.split("\n")[0])
-    p.add_argument("--json", help="write the results here as JSON")
-    p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
-    p.add_argument("--repeats", type=int, help="timed repeats per engine (best is kept)")
-    p.add_argument("--no-tp", action="store_true", help="skip the tensor-parallel settings")
-    args = p.parse_args(argv)
-    if args.repeats is not None and args.repeats < 1:
-        p.error("--repeats must be >= 1")
-    cfg = QUICK if args.quick else BenchConfig()
-    overrides = {"repeats": args.repeats, "tensor_parallel": False if args.no_tp else None}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
-    result = run(cfg, quick=args.quick)
-    from rlvr_jax.bench import common
-
-    rows = [
-        [name, m, f["on_policy"]["bitwise_equal_fraction"], f["on_policy"]["max_abs_logp"],
-         f["on_policy"]["kl"], f["lag"]["kl"], s["tokens_per_s"]["default"],
-         s["tokens_per_s"]["exact"]]
-        for name, s in result["settings"].items()
-        for m, f in (("replay", s["replay"]), ("learner", s["learner"]))
-    ]  # fmt: skip
-    headers = ["setting", "re-score", "bitwise", "max|Δlogp|", "kl", "lag kl", "tok/s", "exact"]
-    print(common.format_table(headers, rows))
-    return common.write_outputs(result, args.json)
+BENCH = Bench(
+    BenchConfig,
+    run,
+    presets={"default": BenchConfig(), "quick": QUICK},
+    headlines=("mismatch", "mismatch_default", "exact_over_default_tokens_per_s"),
+)

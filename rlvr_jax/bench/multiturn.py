@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
-import time
+import functools
 from typing import Any
 
 import numpy as np
@@ -129,17 +128,20 @@ def run_reprefill(core: Any, cfg: MultiturnConfig, prompts: list[list[int]]) -> 
     return {"generated": generated, "prefilled": prefilled, "turns": sum(turn)}
 
 
-def main_result(cfg: MultiturnConfig, quick: bool) -> dict:
-    """Times both sides (interleaved rounds, best wall of each) and the roofline probe."""
-    import jax
+def run(sizes: Any) -> dict:
+    """`rlvr-bench decode --workload multiturn`: the decode config's model sizes and repeats
+    (its `quick`: the smoke sizes). Times both sides (interleaved rounds, best wall of each)
+    and the roofline probe."""
 
-    from rlvr_jax import models
-    from rlvr_jax.bench.roofline import best_roofline, machine_info
+    from rlvr_jax.bench.engine_timing import interleaved_best
+    from rlvr_jax.bench.roofline import best_roofline
     from rlvr_jax.rollout import EngineCore
 
-    load_before = os.getloadavg()
+    cfg = QUICK if sizes.quick else MultiturnConfig()
+    names = [f.name for f in dataclasses.fields(common.ModelSize)] + ["repeats"]
+    cfg = dataclasses.replace(cfg, **{n: getattr(sizes, n) for n in names if not sizes.quick})
     arch = cfg.arch()
-    model = models.Model(config=arch, params=models.init_params(arch, jax.random.key(cfg.seed)))
+    model = cfg.model(cfg.seed)
     prompts = (
         np.random.default_rng(cfg.seed)
         .integers(cfg.vocab // cfg.turn_tokens, cfg.vocab, (cfg.episodes, cfg.prompt))
@@ -151,19 +153,13 @@ def main_result(cfg: MultiturnConfig, quick: bool) -> dict:
     progress.line("multiturn workload: compiling and warming up")
     for fn in sides.values():
         fn(core, cfg, prompts[: cfg.slots])
-    best = dict.fromkeys(sides, float("inf"))
-    counts: dict[str, dict] = {}
-    for r in range(cfg.repeats):
-        progress.line(f"timing in_slot, reprefill: round {r + 1}/{cfg.repeats}")
-        for name, fn in sides.items():
-            start = time.perf_counter()
-            counts[name] = fn(core, cfg, prompts)
-            best[name] = min(best[name], time.perf_counter() - start)
+    timed = {name: functools.partial(fn, core, cfg, prompts) for name, fn in sides.items()}
+    best, counts = interleaved_best(timed, cfg.repeats)
     a, b = counts["in_slot"]["generated"], counts["reprefill"]["generated"]
     if abs(a - b) > 0.01 * max(a, b):
         raise RuntimeError(f"the two sides generated {a} and {b} tokens: not the same workload")
     tps = {k: counts[k]["generated"] / best[k] for k in sides}
-    roof = best_roofline(quick)
+    roof = best_roofline(sizes.quick)
     context = cfg.prompt + cfg.budget / 2
     work = (a + counts["in_slot"]["prefilled"]) * common.token_flops(arch, context)
     return {
@@ -178,30 +174,5 @@ def main_result(cfg: MultiturnConfig, quick: bool) -> dict:
             "roofline_fraction": work / best["in_slot"] / (roof["peak_gflops_fp32"] * 1e9),
         },
         "roofline": roof,
-        "machine": machine_info(load_before),
         "config": {**dataclasses.asdict(cfg), "params": arch.n_params()},
     }
-
-
-def main(sizes: Any, quick: bool, json_path: str | None, plot_path: str | None) -> int:
-    """`rlvr-bench decode --workload multiturn`: the decode preset's model sizes and repeats
-    (`quick`: the smoke sizes), the result printed and written."""
-    names = [f.name for f in dataclasses.fields(common.ModelSize)] + ["repeats"]
-    cfg = QUICK if quick else MultiturnConfig()
-    cfg = dataclasses.replace(cfg, **{n: getattr(sizes, n) for n in names if not quick})
-    result = main_result(cfg, quick)
-    m = result["multiturn"]
-    for side, tps in m["tokens_per_s"].items():
-        print(f"multiturn tokens/s {side:10s} {tps:10.1f}  ({m['wall_s'][side]:.2f} s)")
-    print(f"in_slot / reprefill tokens/s        {m['in_slot_over_reprefill']:.2f}x")
-    print(f"roofline fraction (in_slot)         {m['roofline_fraction']:.3f}")
-
-    def plot(result: dict, path: str) -> Any:
-        m = result["multiturn"]
-        panels = {
-            "generated tokens/s": ("tokens/s", m["tokens_per_s"]),
-            "prefilled tokens": ("tokens", m["prefilled_tokens"]),
-        }
-        return common.save_bars(path, "rlvr-bench decode --workload multiturn", panels)
-
-    return common.write_outputs(result, json_path, plot_path, plot)

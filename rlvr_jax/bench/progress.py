@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -36,10 +36,9 @@ def line(message: str) -> None:
     print(f"{_state['prog']} [{elapsed():7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
-def steps(items: Iterable[T], what: str, total: int | None = None) -> Iterator[T]:
+def steps(items: Sequence[T], what: str) -> Iterator[T]:
     """`items`, showing progress: a tqdm bar on a terminal, else a line per item."""
-    items = list(items) if total is None and not hasattr(items, "__len__") else items
-    n = len(items) if total is None else total  # type: ignore[arg-type]
+    n = len(items)
     if sys.stderr.isatty():
         from tqdm import tqdm
 

@@ -9,7 +9,7 @@ several timed runs; and a streaming in-place `x = x + 1` over a large fp32 array
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from rlvr_jax.bench import progress
-from rlvr_jax.bench.common import datasheet, machine_info, write_outputs
+from rlvr_jax.bench.common import datasheet, machine_info
+from rlvr_jax.bench.table import Bench
 
 
 def _best_seconds(fn: Callable[[], jax.Array], *, repeats: int, trials: int) -> float:
@@ -115,27 +116,31 @@ def best_roofline(quick: bool = False) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`rlvr-bench roofline [--json FILE] [--size N] [--mib M] [--quick]`."""
-    p = argparse.ArgumentParser(prog="rlvr-bench roofline", description=__doc__.split("\n")[0])
-    p.add_argument("--json", help="write the results here as JSON")
-    p.add_argument("--size", type=int, help="square matmul size (default 2048; 8192 on GPU/TPU)")
-    p.add_argument("--mib", type=int, help="bandwidth probe MiB (default 256; 1024 on GPU/TPU)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    args = p.parse_args(argv)
-    sizes = default_sizes(args.quick)
-    for key, value in (("size", args.size), ("bandwidth_mib", args.mib)):
-        if value is not None and not args.quick:
-            sizes[key] = value
-    result = measure_roofline(**sizes)
-    for dtype, value in result["matmul_gflops"].items():
-        print(f"matmul {sizes['size']}^3 {dtype:9s} {value:10.1f} GFLOP/s")
-    print(f"memory bandwidth        {result['memory_gbps']:10.1f} GB/s")
-    sheet = result["datasheet"]
-    if sheet is not None:
-        print(
-            f"datasheet {sheet['name']}: bf16 {sheet['bf16_fraction']:.1%} of "
-            f"{sheet['bf16_tflops']:.0f} TFLOP/s, memory {sheet['memory_fraction']:.1%} of "
-            f"{sheet['hbm_gbps']:.0f} GB/s"
-        )
-    return write_outputs(result, args.json)
+@dataclasses.dataclass(frozen=True)
+class RooflineConfig:
+    """The probes' sizes."""
+
+    size: int = 0
+    """Square matmul size (0: 2048 on a CPU, 8192 on a GPU/TPU)."""
+    mib: int = 0
+    """Bandwidth probe MiB (0: 256 on a CPU, 1024 on a GPU/TPU)."""
+
+    def __post_init__(self) -> None:
+        if self.size < 0 or self.mib < 0:
+            raise ValueError(f"size and mib must be >= 0, got {self.size}, {self.mib}")
+
+
+def run(cfg: RooflineConfig) -> dict:
+    """`measure_roofline` at the config's sizes (0: `default_sizes`)."""
+    sizes = default_sizes()
+    return measure_roofline(
+        size=cfg.size or sizes["size"], bandwidth_mib=cfg.mib or sizes["bandwidth_mib"]
+    )
+
+
+BENCH = Bench(
+    RooflineConfig,
+    run,
+    presets={"default": RooflineConfig(), "quick": RooflineConfig(size=256, mib=16)},
+    headlines=("matmul_gflops", "memory_gbps", "datasheet"),
+)

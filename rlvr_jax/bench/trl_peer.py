@@ -17,6 +17,7 @@ processes and timeouts (TRL calls the verifiers in-process).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -160,11 +161,15 @@ def verifier_reward_fn(config: RewardsConfig) -> Callable[..., list[float]]:
     return verifier_reward
 
 
-def run_trl(cfg: Config, *, steps: int, warmup: int, out: Path) -> dict[str, Any]:
+def run_trl(
+    cfg: Config, *, steps: int, warmup: int, out: Path, use_vllm: bool = False
+) -> dict[str, Any]:
     """Trains `warmup + steps` GRPO steps with TRL on `cfg`'s setup; steps/s and trained
     (completion) tokens/s over the last `steps` (the first `warmup` left out, as `rlvr-bench
     e2e` does for ours). A step ends at `on_step_end`, after its optimizer step: on the CPU
-    (`use_cpu`) torch runs it synchronously, so the update has finished there."""
+    (`use_cpu`) torch runs it synchronously, so the update has finished there. `use_vllm`:
+    TRL generates with vLLM colocated in its process (`use_vllm=True, vllm_mode="colocate"`,
+    TRL's own weight sync), as a TRL user with vLLM would run it."""
     import datasets
     import torch
     import transformers
@@ -179,6 +184,11 @@ def run_trl(cfg: Config, *, steps: int, warmup: int, out: Path) -> dict[str, Any
         str(path), dtype=torch.float32, local_files_only=True
     )
     args = grpo_args(cfg, max_steps=warmup + steps, output_dir=Path(out) / "trl")
+    if use_vllm:
+        args.update(use_vllm=True, vllm_mode="colocate")
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    if "activation_checkpointing" not in fields:  # transformers < 5.20 (the vLLM venv's)
+        args["gradient_checkpointing"] = args.pop("activation_checkpointing")
     marks: dict[str, Any] = {"begin": None, "steps": []}
 
     class StepClock(transformers.TrainerCallback):

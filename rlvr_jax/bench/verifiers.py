@@ -8,21 +8,18 @@ worker pool. Numbers are drawn from a seeded generator so that SymPy's cache can
 answer repeated questions. Code: programs/s of the sandbox (`rlvr_jax.rewards.code.run_tests`)
 on a correct program with 3 tests, sequentially and from parallel threads; skipped with a
 message when the sandbox is not available.
-
-    rlvr-bench verifiers [--n 400] [--workers N] [--code-n 20] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import pathlib
+import dataclasses
 import random
 import time
 from collections.abc import Callable
 from typing import Any
 
 from rlvr_jax.bench import progress
+from rlvr_jax.bench.table import Bench
 
 Case = tuple[str, str]  # (response, gold)
 
@@ -135,10 +132,8 @@ def bench_math(n: int, workers: int) -> dict[str, Any]:
 def bench_code(n: int, parallel: int) -> dict[str, Any]:
     """Sandbox programs/s (`rewards.code.bench`: a correct program, 3 tests), sequential and
     `parallel` threads."""
-    try:
-        from rlvr_jax.rewards.code.bench import programs_per_second
-    except ImportError as e:
-        return {"skipped": f"rlvr_jax.rewards.code.run_tests is not available: {e}"}
+    from rlvr_jax.rewards.code.bench import programs_per_second
+
     try:
         _, first = programs_per_second(1, 1)
     except Exception as e:  # e.g. the sandbox cannot isolate on this machine
@@ -153,34 +148,33 @@ def bench_code(n: int, parallel: int) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Runs the benchmarks, prints a table and optionally writes nested JSON."""
+@dataclasses.dataclass(frozen=True)
+class VerifiersConfig:
+    """How many verifications each measurement makes."""
+
+    n: int = 400
+    """Math verifications per measurement."""
+    workers: int = 0
+    """Reward service workers (0: `rewards.timeout.default_workers()`)."""
+    code_n: int = 20
+    """Sandbox programs per measurement."""
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.code_n < 1 or self.workers < 0:
+            raise ValueError("n and code_n must be >= 1, workers >= 0")
+
+
+def run(cfg: VerifiersConfig) -> dict[str, Any]:
+    """Math, then code."""
     from rlvr_jax.rewards.timeout import default_workers
 
-    p = argparse.ArgumentParser(prog="rlvr-bench verifiers", description=__doc__.split("\n")[0])
-    p.add_argument("--n", type=int, default=400, help="math verifications per measurement")
-    p.add_argument("--workers", type=int, default=default_workers(), help="service workers")
-    p.add_argument("--code-n", type=int, default=20, help="sandbox programs per measurement")
-    p.add_argument("--json", help="write the results here as JSON")
-    args = p.parse_args(argv)
-    if args.n < 1 or args.workers < 1 or args.code_n < 1:
-        p.error("--n, --workers and --code-n must be >= 1")
-    if args.json:  # fail now, not after the measurements
-        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    results = {
-        "math": bench_math(args.n, args.workers),
-        "code": bench_code(args.code_n, args.workers),
-    }
-    for name, section in results.items():
-        if "skipped" in section:
-            print(f"{name:5s} skipped: {section['skipped']}")
-            continue
-        rates = section.get("verifications_per_s") or section["programs_per_s"]
-        unit = "verifications/s" if "verifications_per_s" in section else "programs/s"
-        for how, rate in rates.items():
-            print(f"{name:5s} {how:36s} {rate:10.1f} {unit}")
-    if "inline_fraction" in results["math"]:
-        print(f"math  decided inline (no SymPy): {results['math']['inline_fraction']:.0%}")
-    if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+    workers = cfg.workers or default_workers()
+    return {"math": bench_math(cfg.n, workers), "code": bench_code(cfg.code_n, workers)}
+
+
+BENCH = Bench(
+    VerifiersConfig,
+    run,
+    presets={"default": VerifiersConfig(), "quick": VerifiersConfig(n=40, code_n=4)},
+    headlines=("math/verifications_per_s", "math/inline_fraction", "code"),
+)

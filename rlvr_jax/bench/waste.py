@@ -18,14 +18,12 @@ of a small random model): lengths drawn from the distribution scaled down to a s
 `max_new_tokens` and no stop token, so it generates exactly that many tokens; the engine's
 own counters (`SchedulerStats`) give the slot-steps. The simulation of the same lengths
 predicts the engine's figures exactly, and the wall times of the two modes are compared.
-
-    rlvr-bench waste [--json FILE] [--plot FILE.png] [--quick] [--slots B] [--requests N]
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import heapq
 import math
 import time
 from collections.abc import Sequence
@@ -34,7 +32,42 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.bench import common, progress
-from rlvr_jax.bench.waste_model import continuous_steps, static_steps
+from rlvr_jax.bench.table import Bars, Bench
+
+
+def _check(lengths: Sequence[int], slots: int) -> None:
+    if slots < 1:
+        raise ValueError(f"slots must be >= 1, got {slots}")
+    if not lengths or min(lengths) < 1:
+        raise ValueError("lengths must be a non-empty list of positive token counts")
+
+
+def static_steps(lengths: Sequence[int], slots: int) -> int:
+    """Decode steps of static batching: Σ over consecutive batches of max ℓ in the batch."""
+    _check(lengths, slots)
+    return sum(max(lengths[i : i + slots]) for i in range(0, len(lengths), slots))
+
+
+def continuous_steps(lengths: Sequence[int], slots: int) -> int:
+    """Decode steps of continuous batching, requests admitted in order into the first free
+    slot (a slot freed after step t serves the next request from step t + 1)."""
+    _check(lengths, slots)
+    free_at = [0] * slots
+    end = 0
+    for n in lengths:
+        start = heapq.heappop(free_at)
+        heapq.heappush(free_at, start + n)
+        end = max(end, start + n)
+    return end
+
+
+def waste(lengths: Sequence[int], steps: int, slots: int) -> float:
+    """Fraction of the `steps` x `slots` slot-steps that produced no token."""
+    _check(lengths, slots)
+    total = steps * slots
+    if total < sum(lengths):
+        raise ValueError(f"{steps} steps x {slots} slots cannot hold {sum(lengths)} tokens")
+    return 1.0 - sum(lengths) / total
 
 
 def _normal_cdf(x: float) -> float:
@@ -125,14 +158,14 @@ class SlotSteps:
 
 
 def simulate_static(lengths: Sequence[int], slots: int) -> SlotSteps:
-    """Static batching (`rollout.waste.static_steps`): requests taken B at a time in order;
+    """Static batching (`static_steps`): requests taken B at a time in order;
     each batch holds all B slots until its longest request ends (the last batch too)."""
     lengths = [int(n) for n in lengths]
     return SlotSteps(sum(lengths), static_steps(lengths, slots) * slots)
 
 
 def simulate_continuous(lengths: Sequence[int], slots: int) -> SlotSteps:
-    """Continuous batching (`rollout.waste.continuous_steps`): requests in order, each to
+    """Continuous batching (`continuous_steps`): requests in order, each to
     the slot that frees first (refilled at the next step), until the last request ends."""
     lengths = [int(n) for n in lengths]
     return SlotSteps(sum(lengths), continuous_steps(lengths, slots) * slots)
@@ -162,60 +195,28 @@ def simulate(
     }
 
 
-def _engine_model(sizes: dict[str, int], seed: int) -> Any:
-    import jax
-
-    from rlvr_jax import models
-
-    arch = common.bench_arch(**sizes)
-    return models.Model(config=arch, params=models.init_params(arch, jax.random.key(seed)))
-
-
-def _run_engine(
-    core: Any, prompts: list[list[int]], lengths: Sequence[int], batching: str
-) -> tuple[Any, float]:
-    """Runs every request to its length; (SchedulerStats, wall seconds)."""
-    from rlvr_jax.rollout import GroupRequest, Scheduler
-
-    sched = Scheduler(core, batching=batching)
-    for i, (prompt, n) in enumerate(zip(prompts, lengths)):
-        sched.add(GroupRequest(i, i, tuple(prompt), 1, seed=i, max_new_tokens=int(n)))
-    start = time.perf_counter()
-    done = sched.run()
-    seconds = time.perf_counter() - start
-    got = {req.key: len(group[0].tokens) for req, group in done}
-    want = {i: int(n) for i, n in enumerate(lengths)}
-    if got != want:
-        bad = sorted(k for k in want if got.get(k) != want[k])[:5]
-        raise RuntimeError(f"{batching}: requests {bad} did not generate their forced lengths")
-    return sched.stats, seconds
-
-
-def measure(
-    dist: LengthDistribution,
-    *,
-    requests: int,
-    slots: int,
-    prompt_len: int,
-    chunk: int,
-    model_sizes: dict[str, int],
-    seed: int,
-) -> dict[str, Any]:
-    """Static vs continuous waste and wall time on the real engine for lengths drawn from
-    `dist` (already scaled down), next to the simulation of the same lengths."""
+def measure(cfg: WasteBenchConfig, dist: LengthDistribution) -> dict[str, Any]:
+    """Static vs continuous waste and wall time on the real engine (`cfg.measured_*`) for
+    lengths drawn from `dist` (already scaled down), next to the simulation of the same
+    lengths."""
+    from rlvr_jax.bench.engine_timing import run_lengths
     from rlvr_jax.rollout import EngineCore
 
+    requests, slots, prompt_len = cfg.measured_requests, cfg.measured_slots, cfg.prompt_len
+    model_sizes, seed = dict(cfg.model_sizes), cfg.seed
     lengths = dist.sample(requests, seed + 1).tolist()
-    model = _engine_model(model_sizes, seed)
+    model = common.ModelSize(**model_sizes).model(seed)
     rng = np.random.default_rng(seed)
     prompts = rng.integers(1, model.config.vocab_size, (requests, prompt_len)).tolist()
-    core = EngineCore(model, max_slots=slots, max_len=prompt_len + dist.cap + 8, chunk=chunk)
+    core = EngineCore(model, max_slots=slots, max_len=prompt_len + dist.cap + 8, chunk=cfg.chunk)
     warm = min(requests, 2 * slots)
     stats, walls = {}, {}
     for batching in ("static", "continuous"):
         progress.line(f"engine, {batching} batching: warm up, then {requests} requests")
-        _run_engine(core, prompts[:warm], lengths[:warm], batching)  # compile + warm up
-        stats[batching], walls[batching] = _run_engine(core, prompts, lengths, batching)
+        run_lengths(core, prompts[:warm], lengths[:warm], batching)  # compile + warm up
+        start = time.perf_counter()
+        stats[batching] = run_lengths(core, prompts, lengths, batching)
+        walls[batching] = time.perf_counter() - start
     predicted = {
         "static": simulate_static(lengths, slots),
         "continuous": simulate_continuous(lengths, slots),
@@ -267,30 +268,19 @@ class WasteBenchConfig:
     """Prompt tokens per engine request."""
     chunk: int = 8
     """Decode steps per engine call."""
-    model_sizes: tuple[tuple[str, int], ...] = (
-        ("d_model", 256),
-        ("n_layers", 4),
-        ("n_heads", 4),
-        ("n_kv_heads", 2),
-        ("d_ff", 768),
-        ("vocab", 4096),
-    )
+    model_sizes: tuple[tuple[str, int], ...] = common.option(
+        (("d_model", 256), ("n_layers", 4), ("n_heads", 4), ("n_kv_heads", 2), ("d_ff", 768),
+         ("vocab", 4096)),
+        flag=None,
+    )  # fmt: skip
     """The engine's small random bench-shaped model (large enough that decode steps, not the
     host's per-call overhead, dominate the wall time)."""
     seed: int = 0
     """Seed of the lengths, prompts and params."""
 
     def __post_init__(self) -> None:
-        counts = (
-            "requests",
-            "slots",
-            "measured_cap",
-            "measured_requests",
-            "measured_slots",
-            "prompt_len",
-            "chunk",
-        )
-        for name in counts:
+        counts = ("requests", "slots", "measured_cap", "measured_requests", "measured_slots")
+        for name in (*counts, "prompt_len", "chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.sigma <= 0:
@@ -301,15 +291,13 @@ class WasteBenchConfig:
             raise ValueError(f"measured_cap={self.measured_cap} must not exceed cap={self.cap}")
 
 
-TINY_MODEL = tuple(common.TINY_SIZES.items())
-"""The smoke run's engine model (`common.TINY_SIZES`)."""
 QUICK = WasteBenchConfig(
     requests=512,
     sweep=(1, 4, 16, 64),
     measured_cap=16,
     measured_requests=24,
     measured_slots=4,
-    model_sizes=TINY_MODEL,
+    model_sizes=tuple(common.TINY_SIZES.items()),
 )
 
 
@@ -321,109 +309,43 @@ def run(cfg: WasteBenchConfig) -> dict[str, Any]:
     simulated = simulate(
         dist, requests=cfg.requests, slots=cfg.slots, sweep=cfg.sweep, seed=cfg.seed
     )
-    measured = measure(
-        small,
-        requests=cfg.measured_requests,
-        slots=cfg.measured_slots,
-        prompt_len=cfg.prompt_len,
-        chunk=cfg.chunk,
-        model_sizes=dict(cfg.model_sizes),
-        seed=cfg.seed,
-    )
     return {
         "simulated": simulated,
-        "measured": measured,
+        "measured": measure(cfg, small),
         "distribution": {"simulated": dist.describe(), "measured": small.describe()},
-        "machine": common.machine_info(),
-        "config": dataclasses.asdict(cfg),
     }
 
 
-def format_result(result: dict[str, Any]) -> str:
-    """The human-readable summary of a `run` result."""
-    d, sim, mea = result["distribution"]["simulated"], result["simulated"], result["measured"]
-    lines = [
-        f"lengths: ceil(min(X, {d['cap']})), X ~ LogNormal(mu={d['mu']:.4f}, sigma={d['sigma']}) "
-        f"-> mean {d['mean']:.0f}, median {d['median_unclipped']:.0f}, "
-        f"{d['clipped_fraction']:.1%} truncated at the cap",
-        f"engine run: the same shape scaled to cap {mea['cap']} "
-        f"(mu={result['distribution']['measured']['mu']:.4f})",
-    ]
-    rows = [
-        [f"simulated B={sim['slots']}, {sim['requests']} requests", sim["static_waste"],
-         sim["continuous_waste"], None, None],
-        [f"engine B={mea['slots']}, {mea['requests']} requests", mea["static_waste"],
-         mea["continuous_waste"], mea["wall_s"]["static"], mea["wall_s"]["continuous"]],
-        ["  simulated on the engine's lengths", mea["predicted"]["static_waste"],
-         mea["predicted"]["continuous_waste"], None, None],
-    ]  # fmt: skip
-    heads = ["", "static waste", "continuous waste", "static s", "continuous s"]
-    lines.append(common.format_table(heads, rows))
-    sweep = sim["by_slots"]
-    lines.append(
-        "simulated static waste by B: "
-        + ", ".join(f"{b}: {v['static_waste']:.3f}" for b, v in sweep.items())
+def _sweep(result: dict[str, Any]) -> common.Panel:
+    """Simulated waste against the slots B, beside 1 - mean/cap."""
+    sim = result["simulated"]
+    bs = [int(b) for b in sim["by_slots"]]
+    lines = {
+        kind: (bs, [v[f"{kind}_waste"] for v in sim["by_slots"].values()])
+        for kind in ("static", "continuous")
+    }
+    lines["1 - mean/cap"] = (bs, [sim["one_minus_mean_over_cap"]] * len(bs))
+    return common.Panel(
+        "simulated waste vs slots", "waste", lines=lines, xlabel="slots B", logx=True
     )
-    lines.append(
-        f"1 - mean/cap = {sim['one_minus_mean_over_cap']:.3f}; engine wall continuous/static = "
-        f"{mea['continuous_over_static_wall']:.3f}"
-    )
-    return "\n".join(lines)
 
 
-def plot(result: dict[str, Any], path: str) -> None:
-    """Length density, waste vs slots, and measured vs predicted waste."""
-    cfg, d = result["config"], result["distribution"]["simulated"]
-    dist = LengthDistribution(d["mu"], d["sigma"], d["cap"])
-    lengths = dist.sample(cfg["requests"], cfg["seed"])
-    counts, edges = np.histogram(lengths / 1000, bins=40)
-    centers = (edges[:-1] + edges[1:]) / 2
-    sweep = result["simulated"]["by_slots"]
-    bs = [int(b) for b in sweep]
-    mea = result["measured"]
-    flat = [result["simulated"]["one_minus_mean_over_cap"]] * len(bs)
-    panels = [
-        common.Panel("simulated response lengths", "requests", xlabel="length (K tokens)",
-                     lines={"count per bin": (centers.tolist(), counts.tolist())}),
-        common.Panel("simulated waste vs slots", "waste", xlabel="slots B", logx=True,
-                     lines={"static": (bs, [v["static_waste"] for v in sweep.values()]),
-                            "continuous": (bs, [v["continuous_waste"] for v in sweep.values()]),
-                            "1 - mean/cap": (bs, flat)}),
-        common.Panel(f"engine, B={mea['slots']}", "waste",
-                     bars={"static": mea["static_waste"],
-                           "static (sim)": mea["predicted"]["static_waste"],
-                           "continuous": mea["continuous_waste"],
-                           "continuous (sim)": mea["predicted"]["continuous_waste"]}),
-    ]  # fmt: skip
-    common.save_plot(path, panels, "rlvr-bench waste: static vs continuous batching")
-
-
-def main(argv: list[str]) -> int:
-    """`rlvr-bench waste [options]`; see the module docstring."""
-    p = argparse.ArgumentParser(prog="rlvr-bench waste", description=__doc__.split("\n")[0])
-    p.add_argument("--json", help="write the results here as JSON")
-    p.add_argument("--plot", help="write a PNG plot here")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    flags = {"--mean": ("mean", float, "simulated mean length (default 14700)"),
-             "--cap": ("cap", int, "simulated generation budget (default 32768)"),
-             "--sigma": ("sigma", float, "log-normal sigma (default 0.7)"),
-             "--requests": ("requests", int, "simulated requests"),
-             "--slots": ("slots", int, "simulated slots B of the headline figure"),
-             "--measured-cap": ("measured_cap", int, "engine run: scaled-down budget"),
-             "--measured-requests": ("measured_requests", int, "engine run: requests"),
-             "--measured-slots": ("measured_slots", int, "engine run: slots"),
-             "--seed": ("seed", int, "seed of lengths, prompts and params")}  # fmt: skip
-    for flag, (field, kind, doc) in flags.items():
-        p.add_argument(flag, dest=field, type=kind, help=doc)
-    args = p.parse_args(argv)
-    cfg = QUICK if args.quick else WasteBenchConfig()
-    fields = [field for field, _, _ in flags.values()]
-    try:
-        cfg = dataclasses.replace(
-            cfg, **{f: getattr(args, f) for f in fields if getattr(args, f) is not None}
-        )
-    except ValueError as e:
-        p.error(str(e))
-    result = run(cfg)
-    print(format_result(result))
-    return common.write_outputs(result, args.json, args.plot, plot)
+BENCH = Bench(
+    WasteBenchConfig,
+    run,
+    presets={"default": WasteBenchConfig(), "quick": QUICK},
+    headlines=(
+        "simulated/static_waste",
+        "simulated/continuous_waste",
+        "measured/static_waste",
+        "measured/continuous_waste",
+        "measured/predicted",
+        "measured/continuous_over_static_wall",
+    ),
+    plot=(
+        _sweep,
+        Bars("engine: measured waste", "waste", "measured", ("static_waste", "continuous_waste")),
+        Bars("engine: simulated on its lengths", "waste", "measured/predicted"),
+        Bars("engine: wall seconds", "seconds", "measured/wall_s"),
+    ),
+)

@@ -1,6 +1,6 @@
 """Typed configuration: `load(path, overrides)` returns a validated `Config`."""
 
-from rlvr_jax.config.checks import ConfigError, check, check_runtime
+from rlvr_jax.config.checks import ConfigError, check, check_context, check_runtime
 from rlvr_jax.config.loader import (
     describe,
     dump,
@@ -15,6 +15,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "check",
+    "check_context",
     "check_runtime",
     "describe",
     "dump",

@@ -4,10 +4,20 @@ the key and the file.
 
 - `rollout.interrupt` and `rollout.push_*` against the rest of `rollout`; `eval.*` against
   `data.eval_sources`;
-- `model.lora` and `rollout.weight_dtype` (and what the vLLM backend cannot do with them);
+- `model.lora` and `rollout.weight_dtype`;
+- what `rollout.backend` cannot honour (its capability table, `rlvr_jax.rollout.api.BACKENDS`);
 - `env.*` against `rollout` and `algorithm`;
 - the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
-- what the `algorithm` needs of the config (`rlvr_jax.config.algorithm_checks`).
+- what the `algorithm` needs of the config (`rlvr_jax.config.algorithm_checks`);
+- the prompt sources' `fields`, `verifier` and `answer_transform`, and every `module:function`
+  of the config imported now (`env.name`, `env.tools`, the sources' verifiers and transforms;
+  the losses through their registries): a missing module is named with its key at load, the
+  working directory searched as well (`rlvr_jax.config.refs`);
+
+`check_context` checks the prompt + completion budget against the model's context, when the
+model's config.json (or `model.hf_config`) is at hand: `rlvr-train` calls it right after the
+load (a config only read for its `rollout:` section, as `rlvr-serve` reads one, does not need
+it), and the trainer again once `model.create_if_missing` has built the model.
 
 What needs the model, the data or the machine is checked where those are loaded;
 `check_runtime` checks what this machine must have to run a config (not to plan it).
@@ -16,6 +26,7 @@ What needs the model, the data or the machine is checked where those are loaded;
 from __future__ import annotations
 
 from rlvr_jax.config import schema
+from rlvr_jax.config.refs import search_working_directory
 
 
 class ConfigError(ValueError):
@@ -26,14 +37,14 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
     """Raises ConfigError (`<source>: <the key's problem>`) for the first failed check."""
     from rlvr_jax.config.algorithm_checks import check_algorithm
     from rlvr_jax.losses import loss_settings_from_config
+    from rlvr_jax.rollout.api import refused
 
+    search_working_directory()  # `module:function` may name a module beside the command
     try:
+        why = refused(cfg)
+        if why:
+            raise ValueError(why)
         _check_interrupt(cfg.rollout)
-        if cfg.rollout.exact and cfg.rollout.backend == "vllm":
-            raise ValueError(
-                "rollout.exact replays completions through our engine's decode step; vLLM "
-                "computes another function: use rollout.backend: jetstream or rollout.exact: false"
-            )
         _check_push(cfg.rollout)
         _check_lora(cfg)
         _check_env(cfg)
@@ -42,8 +53,118 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
             raise ValueError(f"mesh.num_devices must be >= 0 (0 = all), got {cfg.mesh.num_devices}")
         loss_settings_from_config(cfg.loss)
         check_algorithm(cfg)
+        _check_sources(cfg)
+        _check_env_refs(cfg.env)
     except ValueError as e:
         raise ConfigError(f"{source}: {e}") from None
+
+
+def check_context(cfg: schema.Config, *, source: str = "<config>") -> None:
+    """ConfigError when the longest sequence a run holds (`data.max_prompt_len` + the
+    completion budget) exceeds the model's `max_position_embeddings`; nothing when the model's
+    config is not at hand (a path `model.create_if_missing` builds: the trainer checks again
+    once it is built)."""
+    try:
+        _check_context(cfg)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def _check_context(cfg: schema.Config) -> None:
+    found = _model_positions(cfg.model)
+    if found is None:
+        return
+    limit, where = found
+    if cfg.algorithm == "dpo" and cfg.dpo.max_response_len is not None:
+        budget, key = cfg.dpo.max_response_len, "dpo.max_response_len"
+    else:
+        budget, key = cfg.rollout.max_new_tokens, "rollout.max_new_tokens"
+    total = cfg.data.max_prompt_len + budget
+    if total > limit:
+        raise ValueError(
+            f"data.max_prompt_len={cfg.data.max_prompt_len} + {key}={budget} = {total} "
+            f"positions exceed the model's max_position_embeddings={limit} ({where}): lower "
+            "one of them"
+        )
+
+
+def _model_positions(model: schema.ModelConfig) -> tuple[int, str] | None:
+    """(max_position_embeddings, where it was read) of `model.path`'s config.json, else of
+    `model.hf_config`; None when neither gives it."""
+    import json
+    from pathlib import Path
+
+    file = Path(model.path) / "config.json"
+    hf, where = model.hf_config, "model.hf_config"
+    if file.is_file():
+        try:
+            hf, where = json.loads(file.read_text()), str(file)
+        except (OSError, ValueError):
+            return None  # the model's loader names what is wrong with it
+    value = hf.get("max_position_embeddings") if isinstance(hf, dict) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value, where
+
+
+def _source_lists(cfg: schema.Config) -> list[tuple[str, list[schema.SourceConfig]]]:
+    return [
+        ("data.sources", cfg.data.sources),
+        ("data.eval_sources", cfg.data.eval_sources),
+        ("sft.sources", cfg.sft.sources),
+        ("dpo.sources", cfg.dpo.sources),
+    ]
+
+
+def _check_sources(cfg: schema.Config) -> None:
+    """Each source's `fields` maps row fields, and its `verifier` and `answer_transform`
+    resolve (a `module:function` one is imported)."""
+    from rlvr_jax.config.refs import import_function, is_ref
+    from rlvr_jax.data.mapping import answer_transform, check_fields
+
+    for name, sources in _source_lists(cfg):
+        for i, src in enumerate(sources):
+            key = f"{name}[{i}]"
+            check_fields(src.fields, f"{key}.fields")
+            if src.verifier is not None:
+                if not src.verifier.strip():
+                    raise ValueError(f"{key}.verifier must not be empty")
+                if is_ref(src.verifier):
+                    import_function(src.verifier, f"{key}.verifier")
+            if src.answer_transform is not None:
+                answer_transform(src.answer_transform, f"{key}.answer_transform")
+
+
+def _check_env_refs(env: schema.EnvConfig) -> None:
+    """`env.name` resolves, and so does each of `env.tools` (a `module:function` tool is
+    imported and its schema made from its signature)."""
+    if env.name is None:
+        return
+    from rlvr_jax.config.refs import import_function, is_ref
+
+    if is_ref(env.name):
+        import_function(env.name, "env.name")
+    else:
+        from rlvr_jax.envs.base import env_factory
+
+        env_factory(env.name)  # a registered name; the error names env.name
+    if env.name != "tools":
+        return
+    from rlvr_jax.envs.tools import BUILTIN_TOOLS, make_tool
+
+    for i, spec in enumerate(env.tools):
+        key = f"env.tools[{i}]"
+        if spec in BUILTIN_TOOLS:
+            continue
+        if not is_ref(spec):
+            raise ValueError(
+                f"{key}: {spec!r} is not one of {sorted(BUILTIN_TOOLS)} nor 'module:function'"
+            )
+        fn = import_function(spec, key)
+        try:
+            make_tool(fn, spec.partition(":")[2])
+        except TypeError as e:
+            raise ValueError(f"{key}: {e}") from None
 
 
 def _check_eval(cfg: schema.Config) -> None:
@@ -76,7 +197,7 @@ def _check_push(rollout: schema.RolloutConfig) -> None:
 
 
 def _check_lora(cfg: schema.Config) -> None:
-    """`model.lora`'s values; LoRA and quantized decode weights run on our engine only."""
+    """`model.lora`'s values."""
     lo = cfg.model.lora
     if lo.rank < 0:
         raise ValueError(f"model.lora.rank must be >= 0 (0 = off), got {lo.rank}")
@@ -97,15 +218,10 @@ def _check_lora(cfg: schema.Config) -> None:
                 f"model.lora.targets: {bad or 'empty'}; expected a non-empty subset of "
                 f"{list(schema.LORA_TARGETS)}"
             )
-    if cfg.rollout.backend == "vllm" and (lo.rank or cfg.rollout.weight_dtype):
-        raise ValueError(
-            "model.lora and rollout.weight_dtype run on our engine only: with rollout.backend: "
-            "vllm set model.lora.rank: 0 and leave rollout.weight_dtype unset"
-        )
 
 
 def _check_env(cfg: schema.Config) -> None:
-    """A multi-turn environment needs our engine, no budget forcing, and `algorithm: rl`
+    """A multi-turn environment needs no budget forcing, and `algorithm: rl`
     (the other algorithms would train on the environment's tokens)."""
     env = cfg.env
     if env.max_turns < 1 or env.workers < 1 or env.tool_timeout_s <= 0:
@@ -115,8 +231,6 @@ def _check_env(cfg: schema.Config) -> None:
         )
     if env.name is None:
         return
-    if cfg.rollout.backend == "vllm":
-        raise ValueError(f"env.name={env.name!r} needs rollout.backend: jetstream (not vllm)")
     if cfg.rollout.interrupt.thinking_budget:
         raise ValueError(
             f"env.name={env.name!r} and rollout.interrupt (budget forcing) cannot be combined; "
@@ -138,12 +252,6 @@ def _check_interrupt(rollout: schema.RolloutConfig) -> None:
         return
     if not it.text:
         raise ValueError("rollout.interrupt.text must not be empty")
-    if rollout.backend == "vllm":
-        raise ValueError(
-            "rollout.interrupt (budget forcing) is not supported with "
-            "rollout.backend: vllm; use rollout.backend: jetstream or set "
-            "rollout.interrupt.thinking_budget: 0"
-        )
     if it.thinking_budget + it.answer_budget >= rollout.max_new_tokens:
         raise ValueError(
             f"rollout.interrupt: thinking_budget={it.thinking_budget} + "
@@ -154,12 +262,16 @@ def _check_interrupt(rollout: schema.RolloutConfig) -> None:
 
 def check_runtime(cfg: schema.Config, *, source: str = "<config>") -> None:
     """Raises ConfigError when this machine lacks what `cfg` needs to run (not to be planned:
-    `rlvr-train --dry-run` skips it): today the `vllm` package for `rollout.backend: vllm`."""
+    `rlvr-train --dry-run` skips it): the package `rollout.backend` needs (its capabilities'
+    `package`, e.g. `vllm`)."""
     import importlib.util
 
-    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+    from rlvr_jax.rollout.api import backend
+
+    b = backend(cfg.rollout.backend)
+    if b.package is not None and importlib.util.find_spec(b.package) is None:
         raise ConfigError(
-            f"{source}: rollout.backend: vllm needs the vllm package, which is not installed "
-            "here; install the extra on a GPU machine (pip install 'rlvr_jax[vllm]') or set "
-            "rollout.backend: jetstream (our engine, runs everywhere)"
+            f"{source}: rollout.backend: {b.name} needs the {b.package} package, which is not "
+            f"installed here; install {b.install}, or set rollout.backend: jetstream (our "
+            "engine, runs everywhere)"
         )

@@ -237,18 +237,51 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe(cls: type = Config, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted key, type, docstring) for every leaf of the schema, for docs and `--describe`."""
+def describe(
+    cls: type = Config, prefix: str = "", _listed: dict[type, str] | None = None
+) -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default as YAML, docstring) for every leaf of the schema, for docs
+    and `--describe`. A list of sections (`data.sources`) is followed by its entries' keys
+    (`data.sources[].path`, ...), written out at the first such list; later lists of the same
+    section point to it."""
+    listed = {} if _listed is None else _listed
     rows = []
     hints = _hints(cls)
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
+        key = prefix + f.name
         if dataclasses.is_dataclass(tp):
-            rows.extend(describe(tp, prefix + f.name + "."))
-        else:
-            doc = docs.get(f.name, "")
-            if "unset" in f.metadata:
-                doc += f" Unset: the preset's value, else `{f.metadata['unset']}`."
-            rows.append((prefix + f.name, _type_name(tp), doc))
+            rows.extend(describe(tp, key + ".", listed))
+            continue
+        doc = docs.get(f.name, "")
+        if "unset" in f.metadata:
+            doc += f" Unset: the preset's value, else `{f.metadata['unset']}`."
+        entry = _listed_section(tp)
+        if entry is not None and entry in listed:
+            doc += f" Entries take the keys of `{listed[entry]}[]`."
+        rows.append((key, _type_name(tp), _default_text(f), doc))
+        if entry is not None and entry not in listed:
+            listed[entry] = key
+            rows.extend(describe(entry, key + "[].", listed))
     return rows
+
+
+def _listed_section(tp: Any) -> type | None:
+    """The section class of a `list[Section]` field, else None."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) is list and args and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    """A field's default as YAML (`required` when it has none)."""
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = to_dict(f.default_factory())
+    else:
+        return "required"
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()

@@ -128,6 +128,17 @@ class SourceConfig:
     """TFDS data directory (local)."""
     domain: str | None = None
     """Default domain for rows that name none."""
+    fields: dict[str, str] = field(default_factory=dict)
+    """Row field -> the record's column that holds it, for files with their own column names
+    (e.g. `{prompt: question, ground_truth: answer}`); row fields: `prompt`, `ground_truth`,
+    `verifier`, `domain`, `verifier_kwargs`, `response`, `chosen`, `rejected` (docs/data.md)."""
+    verifier: str | None = None
+    """Verifier of rows that name none (`math`, `code`, `ifeval`, `judge`, `rubric`, a
+    registered name or `module:function`)."""
+    answer_transform: str | None = None
+    """Applied to each row's ground truth after the mapping: `gsm8k` (the text after GSM8K's
+    `#### `, commas dropped) or `module:function` (a function of the ground truth returning
+    the new one; a ValueError skips the row)."""
 
 
 @dataclass(frozen=True)
@@ -166,7 +177,9 @@ class RolloutConfig:
     """`sync`: generate, score, train, repeat. `async`: the actors generate while the
     learner trains, with in-flight weight updates."""
     backend: Literal["jetstream", "vllm"] = "jetstream"
-    """Rollout engine: our JAX engine (JetStream `Engine` API) or vLLM (GPU only)."""
+    """Rollout engine: our JAX engine (JetStream `Engine` API) or vLLM's engine (its GPU
+    build, or its CPU build in its own venv: docs/vllm.md). What each honours:
+    `rlvr_jax.rollout.api.BACKENDS`."""
     num_samples: int = 8
     """G: completions per prompt (group size)."""
     max_new_tokens: int = 64
@@ -209,7 +222,8 @@ class RolloutConfig:
     completion's tokens carry the version that sampled each); `recompute` drop it and prefill
     prompt and tokens so far again with the new weights (the preemption path), so every token
     sampled after the push attends to K/V of the weights that sample it — costs a prefill of
-    every in-flight sequence per push (`rollout/recomputed_tokens`)."""
+    every in-flight sequence per push (`rollout/recomputed_tokens`). Both backends offer both
+    (`rlvr_jax.rollout.api.BACKENDS`)."""
     push_timeout_s: float = 600.0
     """A weight push to the actors (hand-over, swap and probe) still running after this many
     seconds stops the run with `PushTimeoutError` instead of hanging; 0 = no limit."""

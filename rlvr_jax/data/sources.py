@@ -4,8 +4,10 @@ A source is read whole into memory (RLVR prompt sets are 10^4-10^6 short rows), 
 mixture shuffles each source per epoch. Rows that cannot be used (undecodable JSON, missing
 fields, wrong types, prompts over the token limit) are skipped and counted; the first few are
 logged with the file and the row, then one summary per source. A source with no usable row, a
-missing file or an unknown format is a `DataError` naming it; a row with an unknown verifier is
-an `UnknownVerifier` error naming the row.
+missing file or an unknown format is a `DataError` naming it; a row with an unknown verifier (or
+a `module:function` verifier that cannot be imported) is an `UnknownVerifier` error naming the
+row. A source's `fields`, `verifier` and `answer_transform` (`data.mapping`) apply to each
+record before it is validated.
 
     src = load_source(SourceConfig(path="data/train.jsonl"), known_verifiers={"math"})
 """
@@ -24,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from rlvr_jax.config.refs import is_ref
 from rlvr_jax.config.schema import SourceConfig
-from rlvr_jax.data.rows import BadRow, DataError, PromptRow, row_from_record
+from rlvr_jax.data.mapping import record_mapper
+from rlvr_jax.data.rows import BadRow, DataError, PromptRow, UnknownVerifier, row_from_record
 
 logger = logging.getLogger(__name__)
 
@@ -147,9 +151,14 @@ def load_source(
     if fmt not in READERS:
         raise DataError(f"{label}: unknown format {fmt!r}; expected one of {sorted(READERS)}")
 
+    mapper = record_mapper(cfg)
+    refs: dict[str, str] = {}  # module:function verifiers -> the first row naming each
+
     def validate(index: int, where: str, record: Any) -> PromptRow:
         if isinstance(record, BadRow):
             raise record
+        if mapper is not None:
+            record = mapper(record)
         if parse is not None:
             row = parse(record, source=name, index=index, where=f"{label} {where}")
         else:
@@ -162,6 +171,8 @@ def load_source(
                 known_verifiers=known_verifiers,
                 response=response,
             )
+        if is_ref(getattr(row, "verifier", None)):
+            refs.setdefault(row.verifier, where)
         n = None
         if encode is not None:
             ids = np.asarray(encode(row), np.int32)
@@ -186,10 +197,36 @@ def load_source(
         raise DataError(f"{label}: reading failed after {len(rows)} rows: {e}") from e
     if not rows:
         detail = skips.summary(0) if skips.total else "it holds no rows"
-        raise DataError(f"{label}: no usable rows; {detail}")
+        raise DataError(f"{label}: no usable rows; {detail}{_mapping_hint(cfg, skips)}")
+    if known_verifiers is not None:
+        _import_verifiers(refs, label)
     if skips.total:
         logger.warning("%s: %s", label, skips.summary(len(rows)))
     return PromptSource(name, tuple(rows), cfg.weight, location, dict(skips.counts))
+
+
+def _mapping_hint(cfg: SourceConfig, skips: SkipLog) -> str:
+    """What to set when every row lacked a field (files with their own column names)."""
+    if not skips.counts.get("missing_field") or cfg.fields:
+        return ""
+    return (
+        "; rows need the fields prompt, ground_truth and verifier (docs/data.md): map a file's "
+        "own columns with the source's `fields` (e.g. {prompt: question, ground_truth: answer}) "
+        "and set its `verifier`"
+    )
+
+
+def _import_verifiers(refs: Mapping[str, str], label: str) -> None:
+    """Imports each `module:function` verifier the rows name (`refs`: verifier -> where the
+    first row naming it is), once: a missing module fails here, naming that row, not when the
+    first completion is scored."""
+    from rlvr_jax.config.refs import import_function
+
+    for ref, where in refs.items():
+        try:
+            import_function(ref, f"{label} {where} 'verifier'")
+        except ValueError as e:
+            raise UnknownVerifier(str(e)) from None
 
 
 def load_sources(cfgs: Sequence[SourceConfig], **options: Any) -> list[PromptSource]:

@@ -240,7 +240,10 @@ def _argument_problem(args: argparse.Namespace) -> str | None:
 
 
 def _evaluate(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
-    return run_eval(cfg, _request(args))
+    report = run_eval(cfg, _request(args))
+    if args.model is not None:  # as given (a training checkpoint is run from its export)
+        report["model"] = args.model
+    return report
 
 
 def _show(args: argparse.Namespace, report: dict[str, Any]) -> None:

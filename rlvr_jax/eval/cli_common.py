@@ -14,6 +14,7 @@ from typing import Any
 
 from rlvr_jax.eval.difficulty import OUTPUT_SUFFIXES
 from rlvr_jax.eval.evaluate import DEFAULT_CHUNK_PROMPTS, resolve_config
+from rlvr_jax.training.export import policy_directory
 
 EXIT_USAGE = 2
 """Exit status on bad arguments, config or input."""
@@ -24,7 +25,12 @@ def add_config_args(p: argparse.ArgumentParser, config_help: str, *, model: bool
     p.add_argument("--config", help=config_help)
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="dotted config overrides")
     if model:
-        p.add_argument("--model", help="policy checkpoint directory (replaces model.path)")
+        p.add_argument(
+            "--model",
+            help="the policy: an HF directory, or a training checkpoint "
+            "(<output_dir>/checkpoints/<step>; its run's config when --config is absent); "
+            "replaces model.path",
+        )
 
 
 def add_chunk_prompts_arg(p: argparse.ArgumentParser) -> None:
@@ -64,6 +70,31 @@ def write_json(path: str, obj: Any, label: str) -> None:
     print(f"{label}: {out}")
 
 
+def overrides_last(argv: list[str]) -> list[str]:
+    """`argv` with the config overrides (`section.key=value`, or a top-level scalar such as
+    `seed=3`) moved behind a `--`: a list option (`--ks 1 4`) followed by an override would
+    read it as one of its values."""
+    import dataclasses
+
+    from rlvr_jax.config.schema import Config
+
+    if "--" in argv:
+        return argv
+    top = {f.name: f for f in dataclasses.fields(Config)}
+
+    def is_override(arg: str) -> bool:
+        key, eq, _ = arg.partition("=")
+        head, dot, _ = key.partition(".")
+        if not eq or arg.startswith("-") or head not in top:
+            return False  # a section is set key by key (`eval.ks=...`), a scalar whole
+        return bool(dot) != (top[head].default_factory is dataclasses.MISSING)
+
+    overrides = [a for a in argv if is_override(a)]
+    if not overrides:
+        return argv
+    return [a for a in argv if not is_override(a)] + ["--", *overrides]
+
+
 def run_cli(
     parser: argparse.ArgumentParser,
     argv: list[str] | None,
@@ -76,11 +107,12 @@ def run_cli(
 ) -> int:
     """Runs the command `parser.prog`: parses `argv`; `problem(args)` (a message: usage error)
     checks it; `compute(cfg, args)` runs on the config of `--config`, the overrides and the path
-    in `args.<model_dest>`, and `show(args, result)` prints. Returns the exit status (0 ok, 2 bad
-    arguments/config/input)."""
+    in `args.<model_dest>` (an HF directory, or a training checkpoint: exported first, its run's
+    config used when `--config` is not given: `training.export.policy_directory`), and
+    `show(args, result)` prints. Returns the exit status (0 ok, 2 bad arguments/config/input)."""
     prog = parser.prog
     try:
-        args = parser.parse_args(argv)
+        args = parser.parse_args(overrides_last(sys.argv[1:] if argv is None else argv))
     except SystemExit as e:  # --help (0) or an argparse error (2), already printed
         return int(e.code or 0)
     message = problem(args)
@@ -94,8 +126,10 @@ def run_cli(
     if quiet_absl:
         logging.getLogger("absl").setLevel(logging.WARNING)
     try:
-        cfg = resolve_config(args.config, args.overrides, getattr(args, model_dest))
-        result = compute(cfg, args)
+        with policy_directory(getattr(args, model_dest), args.config, args.overrides) as found:
+            model, config = found
+            cfg = resolve_config(config, args.overrides, model)
+            result = compute(cfg, args)
     except (ValueError, FileNotFoundError) as e:  # config, data and model errors name the culprit
         print(f"{prog}: error: {e}", file=sys.stderr)
         return EXIT_USAGE

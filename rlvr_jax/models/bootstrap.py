@@ -3,29 +3,20 @@ it holds no checkpoint (the demo builds its tiny base model this way)."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 from typing import Any
 
+from rlvr_jax.config.refs import import_function
 from rlvr_jax.config.schema import Config
 
 log = logging.getLogger("rlvr_jax")
 
 
 def resolve_function(ref: str, what: str) -> Any:
-    """`module:function` → the function, with an error naming `what` when it cannot be found."""
-    module, _, name = ref.partition(":")
-    if not module or not name:
-        raise ValueError(f"{what}: expected 'module:function', got {ref!r}")
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"{what}: cannot import module {module!r}: {e}") from None
-    try:
-        return getattr(mod, name)
-    except AttributeError:
-        raise ValueError(f"{what}: module {module!r} has no attribute {name!r}") from None
+    """`module:function` → the function, with an error naming `what` when it cannot be found
+    (`rlvr_jax.config.refs.import_function`: the working directory is searched too)."""
+    return import_function(ref, what)
 
 
 def ensure_model(cfg: Config) -> Path:
@@ -44,5 +35,8 @@ def ensure_model(cfg: Config) -> Path:
             )
         return path
     raise FileNotFoundError(
-        f"model.path {str(path)!r} has no config.json (and model.create_if_missing is not set)"
+        f"model.path {str(path)!r} has no config.json (and model.create_if_missing is not set): "
+        "give an HF checkpoint directory (a run's <train.output_dir>/final is one); rlvr-eval "
+        "and rlvr-serve also take a training checkpoint (<train.output_dir>/checkpoints/<step>), "
+        "and `rlvr-export CHECKPOINT OUT` writes one's HF export"
     )

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rlvr_jax.rollout.api import CompletedGroup, Interrupt, Rollout, TurnHook
+from rlvr_jax.rollout.api import CompletedGroup, Interrupt, Rollout, TurnHook, backend
 from rlvr_jax.rollout.device.sampling import SamplingParams
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.generation import request_seed
@@ -94,7 +94,7 @@ def build_rollout(
     chunks as "rollout" spans; `compile_ahead`: compile every engine program now (before the
     trainer takes `dispatch.LOCK`); `turns`: the `dispatch.DeviceTurns` of a learner sharing the
     actors' devices. Raises ValueError naming the keys: a stop string that is not one token,
-    budget forcing that does not fit `max_new_tokens` or with the vLLM backend."""
+    budget forcing that does not fit `max_new_tokens`."""
     from rlvr_jax.data.formatting import stop_token_ids
 
     if params is not None:
@@ -111,18 +111,9 @@ def build_rollout(
         interrupt=forcing,
         turns=turns,
     )
-    if cfg.backend == "vllm":
-        from rlvr_jax.rollout.backends.vllm import VllmRollout, VllmScheduler
-
-        if forcing is not None:
-            raise ValueError(
-                "rollout.interrupt (budget forcing) is not supported with rollout.backend: vllm; "
-                "use rollout.backend: jetstream"
-            )
-        engine = VllmRollout(model)
-        if version:  # resumed: the engine loaded the checkpoint on disk, not these params
-            engine.update_weights(model.params, version)
-        return RolloutStream(None, scheduler=VllmScheduler(engine, version=version), **common)
+    other = backend(cfg.backend)
+    if other.build is not None:  # another engine than ours (`api.BACKENDS`)
+        return other.builder()(cfg, model, mesh, max_len=max_len, **common)
     engine = build_engine(cfg, model, mesh, tokenizer, max_len=max_len)
     if compile_ahead:
         engine.compile_ahead()

@@ -83,7 +83,8 @@ def generate(
 ) -> list[Completion]:
     """`num_samples` completions of each prompt, ordered by (prompt_index, sample_index), from a
     `Model` (an engine of `max_slots` slots is built, default min(32, samples rounded up to 8)), an
-    `EngineCore`, `make_engine`'s JetStream engine or a `VllmRollout`. Generation stops at any of
+    `EngineCore`, `make_engine`'s JetStream engine or a vLLM engine
+    (`backends.vllm.VllmEngine`). Generation stops at any of
     `stop_token_ids` (the model's EOS ids are not implied) or after `max_new_tokens`; prompt i
     samples with `request_seed(seed, i)`, whatever `batching` and `max_slots` (the slots used).
     `interrupt`: budget forcing (`rollout.Interrupt`; our engine only)."""

@@ -1,5 +1,5 @@
 """The weight-push contract between the learner and the actors, one rule per check: an actor
-(`RolloutStream.update_weights`, the schedulers' `set_params`, `VllmRollout.update_weights`)
+(`RolloutStream.update_weights`, the schedulers' `set_params`, `VllmEngine.load`)
 refuses a push out of order — its version not newer than the one it holds or was last sent
 (`OutOfOrderPushError`: it would roll the policy back silently) — or partial — leaves missing,
 extra or of other shapes (`PartialPushError`: an actor must never mix two policies). The

@@ -1,6 +1,11 @@
 """`rlvr-serve --model PATH`: the policy behind JetStream's orchestrator + gRPC server and
 an OpenAI-compatible HTTP endpoint (`/v1/completions`, `/v1/chat/completions`, streaming).
 
+`--model` is an HF directory or a training checkpoint (`<output_dir>/checkpoints/<step>`,
+exported first with its run's config: `training.export`). Slots hold `--max-len` positions,
+by default the model's `max_position_embeddings` (more is refused); `/v1/models` lists the
+served model and a request naming another gets OpenAI's 404 `model_not_found`.
+
 Both front ends share the model's params; each has its own decode slots (the gRPC side
 runs JetStream's orchestrator over `make_engine`'s adapter, the HTTP side our scheduler
 through a `RolloutStream`, which adds per-request sampling, log-probs and token streaming).
@@ -52,10 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     from rlvr_jax.config.schema import RolloutConfig
 
     d = RolloutConfig()
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="local HF checkpoint directory")
+    p = argparse.ArgumentParser(prog=PROG, description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument(
+        "--model",
+        required=True,
+        help="local HF checkpoint directory, or a training checkpoint "
+        "(<output_dir>/checkpoints/<step>: exported with its run's run_config.yaml)",
+    )
     p.add_argument("--tokenizer", help="tokenizer directory (default: the model's)")
-    p.add_argument("--model-name", help="id reported by /v1/models (default: directory name)")
+    p.add_argument(
+        "--model-name",
+        help="the model id /v1/models reports and requests must name (default: the directory's "
+        "name; a checkpoint's: <run>-step<N>)",
+    )
     p.add_argument(
         "--config",
         help="a YAML config whose `rollout:` section (the trainer's) sets the engine; "
@@ -66,7 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grpc-port", type=int, default=9000, help="JetStream gRPC port (0 = any)")
     p.add_argument("--no-http", action="store_true", help="do not serve HTTP")
     p.add_argument("--no-grpc", action="store_true", help="do not serve JetStream gRPC")
-    p.add_argument("--max-len", type=int, default=2048, help="positions per slot")
+    p.add_argument(
+        "--max-len",
+        type=int,
+        help="positions per slot, prompt + completion (default: the model's "
+        "max_position_embeddings; more is refused)",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument(
         "--max-queue", type=int, default=1024, help="HTTP prompts waiting for slots (then 429)"
@@ -143,12 +162,36 @@ def start(args: argparse.Namespace, servers: Servers, stop: threading.Event) -> 
 
     cfg = rollout_config(args)
     model = load_pretrained(args.model, dtype=args.dtype)
+    args.max_len = max_len(args.max_len, model.config.max_position_embeddings)
     tokenizer_dir = args.tokenizer or args.model
     tokenizer = _load_tokenizer(tokenizer_dir)
     if not args.no_grpc and not stop.is_set():
         _start_grpc(model, tokenizer_dir, cfg, args, servers)
     if not args.no_http and not stop.is_set():
         servers.stream, servers.http = _start_http(model, tokenizer, cfg, args)
+
+
+def max_len(asked: int | None, limit: int) -> int:
+    """Positions per slot: `--max-len` (ValueError when over the model's `limit`), else the
+    model's `max_position_embeddings`."""
+    if asked is None:
+        return limit
+    if not 1 < asked <= limit:
+        raise ValueError(
+            f"--max-len {asked}: the model has max_position_embeddings={limit} (at most that)"
+        )
+    return asked
+
+
+def served_name(model: str, given: str | None) -> str:
+    """The id the server answers to: `--model-name`, else the directory's name (for a
+    training checkpoint `<run>-step<N>`)."""
+    from rlvr_jax.training.export import is_checkpoint
+
+    if given:
+        return given
+    path = Path(model).resolve()
+    return f"{path.parents[1].name}-step{path.name}" if is_checkpoint(path) else path.name
 
 
 def _load_tokenizer(path: str) -> Any:
@@ -212,7 +255,7 @@ def _start_http(model: Any, tokenizer: Any, cfg: Any, args: argparse.Namespace) 
         http = OpenAIServer(
             stream,
             tokenizer,
-            model_name=args.model_name or Path(args.model).resolve().name,
+            model_name=served_name(args.model, args.model_name),
             stop_token_ids=stream.stop_token_ids,
             host=args.host,
             port=args.http_port,
@@ -295,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     """`rlvr-serve` entry point: SIGINT/SIGTERM stop it cleanly within 10 s."""
     from rlvr_jax.logs import setup_logging
     from rlvr_jax.shutdown import Interrupted, SignalStop
+    from rlvr_jax.training.export import policy_directory
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -311,11 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         signals.raise_in_main = False
 
     try:
-        rc = serve(args, signals.event, on_ready=serving)
+        args.model_name = served_name(args.model, args.model_name)
+        with policy_directory(args.model) as (args.model, _):  # a checkpoint: its run's config
+            rc = serve(args, signals.event, on_ready=serving)
     except Interrupted as e:
         print(f"{PROG}: stopped by {e} while starting", file=sys.stderr)
         rc = 0
-    except (OSError, ValueError) as e:  # unreadable checkpoint / tokenizer, port in use
+    except (OSError, ValueError) as e:  # unreadable checkpoint / tokenizer, port in use, --max-len
         print(f"{PROG}: error: {e}", file=sys.stderr)
         rc = 2
     finally:

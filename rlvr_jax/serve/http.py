@@ -35,7 +35,9 @@ from rlvr_jax.serve.openai_api import (
     ChoiceText,
     Delta,
     Kind,
+    ModelNotFound,
     ParsedRequest,
+    check_model,
     choice_object,
     chunk_choice,
     envelope,
@@ -60,7 +62,9 @@ class OpenAIServer:
 
     Args:
       stream: the engine's request stream. tokenizer: the HF tokenizer of the model.
-      model_name: the id `/v1/models` reports. stop_token_ids: always stop (the EOS ids).
+      model_name: the id `/v1/models` reports, the one model a request may name (another
+        is answered 404 `model_not_found`, listing it). stop_token_ids: always stop (the EOS
+        ids).
       request_timeout: seconds a plain (non-streamed) request may wait for its completions.
       shutdown_grace: seconds `stop` gives in-flight answers before it cancels them.
     """
@@ -86,6 +90,7 @@ class OpenAIServer:
         self.host = host
         self._port = port
         self._seeds = itertools.count(int(time.time()))
+        self._created = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: Any = None
@@ -178,7 +183,12 @@ class OpenAIServer:
     # ---- handlers ---------------------------------------------------------------------------
 
     async def _models(self, request: Any) -> Any:
-        model = {"id": self.model_name, "object": "model", "owned_by": "rlvr_jax"}
+        model = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self._created,
+            "owned_by": "rlvr_jax",
+        }
         return web.json_response({"object": "list", "data": [model]})
 
     async def _health(self, request: Any) -> Any:
@@ -203,6 +213,8 @@ class OpenAIServer:
             request = self._parse(kind, body)
             queue: asyncio.Queue | None = asyncio.Queue() if request.stream else None
             futures = self._submit(request, queue)
+        except ModelNotFound as e:
+            return _error(404, str(e), "invalid_request_error", e.param, "model_not_found")
         except BadRequest as e:
             return _error(400, str(e), "invalid_request_error", e.param)
         except _Busy as e:
@@ -219,6 +231,7 @@ class OpenAIServer:
         return await self._stream_answer(request, futures, queue, http_request)
 
     def _parse(self, kind: Kind, body: Any) -> ParsedRequest:
+        check_model(body, [self.model_name])
         return parse_request(kind, body, self.tokenizer, self.stop_token_ids, self._seeds)
 
     def _submit(
@@ -242,8 +255,9 @@ class OpenAIServer:
                     stop_token_ids=request.stop_token_ids,
                     on_tokens=hook,
                 )
-            except RequestError as e:
-                raise BadRequest(str(e), _param_of(str(e))) from None
+            except RequestError as e:  # in the API's words: the engine's budget is max_tokens
+                message = str(e).replace("max_new_tokens", "max_tokens")
+                raise BadRequest(message, _param_of(str(e))) from None
             except TimeoutError:
                 raise _Busy(
                     f"{self.stream.max_pending_groups} requests are waiting; retry later"
@@ -469,9 +483,11 @@ def _param_of(message: str) -> str | None:
     return next((param for param, words in _PARAMS if any(w in message for w in words)), None)
 
 
-def _error_body(message: str, kind: str, param: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": param, "code": None}}
+def _error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def _error(status: int, message: str, kind: str, param: str | None = None) -> Any:
-    return web.json_response(_error_body(message, kind, param), status=status)
+def _error(
+    status: int, message: str, kind: str, param: str | None = None, code: str | None = None
+) -> Any:
+    return web.json_response(_error_body(message, kind, param, code), status=status)

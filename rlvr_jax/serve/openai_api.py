@@ -46,6 +46,21 @@ class BadRequest(ValueError):
         self.param = param
 
 
+class ModelNotFound(BadRequest):
+    """A request for a model the server does not serve (HTTP 404, code `model_not_found`, as
+    OpenAI's API answers)."""
+
+
+def check_model(body: Any, served: list[str]) -> None:
+    """Raises `ModelNotFound` listing `served` when `body` names another model (a request
+    that names none gets the served one)."""
+    model = body.get("model") if isinstance(body, dict) else None
+    if model is not None and model not in served:
+        raise ModelNotFound(
+            f"the model {model!r} does not exist on this server; it serves {served}", "model"
+        )
+
+
 def _field(body: dict, name: str, kinds: tuple[type, ...], default: Any) -> Any:
     """`body[name]` checked against `kinds` (absent or null: `default`)."""
     value = body.get(name)
@@ -115,6 +130,9 @@ def parse_request(
     max_tokens = _field(
         body, "max_completion_tokens", (int,), 16 if max_tokens is None else max_tokens
     )
+    if max_tokens < 1:
+        name = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+        raise BadRequest(f"{name!r} must be >= 1, got {max_tokens}", name)
     stop = _field(body, "stop", (str, list), [])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop):

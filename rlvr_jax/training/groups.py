@@ -35,6 +35,7 @@ class ScoredGroup:
     extra terms): what expert iteration selects by."""
     domain: str
     texts: list[str] = field(default_factory=list)
+    """Each completion as the samples log shows it (an episode: its whole conversation)."""
     request_id: Any = None
     """The rollout request it came from (`Rollouts`: the prompt's draw number)."""
 
@@ -56,7 +57,7 @@ def score_groups(
     prompt's `PromptRow`) in one call to the reward service; returns the scored groups and the
     service's metrics. A multi-turn episode (`Completion.episode`) is scored on its final
     answer, its environment's reward contributions added; its text (`ScoredGroup.texts`) is
-    the whole conversation."""
+    the whole conversation after the prompt (turns, tool calls, tool responses)."""
     from rlvr_jax.envs.episode import answer_text
 
     rows, texts, lengths, spans, shown, extra = [], [], [], [], [], []
@@ -71,7 +72,7 @@ def score_groups(
             shown.append(
                 texts[-1]
                 if c.episode is None
-                else tokenizer.decode([*g.prompt_tokens, *c.tokens], skip_special_tokens=False)
+                else tokenizer.decode(c.tokens, skip_special_tokens=False)
             )
         spans.append((start, len(texts)))
     if not texts:

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from rlvr_jax import dispatch, losses, models, sharding
-from rlvr_jax.config.checks import check
+from rlvr_jax.config.checks import check, check_context
 from rlvr_jax.config.schema import Config
 from rlvr_jax.models import lora
 from rlvr_jax.models.bootstrap import ensure_model
@@ -46,9 +46,11 @@ from rlvr_jax.rollout.push import PushTimeoutError
 from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
 from rlvr_jax.training.algorithms import Context, get_algorithm
+from rlvr_jax.training.export import write_run_config
 from rlvr_jax.training.ledger import Ledger
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
 from rlvr_jax.training.push import WeightPusher
+from rlvr_jax.training.step_log import EmptySteps
 
 if TYPE_CHECKING:
     from rlvr_jax.rollout import Rollout
@@ -96,7 +98,7 @@ class _Pending:
     step: int
     host: dict[str, Any]
     device: list[Any]
-    texts: list[str]
+    samples: list[dict[str, Any]]
     dispatched: float
     tokens: int
     version: int
@@ -126,9 +128,12 @@ class Trainer:
         self.stop.where = lambda: self.dispatched
         self.out = Path(cfg.train.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
+        if jax.process_index() == 0:  # what rlvr-export / rlvr-eval read to load a checkpoint
+            write_run_config(cfg, self.out)
         self.algorithm = get_algorithm(cfg.algorithm)
         learner_mesh, actor_mesh = sharding.build_meshes(cfg.mesh)
         path = ensure_model(cfg)
+        check_context(cfg)  # again: `model.create_if_missing` may have just built the model
         model = models.load_pretrained(
             path, dtype=cfg.model.param_dtype, mesh=learner_mesh, rules=sharding.LEARNER_RULES
         )
@@ -178,7 +183,8 @@ class Trainer:
         self._pusher: threading.Thread | None = None
         self._push_error: BaseException | None = None  # of the watcher thread's push
         self._hung = False  # a push timed out: the actors may never answer again
-        self._last_reward = math.nan
+        self._bar: Any = None
+        self.empty_steps = EmptySteps()
         self._saved: int | None = None
         self._eval_rollout: Rollout | None = None
 
@@ -187,7 +193,7 @@ class Trainer:
         cfg = self.cfg
         self.source.start()
         pending: _Pending | None = None
-        bar = _progress(cfg, self.start_step)
+        bar = self._bar = _progress(cfg, self.start_step)
         step = self.start_step
         try:
             while step < cfg.train.max_steps and not self.stop:
@@ -198,6 +204,7 @@ class Trainer:
                 self.ledger.write(step, batch.settled)  # before step's checkpoint can be
                 current = self._dispatch(step, batch)
                 self.dispatched = step
+                self.empty_steps.record(step, batch.arrays is not None, batch.empty_reason)
                 if pending is not None:
                     self._write(pending)
                 pending = current
@@ -208,10 +215,6 @@ class Trainer:
                     self.timeline.mark("step")
                 if bar is not None:
                     bar.update(1)
-                    reward = batch.metrics.get("reward/mean", math.nan)
-                    if math.isfinite(reward):
-                        self._last_reward = reward
-                    bar.set_postfix(reward=f"{self._last_reward:.3f}")
         finally:
             if pending is not None:
                 self._write(pending)
@@ -237,7 +240,7 @@ class Trainer:
             raise
         self.version += n
         pending = _Pending(
-            step, dict(batch.metrics), device, batch.texts, t0, batch.tokens, self.version
+            step, dict(batch.metrics), device, batch.samples, t0, batch.tokens, self.version
         )
         watched = (self.state.params, device) if n else device
         if n and self.source.on_policy:  # watched first: the train span ends with the update
@@ -309,8 +312,10 @@ class Trainer:
         if "tis/mean" not in row and "tis_weight/mean" in row:
             row["tis/mean"] = row["tis_weight/mean"]
         self.metrics.write(p.step, row)
-        for i, text in enumerate(p.texts[: self.cfg.log.sample_completions]):
-            self.metrics.text(p.step, f"samples/{i}", text)
+        for i, sample in enumerate(p.samples[: self.cfg.log.sample_completions]):
+            self.metrics.sample(p.step, i, sample)
+        if self._bar is not None:
+            self._bar.set_postfix(_postfix(row), refresh=False)
 
     def _maybe_eval_and_checkpoint(self, step: int, pending: _Pending) -> None:
         cfg = self.cfg
@@ -379,6 +384,8 @@ class Trainer:
             self._checkpoint(step)
         self.checkpointer.wait()
         self.ledger.write(step, self.source.pending())  # dropped again on resume
+        if self.stop.signal is not None:
+            log.warning("stopped at step %d, checkpoint written; rerun to resume", step)
         cfg = self.cfg
         if cfg.log.plots and self.metrics.enabled:
             plot_curves(read_jsonl(self.metrics.path), self.out / "curves.png")
@@ -448,6 +455,16 @@ def _device_turns(cfg: Config) -> dispatch.DeviceTurns | None:
     (multi-process runs step the rollout on the loop's thread already)."""
     shared = cfg.mesh.actor_devices == 0 and cfg.rollout.mode == "async"
     return dispatch.DeviceTurns() if shared and jax.process_count() == 1 else None
+
+
+def _postfix(row: dict[str, Any]) -> dict[str, str]:
+    """The progress bar's figure of a written step: its mean reward, else (SFT, DPO) its loss;
+    nothing when the step has neither (a step that trained nothing and sampled nothing)."""
+    for key, name in (("reward/mean", "reward"), ("loss", "loss")):
+        value = row.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            return {name: f"{value:.3f}"}
+    return {}
 
 
 def _progress(cfg: Config, start: int):

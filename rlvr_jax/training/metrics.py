@@ -113,14 +113,17 @@ class MetricsWriter:
                 if k != "step" and isinstance(v, int | float) and not isinstance(v, bool):
                     self._tb.add_scalar(k, v, step)
 
-    def text(self, step: int, tag: str, text: str) -> None:
-        """Sample completions as text (TensorBoard and a samples.jsonl)."""
+    def sample(self, step: int, index: int, record: Mapping[str, Any]) -> None:
+        """One sample record (`training.step_log.sample_records`) as a line of samples.jsonl
+        (`{"step", "index", **record}`) and as TensorBoard text (`samples/<index>`)."""
         if not self.enabled:
             return
+        line = {"step": int(step), "index": index, **record}
         with open(self.dir / "samples.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, "tag": tag, "text": text}) + "\n")
+            f.write(json.dumps(line, default=str) + "\n")
         if self._tb is not None:
-            self._tb.add_text(tag, text, step)
+            text = "\n\n".join(f"**{k}**: {v}" for k, v in record.items())
+            self._tb.add_text(f"samples/{index}", text, step)
 
     def close(self) -> None:
         if self._f is not None:

@@ -34,6 +34,12 @@ Estimates (documented, deliberately simple):
   The KV budget is reported with the concurrency it buys: sequences that fit at the
   maximum length (never preempted) and at a mean length of prompt + 0.45 × max new tokens
   (OLMo 3's mean/max response length, ALGORITHMS.md), at most `rollout.max_slots`.
+- actor with `rollout.backend: vllm` (`vllm_kv_plan`): as vLLM sizes itself at start-up —
+  it takes `VLLM_GPU_MEMORY_UTILIZATION` of each GPU, holds the weights in bf16 split over
+  the actor's tensor axis, profiles a forward of `VLLM_PROFILE_TOKENS` tokens (estimated here:
+  the MLP's 2·F/tp and 4·D values per token in bf16, and the sampled rows' fp32 logits), and
+  gives the rest to the KV cache (bf16, blocks of `VLLM_BLOCK_SIZE`); without
+  `mesh.device_memory_gib` that rest is unknown and left out.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import jax
 import numpy as np
 
 from rlvr_jax.config.schema import Config, MeshAxes
+from rlvr_jax.rollout.api import backend
 
 GiB = 1024**3
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -242,6 +249,59 @@ def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
         "concurrent_at_max_length": min(r.max_slots, tokens // seq),
         "concurrent_at_mean_length": min(r.max_slots, int(tokens // mean)),
     }
+
+
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+"""The share of each GPU's memory vLLM takes (its default; `VllmRollout` passes none)."""
+VLLM_BLOCK_SIZE = 16
+"""Tokens per vLLM KV block (its default)."""
+VLLM_PROFILE_TOKENS = 8192
+"""Tokens of the forward vLLM profiles at start-up (its offline `max_num_batched_tokens`)."""
+
+
+def vllm_kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> tuple[dict, dict]:
+    """(the KV plan, the actor's bytes per device) of `rollout.backend: vllm`, as vLLM sizes
+    its cache (module docstring)."""
+    r = cfg.rollout
+    tp = sizes["tensor"]
+    engines = sizes["data"] * sizes["fsdp"]
+    seq = cfg.data.max_prompt_len + r.max_new_tokens
+    shapes = jax.tree_util.tree_leaves(jax.eval_shape(lambda: _abstract_arch(arch)))
+    weights = sum(math.prod(x.shape) for x in shapes) * 2 / tp  # bf16, split tp ways
+    rows = min(r.max_slots, VLLM_PROFILE_TOKENS)
+    activations = VLLM_PROFILE_TOKENS * (2 * arch.d_ff / tp + 4 * arch.d_model) * 2
+    activations += rows * arch.vocab_size / tp * 4
+    heads = arch.n_kv_heads // tp if arch.n_kv_heads % tp == 0 else arch.n_kv_heads
+    per_token = 2 * arch.n_layers * max(heads, 1) * arch.head_dim * 2
+    memory = cfg.mesh.device_memory_gib * GiB
+    kv_bytes = max(VLLM_GPU_MEMORY_UTILIZATION * memory - weights - activations, 0.0)
+    per_engine = int(kv_bytes // per_token) // VLLM_BLOCK_SIZE * VLLM_BLOCK_SIZE
+    tokens = per_engine * engines
+    mean = cfg.data.max_prompt_len + MEAN_OVER_MAX * r.max_new_tokens
+    kv = {
+        "layout": "vllm",
+        "page_size": VLLM_BLOCK_SIZE,
+        "pages": tokens // VLLM_BLOCK_SIZE,
+        "tokens": tokens,
+        "bytes_per_device": kv_bytes,
+        "bytes_per_token_per_device": per_token,
+        "shards": engines,
+        "max_slots": r.max_slots,
+        "max_length": seq,
+        "mean_length": mean,
+        "concurrent_at_max_length": min(r.max_slots, tokens // seq),
+        "concurrent_at_mean_length": min(r.max_slots, int(tokens // mean)),
+        "gpu_memory_utilization": VLLM_GPU_MEMORY_UTILIZATION,
+        "sized": bool(memory),
+    }
+    actor = {"params": weights, "activations": activations, "kv_cache": kv_bytes}
+    return kv, actor
+
+
+def _abstract_arch(arch: Any) -> Any:
+    from rlvr_jax import models
+
+    return models.abstract_params(arch, np.float32)
 
 
 def _shard_factor(logical: tuple, rules: dict, sizes: dict[str, int]) -> int:
@@ -474,11 +534,15 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
     _, micro_batch = micro_batch_rows(cfg, seq, learner_axes["data"] * learner_axes["fsdp"])
     learner = learner_bytes(cfg, arch, learner_axes)
-    kv = kv_plan(cfg, arch, actor_axes)
-    actor_bytes = {
-        "params": _actor_params_bytes(cfg, arch, actor_axes),
-        "kv_cache": kv["bytes_per_device"],
-    }
+    actor_plan = backend(cfg.rollout.backend).planner()
+    if actor_plan is not None:
+        kv, actor_bytes = actor_plan(cfg, arch, actor_axes)
+    else:
+        kv = kv_plan(cfg, arch, actor_axes)
+        actor_bytes = {
+            "params": _actor_params_bytes(cfg, arch, actor_axes),
+            "kv_cache": kv["bytes_per_device"],
+        }
     lora_info: dict[str, Any] = {}
     if cfg.model.lora.rank:  # the actors hold the base to merge pushed adapters into
         lora_info = lora_plan(cfg, arch, learner_axes, n)
@@ -533,7 +597,23 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"  actor   total        {gib(plan.actor_total)}")
     lines.append(f"  peak per device      {gib(plan.peak_per_device)}")
     kv = plan.kv
-    if kv:
+    if kv and kv["layout"] == "vllm" and not kv["sized"]:
+        lines.append(
+            f"rollout KV cache:  vLLM's, sized at start-up: {kv['gpu_memory_utilization']:g} of "
+            "each GPU's memory less the weights and activations (set mesh.device_memory_gib "
+            "to plan it)"
+        )
+    elif kv and kv["layout"] == "vllm":
+        lines += [
+            f"rollout KV cache:  vLLM's, {kv['tokens']:,} tokens in blocks of "
+            f"{kv['page_size']} ({kv['bytes_per_device'] / GiB:.3f} GiB per actor device: "
+            f"{kv['gpu_memory_utilization']:g} of {plan.device_memory_gib:g} GiB less the "
+            "weights and activations)",
+            f"concurrent seqs:   {kv['concurrent_at_max_length']} at max length "
+            f"{kv['max_length']:,}, {kv['concurrent_at_mean_length']} at mean length "
+            f"{kv['mean_length']:,.0f} (max_slots {kv['max_slots']})",
+        ]
+    elif kv:
         pages = f"{kv['pages']:,} pages of {kv['page_size']}, " if kv["layout"] == "paged" else ""
         lines += [
             f"rollout KV cache:  {kv['layout']}, {pages}{kv['tokens']:,} tokens "

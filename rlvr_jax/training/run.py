@@ -25,7 +25,9 @@ def train(cfg: Config, *, stop: StopFlag | None = None) -> None:
 
 
 def main(cfg: Config) -> int:
-    """Runs `cfg.algorithm`; returns the process exit code."""
+    """Runs `cfg.algorithm`; returns the process exit code: 0 when it ran to
+    `train.max_steps`, 128 + the signal number when SIGTERM (143) or SIGINT (130) stopped it
+    (its checkpoint written: a scheduler sees it was stopped, not finished)."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -33,4 +35,4 @@ def main(cfg: Config) -> int:
     stop = StopFlag()
     stop.install()
     train(cfg, stop=stop)
-    return 0
+    return 0 if stop.signal is None else 128 + stop.signal

@@ -31,8 +31,11 @@ class Batch:
     this step makes no update (e.g. an expert-iteration round that kept nothing)."""
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     """Host metrics of producing it (rewards, filtering, timing)."""
-    texts: list[str] = dataclasses.field(default_factory=list)
-    """Completions to log as text samples."""
+    samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Records for `samples.jsonl` (`training.step_log.sample_records`: prompt, completion,
+    reward, verifier score, ground truth, ...); the loop writes `log.sample_completions`."""
+    empty_reason: str = ""
+    """Why the batch trains nothing (`arrays` None), for the step's warning."""
     tokens: int = 0
     """Tokens generated (rollouts) or trained on (SFT), for throughput."""
     rewards_B: Any = None

@@ -1,18 +1,37 @@
-"""vLLM as the actor backend (GPU only, extra `vllm`): the same rollout interface, with the
-learner's weights pushed into the running vLLM engine after each optimizer step.
+"""vLLM as the actor backend (`rollout.backend: vllm`): vLLM's engine driven step by step behind
+the same `RolloutStream` as our engine, with the learner's weights pushed between its steps.
 
-The parameter export is `hf_weights`: the params in HF names and layouts — exactly the
-table `rlvr_jax.models.hf_io.tensor_maps` defines for checkpoints, which is what vLLM's
-`load_weights` reads — testable on CPU. vLLM itself is imported only by `VllmRollout`.
+- Streaming, continuously batched: `VllmScheduler` is a `Scheduler` for the stream. Requests
+  enter vLLM's `LLMEngine` (`add_request`) as slots free up (`rollout.max_slots` samples at
+  once, a group's G samples as G requests sharing the prompt's prefix cache), each stream step
+  runs up to `rollout.decode_chunk` engine steps (`LLMEngine.step`, delta outputs), and a group
+  leaves as soon as its last sample finishes.
+- Pushes between engine steps: the stream swaps weights at a step boundary (`set_params`):
+  `Worker.reload_weights` loads the tensors in HF names in place, in the engine's process
+  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here: a multi-process engine cannot take tensors
+  through `collective_rpc`); every token records the version of the step that sampled it.
+  `rollout.on_push`: `keep` leaves the in-flight requests' KV cache as it is (PipelineRL);
+  `recompute` preempts them (`reset_prefix_cache(reset_running_requests=True)`), and vLLM
+  recomputes their prompt and tokens so far with the new weights before they go on. The prefix
+  cache is salted with the policy version, so a request never reuses KV of older weights that
+  another request left behind.
+- Engine keys: `engine_args` maps every `rollout:` key vLLM honours (capability table:
+  `rlvr_jax.rollout.api.BACKENDS`).
 
-Differences from the JAX engine, by vLLM's design: its sampler's randomness is seeded per
-request (reproducible, but not the same draws as ours), and its "processed" log-probs
-apply top-k/top-p as well as the temperature (identical to ALGORITHMS.md's convention at
-top-p = 1, top-k off, which RLVR uses).
+The parameter export `hf_weights` (params in HF names and layouts, `models.hf_io.tensor_maps`)
+is testable without vLLM; vLLM itself is imported only when an engine is built.
+
+Differences from our engine, by vLLM's design: its sampler's randomness is seeded per request
+(reproducible, but not our draws); its "processed" log-probs apply top-k/top-p as well as the
+temperature (identical to ALGORITHMS.md's convention at top-p = 1, top-k off, as RLVR uses).
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import itertools
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,9 +40,15 @@ import numpy as np
 
 from rlvr_jax.models import ArchConfig, Model
 from rlvr_jax.models.hf_io import get_path, tensor_maps
-from rlvr_jax.rollout.api import Completion
+from rlvr_jax.rollout.api import Completion, GroupRequest
 from rlvr_jax.rollout.device.sampling import SamplingParams
+from rlvr_jax.rollout.generation import request_seed
 from rlvr_jax.rollout.push import PartialPushError, check_complete, check_order, signature
+
+ON_PUSH = ("keep", "recompute")
+VLLM_CPU_BLOCK = 128
+"""Tokens per KV block of vLLM's CPU build (its default there; GPUs use 16)."""
+"""`rollout.on_push` values this backend honours."""
 
 
 def hf_weights(params: Any, config: ArchConfig) -> Iterator[tuple[str, jax.Array]]:
@@ -46,61 +71,235 @@ def _to_torch_cpu(x: jax.Array) -> Any:
     return torch.from_numpy(np.ascontiguousarray(host))
 
 
-def _load_weights_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> int:
-    """Runs inside each vLLM worker (`LLM.collective_rpc`): loads HF-named tensors."""
-    worker.model_runner.model.load_weights(weights=weights)
+def torch_weights(params: Any, config: ArchConfig) -> list[tuple[str, Any]]:
+    """`hf_weights` as CPU torch tensors: what a push hands to vLLM's workers."""
+    return [(name, _to_torch_cpu(x)) for name, x in hf_weights(params, config)]
+
+
+def reload_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> int:
+    """Runs in each vLLM worker (`collective_rpc`): reloads the HF-named tensors in place
+    (vLLM's own route for new weights; `load_weights` fails on the CPU build, whose layers
+    are repacked after loading). Returns the tensors handed over."""
+    worker.reload_weights(weights_iterator=iter(weights))
+    _refresh_tied_head(worker.model_runner.get_model())
     return len(weights)
 
 
+def _refresh_tied_head(model: Any) -> None:
+    """Re-derives a tied LM head's kernel weights from the reloaded embedding. vLLM's CPU build
+    multiplies by a copy of the head's weight packed at load time (`process_weights_after_
+    loading`), and `reload_weights` re-processes only the layers it loaded: a tied head (its
+    weight is the embedding's, skipped by `load_weights`) kept the old copy, so a push changed
+    the input embedding and not the logits (the push probe saw |Δ log p| of 1.2 after a push
+    of new embeddings alone)."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if head is None or embed is None or head.weight is not embed.weight:
+        return
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+
+
 def _import_vllm() -> Any:
+    # in-process engine: our pushes hand torch tensors to the worker's `reload_weights`
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+        raise RuntimeError(
+            "rollout.backend: vllm runs vLLM's engine in this process (weight pushes hand "
+            "tensors to its worker): unset VLLM_ENABLE_V1_MULTIPROCESSING or set it to 0"
+        )
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
         import vllm
     except ImportError as e:
         raise ImportError(
-            "the vLLM backend needs `pip install rlvr_jax[vllm]` on a GPU machine "
-            f"({e}); the JAX engine (rlvr_jax.rollout.make_engine_core) runs everywhere"
+            "rollout.backend: vllm needs vLLM: its CPU build in its own venv "
+            "(bash scripts/setup_env.sh --vllm; docs/vllm.md) or pip install 'rlvr_jax[vllm]' "
+            f"on a GPU machine ({e}); rollout.backend: jetstream (our engine) runs everywhere"
         ) from e
     return vllm
 
 
-class VllmRollout:
-    """A running vLLM engine serving `model` (read from `model.path`).
+def kv_cache_bytes(
+    config: ArchConfig,
+    *,
+    dtype_bytes: int,
+    max_slots: int,
+    max_len: int,
+    page_size: int,
+    kv_pages: int | None = None,
+    kv_cache_gib: float | None = None,
+    tensor_parallel: int = 1,
+    block: int = VLLM_CPU_BLOCK,
+) -> int:
+    """vLLM's KV cache size per device (`kv_cache_memory_bytes`) for our engine's budget keys:
+    `kv_cache_gib` per device as given; else `kv_pages` pages of `page_size` tokens, or (neither)
+    the `max_slots` rows of `max_len` a contiguous cache holds (each row rounded up to whole
+    vLLM blocks of `block` tokens, so that `max_slots` sequences fit), split over the
+    tensor-parallel devices (each holds its share of the KV heads)."""
+    if kv_cache_gib is not None:
+        return int(kv_cache_gib * 2**30)
+    row = -(-max_len // block) * block
+    tokens = max(kv_pages * page_size, row) if kv_pages is not None else max_slots * row
+    per_token = 2 * config.n_layers * config.n_kv_heads * config.head_dim * dtype_bytes
+    return -(-tokens * per_token // tensor_parallel)
 
-    `rlvr_jax.rollout.generate(rollout, prompts, ...)` samples from it; `update_weights`
-    pushes new learner params in (the `rollout.push` contract: in version order, whole).
-    Keyword arguments go to `vllm.LLM`.
+
+def engine_args(
+    model: Model,
+    *,
+    dtype: str,
+    max_slots: int,
+    max_len: int,
+    kv_cache_memory_bytes: int,
+    prefill_chunk: int,
+    seed: int = 0,
+    tensor_parallel: int = 1,
+    **extra: Any,
+) -> dict[str, Any]:
+    """`vllm.EngineArgs` keyword arguments: `max_slots` → `max_num_seqs`, `max_len` →
+    `max_model_len`, the KV budget → `kv_cache_memory_bytes`, `prefill_chunk` → the tokens an
+    engine step schedules (`max_num_batched_tokens`; whole prompts, so at least `max_len`, and
+    one per slot), `dtype`; log-probs
+    after temperature (`processed_logprobs`, ALGORITHMS.md's convention); no tokenizer (token
+    ids in and out; stop strings arrive as stop ids). `extra` overrides (e.g.
+    `enforce_eager`)."""
+    if model.path is None:
+        raise ValueError("rollout.backend: vllm needs a model loaded from a checkpoint directory")
+    args = {
+        "model": str(model.path),
+        "dtype": dtype,
+        "skip_tokenizer_init": True,
+        "max_num_seqs": max_slots,
+        "max_model_len": max_len,
+        "kv_cache_memory_bytes": kv_cache_memory_bytes,
+        # whole prompts per step: vLLM-CPU fails on a seeded request whose prompt is split over
+        # steps ("CPU Generator does not use offset", its partial-prefill bookkeeping)
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(prefill_chunk, max_slots, max_len),
+        "enable_prefix_caching": True,
+        "logprobs_mode": "processed_logprobs",
+        "seed": seed,
+        "tensor_parallel_size": tensor_parallel,
+        "disable_log_stats": True,
+    }
+    return {**args, **extra}
+
+
+def from_config(cfg: Any, model: Model, *, max_len: int, dtype: str, tensor_parallel: int = 1,
+                seed: int = 0, **extra: Any) -> VllmEngine:  # fmt: skip
+    """The engine of a `rollout:` config section (`RolloutConfig`) for `model`."""
+    itemsize = np.dtype(jax.numpy.dtype(dtype)).itemsize
+    kv = kv_cache_bytes(
+        model.config, dtype_bytes=itemsize, max_slots=cfg.max_slots, max_len=max_len,
+        page_size=cfg.page_size, kv_pages=cfg.kv_pages, kv_cache_gib=cfg.kv_cache_gib,
+        tensor_parallel=tensor_parallel,
+    )  # fmt: skip
+    args = engine_args(
+        model, dtype=dtype, max_slots=cfg.max_slots, max_len=max_len, kv_cache_memory_bytes=kv,
+        prefill_chunk=cfg.prefill_chunk, seed=seed, tensor_parallel=tensor_parallel, **extra,
+    )  # fmt: skip
+    return VllmEngine(model, args, chunk=cfg.decode_chunk, on_push=cfg.on_push)
+
+
+@dataclasses.dataclass
+class _Sample:
+    """One sample of a group, as a vLLM request."""
+
+    group: _Group
+    index: int
+    prompt_version: int
+    """The version whose weights computed the prompt's KV (admission; `recompute`: the push)."""
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    finish_reason: str = ""
+
+
+@dataclasses.dataclass
+class _Group:
+    request: GroupRequest
+    next_sample: int = 0
+    done: dict[int, Completion] = dataclasses.field(default_factory=dict)
+
+
+class VllmEngine:
+    """A running vLLM engine (`vllm.v1.engine.llm_engine.LLMEngine`, in this process) serving
+    `model` from its checkpoint directory, with our pushes and per-token policy versions.
+
+    Args:
+      model: the policy (`model.path`: the HF checkpoint vLLM loads; `model.params`' shapes are
+        the push contract).
+      args: `vllm.EngineArgs` keyword arguments (`engine_args`).
+      chunk: engine steps per `VllmScheduler.step` (the stream's boundaries between them).
+      on_push: `keep` or `recompute` (module docstring).
     """
 
-    def __init__(self, model: Model, *, dtype: str = "bfloat16", **llm_kwargs: Any):
-        if model.path is None:
-            raise ValueError("VllmRollout needs a model loaded from a checkpoint directory")
+    def __init__(self, model: Model, args: dict[str, Any], *, chunk: int = 8,
+                 on_push: str = "keep") -> None:  # fmt: skip
+        if on_push not in ON_PUSH:
+            raise ValueError(f"rollout.on_push must be one of {ON_PUSH}, got {on_push!r}")
         vllm = _import_vllm()
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self._vllm = vllm
         self.config = model.config
         self.signature = signature(model.params)
         """The policy's leaf shapes: a push must match them (`push.check_complete`)."""
+        self.args = dict(args)
+        self.max_slots = int(args["max_num_seqs"])
+        self.chunk = chunk
+        self.on_push = on_push
         self.version = 0
-        self._vllm = vllm
-        self.llm = vllm.LLM(
-            model=model.path, dtype=dtype, logprobs_mode="processed_logprobs", **llm_kwargs
-        )
+        self.reload = reload_on_worker
+        """The function each worker runs for a push (a test swaps it to break one)."""
+        self.llm = LLMEngine.from_engine_args(vllm.EngineArgs(**args))
+        self.steps = 0
+        """Engine steps run so far."""
 
-    def update_weights(self, params: Any, version: int) -> None:
-        """Loads `params` (models layout) into every vLLM worker; later requests use them.
-        The prefix cache (KV of the old weights) is dropped. Refuses an out-of-order or
-        partial push (`rollout.push`), and raises `PartialPushError` when a worker loaded
-        fewer tensors than were sent (its weights are then mixed: the run must stop)."""
-        check_order(version, self.version)
-        check_complete(params, self.signature, version=version)
-        weights = [(name, _to_torch_cpu(x)) for name, x in hf_weights(params, self.config)]
-        loaded = self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+    def load(self, weights: list[tuple[str, Any]], version: int, *, initial: bool = False) -> None:
+        """Loads `torch_weights(...)` into every worker, between engine steps: later steps
+        sample with them (`on_push` says what the in-flight requests' KV does). Refuses an
+        out-of-order push (unless `initial`: the weights the engine starts from); raises
+        `PartialPushError` when a worker took fewer tensors than sent (its weights are then
+        mixed: the run must stop)."""
+        if not initial:
+            check_order(version, self.version)
+        loaded = self.llm.collective_rpc(self.reload, args=(weights,))
         short = [f"worker {i}: {n}" for i, n in enumerate(loaded) if n != len(weights)]
         if short:
             raise PartialPushError(
                 f"weight push of policy version {version}: vLLM loaded fewer than the "
                 f"{len(weights)} tensors sent ({', '.join(short)})"
             )
-        self.llm.reset_prefix_cache()
+        self.llm.reset_prefix_cache(reset_running_requests=self.on_push == "recompute")
         self.version = version
+
+    def update_weights(self, params: Any, version: int, *, initial: bool = False) -> None:
+        """`load` of policy params (models layout), once checked whole; `initial`: the params
+        the engine starts from (any version, the current one included)."""
+        check_complete(params, self.signature, version=version)
+        self.load(torch_weights(params, self.config), version, initial=initial)
+
+    def sampling_params(self, request: GroupRequest, sample_index: int) -> Any:
+        """vLLM's `SamplingParams` of one sample: our sampling settings, the request's stop
+        ids, a seed of its own (`request_seed(request.seed, sample_index)`), the sampled
+        token's log-prob, token deltas out."""
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        return self._vllm.SamplingParams(
+            n=1,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else -1,
+            max_tokens=request.max_new_tokens,
+            stop_token_ids=list(request.stop_token_ids),
+            seed=request_seed(request.seed, sample_index),
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
 
     def generate_completions(
         self,
@@ -112,84 +311,78 @@ class VllmRollout:
         stop_token_ids: tuple[int, ...],
         seeds: Sequence[int],
     ) -> list[Completion]:
-        """`generate`'s backend: completions ordered by (prompt_index, sample_index)."""
-        from vllm.inputs import TokensPrompt
-
-        params = [
-            self._vllm.SamplingParams(
-                n=num_samples,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else -1,
-                max_tokens=max_new_tokens,
-                stop_token_ids=list(stop_token_ids),
-                seed=seed,
-                logprobs=0,
-                detokenize=False,
-            )
-            for seed in seeds
-        ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
-        )
-        completions = []
-        for i, out in enumerate(outputs):
-            for j, sample in enumerate(out.outputs):
-                tokens = list(sample.token_ids)
-                logprobs = [step[t].logprob for step, t in zip(sample.logprobs, tokens)]
-                completions.append(
-                    Completion(
-                        prompt_index=i,
-                        sample_index=j,
-                        tokens=tokens,
-                        logprobs=logprobs,
-                        finish_reason="stop" if sample.finish_reason == "stop" else "length",
-                        policy_versions=[self.version] * len(tokens),
-                    )
-                )
-        return completions
+        """`rollout.generate`'s backend: every prompt through a `VllmScheduler` until done;
+        completions ordered by (prompt_index, sample_index)."""
+        scheduler = VllmScheduler(self, version=self.version)
+        for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
+            scheduler.add(
+                GroupRequest(i, i, tuple(int(t) for t in prompt), num_samples, seed,
+                             max_new_tokens, sampling, tuple(stop_token_ids))
+            )  # fmt: skip
+        done = []
+        while not scheduler.idle:
+            done += scheduler.step()
+        return sorted((c for _, g in done for c in g), key=lambda c: c.prompt_index)
 
 
 class VllmScheduler:
-    """`VllmRollout` behind `Scheduler`'s interface, so that a `RolloutStream` drives it
-    (`RolloutStream(None, scheduler=VllmScheduler(engine), ...)`) and the trainer's rollout
-    source runs on either backend (`rollout.backend: vllm`).
+    """`VllmEngine` behind `Scheduler`'s interface, so that a `RolloutStream` drives it
+    (`RolloutStream(None, scheduler=VllmScheduler(engine), ...)`, built by `build_rollout` for
+    `rollout.backend: vllm`): requests in as samples leave, weights swapped between engine
+    steps, every token stamped with the version of the step that sampled it."""
 
-    vLLM batches continuously inside each `generate` call; a step hands it every request waiting
-    at that moment, so a weight update reaches vLLM between two such calls (not mid-call, as our
-    engine's in-flight updates do), and every token of a call records the version it ran with.
-    """
-
-    def __init__(self, engine: Any, *, version: int = 0) -> None:
+    def __init__(self, engine: VllmEngine, *, version: int = 0) -> None:
         self.engine = engine
-        self.engine.version = version
-        self._waiting: list[Any] = []
+        engine.version = version
+        self._waiting: collections.deque[_Group] = collections.deque()
+        self._live: dict[str, _Sample] = {}
+        self._ids = itertools.count()
 
-    def check(self, request: Any) -> None:
+    # ---- queue ----------------------------------------------------------------------------
+
+    def check(self, request: GroupRequest) -> None:
+        """Raises `ValueError` unless vLLM can run `request` (samples, prompt and budget within
+        `max_model_len`; no budget forcing or multi-turn episodes: refused at load too)."""
         if request.num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {request.num_samples}")
         if not request.prompt or request.max_new_tokens < 1:
             raise ValueError("a request needs a non-empty prompt and max_new_tokens >= 1")
+        limit = int(self.engine.args["max_model_len"])
+        if len(request.prompt) + request.max_new_tokens > limit:
+            raise ValueError(
+                f"prompt of {len(request.prompt)} tokens + max_new_tokens="
+                f"{request.max_new_tokens} exceed vLLM's max_model_len={limit}"
+            )
         if request.interrupt is not None or request.turns is not None:
             raise ValueError(
                 "budget forcing (rollout.interrupt) and multi-turn environments (env.name) are "
-                "not supported with rollout.backend: vllm; use rollout.backend: jetstream"
+                "not supported by rollout.backend: vllm; use rollout.backend: jetstream"
             )
 
-    def prepare(self, params: Any) -> Any:
-        """`params` as they are (vLLM takes the HF-named tensors when they are loaded, in
-        `set_params`), once checked whole (`push.PartialPushError`)."""
+    def prepare(self, params: Any) -> list[tuple[str, Any]]:
+        """`params` checked whole (`push.PartialPushError`) and copied to host tensors in HF
+        names (`torch_weights`), off the driver thread."""
         check_complete(params, self.engine.signature)
-        return params
+        return torch_weights(params, self.engine.config)
 
-    def add(self, request: Any, *, checked: bool = False) -> None:
+    def add(self, request: GroupRequest, *, checked: bool = False) -> None:
         if not checked:
             self.check(request)
-        self._waiting.append(request)
+        group = _Group(request)
+        if request.first:  # ahead of the groups not started yet
+            started = [g for g in self._waiting if g.next_sample > 0]
+            rest = [g for g in self._waiting if g.next_sample == 0]
+            self._waiting = collections.deque([*started, group, *rest])
+        else:
+            self._waiting.append(group)
 
-    def set_params(self, params: Any, version: int) -> None:
+    def set_params(self, weights: list[tuple[str, Any]], version: int) -> None:
+        """Loads `prepare`'s weights between two engine steps (`VllmEngine.load`)."""
         check_order(version, self.version)
-        self.engine.update_weights(params, version)
+        self.engine.load(weights, version)
+        if self.engine.on_push == "recompute":  # vLLM recomputes their KV with these weights
+            for sample in self._live.values():
+                sample.prompt_version = version
 
     @property
     def version(self) -> int:
@@ -198,39 +391,122 @@ class VllmScheduler:
 
     @property
     def waiting(self) -> int:
+        """Groups not fully handed to vLLM."""
         return len(self._waiting)
 
-    live = 0
-    """Nothing generates between steps: a step runs its requests to completion."""
+    @property
+    def live(self) -> int:
+        """Samples in vLLM (queued there or generating)."""
+        return len(self._live)
+
     parked = 0
     """No multi-turn episodes (`rollout.turns`) here."""
 
     @property
     def idle(self) -> bool:
-        return not self._waiting
+        return not self._waiting and not self._live
 
-    def step(self, *, admit: bool = True) -> list[tuple[Any, list[Completion]]]:
-        """Every waiting request through vLLM (one call per distinct sampling setting)."""
-        if not admit:
-            return []
-        batch, self._waiting = self._waiting, []
-        finished = []
-        settings = {(r.num_samples, r.max_new_tokens, r.sampling, r.stop_token_ids) for r in batch}
-        for n, max_new, sampling, stop_ids in sorted(settings, key=repr):
-            part = [
-                r
-                for r in batch
-                if (r.num_samples, r.max_new_tokens, r.sampling, r.stop_token_ids)
-                == (n, max_new, sampling, stop_ids)
-            ]
-            completions = self.engine.generate_completions(
-                [r.prompt for r in part],
-                max_new_tokens=max_new,
-                sampling=sampling,
-                num_samples=n,
-                stop_token_ids=stop_ids,
-                seeds=[r.seed for r in part],
+    # ---- driving --------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        """Hands waiting samples to vLLM while fewer than `max_slots` are in it."""
+        from vllm.inputs import TokensPrompt
+
+        while self._waiting and len(self._live) < self.engine.max_slots:
+            group = self._waiting[0]
+            req = group.request
+            rid = f"{next(self._ids)}"
+            prompt = TokensPrompt(
+                prompt_token_ids=list(req.prompt), cache_salt=f"policy-{self.version}"
             )
-            for i, request in enumerate(part):
-                finished.append((request, [c for c in completions if c.prompt_index == i]))
+            self.engine.llm.add_request(
+                rid, prompt, self.engine.sampling_params(req, group.next_sample)
+            )
+            self._live[rid] = _Sample(group, group.next_sample, self.version)
+            group.next_sample += 1
+            if group.next_sample == req.num_samples:
+                self._waiting.popleft()
+
+    def step(self, *, admit: bool = True) -> list[tuple[GroupRequest, list[Completion]]]:
+        """Admits waiting samples (unless `admit` is False), then runs engine steps until
+        `decode_chunk` have run, a sample finished while others wait for its slot, or nothing
+        is in vLLM. Returns the groups that completed, samples in order."""
+        if admit:
+            self._admit()
+        finished: list[tuple[GroupRequest, list[Completion]]] = []
+        for _ in range(self.engine.chunk):
+            if not self._live:
+                break
+            ended = self._collect(self.engine.llm.step())
+            self.engine.steps += 1
+            for sample in ended:
+                finished += self._finish(sample)
+            if ended and admit and self._waiting:
+                break  # refill the freed slots at the next boundary
         return finished
+
+    def _collect(self, outputs: list[Any]) -> list[_Sample]:
+        """Appends each live sample's new tokens (stamped with the current version); returns
+        the samples that finished."""
+        ended = []
+        for out in outputs:
+            sample = self._live.get(out.request_id)
+            if sample is None:
+                continue
+            (c,) = out.outputs
+            new = list(c.token_ids)
+            logprobs = [float(step[t].logprob) for step, t in zip(c.logprobs or [], new)]
+            if len(logprobs) != len(new):
+                raise RuntimeError(
+                    f"vLLM returned {len(new)} tokens but {len(logprobs)} log-probs for a sample"
+                )
+            sample.tokens += new
+            sample.logprobs += logprobs
+            sample.versions += [self.version] * len(new)
+            req = sample.group.request
+            if new and req.on_tokens is not None:
+                req.on_tokens(sample.index, new, logprobs)
+            if out.finished:
+                del self._live[out.request_id]
+                reason = c.finish_reason
+                if reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM ended a sample with finish_reason={reason!r}")
+                sample.finish_reason = reason
+                ended.append(sample)
+        return ended
+
+    def _finish(self, sample: _Sample) -> list[tuple[GroupRequest, list[Completion]]]:
+        group, req = sample.group, sample.group.request
+        group.done[sample.index] = Completion(
+            prompt_index=req.prompt_index,
+            sample_index=sample.index,
+            tokens=sample.tokens,
+            logprobs=sample.logprobs,
+            finish_reason=sample.finish_reason,
+            policy_versions=sample.versions,
+            prompt_version=sample.prompt_version,
+        )
+        if len(group.done) < req.num_samples:
+            return []
+        return [(req, [group.done[i] for i in range(req.num_samples)])]
+
+
+def build_rollout(cfg: Any, model: Model, mesh: Any, *, max_len: int | None, version: int = 0,
+                  interrupt: Any = None, turns: Any = None, **stream: Any) -> Any:  # fmt: skip
+    """`rollout.build_rollout` for `rollout.backend: vllm`: a `RolloutStream` over a
+    `VllmEngine` of `cfg` (the `rollout:` section) serving `model` in `model.compute_dtype`,
+    tensor-parallel over the actor mesh's `tensor` axis. vLLM builds itself from the checkpoint
+    on disk (`model.path`), then `model.params` (a resumed run's, a trained policy's) are
+    pushed into it as policy `version`."""
+    from rlvr_jax.rollout.stream import RolloutStream
+
+    if interrupt is not None:  # refused at load (capabilities); a Config built in Python
+        raise ValueError("rollout.interrupt is not supported by rollout.backend: vllm")
+    tensor = 1 if mesh is None else int(dict(mesh.shape).get("tensor", 1))
+    engine = from_config(
+        cfg, model, max_len=max_len or model.config.max_position_embeddings,
+        dtype=jax.numpy.dtype(model.compute_dtype).name, tensor_parallel=tensor,
+    )  # fmt: skip
+    engine.update_weights(model.params, version, initial=True)  # not the disk's: these
+    scheduler = VllmScheduler(engine, version=version)
+    return RolloutStream(None, scheduler=scheduler, version=version, turns=turns, **stream)

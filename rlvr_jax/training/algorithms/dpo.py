@@ -59,6 +59,7 @@ class PreferenceSource(StaticWeights):
         self.groups, self.full_len = micro_batch_count(cfg), full_length(cfg)
         self.min_len, self.multiple = cfg.train.bucket_min_len, ctx.length_multiple
         self.pad_id = ctx.pad_id
+        self.sample_completions = cfg.log.sample_completions
 
     def next(self, policy_version: int) -> Batch:
         del policy_version
@@ -86,10 +87,15 @@ class PreferenceSource(StaticWeights):
             **refs,
         )
         metrics = {"time/data_s": time.perf_counter() - t0}
-        first = rows[0]
-        prompt = first.messages()[-1]["content"]
-        text = f"{prompt}\n[chosen] {first.chosen}\n[rejected] {first.rejected}"
-        return Batch(arrays, metrics=metrics, texts=[text], tokens=int(arrays.mask_BxT.sum()))
+        samples = [
+            {
+                "prompt": row.messages()[-1]["content"],
+                "chosen": row.chosen,
+                "rejected": row.rejected,
+            }
+            for row in rows[: self.sample_completions]
+        ]
+        return Batch(arrays, metrics=metrics, samples=samples, tokens=int(arrays.mask_BxT.sum()))
 
     def state(self) -> dict:
         return {"dpo": self.pairs.state()}

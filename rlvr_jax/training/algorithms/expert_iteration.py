@@ -26,6 +26,7 @@ from rlvr_jax.training.batch import TokenBatch, collate_sft
 from rlvr_jax.training.groups import BatchAssembler, ScoredGroup
 from rlvr_jax.training.rollouts import GeneratingSource, Rollouts, build_rollouts
 from rlvr_jax.training.sources import Batch
+from rlvr_jax.training.step_log import empty_reason, sample_records
 
 
 def kept_mask(group: ScoredGroup, *, min_score: float) -> np.ndarray:
@@ -82,6 +83,7 @@ class ExpertIterationSource(GeneratingSource):
         self.min_score, self.rows, self.pad_id = cfg.sft.expert_min_score, ctx.rows, ctx.pad_id
         self.full_len, self.row_multiple = ctx.seq_len, ctx.row_multiple
         self.max_tokens = cfg.train.max_tokens_per_micro_batch
+        self.sample_completions = cfg.log.sample_completions
 
     def next(self, policy_version: int) -> Batch | None:
         r = self.rollouts
@@ -107,15 +109,11 @@ class ExpertIterationSource(GeneratingSource):
         metrics["staleness/mean"] = 0.0
         metrics["time/rollout_s"] = time.perf_counter() - t0
         metrics.update(r.ledger_metrics())
-        settled = [
-            ledger.entry(
-                g.request_id,
-                g.row,
-                "trained" if kept_mask(g, min_score=self.min_score).any() else "filtered",
-                g.version,
-            )
+        outcomes = [
+            (g, "trained" if kept_mask(g, min_score=self.min_score).any() else "filtered")
             for g in groups
         ]
+        settled = [ledger.entry(g.request_id, g.row, o, g.version) for g, o in outcomes]
         prompts, responses = expert_examples(groups, min_score=self.min_score)
         arrays: TokenBatch | None = None
         if prompts:
@@ -126,7 +124,13 @@ class ExpertIterationSource(GeneratingSource):
         return Batch(
             arrays,
             metrics=metrics,
-            texts=[g.texts[0] for g in groups if g.texts],
+            samples=sample_records(outcomes, r.tokenizer, self.sample_completions),
+            empty_reason=""
+            if prompts
+            else (
+                f"no completion scored at least sft.expert_min_score={self.min_score}; "
+                + empty_reason(outcomes, metrics, r.tokenizer, max_new_tokens=r.max_new_tokens)
+            ),
             tokens=sum(len(c.tokens) for g in groups for c in g.completions),
             settled=settled,
         )

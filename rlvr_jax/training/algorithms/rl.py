@@ -38,6 +38,7 @@ from rlvr_jax.training.rollouts import (
     merge_service_metrics,
 )
 from rlvr_jax.training.sources import Batch
+from rlvr_jax.training.step_log import empty_reason, sample_records
 
 log = logging.getLogger("rlvr_jax.train")
 
@@ -95,6 +96,7 @@ class RolloutSource(GeneratingSource):
                     row_multiple=ctx.row_multiple,
                 )
         self.on_policy = self.mode == "sync"
+        self.sample_completions = cfg.log.sample_completions
         self._carry: list[Any] = []  # scored groups a full batch left: the next batch's first
         self._stale_seen = [0, 0, 0]  # async: batches, stale and drawn groups (see stale_warning)
 
@@ -142,7 +144,8 @@ class RolloutSource(GeneratingSource):
                 completion_len=self.shared[1](kept) if self.shared else 0,
                 **self.packing,
             )
-        metrics = {**merge_service_metrics(service), **asm.metrics(), **r.kv_metrics()}
+        merged = merge_service_metrics(service)
+        metrics = {**merged, **asm.metrics(), **r.kv_metrics()}
         metrics.update(r.ledger_metrics())
         metrics["staleness/mean"] = (
             float(np.mean([policy_version - g.version for g in kept])) if kept else 0.0
@@ -151,7 +154,10 @@ class RolloutSource(GeneratingSource):
         return Batch(
             arrays,
             metrics=metrics,
-            texts=[g.texts[0] for g in kept if g.texts],
+            samples=sample_records(asm.settled, r.tokenizer, self.sample_completions),
+            empty_reason=""
+            if kept
+            else empty_reason(asm.settled, merged, r.tokenizer, max_new_tokens=r.max_new_tokens),
             tokens=sum(len(c.tokens) for g in kept for c in g.completions),
             rewards_B=rewards_N(kept),
             group_size=r.num_samples,

@@ -1,0 +1,140 @@
+"""`rlvr-bench decode --peer vllm`: our continuous engine and vLLM on the same weights (one HF
+checkpoint per dtype), the same prompts, shape and sampling, in fp32 and bf16, timed in
+interleaved rounds in one process.
+
+The workload is `rlvr-bench decode`'s throughput workload (`batch` prompts of `prompt` random
+tokens, `new` tokens each, T = 1, no stop token; tokens/s counts generated tokens, prefill
+included in the wall). vLLM runs as a user would run it: its `LLMEngine` (in this process,
+`VLLM_ENABLE_V1_MULTIPROCESSING=0`), `max_num_seqs` = `batch`, a KV cache of `batch` full rows,
+every prompt prefilled in one step, its default compilation (torch.compile, after a warm-up
+call), requests added and the engine stepped until done, final outputs only (no per-step
+Python of ours). Our engine: `EngineCore` with `batch` slots, `rollout.generate`.
+
+Reported: `tokens_per_s.continuous.<dtype>`, `peers.vllm.tokens_per_s.<dtype>`,
+`ratios.continuous_over_vllm.<dtype>`, `machine` (CPU model and vector ISA, load before and
+after, threads), `roofline` (`rlvr-bench roofline`'s probe, run after the timings) and
+`load` (1-minute load around each dtype's rounds). Needs vLLM: its CPU build in the vLLM venv
+(`bash scripts/setup_env.sh --vllm`; docs/vllm.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from rlvr_jax.bench import progress
+from rlvr_jax.bench.engine_timing import interleaved_best
+from rlvr_jax.bench.inputs import build_models
+from rlvr_jax.bench.roofline import best_roofline
+
+DTYPES = ("float32", "bfloat16")
+
+
+def vllm_engine(model: Any, cfg: Any) -> Any:
+    """A `VllmEngine` serving `model`'s checkpoint in `cfg.dtype` for the throughput shape."""
+    from rlvr_jax.rollout.backends import vllm as backend
+
+    max_len = cfg.prompt + cfg.new
+    args = backend.engine_args(
+        model,
+        dtype=cfg.dtype,
+        max_slots=cfg.batch,
+        max_len=max_len,
+        kv_cache_memory_bytes=backend.kv_cache_bytes(
+            model.config, dtype_bytes=np.dtype(model.param_dtype).itemsize,
+            max_slots=cfg.batch, max_len=max_len, page_size=16,
+        ),
+        prefill_chunk=cfg.batch * cfg.prompt,
+        seed=cfg.seed,
+    )  # fmt: skip
+    return backend.VllmEngine(model, args)
+
+
+def vllm_generate(engine: Any, prompts: list[list[int]], new: int, seed: int) -> int:
+    """Every prompt through vLLM's engine, T = 1, `new` tokens each (no stop); returns the
+    tokens generated."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    llm, generated = engine.llm, 0
+    for i, p in enumerate(prompts):
+        params = SamplingParams(
+            temperature=1.0, top_p=1.0, top_k=-1, max_tokens=new, min_tokens=new,
+            ignore_eos=True, seed=seed + i, detokenize=False,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )  # fmt: skip
+        llm.add_request(f"bench-{i}", TokensPrompt(prompt_token_ids=p), params)
+    while llm.has_unfinished_requests():
+        for out in llm.step():
+            if out.finished:
+                generated += len(out.outputs[0].token_ids)
+    if generated != len(prompts) * new:
+        raise RuntimeError(f"vLLM generated {generated} tokens, not {len(prompts) * new}")
+    return generated
+
+
+def run(cfg: Any) -> dict[str, Any]:
+    """Both engines on each of `cfg.peer_dtypes` (`decode.BenchConfig`); the JSON-able result
+    (module docstring)."""
+    from rlvr_jax.rollout import EngineCore, generate
+
+    dtypes = cfg.peer_dtypes
+    if cfg.quick:  # one head of 64 (vLLM's CPU attention refuses the smoke model's head dim 16)
+        cfg = dataclasses.replace(cfg, n_heads=1, n_kv_heads=1)
+    rng = np.random.default_rng(cfg.seed)
+    prompts = rng.integers(0, cfg.vocab, size=(cfg.batch, cfg.prompt)).tolist()
+    n_tokens = cfg.batch * cfg.new
+    tps: dict[str, dict[str, float]] = {"continuous": {}, "vllm": {}}
+    load: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory(prefix="rlvr-bench-vllm-") as tmp:
+        for dtype in dtypes:
+            c = dataclasses.replace(cfg, dtype=dtype)
+            progress.line(f"{dtype}: building the model (one HF checkpoint) and both engines")
+            _, model = build_models(c, os.path.join(tmp, dtype))  # vLLM reads the checkpoint
+            core = EngineCore(model, max_slots=c.batch, max_len=c.prompt + c.new, chunk=c.chunk)
+            engine = vllm_engine(model, c)
+            fns = {
+                "continuous": functools.partial(
+                    generate, core, prompts, max_new_tokens=c.new, temperature=1.0, seed=c.seed
+                ),
+                "vllm": functools.partial(vllm_generate, engine, prompts, c.new, c.seed),
+            }
+            progress.line(f"{dtype}: compiling and warming up both engines")
+            for fn in fns.values():
+                fn()
+            before = os.getloadavg()[0]
+            walls, outs = interleaved_best(fns, c.repeats)
+            load[dtype] = [before, os.getloadavg()[0]]
+            if sum(len(x.tokens) for x in outs["continuous"]) != n_tokens:
+                raise RuntimeError("continuous: wrong number of generated tokens")
+            for name, wall in walls.items():
+                tps[name][dtype] = n_tokens / wall
+            del engine
+    progress.line("roofline probe (matmul peak, memory bandwidth)")
+    roof = best_roofline(cfg.quick)
+    import torch
+    import vllm
+
+    return {
+        "tokens_per_s": {"continuous": tps["continuous"]},
+        "peers": {
+            "vllm": {
+                "tokens_per_s": tps["vllm"],
+                "version": vllm.__version__,
+                "torch_threads": torch.get_num_threads(),
+            }
+        },
+        "ratios": {
+            "continuous_over_vllm": {d: tps["continuous"][d] / tps["vllm"][d] for d in dtypes}
+        },
+        "load": {"by_dtype": load, "threshold": 0.75 * (os.cpu_count() or 1)},
+        "roofline": roof,
+        "machine": {"omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
+        "config": {**dataclasses.asdict(cfg), "dtypes": list(dtypes)},
+    }
