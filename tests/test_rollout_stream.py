@@ -136,7 +136,7 @@ def test_driver_failure_is_surfaced_to_every_caller(core):
 
     stream.scheduler.step = boom
     stream.start()
-    future = stream.submit_future("f", [3, 4], num_samples=1, seed=0)
+    future = stream.submit("f", [3, 4], num_samples=1, seed=0, future=True)
     with pytest.raises(RolloutError, match="boom in decode") as info:
         stream.get(timeout=60)
     assert isinstance(info.value.__cause__, RuntimeError)

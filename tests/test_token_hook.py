@@ -1,5 +1,5 @@
 """The scheduler's streaming hook: `GroupRequest.on_tokens(sample_index, tokens, logprobs)`,
-reached through `RolloutStream.submit_future(..., on_tokens=...)`."""
+reached through `RolloutStream.submit(..., on_tokens=..., future=True)`."""
 
 from __future__ import annotations
 
@@ -27,8 +27,14 @@ def test_hook_sees_every_token_per_chunk_before_the_group_completes(core):
         calls.append((sample, list(tokens), list(logprobs), resolved.is_set()))
 
     with RolloutStream(core, max_new_tokens=13).start() as stream:
-        future = stream.submit_future(
-            "r", [5, 6, 9], 3, seed=11, sampling=SamplingParams(1.0), on_tokens=on_tokens
+        future = stream.submit(
+            "r",
+            [5, 6, 9],
+            3,
+            seed=11,
+            sampling=SamplingParams(1.0),
+            on_tokens=on_tokens,
+            future=True,
         )
         future.add_done_callback(lambda _: resolved.set())
         group = future.result(timeout=120)

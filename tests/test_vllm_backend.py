@@ -132,4 +132,4 @@ def test_no_backend_branch_outside_the_table_and_the_backend_module():
     ]
     assert found == []
     assert set(api.BACKENDS) == {"jetstream", "vllm"}
-    assert api.backend("vllm").builder().__name__ == "build_rollout"
+    assert api.resolve(api.backend("vllm").build).__name__ == "build_scheduler"

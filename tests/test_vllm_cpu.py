@@ -62,14 +62,14 @@ def test_streams_groups_as_they_finish_with_our_greedy_tokens_and_logprobs(polic
 
     prompts = {0: [5, 6, 7, 8], 1: [9, 10, 11], 2: [12, 13]}
     futures = {
-        rid: stream.submit_future(
-            rid, p, 1, seed=0, on_tokens=hook(rid), max_new_tokens=4 + 4 * rid
+        rid: stream.submit(
+            rid, p, 1, seed=0, on_tokens=hook(rid), max_new_tokens=4 + 4 * rid, future=True
         )
         for rid, p in prompts.items()
     }
     from rlvr_jax.rollout.device.sampling import SamplingParams
 
-    greedy = {rid: stream.submit_future(("g", rid), p, 1, seed=0, sampling=SamplingParams(0.0))
+    greedy = {rid: stream.submit(("g", rid), p, 1, seed=0, sampling=SamplingParams(0.0), future=True)
               for rid, p in prompts.items()}  # fmt: skip
     groups = {rid: f.result(timeout=600) for rid, f in futures.items()}
     stream.stop()
@@ -107,7 +107,7 @@ def test_a_push_lands_mid_generation_and_every_token_records_its_version(policy,
             pushed.wait(600)
 
     prompt = [5, 6, 7, 8]
-    future = stream.submit_future("long", prompt, 1, seed=1, on_tokens=hold)
+    future = stream.submit("long", prompt, 1, seed=1, on_tokens=hold, future=True)
     assert started.wait(600)
     rng = np.random.default_rng(0)
     new = jax.tree.map(lambda x: x + 0.05 * rng.standard_normal(x.shape).astype(x.dtype),

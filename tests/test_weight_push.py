@@ -199,7 +199,7 @@ def test_the_probe_request_is_admitted_before_the_waiting_ones(ctx):
     for key in ("b", "c"):
         one.submit(key, [5, 6, 7], num_samples=1, seed=0)
     assert one.step() == []  # "a" is generating, "b" and "c" wait
-    probe = one.submit_future("probe", [5, 6], num_samples=1, seed=0, version=0, first=True)
+    probe = one.submit("probe", [5, 6], num_samples=1, seed=0, version=0, first=True, future=True)
     done = []
     while len(done) < 4:
         done += [g.request_id for g in one.step()]

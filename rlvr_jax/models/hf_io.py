@@ -331,6 +331,15 @@ def _hf_tensors(config: ArchConfig, maps: list[TensorMap]) -> Iterator[tuple]:
             yield name, m, i if m.stacked else None
 
 
+def hf_weights(params: Any, config: ArchConfig) -> Iterator[tuple[str, Any]]:
+    """(HF tensor name, tensor in HF layout) of every tensor of the checkpoint format, in file
+    order; arrays stay where `params` live (layouts change on device, one tensor at a time: a
+    weight push to vLLM, `rollout.backends.vllm`)."""
+    for name, m, layer in _hf_tensors(config, tensor_maps(config)):
+        leaf = get_path(params, m.path)
+        yield name, m.to_hf(leaf if layer is None else leaf[layer])
+
+
 def save_params(
     params: Any, config: ArchConfig, path: str | Path, *, max_shard_bytes: int = 5 * 2**30
 ) -> list[str]:

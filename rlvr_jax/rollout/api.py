@@ -17,7 +17,7 @@ import concurrent.futures
 import dataclasses
 import importlib
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.device.state import REPLAY
@@ -29,6 +29,11 @@ class RequestError(ValueError):
 
 class RolloutError(RuntimeError):
     """The stream's driver failed (see `__cause__`) or the stream was stopped."""
+
+
+OnPush = Literal["keep", "recompute"]
+"""`rollout.on_push`: in-flight sequences keep their K/V at a weight push, or recompute it."""
+ON_PUSH: tuple[OnPush, ...] = get_args(OnPush)
 
 
 TokenHook = Callable[[int, list[int], list[float]], None]
@@ -153,6 +158,17 @@ class GroupRequest:
     """Multi-turn episodes (`rlvr_jax.rollout.host.turns`): `max_new_tokens` is then each
     episode's whole budget (generated and appended tokens); None = one turn."""
 
+    def __post_init__(self) -> None:
+        """What any engine refuses (`RequestError`); each scheduler's `check` adds its own."""
+        if self.num_samples < 1:
+            raise RequestError(f"num_samples must be >= 1, got {self.num_samples}")
+        if not self.prompt:
+            raise RequestError("empty prompt: a request needs at least one prompt token")
+        if self.max_new_tokens < 1:
+            raise RequestError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.turns is not None and self.interrupt is not None:
+            raise RequestError("a multi-turn request cannot use budget forcing (interrupt)")
+
     def slot_request(self, sample_index: int) -> SlotRequest:
         """What the slot running sample `sample_index` generates for."""
         return SlotRequest(
@@ -197,6 +213,10 @@ class Completion:
     def policy_version(self) -> int:
         """The completion's version: the oldest among its tokens (ALGORITHMS.md)."""
         return min(self.policy_versions)
+
+
+Finished = list[tuple[GroupRequest, list[Completion]]]
+"""Completed groups of a scheduler step: each request with its completions, in sample order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,20 +302,15 @@ class Backend:
     install: str = ""
     """How to install `package`."""
     build: str | None = None
-    """"module:function" building its `RolloutStream` (`rollout.builder.build_rollout`'s
-    arguments); None = our engine, built by `build_rollout` itself."""
+    """"module:function" building the scheduler `build_rollout`'s stream drives, as
+    `fn(cfg.rollout, model, mesh, *, max_len, version)`; None = our engine's `Scheduler`."""
     plan: str | None = None
     """"module:function" planning its actor memory for `--dry-run` as `fn(cfg, arch, actor_axes)
     -> (kv plan, actor bytes per device)`; None = our engine's plan."""
 
-    def builder(self) -> Callable[..., Any]:
-        return _resolve(self.build)
 
-    def planner(self) -> Callable[..., Any] | None:
-        return _resolve(self.plan) if self.plan else None
-
-
-def _resolve(ref: str) -> Callable[..., Any]:
+def resolve(ref: str) -> Callable[..., Any]:
+    """The function a "module:function" reference names (its module imported now)."""
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -361,7 +376,7 @@ VLLM = Backend(
     package="vllm",
     install="its CPU build in its own venv: bash scripts/setup_env.sh --vllm (docs/vllm.md); "
     "on a GPU machine pip install 'rlvr_jax[vllm]'",
-    build="rlvr_jax.rollout.backends.vllm:build_rollout",
+    build="rlvr_jax.rollout.backends.vllm:build_scheduler",
     plan="rlvr_jax.training.plan:vllm_kv_plan",
 )
 

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from rlvr_jax.rollout.api import CompletedGroup, Interrupt, Rollout, TurnHook, backend
+from rlvr_jax.rollout.api import CompletedGroup, Interrupt, Rollout, TurnHook, backend, resolve
 from rlvr_jax.rollout.device.sampling import SamplingParams
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.generation import request_seed
@@ -111,9 +111,10 @@ def build_rollout(
         interrupt=forcing,
         turns=turns,
     )
-    other = backend(cfg.backend)
-    if other.build is not None:  # another engine than ours (`api.BACKENDS`)
-        return other.builder()(cfg, model, mesh, max_len=max_len, **common)
+    other = backend(cfg.backend).build
+    if other is not None:  # another engine than ours (`api.BACKENDS`)
+        scheduler = resolve(other)(cfg, model, mesh, max_len=max_len, version=version)
+        return RolloutStream(None, scheduler=scheduler, **common)
     engine = build_engine(cfg, model, mesh, tokenizer, max_len=max_len)
     if compile_ahead:
         engine.compile_ahead()

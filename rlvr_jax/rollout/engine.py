@@ -192,8 +192,6 @@ class EngineCore:
         the pool on its own): called when a request is queued, so it fails its caller, never the
         driver."""
         self._check_prompt(np.asarray(prompt, dtype=np.int64).reshape(-1))
-        if max_new_tokens < 1:
-            raise RequestError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if len(prompt) + max_new_tokens > self.spec.max_len:
             raise RequestError(
                 f"prompt of {len(prompt)} tokens + max_new_tokens={max_new_tokens} exceeds "

@@ -83,32 +83,24 @@ def generate(
 ) -> list[Completion]:
     """`num_samples` completions of each prompt, ordered by (prompt_index, sample_index), from a
     `Model` (an engine of `max_slots` slots is built, default min(32, samples rounded up to 8)), an
-    `EngineCore`, `make_engine`'s JetStream engine or a vLLM engine
-    (`backends.vllm.VllmEngine`). Generation stops at any of
-    `stop_token_ids` (the model's EOS ids are not implied) or after `max_new_tokens`; prompt i
-    samples with `request_seed(seed, i)`, whatever `batching` and `max_slots` (the slots used).
-    `interrupt`: budget forcing (`rollout.Interrupt`; our engine only)."""
+    `EngineCore`, `make_engine`'s JetStream engine or vLLM's (`backends.vllm.VllmEngine`: its
+    own slots). Generation stops at any of `stop_token_ids` (the model's EOS ids are not implied)
+    or after `max_new_tokens`; prompt i samples with `request_seed(seed, i)`, whatever `batching`
+    and `max_slots` (the slots used). `interrupt`: budget forcing (`rollout.Interrupt`; our
+    engine only)."""
     if batching not in BATCHING:
         raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     ids = _check_prompts(prompts)
-    if num_samples < 1:
+    if num_samples < 1:  # before sizing an engine by it
         raise RequestError(f"num_samples must be >= 1, got {num_samples}")
-    if hasattr(model_or_engine, "generate_completions"):  # the vLLM backend
-        if interrupt is not None:
-            raise RequestError("budget forcing (interrupt=...) needs our engine, not vLLM")
-        return model_or_engine.generate_completions(
-            [list(p) for p in ids],
-            max_new_tokens=max_new_tokens,
-            sampling=sampling,
-            num_samples=num_samples,
-            stop_token_ids=tuple(stop_token_ids),
-            seeds=[request_seed(seed, i) for i in range(len(ids))],
-        )
-    longest = max((len(p) for p in ids), default=1)
-    slots = max_slots or min(DEFAULT_SLOTS, _round_up(len(ids) * num_samples, 8))
-    core = _as_core(model_or_engine, slots=slots, len_needed=longest + max_new_tokens)
-    scheduler = Scheduler(core, batching=batching, num_slots=max_slots)
+    if hasattr(model_or_engine, "scheduler"):  # vLLM's engine drives its own scheduler
+        scheduler = model_or_engine.scheduler()
+    else:
+        longest = max((len(p) for p in ids), default=1)
+        slots = max_slots or min(DEFAULT_SLOTS, _round_up(len(ids) * num_samples, 8))
+        core = _as_core(model_or_engine, slots=slots, len_needed=longest + max_new_tokens)
+        scheduler = Scheduler(core, batching=batching, num_slots=max_slots)
     for i, prompt in enumerate(ids):
         scheduler.add(
             GroupRequest(

@@ -170,9 +170,6 @@ class RolloutStream:
             self._cond.notify_all()
         return done
 
-    def submit_future(self, *args: Any, **options: Any) -> concurrent.futures.Future:
-        return self.submit(*args, future=True, **options)  # `submit`'s former name for it
-
     def update_weights(self, params: Any, version: int) -> dict[str, float]:
         """New policy params (models layout, any mesh; LoRA: the adapters alone once the engine has
         the base), thread-safe: re-laid on the actor devices now, swapped in at the next chunk

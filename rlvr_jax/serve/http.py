@@ -244,7 +244,7 @@ class OpenAIServer:
         for i, prompt in enumerate(request.prompts):
             hook = None if queue is None else _TokenHook(loop, queue, i)
             try:
-                future = self.stream.submit_future(
+                future = self.stream.submit(
                     uuid.uuid4().hex,
                     prompt,
                     request.n,
@@ -254,6 +254,7 @@ class OpenAIServer:
                     sampling=request.sampling,
                     stop_token_ids=request.stop_token_ids,
                     on_tokens=hook,
+                    future=True,
                 )
             except RequestError as e:  # in the API's words: the engine's budget is max_tokens
                 message = str(e).replace("max_new_tokens", "max_tokens")

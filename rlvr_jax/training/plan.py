@@ -55,7 +55,7 @@ import jax
 import numpy as np
 
 from rlvr_jax.config.schema import Config, MeshAxes
-from rlvr_jax.rollout.api import backend
+from rlvr_jax.rollout.api import backend, resolve
 
 GiB = 1024**3
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -534,9 +534,9 @@ def make_plan(cfg: Config, n_devices: int | None = None) -> Plan:
     seq = cfg.data.max_prompt_len + cfg.rollout.max_new_tokens
     _, micro_batch = micro_batch_rows(cfg, seq, learner_axes["data"] * learner_axes["fsdp"])
     learner = learner_bytes(cfg, arch, learner_axes)
-    actor_plan = backend(cfg.rollout.backend).planner()
+    actor_plan = backend(cfg.rollout.backend).plan
     if actor_plan is not None:
-        kv, actor_bytes = actor_plan(cfg, arch, actor_axes)
+        kv, actor_bytes = resolve(actor_plan)(cfg, arch, actor_axes)
     else:
         kv = kv_plan(cfg, arch, actor_axes)
         actor_bytes = {

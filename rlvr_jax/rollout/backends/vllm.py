@@ -1,65 +1,51 @@
-"""vLLM as the actor backend (`rollout.backend: vllm`): vLLM's engine driven step by step behind
-the same `RolloutStream` as our engine, with the learner's weights pushed between its steps.
+"""vLLM as the actor backend (`rollout.backend: vllm`): vLLM's `LLMEngine`, in this process,
+driven step by step behind the same `RolloutStream` as our engine, with the learner's weights
+pushed between its steps.
 
-- Streaming, continuously batched: `VllmScheduler` is a `Scheduler` for the stream. Requests
-  enter vLLM's `LLMEngine` (`add_request`) as slots free up (`rollout.max_slots` samples at
-  once, a group's G samples as G requests sharing the prompt's prefix cache), each stream step
-  runs up to `rollout.decode_chunk` engine steps (`LLMEngine.step`, delta outputs), and a group
-  leaves as soon as its last sample finishes.
-- Pushes between engine steps: the stream swaps weights at a step boundary (`set_params`):
-  `Worker.reload_weights` loads the tensors in HF names in place, in the engine's process
-  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here: a multi-process engine cannot take tensors
-  through `collective_rpc`); every token records the version of the step that sampled it.
-  `rollout.on_push`: `keep` leaves the in-flight requests' KV cache as it is (PipelineRL);
-  `recompute` preempts them (`reset_prefix_cache(reset_running_requests=True)`), and vLLM
-  recomputes their prompt and tokens so far with the new weights before they go on. The prefix
-  cache is salted with the policy version, so a request never reuses KV of older weights that
-  another request left behind.
-- Engine keys: `engine_args` maps every `rollout:` key vLLM honours (capability table:
-  `rlvr_jax.rollout.api.BACKENDS`).
+- Streaming, continuously batched (`VllmScheduler`, the stream's scheduler): samples enter vLLM
+  (`add_request`) as slots free up (`rollout.max_slots` at once; a group's G samples share the
+  prompt's prefix cache), each stream step runs up to `rollout.decode_chunk` engine steps
+  (delta outputs), and a group leaves as soon as its last sample finishes.
+- Pushes between engine steps: `Worker.reload_weights` loads the tensors in HF names in place,
+  in the engine's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here: a multi-process engine
+  cannot take tensors through `collective_rpc`); every token records the version of the step
+  that sampled it. `rollout.on_push`: `keep` leaves the in-flight requests' KV cache as it is
+  (PipelineRL); `recompute` preempts them (`reset_prefix_cache(reset_running_requests=True)`)
+  and vLLM recomputes prompt and tokens so far with the new weights. The prefix cache is salted
+  with the policy version: no request reuses KV of older weights another one left behind.
+- Engine keys: `engine_args` maps every `rollout:` key vLLM honours (`rlvr_jax.rollout.api`'s
+  capability table).
 
-The parameter export `hf_weights` (params in HF names and layouts, `models.hf_io.tensor_maps`)
-is testable without vLLM; vLLM itself is imported only when an engine is built.
-
-Differences from our engine, by vLLM's design: its sampler's randomness is seeded per request
-(reproducible, but not our draws); its "processed" log-probs apply top-k/top-p as well as the
-temperature (identical to ALGORITHMS.md's convention at top-p = 1, top-k off, as RLVR uses).
+vLLM is imported only when an engine is built. Differences from our engine, by vLLM's design:
+its sampler's randomness is seeded per request (reproducible, but not our draws); its
+"processed" log-probs apply top-k/top-p as well as the temperature (identical to ALGORITHMS.md's
+convention at top-p = 1, top-k off, as RLVR uses).
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import itertools
 import os
-from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from rlvr_jax.models import ArchConfig, Model
-from rlvr_jax.models.hf_io import get_path, tensor_maps
-from rlvr_jax.rollout.api import Completion, GroupRequest
-from rlvr_jax.rollout.device.sampling import SamplingParams
+from rlvr_jax.models.hf_io import hf_weights
+from rlvr_jax.rollout.api import ON_PUSH, Finished, GroupRequest, RequestError
 from rlvr_jax.rollout.generation import request_seed
+from rlvr_jax.rollout.host.sequences import Group, Seq, enqueue
 from rlvr_jax.rollout.push import PartialPushError, check_complete, check_order, signature
 
-ON_PUSH = ("keep", "recompute")
+if TYPE_CHECKING:
+    from jax.sharding import Mesh
+
+    from rlvr_jax.config.schema import RolloutConfig
+
 VLLM_CPU_BLOCK = 128
 """Tokens per KV block of vLLM's CPU build (its default there; GPUs use 16)."""
-"""`rollout.on_push` values this backend honours."""
-
-
-def hf_weights(params: Any, config: ArchConfig) -> Iterator[tuple[str, jax.Array]]:
-    """(HF tensor name, tensor in HF layout) for every tensor of the checkpoint format.
-
-    Arrays stay where `params` live (layouts are changed on device, one tensor at a time).
-    """
-    for m in tensor_maps(config):
-        leaf = get_path(params, m.path)
-        for i, name in enumerate(m.names(config.n_layers)):
-            yield name, m.to_hf(leaf[i] if m.stacked else leaf)
 
 
 def _to_torch_cpu(x: jax.Array) -> Any:
@@ -186,43 +172,6 @@ def engine_args(
     return {**args, **extra}
 
 
-def from_config(cfg: Any, model: Model, *, max_len: int, dtype: str, tensor_parallel: int = 1,
-                seed: int = 0, **extra: Any) -> VllmEngine:  # fmt: skip
-    """The engine of a `rollout:` config section (`RolloutConfig`) for `model`."""
-    itemsize = np.dtype(jax.numpy.dtype(dtype)).itemsize
-    kv = kv_cache_bytes(
-        model.config, dtype_bytes=itemsize, max_slots=cfg.max_slots, max_len=max_len,
-        page_size=cfg.page_size, kv_pages=cfg.kv_pages, kv_cache_gib=cfg.kv_cache_gib,
-        tensor_parallel=tensor_parallel,
-    )  # fmt: skip
-    args = engine_args(
-        model, dtype=dtype, max_slots=cfg.max_slots, max_len=max_len, kv_cache_memory_bytes=kv,
-        prefill_chunk=cfg.prefill_chunk, seed=seed, tensor_parallel=tensor_parallel, **extra,
-    )  # fmt: skip
-    return VllmEngine(model, args, chunk=cfg.decode_chunk, on_push=cfg.on_push)
-
-
-@dataclasses.dataclass
-class _Sample:
-    """One sample of a group, as a vLLM request."""
-
-    group: _Group
-    index: int
-    prompt_version: int
-    """The version whose weights computed the prompt's KV (admission; `recompute`: the push)."""
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-    finish_reason: str = ""
-
-
-@dataclasses.dataclass
-class _Group:
-    request: GroupRequest
-    next_sample: int = 0
-    done: dict[int, Completion] = dataclasses.field(default_factory=dict)
-
-
 class VllmEngine:
     """A running vLLM engine (`vllm.v1.engine.llm_engine.LLMEngine`, in this process) serving
     `model` from its checkpoint directory, with our pushes and per-token policy versions.
@@ -251,8 +200,6 @@ class VllmEngine:
         self.chunk = chunk
         self.on_push = on_push
         self.version = 0
-        self.reload = reload_on_worker
-        """The function each worker runs for a push (a test swaps it to break one)."""
         self.llm = LLMEngine.from_engine_args(vllm.EngineArgs(**args))
         self.steps = 0
         """Engine steps run so far."""
@@ -265,7 +212,7 @@ class VllmEngine:
         mixed: the run must stop)."""
         if not initial:
             check_order(version, self.version)
-        loaded = self.llm.collective_rpc(self.reload, args=(weights,))
+        loaded = self.llm.collective_rpc(reload_on_worker, args=(weights,))
         short = [f"worker {i}: {n}" for i, n in enumerate(loaded) if n != len(weights)]
         if short:
             raise PartialPushError(
@@ -275,11 +222,16 @@ class VllmEngine:
         self.llm.reset_prefix_cache(reset_running_requests=self.on_push == "recompute")
         self.version = version
 
-    def update_weights(self, params: Any, version: int, *, initial: bool = False) -> None:
-        """`load` of policy params (models layout), once checked whole; `initial`: the params
-        the engine starts from (any version, the current one included)."""
+    def prepare(self, params: Any, version: int | None = None) -> list[tuple[str, Any]]:
+        """Policy params (models layout) checked whole (`push.PartialPushError`) and copied to
+        host tensors in HF names (`torch_weights`): what `load` takes."""
         check_complete(params, self.signature, version=version)
-        self.load(torch_weights(params, self.config), version, initial=initial)
+        return torch_weights(params, self.config)
+
+    def update_weights(self, params: Any, version: int, *, initial: bool = False) -> None:
+        """`load(prepare(params))`; `initial`: the params the engine starts from (any version,
+        the current one included)."""
+        self.load(self.prepare(params, version), version, initial=initial)
 
     def sampling_params(self, request: GroupRequest, sample_index: int) -> Any:
         """vLLM's `SamplingParams` of one sample: our sampling settings, the request's stop
@@ -301,88 +253,61 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    def generate_completions(
-        self,
-        prompts: Sequence[Sequence[int]],
-        *,
-        max_new_tokens: int,
-        sampling: SamplingParams,
-        num_samples: int,
-        stop_token_ids: tuple[int, ...],
-        seeds: Sequence[int],
-    ) -> list[Completion]:
-        """`rollout.generate`'s backend: every prompt through a `VllmScheduler` until done;
-        completions ordered by (prompt_index, sample_index)."""
-        scheduler = VllmScheduler(self, version=self.version)
-        for i, (prompt, seed) in enumerate(zip(prompts, seeds)):
-            scheduler.add(
-                GroupRequest(i, i, tuple(int(t) for t in prompt), num_samples, seed,
-                             max_new_tokens, sampling, tuple(stop_token_ids))
-            )  # fmt: skip
-        done = []
-        while not scheduler.idle:
-            done += scheduler.step()
-        return sorted((c for _, g in done for c in g), key=lambda c: c.prompt_index)
+    def scheduler(self) -> VllmScheduler:
+        """A `VllmScheduler` of this engine at its version (what `rollout.generate` drives)."""
+        return VllmScheduler(self, version=self.version)
 
 
 class VllmScheduler:
     """`VllmEngine` behind `Scheduler`'s interface, so that a `RolloutStream` drives it
-    (`RolloutStream(None, scheduler=VllmScheduler(engine), ...)`, built by `build_rollout` for
+    (`RolloutStream(None, scheduler=VllmScheduler(engine), ...)`, as `build_rollout` builds for
     `rollout.backend: vllm`): requests in as samples leave, weights swapped between engine
-    steps, every token stamped with the version of the step that sampled it."""
+    steps, every token stamped with the version of the step that sampled it. Groups and samples
+    are our scheduler's (`host.sequences.Group`, `Seq`)."""
+
+    parked = 0
+    """No multi-turn episodes (`rollout.turns`) here."""
 
     def __init__(self, engine: VllmEngine, *, version: int = 0) -> None:
         self.engine = engine
         engine.version = version
-        self._waiting: collections.deque[_Group] = collections.deque()
-        self._live: dict[str, _Sample] = {}
+        self._waiting: collections.deque[Group] = collections.deque()
+        self._live: dict[str, Seq] = {}
         self._ids = itertools.count()
 
     # ---- queue ----------------------------------------------------------------------------
 
     def check(self, request: GroupRequest) -> None:
-        """Raises `ValueError` unless vLLM can run `request` (samples, prompt and budget within
-        `max_model_len`; no budget forcing or multi-turn episodes: refused at load too)."""
-        if request.num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, got {request.num_samples}")
-        if not request.prompt or request.max_new_tokens < 1:
-            raise ValueError("a request needs a non-empty prompt and max_new_tokens >= 1")
+        """Raises `RequestError` unless vLLM can run `request`: prompt and budget within
+        `max_model_len`; no budget forcing or multi-turn episodes (refused at load too)."""
         limit = int(self.engine.args["max_model_len"])
         if len(request.prompt) + request.max_new_tokens > limit:
-            raise ValueError(
+            raise RequestError(
                 f"prompt of {len(request.prompt)} tokens + max_new_tokens="
                 f"{request.max_new_tokens} exceed vLLM's max_model_len={limit}"
             )
         if request.interrupt is not None or request.turns is not None:
-            raise ValueError(
+            raise RequestError(
                 "budget forcing (rollout.interrupt) and multi-turn environments (env.name) are "
                 "not supported by rollout.backend: vllm; use rollout.backend: jetstream"
             )
 
     def prepare(self, params: Any) -> list[tuple[str, Any]]:
-        """`params` checked whole (`push.PartialPushError`) and copied to host tensors in HF
-        names (`torch_weights`), off the driver thread."""
-        check_complete(params, self.engine.signature)
-        return torch_weights(params, self.engine.config)
+        """`VllmEngine.prepare` (the stream calls it off the driver thread)."""
+        return self.engine.prepare(params)
 
     def add(self, request: GroupRequest, *, checked: bool = False) -> None:
+        """Queues a request (`host.sequences.enqueue`), checked now unless its submitter did."""
         if not checked:
             self.check(request)
-        group = _Group(request)
-        if request.first:  # ahead of the groups not started yet
-            started = [g for g in self._waiting if g.next_sample > 0]
-            rest = [g for g in self._waiting if g.next_sample == 0]
-            self._waiting = collections.deque([*started, group, *rest])
-        else:
-            self._waiting.append(group)
+        enqueue(self._waiting, request)
 
     def set_params(self, weights: list[tuple[str, Any]], version: int) -> None:
         """Loads `prepare`'s weights between two engine steps (`VllmEngine.load`)."""
-        check_order(version, self.version)
         self.engine.load(weights, version)
         if self.engine.on_push == "recompute":  # vLLM recomputes their KV with these weights
-            for sample in self._live.values():
-                sample.prompt_version = version
+            for seq in self._live.values():
+                seq.prompt_version = version
 
     @property
     def version(self) -> int:
@@ -399,9 +324,6 @@ class VllmScheduler:
         """Samples in vLLM (queued there or generating)."""
         return len(self._live)
 
-    parked = 0
-    """No multi-turn episodes (`rollout.turns`) here."""
-
     @property
     def idle(self) -> bool:
         return not self._waiting and not self._live
@@ -414,44 +336,49 @@ class VllmScheduler:
 
         while self._waiting and len(self._live) < self.engine.max_slots:
             group = self._waiting[0]
-            req = group.request
-            rid = f"{next(self._ids)}"
+            req, n = group.request, next(self._ids)
             prompt = TokensPrompt(
                 prompt_token_ids=list(req.prompt), cache_salt=f"policy-{self.version}"
             )
-            self.engine.llm.add_request(
-                rid, prompt, self.engine.sampling_params(req, group.next_sample)
-            )
-            self._live[rid] = _Sample(group, group.next_sample, self.version)
+            sampling = self.engine.sampling_params(req, group.next_sample)
+            self.engine.llm.add_request(str(n), prompt, sampling)
+            self._live[str(n)] = Seq(group, group.next_sample, n, self.version)
             group.next_sample += 1
             if group.next_sample == req.num_samples:
                 self._waiting.popleft()
 
-    def step(self, *, admit: bool = True) -> list[tuple[GroupRequest, list[Completion]]]:
+    def step(self, *, admit: bool = True) -> Finished:
         """Admits waiting samples (unless `admit` is False), then runs engine steps until
         `decode_chunk` have run, a sample finished while others wait for its slot, or nothing
         is in vLLM. Returns the groups that completed, samples in order."""
         if admit:
             self._admit()
-        finished: list[tuple[GroupRequest, list[Completion]]] = []
+        finished: Finished = []
         for _ in range(self.engine.chunk):
             if not self._live:
                 break
             ended = self._collect(self.engine.llm.step())
             self.engine.steps += 1
-            for sample in ended:
-                finished += self._finish(sample)
+            for seq, reason in ended:
+                finished += seq.group.finish(seq, reason)
             if ended and admit and self._waiting:
                 break  # refill the freed slots at the next boundary
         return finished
 
-    def _collect(self, outputs: list[Any]) -> list[_Sample]:
+    def run(self) -> Finished:
+        """Steps until idle; returns every completed group in completion order."""
+        results: Finished = []
+        while not self.idle:
+            results += self.step()
+        return results
+
+    def _collect(self, outputs: list[Any]) -> list[tuple[Seq, str]]:
         """Appends each live sample's new tokens (stamped with the current version); returns
-        the samples that finished."""
+        the samples that finished, with their finish reason."""
         ended = []
         for out in outputs:
-            sample = self._live.get(out.request_id)
-            if sample is None:
+            seq = self._live.get(out.request_id)
+            if seq is None:
                 continue
             (c,) = out.outputs
             new = list(c.token_ids)
@@ -460,53 +387,35 @@ class VllmScheduler:
                 raise RuntimeError(
                     f"vLLM returned {len(new)} tokens but {len(logprobs)} log-probs for a sample"
                 )
-            sample.tokens += new
-            sample.logprobs += logprobs
-            sample.versions += [self.version] * len(new)
-            req = sample.group.request
-            if new and req.on_tokens is not None:
-                req.on_tokens(sample.index, new, logprobs)
+            seq.sampled_tokens(new, logprobs, self.version)
             if out.finished:
                 del self._live[out.request_id]
                 reason = c.finish_reason
                 if reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM ended a sample with finish_reason={reason!r}")
-                sample.finish_reason = reason
-                ended.append(sample)
+                ended.append((seq, reason))
         return ended
 
-    def _finish(self, sample: _Sample) -> list[tuple[GroupRequest, list[Completion]]]:
-        group, req = sample.group, sample.group.request
-        group.done[sample.index] = Completion(
-            prompt_index=req.prompt_index,
-            sample_index=sample.index,
-            tokens=sample.tokens,
-            logprobs=sample.logprobs,
-            finish_reason=sample.finish_reason,
-            policy_versions=sample.versions,
-            prompt_version=sample.prompt_version,
-        )
-        if len(group.done) < req.num_samples:
-            return []
-        return [(req, [group.done[i] for i in range(req.num_samples)])]
 
-
-def build_rollout(cfg: Any, model: Model, mesh: Any, *, max_len: int | None, version: int = 0,
-                  interrupt: Any = None, turns: Any = None, **stream: Any) -> Any:  # fmt: skip
-    """`rollout.build_rollout` for `rollout.backend: vllm`: a `RolloutStream` over a
-    `VllmEngine` of `cfg` (the `rollout:` section) serving `model` in `model.compute_dtype`,
-    tensor-parallel over the actor mesh's `tensor` axis. vLLM builds itself from the checkpoint
-    on disk (`model.path`), then `model.params` (a resumed run's, a trained policy's) are
-    pushed into it as policy `version`."""
-    from rlvr_jax.rollout.stream import RolloutStream
-
-    if interrupt is not None:  # refused at load (capabilities); a Config built in Python
-        raise ValueError("rollout.interrupt is not supported by rollout.backend: vllm")
+def build_scheduler(cfg: RolloutConfig, model: Model, mesh: Mesh | None, *, max_len: int | None,
+                    version: int = 0) -> VllmScheduler:  # fmt: skip
+    """`rollout.backend: vllm`'s scheduler for `build_rollout`'s stream: a `VllmEngine` of `cfg`
+    (the `rollout:` section; `api.BACKENDS` says what each key becomes) serving `model` in its
+    compute dtype, tensor-parallel over the actor mesh's `tensor` axis. vLLM builds itself from
+    the checkpoint on disk (`model.path`), then `model.params` (a resumed run's, a trained
+    policy's) are pushed into it as policy `version`."""
     tensor = 1 if mesh is None else int(dict(mesh.shape).get("tensor", 1))
-    engine = from_config(
-        cfg, model, max_len=max_len or model.config.max_position_embeddings,
-        dtype=jax.numpy.dtype(model.compute_dtype).name, tensor_parallel=tensor,
+    dtype = jax.numpy.dtype(model.compute_dtype)
+    max_len = max_len or model.config.max_position_embeddings
+    kv = kv_cache_bytes(
+        model.config, dtype_bytes=dtype.itemsize, max_slots=cfg.max_slots, max_len=max_len,
+        page_size=cfg.page_size, kv_pages=cfg.kv_pages, kv_cache_gib=cfg.kv_cache_gib,
+        tensor_parallel=tensor,
     )  # fmt: skip
+    args = engine_args(
+        model, dtype=dtype.name, max_slots=cfg.max_slots, max_len=max_len,
+        kv_cache_memory_bytes=kv, prefill_chunk=cfg.prefill_chunk, tensor_parallel=tensor,
+    )  # fmt: skip
+    engine = VllmEngine(model, args, chunk=cfg.decode_chunk, on_push=cfg.on_push)
     engine.update_weights(model.params, version, initial=True)  # not the disk's: these
-    scheduler = VllmScheduler(engine, version=version)
-    return RolloutStream(None, scheduler=scheduler, version=version, turns=turns, **stream)
+    return VllmScheduler(engine, version=version)

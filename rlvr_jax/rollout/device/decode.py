@@ -98,26 +98,19 @@ def decode_param_shardings(spec: EngineSpec, dp: kernel.DecodeParams) -> Any:
 
 @functools.partial(jax.jit, static_argnames=("spec",))
 def init_state(*, spec: EngineSpec) -> DecodeState:
-    """An all-empty decode state (contiguous cache rows or page pools), on the actor mesh."""
-    cfg, b = spec.config, spec.max_slots
-    empty = spec.kv_layout.empty_cache
-    zeros_i = jnp.zeros((b,), jnp.int32)
+    """An all-empty decode state (contiguous cache rows or page pools; every slot idle, its
+    settings those of `SlotSettings.empty`), on the actor mesh."""
+    b, layers = spec.max_slots, range(spec.config.n_layers)
+    empty = SlotSettings.empty(spec, jnp.full)
     state = DecodeState(
-        k=tuple(empty(spec) for _ in range(cfg.n_layers)),
-        v=tuple(empty(spec) for _ in range(cfg.n_layers)),
-        tokens_B=zeros_i,
-        positions_B=zeros_i,
+        k=tuple(spec.kv_layout.empty_cache(spec) for _ in layers),
+        v=tuple(spec.kv_layout.empty_cache(spec) for _ in layers),
+        tokens_B=jnp.zeros((b,), jnp.int32),
+        positions_B=jnp.zeros((b,), jnp.int32),
         active_B=jnp.zeros((b,), jnp.bool_),
-        generated_B=zeros_i,
-        max_new_B=zeros_i,
-        seed_B=jnp.zeros((b,), jnp.uint32),
-        sample_B=zeros_i,
-        temperature_B=jnp.ones((b,), jnp.float32),
-        top_k_B=zeros_i,
-        top_p_B=jnp.ones((b,), jnp.float32),
-        stop_ids_BxE=jnp.full((b, spec.max_stop_ids), -1, jnp.int32),
-        budget_B=jnp.full((b,), -1, jnp.int32),
-        forced_BxF=jnp.full((b, spec.max_interrupt_ids), -1, jnp.int32),
+        **{
+            f.name: getattr(empty, f.name) for f in dataclasses.fields(empty) if f.name != "slots_B"
+        },
     )
     return constrain(state, state_shardings(spec))
 

@@ -232,27 +232,14 @@ class SlotSettings:
 def start_slots(
     state: DecodeState, settings: SlotSettings, token_B: Any, position_B: Any
 ) -> DecodeState:
-    """`state` with slots `settings.slots_B` (B = unused) live for their requests: next
-    input `token_B` at `position_B` (arrays [B] or scalars). Jittable."""
-    slots_B = settings.slots_B
-
-    def put(x_B: jax.Array, value: Any) -> jax.Array:
-        return x_B.at[slots_B].set(value, mode="drop")
-
+    """`state` with slots `settings.slots_B` (B = unused) live for their requests (every other
+    field of `settings` set in those slots): next input `token_B` at `position_B` (arrays [B] or
+    scalars). Jittable."""
+    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    values |= {"tokens_B": token_B, "positions_B": position_B, "active_B": True}
+    slots_B = values.pop("slots_B")
     return state.replace(
-        tokens_B=put(state.tokens_B, token_B),
-        positions_B=put(state.positions_B, position_B),
-        active_B=put(state.active_B, True),
-        generated_B=put(state.generated_B, settings.generated_B),
-        max_new_B=put(state.max_new_B, settings.max_new_B),
-        seed_B=put(state.seed_B, settings.seed_B),
-        sample_B=put(state.sample_B, settings.sample_B),
-        temperature_B=put(state.temperature_B, settings.temperature_B),
-        top_k_B=put(state.top_k_B, settings.top_k_B),
-        top_p_B=put(state.top_p_B, settings.top_p_B),
-        stop_ids_BxE=state.stop_ids_BxE.at[slots_B].set(settings.stop_ids_BxE, mode="drop"),
-        budget_B=put(state.budget_B, settings.budget_B),
-        forced_BxF=state.forced_BxF.at[slots_B].set(settings.forced_BxF, mode="drop"),
+        **{f: getattr(state, f).at[slots_B].set(x, mode="drop") for f, x in values.items()}
     )
 
 

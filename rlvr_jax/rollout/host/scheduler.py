@@ -20,24 +20,18 @@ import numpy as np
 
 from rlvr_jax import dispatch
 from rlvr_jax.models import lora
-from rlvr_jax.rollout.api import Completion, GroupRequest, RequestError
+from rlvr_jax.rollout.api import ON_PUSH, Finished, GroupRequest, OnPush
 from rlvr_jax.rollout.device.kernel import DecodeParams
 from rlvr_jax.rollout.device.sampling import SamplerMode
 from rlvr_jax.rollout.device.state import ChunkOutput
 from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.host.kv import PagePolicy, SchedulerStats
-from rlvr_jax.rollout.host.sequences import Seq, Sequences
+from rlvr_jax.rollout.host.sequences import Sequences
 from rlvr_jax.rollout.host.turns import Turns
 from rlvr_jax.rollout.push import check_complete, check_order, signature
 
 Batching = Literal["continuous", "static"]
 BATCHING = ("continuous", "static")
-OnPush = Literal["keep", "recompute"]
-ON_PUSH = ("keep", "recompute")
-
-Finished = list[tuple[GroupRequest, list[Completion]]]
-"""Completed groups: each request with its completions, in sample order."""
-
 __all__ = ["BATCHING", "Batching", "Scheduler", "SchedulerStats"]
 
 
@@ -87,10 +81,6 @@ class Scheduler:
     def check(self, request: GroupRequest) -> None:
         """Raises `RequestError` unless the engine can run `request` (prompt fits a slot,
         seed and stop ids valid): called when a request is queued, never at admission."""
-        if request.num_samples < 1:
-            raise RequestError(f"num_samples must be >= 1, got {request.num_samples}")
-        if request.turns is not None and request.interrupt is not None:
-            raise RequestError("a multi-turn request cannot use budget forcing (interrupt)")
         self.core.check_request(request.prompt, request.max_new_tokens)
         self.core.settings([0], [request.slot_request(0)])  # seed / stop-id checks
 
@@ -173,7 +163,7 @@ class Scheduler:
                 self._kv.recompute_all()
                 self._recompute = False
             for seq, reason in self._turns.poll(self.params, self.version):
-                finished += self._finish(seq, reason)
+                finished += seq.group.finish(seq, reason)
             if admit and not (self.batching == "static" and self._slots):
                 self._kv.admit(self.params, self.version)
         if not self._slots:
@@ -205,14 +195,9 @@ class Scheduler:
         for slot, seq in list(self._slots.items()):
             valid = np.asarray(out.valid_BxC[slot, :steps])
             new = out.tokens_BxC[slot, :steps][valid].tolist()
-            new_logprobs = out.logprobs_BxC[slot, :steps][valid].tolist()
-            seq.tokens.extend(new)
-            seq.logprobs.extend(new_logprobs)
-            seq.versions.extend([version] * len(new))
+            seq.sampled_tokens(new, out.logprobs_BxC[slot, :steps][valid].tolist(), version)
             self.stats.tokens += len(new)
             req = seq.request
-            if new and req.on_tokens is not None:
-                req.on_tokens(seq.sample_index, new, new_logprobs)
             if out.active_B[slot]:
                 continue
             self._slots.stop([slot])
@@ -224,16 +209,8 @@ class Scheduler:
                 self._turns.park(slot, seq, finish)
                 continue
             self._kv.release(seq, slot)
-            finished += self._finish(seq, finish)
+            finished += seq.group.finish(seq, finish)
         return finished
-
-    def _finish(self, seq: Seq, finish_reason: str) -> Finished:
-        """Records `seq`'s completion; returns its group when that was the last sample."""
-        req, done = seq.request, seq.group.done
-        done[seq.sample_index] = seq.completion(finish_reason)
-        if len(done) < req.num_samples:
-            return []
-        return [(req, [done[i] for i in range(req.num_samples)])]
 
     def run(self) -> Finished:
         """Steps until idle; returns every completed group in completion order."""

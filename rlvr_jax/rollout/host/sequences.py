@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from rlvr_jax.rollout.api import Completion, GroupRequest, SlotRequest
+from rlvr_jax.rollout.api import Completion, Finished, GroupRequest, SlotRequest
 from rlvr_jax.rollout.device.kernel import DecodeParams
 from rlvr_jax.rollout.device.paged import PagedWork
 from rlvr_jax.rollout.device.sampling import SamplerMode
@@ -47,6 +47,12 @@ class Group:
     done: dict[int, Completion] = dataclasses.field(default_factory=dict)
     prefill: Prefill | None = None
     """The prompt's pages while its samples are not all admitted."""
+
+    def finish(self, seq: Seq, finish_reason: str) -> Finished:
+        """Records sample `seq`'s completion; returns the group once that was its last."""
+        self.done[seq.sample_index] = seq.completion(finish_reason)
+        n = self.request.num_samples
+        return [] if len(self.done) < n else [(self.request, [self.done[i] for i in range(n)])]
 
 
 @dataclasses.dataclass
@@ -80,6 +86,15 @@ class Seq:
     def cached(self) -> list[int]:
         """Prompt and tokens: the K/V of all but the last are (or are to be) in its pages."""
         return [*self.request.prompt, *self.tokens]
+
+    def sampled_tokens(self, tokens: list[int], logprobs: list[float], version: int) -> None:
+        """Appends newly sampled `tokens` (their log-probs; sampled by policy `version`) and
+        streams them to the request's `on_tokens`."""
+        self.tokens += tokens
+        self.logprobs += logprobs
+        self.versions += [version] * len(tokens)
+        if tokens and self.request.on_tokens is not None:
+            self.request.on_tokens(self.sample_index, tokens, logprobs)
 
     def slot_request(self) -> SlotRequest:
         return self.request.slot_request(self.sample_index)
@@ -250,13 +265,8 @@ class Sequences(Mapping[int, Seq]):
         return tuple(self._waiting)
 
     def add(self, request: GroupRequest) -> None:
-        """Queues a request; a `request.first` goes ahead of the waiting ones not started."""
-        at = len(self._waiting)
-        if request.first:
-            at = 0
-            while at < len(self._waiting) and _started(self._waiting[at]):
-                at += 1
-        self._waiting.insert(at, Group(request))
+        """Queues a request (`enqueue`)."""
+        enqueue(self._waiting, request)
 
     def pop_head(self) -> None:
         self._waiting.popleft()
@@ -284,6 +294,16 @@ class Sequences(Mapping[int, Seq]):
     def idle(self) -> bool:
         """Nothing waiting, live or parked."""
         return not self._waiting and not self._live and not self._parked
+
+
+def enqueue(queue: deque[Waiting], request: GroupRequest) -> None:
+    """Queues `request`'s group; a `request.first` goes ahead of the waiting ones not started."""
+    at = len(queue)
+    if request.first:
+        at = 0
+        while at < len(queue) and _started(queue[at]):
+            at += 1
+    queue.insert(at, Group(request))
 
 
 def _started(item: Waiting) -> bool:
