@@ -33,7 +33,7 @@ from rlvr_jax.rollout.builder import (
 )
 from rlvr_jax.rollout.device.sampling import SamplingParams
 from rlvr_jax.rollout.device.state import EngineSpec
-from rlvr_jax.rollout.engine import EngineCore, make_engine_core
+from rlvr_jax.rollout.engine import EngineCore
 from rlvr_jax.rollout.generation import generate, request_seed, rescore
 from rlvr_jax.rollout.host.scheduler import Scheduler, SchedulerStats
 from rlvr_jax.rollout.stream import RolloutStream
@@ -58,7 +58,6 @@ __all__ = [
     "engine_kwargs",
     "generate",
     "make_engine",
-    "make_engine_core",
     "request_seed",
     "rescore",
     "sample_groups",

@@ -401,11 +401,6 @@ class EngineCore:
         return paged.static_work(self.spec)
 
 
-def make_engine_core(model: Model, *, max_slots: int, max_len: int, **kwargs: Any) -> EngineCore:
-    """The plain-JAX engine (see `EngineCore` for the keyword arguments)."""
-    return EngineCore(model, max_slots=max_slots, max_len=max_len, **kwargs)
-
-
 def core_of(engine: object) -> EngineCore:
     """The `EngineCore` of `engine`: itself, or the JetStream adapter's (`make_engine`)."""
     if isinstance(engine, EngineCore):

@@ -21,8 +21,10 @@ import jax
 from rlvr_jax import dispatch
 from rlvr_jax.rollout.api import (
     CompletedGroup,
+    Finished,
     GroupRequest,
     Interrupt,
+    OnPush,
     RolloutError,
     TokenHook,
     TurnHook,
@@ -30,7 +32,7 @@ from rlvr_jax.rollout.api import (
 from rlvr_jax.rollout.device.kernel import DecodeParams
 from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.engine import core_of
-from rlvr_jax.rollout.host.scheduler import Batching, Finished, OnPush, Scheduler
+from rlvr_jax.rollout.host.scheduler import Batching, Scheduler
 from rlvr_jax.rollout.push import check_order, tree_bytes
 from rlvr_jax.timeline import Timeline
 

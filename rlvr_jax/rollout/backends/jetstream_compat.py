@@ -97,7 +97,7 @@ def engine_api() -> ModuleType:
     except ImportError as e:
         raise ImportError(
             f"the JetStream adapter needs google-jetstream==0.2.2 and TensorFlow ({e}); "
-            "without them use rlvr_jax.rollout.make_engine_core (plain JAX)"
+            "without them use rlvr_jax.rollout.EngineCore (plain JAX)"
         ) from e
     return api
 

@@ -143,13 +143,10 @@ def engine_args(
     tensor_parallel: int = 1,
     **extra: Any,
 ) -> dict[str, Any]:
-    """`vllm.EngineArgs` keyword arguments: `max_slots` → `max_num_seqs`, `max_len` →
-    `max_model_len`, the KV budget → `kv_cache_memory_bytes`, `prefill_chunk` → the tokens an
-    engine step schedules (`max_num_batched_tokens`; whole prompts, so at least `max_len`, and
-    one per slot), `dtype`; log-probs
-    after temperature (`processed_logprobs`, ALGORITHMS.md's convention); no tokenizer (token
-    ids in and out; stop strings arrive as stop ids). `extra` overrides (e.g.
-    `enforce_eager`)."""
+    """`vllm.EngineArgs` keyword arguments of our engine keys (`api.VLLM.honours`): whole prompts
+    per engine step, log-probs after temperature (`processed_logprobs`, ALGORITHMS.md's
+    convention), no tokenizer (token ids in and out; stop strings arrive as stop ids). `extra`
+    overrides (e.g. `enforce_eager`)."""
     if model.path is None:
         raise ValueError("rollout.backend: vllm needs a model loaded from a checkpoint directory")
     args = {
@@ -259,11 +256,9 @@ class VllmEngine:
 
 
 class VllmScheduler:
-    """`VllmEngine` behind `Scheduler`'s interface, so that a `RolloutStream` drives it
-    (`RolloutStream(None, scheduler=VllmScheduler(engine), ...)`, as `build_rollout` builds for
-    `rollout.backend: vllm`): requests in as samples leave, weights swapped between engine
-    steps, every token stamped with the version of the step that sampled it. Groups and samples
-    are our scheduler's (`host.sequences.Group`, `Seq`)."""
+    """`VllmEngine` behind `Scheduler`'s interface, driven by a `RolloutStream` (`RolloutStream(
+    None, scheduler=VllmScheduler(engine))`, module docstring); groups and samples are our
+    scheduler's (`host.sequences.Group`, `Seq`)."""
 
     parked = 0
     """No multi-turn episodes (`rollout.turns`) here."""
