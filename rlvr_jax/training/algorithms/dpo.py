@@ -103,9 +103,6 @@ class PreferenceSource(StaticWeights):
     def restore(self, state: dict) -> None:
         self.pairs.restore(state["dpo"])
 
-    def close(self) -> None:
-        pass
-
 
 def response_budget(cfg: Config) -> int:
     """`dpo.max_response_len`, or `rollout.max_new_tokens` when unset."""

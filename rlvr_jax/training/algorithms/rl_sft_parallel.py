@@ -163,16 +163,16 @@ class ParallelBatch:
 
 
 class PairingSource(GeneratingSource):
-    """`algorithm: rl_sft_parallel`: each RL batch (`RolloutSource`, `self.rollouts`, which
-    the loop's interface goes to) paired with the next `train.updates_per_batch` SFT batches
-    (`SFTSource`); both positions are checkpointed."""
+    """`algorithm: rl_sft_parallel`: each RL batch (`RolloutSource`, `self.rl`, whose
+    `Rollouts` the loop's interface goes to) paired with the next `train.updates_per_batch` SFT
+    batches (`SFTSource`); both positions are checkpointed."""
 
     def __init__(self, rl: Any, sft: sft_algorithm.SFTSource, *, updates_per_batch: int) -> None:
-        self.rollouts, self.sft, self.updates = rl, sft, updates_per_batch
-        self.on_policy = rl.on_policy
+        self.rl, self.sft, self.updates = rl, sft, updates_per_batch
+        self.rollouts, self.on_policy = rl.rollouts, rl.on_policy
 
     def next(self, policy_version: int) -> Batch | None:
-        rl = self.rollouts.next(policy_version)
+        rl = self.rl.next(policy_version)
         if rl is None:
             return None
         sft = [self.sft.next(policy_version).arrays for _ in range(self.updates)]
@@ -180,10 +180,10 @@ class PairingSource(GeneratingSource):
         return dataclasses.replace(rl, arrays=ParallelBatch(rl=rl.arrays, sft=stacked))
 
     def state(self) -> dict:
-        return {"rl": self.rollouts.state(), **self.sft.state()}
+        return {"rl": self.rl.state(), **self.sft.state()}
 
     def restore(self, state: dict) -> None:
-        self.rollouts.restore(state["rl"])
+        self.rl.restore(state["rl"])
         self.sft.restore(state)
 
 

@@ -187,9 +187,6 @@ class SFTSource(StaticWeights):
     def restore(self, state: dict) -> None:
         self.batcher.examples.restore(state["sft"])
 
-    def close(self) -> None:
-        pass
-
 
 def sft_batches(ctx: Context, *, seed: int, packed: bool = False) -> SFTSource:
     """The SFT examples of the run in batches of `sft.batch_size`, drawn with `seed`; `packed`:
