@@ -44,7 +44,8 @@ from rlvr_jax.rollout.push import PushTimeoutError
 from rlvr_jax.shutdown import SignalStop
 from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
-from rlvr_jax.training.algorithms import Context, get_algorithm
+from rlvr_jax.training.algorithms import get_algorithm
+from rlvr_jax.training.context import Context
 from rlvr_jax.training.export import write_run_config
 from rlvr_jax.training.ledger import Ledger
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl

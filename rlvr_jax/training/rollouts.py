@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 
 from rlvr_jax.training import ledger
+from rlvr_jax.training.context import Context
 from rlvr_jax.training.groups import ScoredGroup, score_groups
-
-if TYPE_CHECKING:  # at run time, `algorithms` (which imports this module) would be half-made
-    from rlvr_jax.training.algorithms.common import Context
 
 log = logging.getLogger("rlvr_jax.train")
 

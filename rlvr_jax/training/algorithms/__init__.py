@@ -24,7 +24,8 @@ from typing import Any
 
 from rlvr_jax.config.schema import Config
 from rlvr_jax.training.algorithms import dpo, expert_iteration, ppo, rl, rl_sft_parallel, sft
-from rlvr_jax.training.algorithms.common import Context, Update, uses_critic
+from rlvr_jax.training.algorithms.common import Update, uses_critic
+from rlvr_jax.training.context import Context
 
 
 @dataclasses.dataclass(frozen=True)

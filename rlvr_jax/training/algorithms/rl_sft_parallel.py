@@ -219,11 +219,8 @@ class ParallelUpdate(rl_algorithm.RLUpdate):
         )
         return step, pair_optimizer(optimizer, sft_opt)
 
-    def _rl_part(self, arrays: ParallelBatch) -> RLBatch:
-        return arrays.rl
-
-    def _step_args(self, batch: Batch, u: int) -> tuple:
-        return (self.mini_batch(batch.arrays.sft, u, self.updates),)
+    def _parts(self, arrays: ParallelBatch) -> tuple[RLBatch, TokenBatch]:
+        return arrays.rl, arrays.sft
 
 
 def update(ctx: Context) -> ParallelUpdate:
