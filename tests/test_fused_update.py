@@ -4,31 +4,45 @@ each log-prob pass, PPO's GAE and each mini-batch's step called on its own, ever
 put back on the mesh — on a tiny model over the simulated 8-device learner mesh: the same
 params (and critic) after the update, the same metrics."""
 
+import dataclasses
 import types
 
 import helpers_models as H
 import jax
 import numpy as np
 import pytest
+from test_packing import SEQ, samples
 
 from rlvr_jax import config, losses, models, sharding
 from rlvr_jax.training.algorithms import ALGORITHMS
 from rlvr_jax.training.algorithms.rl import kl_advantages
-from rlvr_jax.training.batch import Sample, collate, mini_batch
+from rlvr_jax.training.batch import collate, mini_batch
 from rlvr_jax.training.context import Context
 from rlvr_jax.training.sources import Batch
 from rlvr_jax.training.update import jit_train_step
 
 ARCH = H.tiny_arch()
-G, T_ALL = 4, 25  # completions per group; tokens per row before the shift
+G = 4  # completions per group
 
 CASES = {
     # two mini-batches: θ_old's log-probs before the first step, the ratio against them
     "olmo3-two-updates": (["loss.preset=olmo3", "train.updates_per_batch=2"], 2),
-    # KL in the loss: the reference's log-probs; lag per mini-batch (no old log-probs)
-    "grpo-kl-two-updates": (["loss.preset=grpo", "train.updates_per_batch=2"], 2),
-    # KL in the reward: the advantages of the penalised rewards of one kept group of two
-    "kl-reward": (["loss.preset=olmo3", "loss.kl_mode=reward", "loss.kl_coef=0.05"], 1),
+    # KL in the loss: the reference's log-probs; the ratio against the sampler's log-probs (no
+    # old ones), so mini-batch u's tokens lag u more versions
+    "grpo-kl-sampler-two-updates": (
+        ["loss.preset=grpo", "loss.ratio_denominator=sampler", "train.updates_per_batch=2"],
+        2,
+    ),
+    # KL in the reward: the advantages of the penalised rewards of two kept groups of three
+    "kl-reward": (
+        [
+            "loss.preset=olmo3",
+            "loss.kl_mode=reward",
+            "loss.kl_coef=0.05",
+            "train.prompts_per_batch=3",
+        ],
+        1,
+    ),
     # PPO: the critic's values and GAE before two steps of policy + value loss
     "ppo-two-updates": (
         ["loss.preset=ppo", "critic.kind=shared", "train.updates_per_batch=2"],
@@ -37,36 +51,16 @@ CASES = {
 }
 
 
-def samples(groups: int, seed: int = 0) -> list[Sample]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(groups):
-        prompt = rng.integers(3, 60, int(rng.integers(2, 8))).tolist()
-        for _ in range(G):
-            n = int(rng.integers(2, 12))
-            out.append(
-                Sample(
-                    prompt_tokens=prompt,
-                    tokens=rng.integers(3, 60, n).tolist(),
-                    sampler_logp=(-rng.random(n) * 3).tolist(),
-                    advantage=float(rng.normal()),
-                    reward=float(rng.random() > 0.5),
-                    lag=rng.integers(0, 2, n).tolist(),
-                )
-            )
-    return out
-
-
 def context(overrides: list[str]) -> Context:
     cfg = config.load(
         None,
         [
+            "train.prompts_per_batch=2",
             *overrides,
             "model.path=unused",  # the policy is built here
-            "train.prompts_per_batch=2",
             f"rollout.num_samples={G}",
-            "data.max_prompt_len=12",
-            f"rollout.max_new_tokens={T_ALL - 12}",
+            "data.max_prompt_len=8",
+            f"rollout.max_new_tokens={SEQ - 8}",
             "train.learning_rate=0.05",
             "train.warmup_steps=0",
         ],
@@ -116,14 +110,15 @@ def step_by_step(update, state, batch: Batch):
 def test_the_fused_update_equals_the_step_by_step_sequence(case):
     overrides, updates = CASES[case]
     ctx = context(overrides)
-    kept = 1 if "kl-reward" in case else 2  # fewer groups than the batch holds: padding rows
-    s = samples(kept)
-    arrays = collate(s, rows=ctx.rows, seq_len=T_ALL, pad_id=0)
+    rewards = np.random.default_rng(1).integers(0, 2, 2 * G).astype(np.float32)
+    s = samples(groups=2, group_size=G)  # kl-reward: fewer than the batch holds, padding rows
+    s = [dataclasses.replace(x, reward=float(r)) for x, r in zip(s, rewards)]  # PPO's returns
+    arrays = collate(s, rows=ctx.rows, seq_len=SEQ, pad_id=0)
     if ctx.settings.reward_kl_coef > 0:
         arrays = arrays.replace(advantages_B=np.zeros_like(arrays.advantages_B))
     batch = Batch(
         arrays,
-        rewards_B=np.array([x.reward for x in s], np.float32),
+        rewards_B=rewards,
         group_size=G,
         slots=np.arange(len(s)),
     )
