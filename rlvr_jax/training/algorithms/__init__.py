@@ -1,6 +1,6 @@
 """`algorithm` → (config checks, batch source, learner update): the table the loop runs from.
-Each algorithm reads in its own file; what they share is `common.py` (the `Context` and the
-`Update` base, whose `compile` is the update itself on abstract arrays).
+Each algorithm reads in its own file; what their updates share is `common.py` (the `Update`
+base: one jitted program per batch shape).
 
 | algorithm | file | source → update |
 |---|---|---|

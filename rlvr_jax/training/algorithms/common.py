@@ -53,9 +53,8 @@ def uses_critic(cfg: Config) -> bool:
 
 
 class Update:
-    """The shared part of the learner updates (see the module docstring): the jitted program and
-    its state, the reference policy it may read, and `compile`. A subclass gives the pure
-    program (`step`) and, when it lays out more than `Batch.arrays`, its `inputs`."""
+    """The learner updates' shared part (module docstring); a subclass gives the pure program
+    (`step`) and, when it lays out more than `Batch.arrays`, its `inputs`."""
 
     needs_ref = False
     """Whether the program reads the frozen reference policy (`reference`)."""
@@ -65,10 +64,15 @@ class Update:
         self.program: Callable | None = None
         self._shardings: Any = None  # the train state's
         self._ladders: set[Any] = set()  # row shapes whose `Batch.row_counts` are compiled
+        self.reference: Any = None
+        """The program's `reference` argument: the starting policy when it reads the reference
+        and there is no LoRA (with LoRA, the state's own frozen base: `reference_params`)."""
 
     def init_state(self, params: Any) -> Any:
         state = self._initial_state(params)
         self._shardings = jax.tree.map(lambda x: x.sharding, state)
+        lora_base = lora.split(self.ctx.model.params)[1]
+        self.reference = self.ctx.model.params if self.needs_ref and lora_base is None else None
         reference = jax.tree.map(lambda x: x.sharding, self.reference)
         self.program = jit_train_step(self.step, self._shardings, None, reference)
         return state
@@ -83,15 +87,6 @@ class Update:
     def inputs(self, batch: Batch) -> Any:
         """The program's input on the host (None: the batch trains nothing)."""
         return batch.arrays
-
-    @property
-    def reference(self) -> Any:
-        """The program's `reference` argument: the starting policy (`ctx.model.params`) when it
-        reads the reference and there is no LoRA, else None (with LoRA the reference is the
-        state's own frozen base, `reference_params`)."""
-        if not self.needs_ref or lora.split(self.ctx.model.params)[1] is not None:
-            return None
-        return self.ctx.model.params
 
     @staticmethod
     def reference_params(state: Any, reference: Any) -> Any:
