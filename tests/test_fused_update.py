@@ -107,7 +107,7 @@ def step_by_step(update, state, batch: Batch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_fused_update_equals_the_step_by_step_sequence(case):
+def test_the_fused_update_equals_the_step_by_step_sequence(case, caplog):
     overrides, updates = CASES[case]
     ctx = context(overrides)
     rewards = np.random.default_rng(1).integers(0, 2, 2 * G).astype(np.float32)
@@ -126,7 +126,11 @@ def test_the_fused_update_equals_the_step_by_step_sequence(case):
     assert update.updates == updates
     a_state, b_state = (update.init_state(ctx.model.params) for _ in range(2))
     update.compile(a_state, batch)
-    a_state, fused, n = update.update(a_state, batch)
+    with jax.log_compiles(), caplog.at_level("WARNING"):  # compiled ahead: no program compiles
+        a_state, fused, n = update.update(a_state, batch)
+        jax.block_until_ready((a_state, fused))
+    compiled = [r.getMessage() for r in caplog.records if "Compiling" in r.getMessage()]
+    assert not [m for m in compiled if "jit(step)" in m or "jit(prepare)" in m], compiled
     b_state, sequence = step_by_step(update, b_state, batch)
     assert n == updates == len(fused) == len(sequence)
     fused, sequence = jax.device_get((fused, sequence))

@@ -272,17 +272,14 @@ class RLUpdate(Update):
         return step, optimizer
 
     def inputs(self, batch: Batch) -> tuple | None:
-        """(the RL batch, what else the step takes: `_parts`), with zeros of their shape for
-        the log-probs the program is given rather than computes: θ_old's replayed on the host
-        (`rollout.exact`), and with `kl_rewards` θ_old's and the reference's."""
+        """(the RL batch, what else the step takes: `_parts`); with `rollout.exact`, zeros of
+        their shape for θ_old's log-probs, replayed on the host (`_given`)."""
         if batch.arrays is None:
             return None
         rl, *rest = self._parts(batch.arrays)
-        zeros = np.zeros(rl.mask_BxT.shape, np.float32)
-        given = {"old_logp_BxT": zeros} if self.exact or self.kl_rewards else {}
-        if self.kl_rewards:
-            given["ref_logp_BxT"] = zeros
-        return (rl.replace(**given), *rest)
+        if self.exact:
+            rl = rl.replace(old_logp_BxT=np.zeros(rl.mask_BxT.shape, np.float32))
+        return (rl, *rest)
 
     def _parts(self, arrays: Any) -> tuple:
         """(the RL batch of a source's arrays, what else the step takes, split as it is)."""
@@ -294,7 +291,6 @@ class RLUpdate(Update):
         log-probs and the advantages of the penalised rewards (`kl_advantages`: a small program
         per count of kept groups)."""
         rl, *rest = inputs
-        rl = self._unscored(rl)
         if self.exact:
             rl = rl.replace(old_logp_BxT=self._replayed(state, rl, batch))
         rl, *rest = self.ctx.put((rl, *rest))
@@ -310,8 +306,9 @@ class RLUpdate(Update):
         return (rl, *rest)
 
     def _compile(self, state: Any, inputs: tuple) -> None:
-        if self.kl_rewards:
-            self._prepare.lower(state, self._unscored(inputs[0]), self.reference).compile()
+        if self.kl_rewards:  # the program then takes `_prepare`'s batch
+            compiled = self._prepare.lower(state, inputs[0], self.reference).compile()
+            inputs = (compiled.out_info[0], *inputs[1:])
         super()._compile(state, inputs)
 
     def step(self, state: Any, inputs: tuple, reference: Any) -> tuple[Any, list[dict]]:
@@ -347,11 +344,6 @@ class RLUpdate(Update):
         """(the batch with the advantages the loss uses, metrics of making them): its own."""
         del state
         return rl, {}
-
-    def _unscored(self, rl: Any) -> Any:
-        """`rl` without the log-probs `inputs` holds places for (the replayed ones kept)."""
-        old = rl.old_logp_BxT if self.exact else None
-        return rl.replace(old_logp_BxT=old, ref_logp_BxT=None) if self.kl_rewards else rl
 
     def _replayed(self, state: Any, rl: Any, batch: Batch) -> np.ndarray:
         """`rollout.exact`: the old log-probs [B, T] of the batch's completions replayed with
