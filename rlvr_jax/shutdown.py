@@ -7,8 +7,7 @@
 - start a watchdog that ends the process with `os._exit(128 + signum)` if it is still alive
   `grace_s` seconds later (a thread stuck in native code or a queue cannot keep it alive; no
   watchdog with `grace_s=None`: the trainer finishes its step and checkpoints, however long),
-and a second signal end the process at once. Not installed, a `SignalStop` is a plain stop
-flag (`event`), which the work it is handed may also set.
+and a second signal end the process at once. Not installed, it is a plain flag (`event`).
 
 Signals are noticed by a watcher thread reading the interpreter's wakeup fd, so the event and
 the watchdog do not wait for the main thread: Python runs signal handlers only between
@@ -55,16 +54,14 @@ class SignalStop:
         self.event = threading.Event()
         self.signum: int | None = None
         self.status: Callable[[int], str] | None = None
-        """The signal's line after the command's name, of the signal number (default "<SIGNAL>
-        received, stopping"); the trainer's names its step."""
+        """The signal's line after `prog`, of its number (default "<NAME> received, stopping")."""
         self._raised = False
         self._previous: dict[int, object] = {}
         self._wakeup: tuple[int, int] | None = None
         self._old_fd = -1
 
     def install(self) -> SignalStop:
-        """Installs the handlers; returns self. Outside the main thread (where signals cannot
-        be handled) it installs nothing: the stop is a plain flag."""
+        """Installs the handlers (none outside the main thread: a plain flag); returns self."""
         if threading.current_thread() is not threading.main_thread():
             return self
         r, w = os.pipe()
@@ -119,8 +116,7 @@ class SignalStop:
                     if self.signum is None:
                         self.signum = signum
                     self.event.set()
-                    status = self.status
-                    said = status(signum) if status is not None else f"{name} received, stopping"
+                    said = self.status(signum) if self.status else f"{name} received, stopping"
                     print(
                         f"{self.prog}: {said} (send it again to exit at once)",
                         file=sys.stderr,

@@ -235,9 +235,8 @@ class RewardService:
         """Rewards for `responses[i]` judged against `rows[i]` (see module docstring).
 
         Args:
-          rows: the samples' `PromptRow`s (validated when their source was loaded), or data
-            rows as mappings with `verifier`, `ground_truth` and optional `domain`,
-            `verifier_kwargs`, `prompt` (used by the judges), validated here.
+          rows: `PromptRow`s (validated when loaded), or mappings with `verifier`,
+            `ground_truth` and optional `domain`, `verifier_kwargs`, `prompt` (the judges').
           responses: completion texts, one per row.
           lengths: completion lengths in tokens, for the overlong penalty.
           max_len: the generation budget L_max, for the overlong penalty.

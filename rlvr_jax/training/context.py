@@ -77,14 +77,12 @@ class Context:
         return math.lcm(t.attn_chunk or 1, t.logits_chunk or 1)
 
     def batch_sharding(self, shape: tuple[int, ...]) -> jax.sharding.NamedSharding:
-        """Where a batch array of `shape` lives on the learner mesh: rows split by the `batch`
-        rule."""
+        """Where a batch array of `shape` lives on the learner mesh (rows by the `batch` rule)."""
         return sharding.batch_sharding(self.learner_mesh, sharding.LEARNER_RULES, shape)
 
     def put(self, tree: Any) -> Any:
         """A batch pytree on the learner mesh (`batch_sharding`). Host arrays are the whole
-        batch on every process (each fills its own shards); device arrays move (none do when
-        already laid out so)."""
+        batch on every process (each fills its own shards); device arrays move if need be."""
 
         def one(x: Any) -> Any:
             target = self.batch_sharding(x.shape)
@@ -110,8 +108,7 @@ class Context:
 
     def mini_batches(self, tree: Any, n: int) -> Any:
         """A batch pytree, in a jitted program, as its `n` mini-batches (`batch.mini_batch`)
-        stacked on a new leading axis, each one's rows split over the mesh as `put` splits a
-        batch's."""
+        stacked on a new leading axis, each laid out as `put` lays out a batch."""
         parts = [mini_batch(tree, u, n) for u in range(n)]
 
         def stacked(*xs: jax.Array) -> jax.Array:

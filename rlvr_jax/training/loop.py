@@ -90,9 +90,8 @@ class Trainer:
         self.stop = stop if stop is not None else SignalStop("rlvr-train", grace_s=None)
         self.dispatched = 0
         """The last step dispatched (named when a signal comes)."""
-        self.stop.status = lambda signum: (
-            f"signal {signum} at step {self.dispatched}: finishing the current step, then "
-            "checkpointing"
+        self.stop.status = lambda n: (
+            f"signal {n} at step {self.dispatched}: finishing the step, then checkpointing"
         )
         self.out = Path(cfg.train.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)

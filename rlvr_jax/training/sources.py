@@ -1,14 +1,13 @@
 """Batch sources: where each training step's batch comes from.
 
 A source is started (`start()`), hands the loop one `Batch` per step (`next(policy_version)`;
-None: stopped before one was complete), reports and restores its position (`state()` /
-`restore(state)`, stored in every checkpoint beside the train state, so a resumed run sees
-exactly the data it would have seen), receives the learner's weights when it generates
-(`push_weights`, then `probe` for the push check; `on_policy`: whether the next batch needs
-them at once), lists the prompts drawn and not settled when the run ends (`pending`, for the
-prompt ledger), and is closed at the end; `rollouts` is the `training.rollouts.Rollouts` it
-generates with (the in-loop evaluation samples and scores with it), None for a source that
-samples nothing (`StaticWeights`). Each algorithm's source lives in its own file of
+None: stopped first), reports and restores its position (`state()` / `restore(state)`, stored in
+every checkpoint beside the train state, so a resumed run sees exactly the data it would have
+seen), receives the learner's weights when it generates (`push_weights`, then `probe` for the
+push check; `on_policy`: the next batch needs them at once), lists the prompts drawn and not
+settled when the run ends (`pending`, for the prompt ledger), and is closed at the end. Its
+`rollouts` (`training.rollouts.Rollouts`, None when it samples nothing: `StaticWeights`) are what
+the in-loop evaluation samples and scores with. Each algorithm's source is in its own file of
 `rlvr_jax.training.algorithms` (the table there).
 """
 

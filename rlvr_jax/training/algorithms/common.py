@@ -1,15 +1,13 @@
-"""What every algorithm's learner update is built from: the `Update` base and the micro-batch
-count checks they share.
+"""The `Update` base every algorithm's learner update is built on, and the micro-batch checks.
 
 An update is one pure program `step(state, inputs, reference) -> (state, [metrics] * n)` (the
 batch's log-probs, advantages and all `n` optimizer steps), jitted once per input shape with the
-state's shardings explicit and the state donated (nanodo style):
-- `init_state(params)`: the train state (sharded like the params), and the jitted program;
-- `inputs(batch)`: the program's input on the host, put on the learner mesh in one `put`;
-- `update(state, batch) -> (state, [metrics], n)`: dispatches the program (under
-  `rlvr_jax.dispatch.LOCK`, by the loop) and returns its device metrics, unfetched;
-- `compile(state, batch)`: the program compiled ahead of the lock (a compile under it would
-  stall the rollout thread) for the batch's shapes and its other packed-row counts.
+state's shardings explicit and the state donated (nanodo style). `init_state(params)` makes the
+state and the program; `inputs(batch)` is its input on the host (put on the mesh in one `put`);
+`update(state, batch) -> (state, [metrics], n)` dispatches it (under `rlvr_jax.dispatch.LOCK`,
+by the loop), its metrics unfetched; `compile(state, batch)` compiles it ahead of the lock (a
+compile under it would stall the rollout thread) for the batch's shapes and its other
+packed-row counts.
 """
 
 from __future__ import annotations

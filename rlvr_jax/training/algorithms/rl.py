@@ -222,10 +222,9 @@ def source(ctx: Context, params: Any, version: int) -> RolloutSource:
 
 
 class RLUpdate(Update):
-    """`train.updates_per_batch` optimizer steps on mini-batches of each RL batch (see the module
-    docstring), one jitted program per batch shape. Subclasses make another step
-    (`_make_step`), prepare the advantages another way (`_advantages`), or give the step more
-    batches (`_parts`)."""
+    """`train.updates_per_batch` optimizer steps on mini-batches of each RL batch, one program
+    (module docstring). Subclasses make another step (`_make_step`), prepare the advantages
+    another way (`_advantages`), or give the step more batches (`_parts`)."""
 
     def __init__(self, ctx: Context) -> None:
         cfg, settings = ctx.cfg, ctx.settings
@@ -286,10 +285,9 @@ class RLUpdate(Update):
         return (arrays,)
 
     def _given(self, state: Any, inputs: tuple, batch: Batch) -> tuple:
-        """`inputs` on the mesh with what is made before the program: θ_old's log-probs
-        replayed through an engine (`rollout.exact`: host work), and with `kl_rewards` the
-        log-probs and the advantages of the penalised rewards (`kl_advantages`: a small program
-        per count of kept groups)."""
+        """`inputs` on the mesh with what is made before the program: θ_old's log-probs replayed
+        through an engine (`rollout.exact`, host work); with `kl_rewards`, `_prepare`'s batch
+        with the penalised rewards' advantages (`kl_advantages`, per count of kept groups)."""
         rl, *rest = inputs
         if self.exact:
             rl = rl.replace(old_logp_BxT=self._replayed(state, rl, batch))
