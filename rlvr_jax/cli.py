@@ -79,7 +79,7 @@ def train_main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print("# resolved config")
         print(dump(cfg), end="")
-        from rlvr_jax.training.plan import PlanError, format_plan, make_plan
+        from rlvr_jax.plan import PlanError, format_plan, make_plan
 
         try:
             plan = make_plan(cfg)

@@ -1,12 +1,13 @@
 """SIGTERM / SIGINT for long-running commands: stop cleanly, and always within a bound.
 
 `SignalStop(prog).install()` (main thread) makes the first SIGTERM or SIGINT
-- set `stop.event` and print one line naming the signal,
+- set `stop.event` and print one line naming the signal (or what `stop.status` says),
 - raise `Interrupted` in the main thread when `raise_in_main` (benchmarks: the work unwinds
   through its `finally` blocks),
 - start a watchdog that ends the process with `os._exit(128 + signum)` if it is still alive
-  `grace_s` seconds later (a thread stuck in native code or a queue cannot keep it alive),
-and a second signal end the process at once.
+  `grace_s` seconds later (a thread stuck in native code or a queue cannot keep it alive; no
+  watchdog with `grace_s=None`: the trainer finishes its step and checkpoints, however long),
+and a second signal end the process at once. Not installed, it is a plain flag (`event`).
 
 Signals are noticed by a watcher thread reading the interpreter's wakeup fd, so the event and
 the watchdog do not wait for the main thread: Python runs signal handlers only between
@@ -24,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -42,22 +44,26 @@ class SignalStop:
 
     Args:
       prog: the command's name, for its messages. grace_s: seconds from the first signal to
-        the forced exit. raise_in_main: raise `Interrupted` in the main thread.
+        the forced exit (None: none). raise_in_main: raise `Interrupted` in the main thread.
     """
 
-    def __init__(self, prog: str, *, grace_s: float = 8.0, raise_in_main: bool = False):
+    def __init__(self, prog: str, *, grace_s: float | None = 8.0, raise_in_main: bool = False):
         self.prog = prog
         self.grace_s = grace_s
         self.raise_in_main = raise_in_main
         self.event = threading.Event()
         self.signum: int | None = None
+        self.status: Callable[[int], str] | None = None
+        """The signal's line after `prog`, of its number (default "<NAME> received, stopping")."""
         self._raised = False
         self._previous: dict[int, object] = {}
         self._wakeup: tuple[int, int] | None = None
         self._old_fd = -1
 
     def install(self) -> SignalStop:
-        """Installs the handlers (call from the main thread); returns self."""
+        """Installs the handlers (none outside the main thread: a plain flag); returns self."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
         r, w = os.pipe()
         os.set_blocking(w, False)
         self._wakeup = (r, w)
@@ -110,13 +116,15 @@ class SignalStop:
                     if self.signum is None:
                         self.signum = signum
                     self.event.set()
+                    said = self.status(signum) if self.status else f"{name} received, stopping"
                     print(
-                        f"{self.prog}: {name} received, stopping (send it again to exit at once)",
+                        f"{self.prog}: {said} (send it again to exit at once)",
                         file=sys.stderr,
                         flush=True,
                     )
-                    message = f"{self.prog}: still running {self.grace_s:g} s after {name}"
-                    exit_within(self.grace_s, 128 + signum, message)
+                    if self.grace_s is not None:
+                        message = f"{self.prog}: still running {self.grace_s:g} s after {name}"
+                        exit_within(self.grace_s, 128 + signum, message)
         finally:
             os.close(r)
 

@@ -64,7 +64,7 @@ def mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
 
 def costs(cfg: Any, rows: list[dict[str, Any]], run_dir: Path) -> dict[str, float | None]:
     """One arm's costs from its metrics rows, its config's plan and its last checkpoint."""
-    from rlvr_jax.training.plan import make_plan
+    from rlvr_jax.plan import make_plan
 
     step_s = [r["time/train_s"] for r in rows[1:] if "time/train_s" in r]
     ckpts = sorted((run_dir / "checkpoints").glob("*"), key=lambda p: p.name)

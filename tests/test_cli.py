@@ -37,8 +37,8 @@ def test_dry_run_real_scale_config_reports_fit(capsys):
 
 
 def test_dry_run_plans_the_vllm_actor_as_vllm_sizes_it(capsys):
+    from rlvr_jax import plan
     from rlvr_jax.config import load
-    from rlvr_jax.training import plan
 
     p = plan.make_plan(load(GPU))
     # Qwen2.5-7B on 4 GPUs, tensor-parallel 4: vLLM takes 0.9 × 80 GiB; bf16 weights

@@ -209,7 +209,7 @@ def test_learner_passes_max_segments_to_the_kernel_choice(monkeypatch, max_token
     cuDNN (the resolution is spied on here; blockwise runs on this CPU)."""
     from rlvr_jax.config import load
     from rlvr_jax.models import attention, decoder
-    from rlvr_jax.training.algorithms.common import Context
+    from rlvr_jax.training.context import Context
     from rlvr_jax.training.packing import MAX_SEQS_PER_ROW
 
     cfg = load("configs/demo.yaml", [f"train.max_tokens_per_micro_batch={max_tokens}"])

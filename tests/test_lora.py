@@ -235,7 +235,7 @@ def test_lora_settings_are_checked_at_load_naming_the_key(overrides, message):
 
 
 def test_plan_of_lora_rank_8_on_the_demo_keeps_optimizer_state_under_5_percent():
-    from rlvr_jax.training.plan import format_plan, make_plan
+    from rlvr_jax.plan import format_plan, make_plan
 
     full = make_plan(load("configs/demo.yaml"), n_devices=1)
     lo = make_plan(load("configs/demo.yaml", ["model.lora.rank=8"]), n_devices=1)
@@ -251,7 +251,7 @@ def test_plan_of_lora_rank_8_on_the_demo_keeps_optimizer_state_under_5_percent()
 
 
 def test_plan_says_how_many_learner_chips_lora_rank_64_needs_for_olmo3_7b():
-    from rlvr_jax.training.plan import make_plan
+    from rlvr_jax.plan import make_plan
 
     cfg = load("configs/olmo3_7b_think_rl_tpu.yaml", ["model.lora.rank=64"])
     lo = make_plan(cfg).lora

@@ -1,12 +1,12 @@
 """The dry-run plan accounts for the attention kernel `model.attention_impl` picks on the
-planned hardware (`rlvr_jax.training.plan`, attention part)."""
+planned hardware (`rlvr_jax.plan`, attention part)."""
 
 from pathlib import Path
 
 import pytest
 
+from rlvr_jax import plan
 from rlvr_jax.config import load
-from rlvr_jax.training import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TPU = str(ROOT / "configs" / "olmo3_7b_think_rl_tpu.yaml")

@@ -239,11 +239,14 @@ def test_constructor_validation_and_close():
 
 class _JudgeHandler(BaseHTTPRequestHandler):
     """/v1/chat/completions: scores 7/10 when the response mentions Paris, else replies
-    without a score (a parse failure)."""
+    without a score (a parse failure); keeps what it was asked (`seen`)."""
+
+    seen: list[str] = []
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         text = body["messages"][-1]["content"]
+        self.seen.append(text)
         reply = "Correct. SCORE: 7" if "Paris" in text.split("[Response]")[-1] else "no idea"
         payload = json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
         self.send_response(200)
@@ -277,6 +280,37 @@ def test_judge_rows_use_the_batch_api():
     assert result.metrics["rewards/judge/parse_failures"] == 1
     assert result.metrics["rewards/judge/request_errors"] == 0
     assert result.metrics["reward/judge"] == pytest.approx(0.35)
+
+
+def test_prompt_rows_are_scored_as_loaded():
+    """The trainer's `PromptRow`s go to the verifiers as they were loaded (validated then):
+    the rewards of their data-row mappings, and a chat prompt reaches the judge's batch."""
+    pytest.importorskip("rlvr_jax.rewards.judge")
+    from rlvr_jax.data.rows import row_from_record
+
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital?"}]
+    records = [
+        {"verifier": "judge", "ground_truth": "Paris", "prompt": chat, "domain": "geo"},
+        {"verifier": "math", "ground_truth": "2", "prompt": "1 + 1?"},
+    ]
+    rows = [row_from_record(r, source="t", index=i, where="t") for i, r in enumerate(records)]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _JudgeHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _JudgeHandler.seen = []
+    try:
+        config = RewardsConfig(
+            judge_url=f"http://127.0.0.1:{server.server_port}/v1", judge_model="tiny-judge"
+        )
+        with RewardService(config, workers=1) as svc:
+            result = svc.score(rows, ["It is Paris.", r"\boxed{2}"])
+            as_dicts = svc.score(records, ["It is Paris.", r"\boxed{2}"])
+    finally:
+        server.shutdown()
+    np.testing.assert_allclose(result.rewards, [0.7, 1.0])
+    np.testing.assert_array_equal(result.rewards, as_dicts.rewards)
+    assert result.domains == ("geo", "math") and result.verifiers == ("judge", "math")
+    assert len(_JudgeHandler.seen) == 2
+    assert all("system: Be brief.\n\nuser: Capital?" in text for text in _JudgeHandler.seen)
 
 
 @pytest.mark.slow

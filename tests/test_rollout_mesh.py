@@ -90,7 +90,7 @@ def test_tensor_parallel_engine_holds_what_the_plan_says(tmp_path_factory):
     import collections
 
     from rlvr_jax.config import load
-    from rlvr_jax.training.plan import make_plan
+    from rlvr_jax.plan import make_plan
 
     path = tmp_path_factory.mktemp("qwen2_tp")
     H.build_hf_checkpoint("qwen2", path, seed=3)

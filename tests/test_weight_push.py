@@ -22,7 +22,7 @@ from rlvr_jax.rollout.push import (
     StaleWeightsError,
     tree_bytes,
 )
-from rlvr_jax.training.algorithms import Context
+from rlvr_jax.training.context import Context
 from rlvr_jax.training.metrics import read_jsonl
 from rlvr_jax.training.push import WeightPusher
 from rlvr_jax.training.rollouts import GeneratingSource, Rollouts

@@ -38,8 +38,8 @@ def run_demo(cfg: Any) -> dict[str, Any]:
     """Runs the demo for `cfg`; returns the report (also written next to the metrics)."""
     from rlvr_jax.models.bootstrap import ensure_model
     from rlvr_jax.rewards import RewardService
+    from rlvr_jax.shutdown import SignalStop
     from rlvr_jax.training.loop import Trainer
-    from rlvr_jax.training.run import StopFlag
 
     out = Path(cfg.train.output_dir)
     base = ensure_model(cfg)  # the shipped / cached base model, or pretrained now
@@ -48,14 +48,14 @@ def run_demo(cfg: Any) -> dict[str, Any]:
         log.info("evaluating the base model on the held-out split")
         before = _evaluate(base, cfg, rewards)
     log.info("base model: %s", _fmt(before))
-    stop = StopFlag()
-    stop.install()
+    stop = SignalStop("rlvr_jax.demo", grace_s=None).install()
     trainer = Trainer(cfg, stop=stop)
     try:
         trainer.run()
         steps = int(trainer.steps_done)
     finally:
         trainer.close()
+        stop.uninstall()
     with RewardService(cfg.rewards) as rewards:
         log.info("evaluating the trained policy on the held-out split")
         after = _evaluate(out / "final", cfg, rewards)

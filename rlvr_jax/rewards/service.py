@@ -1,14 +1,14 @@
 """`RewardService`: scores a batch of completions with their rows' verifiers, concurrently.
 
-Each row names its verifier (`row["verifier"]`: a registered name or "module:function") and
-ground truth. Verifier calls run in a pool of killable worker processes (`timeout.WorkerPool`)
-sized to the machine, each under the configured timeout and a 4 GiB address-space limit: a
-verifier that raises, hangs, exhausts memory or kills its process costs that one sample a reward
-of 0 (counted in `rewards/errors` or
-`rewards/timeouts`), never the run. The code sandbox starts its own processes from inside a
-worker; they die with it. Rows of the I/O-bound LLM judges (`BATCHED`: "judge", "rubric") go to
-their module's batch API (`score_rows`, one call per distinct settings) on a thread instead;
-their failed rows keep the status and reason the module gives, and their batch counters become
+Each row (a `PromptRow`, or a mapping in the data-row form) names its verifier (a registered
+name or "module:function") and ground truth. Verifier calls run in a pool of killable worker
+processes (`timeout.WorkerPool`) sized to the machine, each under the configured timeout and a
+4 GiB address-space limit: a verifier that raises, hangs, exhausts memory or kills its process
+costs that one sample a reward of 0 (counted in `rewards/errors` or `rewards/timeouts`), never
+the run. The code sandbox starts its own processes from inside a worker; they die with it. Rows
+of the I/O-bound LLM judges (`BATCHED`: "judge", "rubric") go to their module's batch API
+(`score_rows`, one call per distinct settings) on a thread instead; their failed rows keep the
+status and reason the module gives, and their batch counters become
 `rewards/<verifier>/<counter>` metrics. If a judge batch as a whole raises, its rows fall back
 to per-row calls in the pool; a rubric batch's rows become errors (its cache lives in this
 process).
@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.config.schema import RewardsConfig
+from rlvr_jax.data.rows import PromptRow
 from rlvr_jax.rewards.format import format_reward, soft_overlong_penalty_N
 from rlvr_jax.rewards.registry import verifier_target
 from rlvr_jax.rewards.timeout import WORKER_MEMORY_MB, CallResult, WorkerPool, default_workers
@@ -110,39 +111,48 @@ def verifier_defaults(verifier: str, config: RewardsConfig) -> dict[str, Any]:
     return {}
 
 
-def _plan(index: int, row: Any, config: RewardsConfig) -> _Job:
-    """Validates one row and resolves its verifier; errors name the row."""
-    if not isinstance(row, Mapping):
-        raise ValueError(f"row {index}: expected a mapping, got {type(row).__name__}")
-    for key in ("verifier", "ground_truth"):
-        if key not in row:
-            raise ValueError(f"row {index}: missing field {key!r}")
-    name = row["verifier"]
+def _plan(index: int, row: PromptRow | Mapping[str, Any], config: RewardsConfig) -> _Job:
+    """Resolves one row's verifier and its settings; errors name the row."""
+    name, truth, row_kwargs, domain, prompt = _fields(index, row)
     try:
         target = verifier_target(name)
     except ValueError as e:
         raise ValueError(f"row {index}: {e}") from None
-    row_kwargs = row.get("verifier_kwargs") or {}
-    if not isinstance(row_kwargs, Mapping):
-        raise ValueError(f"row {index}: verifier_kwargs must be a mapping, got {row_kwargs!r}")
     kwargs = {**verifier_defaults(name, config), **row_kwargs}
     if name == JUDGE and not (kwargs.get("base_url") and kwargs.get("model")):
         raise ValueError(
             f"row {index}: the judge verifier needs rewards.judge_url and rewards.judge_model "
             "(or base_url and model in the row's verifier_kwargs)"
         )
+    if name in BATCHED:
+        kwargs.setdefault("prompt", prompt)
+    return _Job(index, name, target, truth, kwargs, domain)
+
+
+def _fields(index: int, row: Any) -> tuple[str, Any, Mapping[str, Any], str, Any]:
+    """(verifier, ground truth, verifier_kwargs, domain, prompt) of a row: a `PromptRow` as
+    loaded (validated then), a mapping validated here."""
+    if isinstance(row, PromptRow):
+        return row.verifier, row.ground_truth, row.verifier_kwargs, row.domain, row.prompt
+    if not isinstance(row, Mapping):
+        raise ValueError(f"row {index}: expected a mapping, got {type(row).__name__}")
+    for key in ("verifier", "ground_truth"):
+        if key not in row:
+            raise ValueError(f"row {index}: missing field {key!r}")
+    name = row["verifier"]
+    row_kwargs = row.get("verifier_kwargs") or {}
+    if not isinstance(row_kwargs, Mapping):
+        raise ValueError(f"row {index}: verifier_kwargs must be a mapping, got {row_kwargs!r}")
     if name == RUBRIC:
         rubric = importlib.import_module("rlvr_jax.rewards.rubric")
         try:
             rubric.parse_rubric(row["ground_truth"])
         except ValueError as e:
             raise ValueError(f"row {index}: {e}") from None
-    if name in BATCHED:
-        kwargs.setdefault("prompt", row.get("prompt", ""))
     domain = row.get("domain") or name
     if not isinstance(domain, str):
         raise ValueError(f"row {index}: domain must be a string, got {domain!r}")
-    return _Job(index, name, target, row["ground_truth"], kwargs, domain)
+    return name, row["ground_truth"], row_kwargs, domain, row.get("prompt", "")
 
 
 def _options(job: _Job) -> dict[str, Any]:
@@ -216,7 +226,7 @@ class RewardService:
     # -- scoring -------------------------------------------------------------------------
     def score(
         self,
-        rows: Sequence[Mapping[str, Any]],
+        rows: Sequence[PromptRow | Mapping[str, Any]],
         responses: Sequence[str],
         *,
         lengths: Sequence[int] | np.ndarray | None = None,
@@ -225,8 +235,8 @@ class RewardService:
         """Rewards for `responses[i]` judged against `rows[i]` (see module docstring).
 
         Args:
-          rows: data rows with `verifier`, `ground_truth` and optional `domain`,
-            `verifier_kwargs`, `prompt` (used by the judge).
+          rows: `PromptRow`s (validated when loaded), or mappings with `verifier`,
+            `ground_truth` and optional `domain`, `verifier_kwargs`, `prompt` (the judges').
           responses: completion texts, one per row.
           lengths: completion lengths in tokens, for the overlong penalty.
           max_len: the generation budget L_max, for the overlong penalty.

@@ -377,7 +377,7 @@ VLLM = Backend(
     install="its CPU build in its own venv: bash scripts/setup_env.sh --vllm (docs/vllm.md); "
     "on a GPU machine pip install 'rlvr_jax[vllm]'",
     build="rlvr_jax.rollout.backends.vllm:build_scheduler",
-    plan="rlvr_jax.training.plan:vllm_kv_plan",
+    plan="rlvr_jax.plan:vllm_kv_plan",
 )
 
 BACKENDS = {b.name: b for b in (JETSTREAM, VLLM)}

@@ -63,9 +63,8 @@ def score_groups(
     rows, texts, lengths, spans, shown, extra = [], [], [], [], [], []
     for g in groups:
         start = len(texts)
-        row = g.meta.to_dict()
         for c in g.completions:
-            rows.append(row)
+            rows.append(g.meta)
             texts.append(answer_text(c, tokenizer))
             lengths.append(len(c.tokens))
             extra.append(0.0 if c.episode is None else c.episode.reward)

@@ -7,8 +7,8 @@ what its shapes need outside the dispatch lock, dispatch the update (the device 
 host goes on), write step N−1's metrics (fetched now: step N is already queued), push the new
 weights to the actors (`training.push`: bounded in time, probed), checkpoint `{train state,
 source.state(), ledger count}` every `checkpoint.every_steps`, evaluate every `eval.every_steps`,
-stop on SIGINT/SIGTERM. The policy version (optimizer updates dispatched) is counted on the
-host: no device sync per step.
+stop on SIGINT/SIGTERM (`shutdown.SignalStop`). The policy version (optimizer updates
+dispatched) is counted on the host: no device sync per step.
 
 Weights reach the actors right after the update is dispatched when the source is on-policy (sync
 mode, expert iteration: the next batch must come from them), and otherwise once the update has
@@ -27,10 +27,8 @@ import contextlib
 import dataclasses
 import logging
 import math
-import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +41,11 @@ from rlvr_jax.config.schema import Config
 from rlvr_jax.models import lora
 from rlvr_jax.models.bootstrap import ensure_model
 from rlvr_jax.rollout.push import PushTimeoutError
+from rlvr_jax.shutdown import SignalStop
 from rlvr_jax.timeline import Timeline
 from rlvr_jax.training import checkpoint as ckpt
-from rlvr_jax.training.algorithms import Context, get_algorithm
+from rlvr_jax.training.algorithms import get_algorithm
+from rlvr_jax.training.context import Context
 from rlvr_jax.training.export import write_run_config
 from rlvr_jax.training.ledger import Ledger
 from rlvr_jax.training.metrics import MetricsWriter, plot_curves, read_jsonl
@@ -56,39 +56,6 @@ if TYPE_CHECKING:
     from rlvr_jax.rollout import Rollout
 
 log = logging.getLogger("rlvr_jax.train")
-
-
-class StopFlag:
-    """Set by SIGINT/SIGTERM; the loop checks it between steps, checkpoints and exits."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.signal: int | None = None
-        self.where: Callable[[], int] | None = None
-        """The trainer's last dispatched step (named in the signal's log line)."""
-
-    def set(self, signum: int | None = None) -> None:
-        self.signal = signum
-        self._event.set()
-
-    def __bool__(self) -> bool:
-        return self._event.is_set()
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread
-
-        def handler(signum, _frame):
-            if self:
-                raise KeyboardInterrupt  # a second signal: stop now
-            at = self.where() if self.where is not None else "?"
-            log.warning(
-                "signal %d at step %s: finishing the current step, then checkpointing", signum, at
-            )
-            self.set(signum)
-
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
 
 
 @dataclasses.dataclass
@@ -112,20 +79,23 @@ class Trainer:
     from the newest intact checkpoint, and runs the loop (`run`); `close` releases it all."""
 
     def __init__(
-        self, cfg: Config, *, stop: StopFlag | None = None, timeline: Timeline | None = None
+        self, cfg: Config, *, stop: SignalStop | None = None, timeline: Timeline | None = None
     ):
-        """`timeline`: when given, each optimizer update is recorded as a "train" span (from
-        dispatch to completion), the rollout driver's decode chunks as "rollout" spans, and
-        the end of every step as a "step" mark (`rlvr-bench e2e`)."""
+        """`stop`: set (SIGINT/SIGTERM) to end the run after this step, checkpointed. `timeline`:
+        when given, each optimizer update is recorded as a "train" span (from dispatch to
+        completion), the rollout driver's decode chunks as "rollout" spans, and the end of
+        every step as a "step" mark (`rlvr-bench e2e`)."""
         from rlvr_jax.data import load_tokenizer
 
         check(cfg)  # a Config built in Python, not loaded, is checked too: before anything is built
         _compilation_cache(cfg.train.compilation_cache_dir)
         self.cfg, self.timeline = cfg, timeline
-        self.stop = stop if stop is not None else StopFlag()
+        self.stop = stop if stop is not None else SignalStop("rlvr-train", grace_s=None)
         self.dispatched = 0
         """The last step dispatched (named when a signal comes)."""
-        self.stop.where = lambda: self.dispatched
+        self.stop.status = lambda n: (
+            f"signal {n} at step {self.dispatched}: finishing the step, then checkpointing"
+        )
         self.out = Path(cfg.train.output_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         if jax.process_index() == 0:  # what rlvr-export / rlvr-eval read to load a checkpoint
@@ -145,7 +115,7 @@ class Trainer:
             learner_mesh=learner_mesh,
             actor_mesh=actor_mesh,
             settings=losses.loss_settings_from_config(cfg.loss),
-            stop=lambda: bool(self.stop),
+            stop=self.stop.event.is_set,
             timeline=timeline,
             turns=_device_turns(cfg),
         )
@@ -196,7 +166,7 @@ class Trainer:
         bar = self._bar = _progress(cfg, self.start_step)
         step = self.start_step
         try:
-            while step < cfg.train.max_steps and not self.stop:
+            while step < cfg.train.max_steps and not self.stop.event.is_set():
                 batch = self.source.next(self.version)
                 if batch is None:  # stopped while collecting: nothing was consumed
                     break
@@ -268,7 +238,7 @@ class Trainer:
                     self._push(*push, pending)
             except BaseException as e:  # raised on the loop's thread by `_wait_push`
                 self._push_error = e
-                self.stop.set()
+                self.stop.event.set()
             finally:
                 pending.done.set()
 
@@ -340,9 +310,9 @@ class Trainer:
         from rlvr_jax.rewards import RewardService
 
         self._wait_push()  # async: this version is pushed once its update has completed
-        rollouts = getattr(self.source, "rollouts", None)
+        rollouts = self.source.rollouts
         rollout = rollouts.stream if rollouts is not None else self._evaluation_rollout()
-        rewards = getattr(rollouts, "rewards", None)
+        rewards = rollouts.rewards if rollouts is not None else None
         with contextlib.ExitStack() as stack:
             if rewards is None:
                 rewards = stack.enter_context(RewardService(self.cfg.rewards))
@@ -384,12 +354,12 @@ class Trainer:
             self._checkpoint(step)
         self.checkpointer.wait()
         self.ledger.write(step, self.source.pending())  # dropped again on resume
-        if self.stop.signal is not None:
+        if self.stop.signum is not None:
             log.warning("stopped at step %d, checkpoint written; rerun to resume", step)
         cfg = self.cfg
         if cfg.log.plots and self.metrics.enabled:
             plot_curves(read_jsonl(self.metrics.path), self.out / "curves.png")
-        if cfg.checkpoint.export_hf and not self.stop:
+        if cfg.checkpoint.export_hf and not self.stop.event.is_set():
             params = self.state.params
             if jax.process_count() > 1:  # every process takes part in the gather
                 from jax.experimental import multihost_utils

@@ -6,15 +6,12 @@ from __future__ import annotations
 import logging
 
 from rlvr_jax.config.schema import Config
-from rlvr_jax.models.bootstrap import ensure_model, resolve_function
-from rlvr_jax.sharding import used_devices
+from rlvr_jax.shutdown import SignalStop
 from rlvr_jax.training.distributed import init_distributed
-from rlvr_jax.training.loop import StopFlag, Trainer
-
-__all__ = ["StopFlag", "ensure_model", "main", "resolve_function", "train", "used_devices"]
+from rlvr_jax.training.loop import Trainer
 
 
-def train(cfg: Config, *, stop: StopFlag | None = None) -> None:
+def train(cfg: Config, *, stop: SignalStop | None = None) -> None:
     """Builds the trainer of `cfg.algorithm`, runs it to `train.max_steps` (or until `stop` is
     set), and closes it."""
     trainer = Trainer(cfg, stop=stop)
@@ -32,7 +29,9 @@ def main(cfg: Config) -> int:
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     init_distributed(cfg.mesh.distributed)
-    stop = StopFlag()
-    stop.install()
-    train(cfg, stop=stop)
-    return 0 if stop.signal is None else 128 + stop.signal
+    stop = SignalStop("rlvr-train", grace_s=None).install()
+    try:
+        train(cfg, stop=stop)
+    finally:
+        stop.uninstall()
+    return stop.exit_code

@@ -231,9 +231,9 @@ def update_geometry(d_a: Any, d_b: Any) -> tuple[jax.Array, jax.Array, jax.Array
     return n_a, n_b, jnp.where(denom > 0, dot / jnp.where(denom > 0, denom, 1.0), 0.0)
 
 
-def jit_train_step(step: Callable, state_shardings: Any, batch_shardings: Any = None) -> Callable:
-    """The step jitted with explicit shardings (the batch's inferred when None); the old state
-    is donated."""
-    in_shardings = (state_shardings, batch_shardings) if batch_shardings is not None else None
-    kwargs = {"in_shardings": in_shardings} if in_shardings is not None else {}
+def jit_train_step(step: Callable, state_shardings: Any, *shardings: Any) -> Callable:
+    """The step jitted with explicit shardings: the state's in and out (the old state donated),
+    and those of its other arguments when given (None: as the argument is laid out; none
+    given: all inferred)."""
+    kwargs = {"in_shardings": (state_shardings, *shardings)} if shardings else {}
     return jax.jit(step, out_shardings=(state_shardings, None), donate_argnums=(0,), **kwargs)

@@ -1,6 +1,6 @@
 """`algorithm` → (config checks, batch source, learner update): the table the loop runs from.
-Each algorithm reads in its own file; what they share is `common.py` (the `Context` and the
-`Update` base, whose `compile` is the update itself on abstract arrays).
+Each algorithm reads in its own file; what their updates share is `common.py` (the `Update`
+base: one jitted program per batch shape).
 
 | algorithm | file | source → update |
 |---|---|---|
@@ -24,7 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rlvr_jax.training.algorithms import dpo, expert_iteration, ppo, rl, rl_sft_parallel, sft
-from rlvr_jax.training.algorithms.common import Context, Update
+from rlvr_jax.training.algorithms.common import Update
+from rlvr_jax.training.context import Context
 
 
 @dataclasses.dataclass(frozen=True)

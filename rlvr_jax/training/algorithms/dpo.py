@@ -103,9 +103,6 @@ class PreferenceSource(StaticWeights):
     def restore(self, state: dict) -> None:
         self.pairs.restore(state["dpo"])
 
-    def close(self) -> None:
-        pass
-
 
 def response_budget(cfg: Config) -> int:
     """`dpo.max_response_len`, or `rollout.max_new_tokens` when unset."""
@@ -143,18 +140,18 @@ class DPOUpdate(Update):
             compute_dtype=cfg.model.compute_dtype,
             memory=ctx.memory,
         )
-        super().__init__(ctx, step, optimizer)
-        self.on_the_fly = d.reference == "on_the_fly" and needs_reference(d.variant)
-        if self.on_the_fly:
+        super().__init__(ctx, optimizer)
+        self.train_step = step
+        self.needs_ref = d.reference == "on_the_fly" and needs_reference(d.variant)
+        if self.needs_ref:
             self.logprob = reference_logprob_fn(ctx)
 
-    def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
-        arrays: PreferenceBatch = self.put(batch.arrays)
-        if self.on_the_fly:
-            ref = self.reference_params(state)
-            arrays = arrays.replace(ref_logp_BxT=self.call(self.logprob, ref, arrays))
-        state, metrics = self.call(self.step, state, arrays)
-        return state, [metrics], 1
+    def step(self, state: Any, inputs: PreferenceBatch, reference: Any) -> tuple[Any, list]:
+        """The reference log-probs (`dpo.reference: on_the_fly`), then one DPO step."""
+        if self.needs_ref:
+            ref_logp = self.logprob(self.reference_params(state, reference), inputs)
+            inputs = inputs.replace(ref_logp_BxT=ref_logp)
+        return self.steps(state, 1, lambda state, _: self.train_step(state, inputs))
 
 
 def reference_logprob_fn(ctx: Context) -> Any:

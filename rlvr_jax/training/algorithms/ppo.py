@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rlvr_jax.training.algorithms.common import Context
 from rlvr_jax.training.algorithms.rl import RLUpdate
+from rlvr_jax.training.context import Context
 from rlvr_jax.training.critic import CriticBuilder, make_ppo_step, make_prepare_fn
-from rlvr_jax.training.sources import Batch
 
 
 class PPOUpdate(RLUpdate):
@@ -24,7 +23,7 @@ class PPOUpdate(RLUpdate):
         self, ctx: Context, optimizer: Any, n_micro: int | None, options: dict[str, Any]
     ) -> tuple[Callable, Any]:
         self.critic = CriticBuilder(ctx.cfg, ctx.model, ctx.learner_mesh, ctx.memory)
-        self.prepare = make_prepare_fn(self.critic.critic, ctx.settings)
+        self.gae = make_prepare_fn(self.critic.critic, ctx.settings)
         step = make_ppo_step(
             ctx.model.config,
             self.critic.critic,
@@ -39,11 +38,9 @@ class PPOUpdate(RLUpdate):
     def _initial_state(self, params: Any) -> Any:
         return super()._initial_state(params).replace(critic=self.critic.init())
 
-    def _advantages(self, state: Any, full: Any, batch: Batch) -> tuple[Any, dict[str, Any]]:
+    def _advantages(self, state: Any, rl: Any) -> tuple[Any, dict[str, Any]]:
         """GAE from the critic's values of the rollout tokens (`loss.kl_mode: reward` included)."""
-        del batch
-        full, before = self.call(self.prepare, state.params, state.critic.params, full)
-        return self.put(full), before
+        return self.gae(state.params, state.critic.params, rl)
 
 
 def update(ctx: Context) -> PPOUpdate:

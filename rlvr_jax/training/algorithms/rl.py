@@ -7,13 +7,14 @@ each batch so the actors generate the next one while the learner trains on this 
 that complete once the batch is full wait for the next one (none is dropped unsettled). Each
 batch lists what became of every group it settled (`Batch.settled`, the prompt ledger).
 
-Update, `RLUpdate`: the log-probs the loss needs from the learner first — θ_old's (several
-updates per batch, TIS mask mode, reward-KL), the reference policy's (KL on) — then
-`train.updates_per_batch` optimizer steps on mini-batches of the batch.
+Update, `RLUpdate`, one jitted program: the log-probs the loss needs from the learner first —
+θ_old's (several updates per batch, TIS mask mode, reward-KL), the reference policy's (KL on) —
+then `train.updates_per_batch` optimizer steps on mini-batches of the batch.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from rlvr_jax import losses
 from rlvr_jax.config.algorithm_checks import micro_batches
 from rlvr_jax.training import learner, ledger
 from rlvr_jax.training.algorithms.common import Context, Update, step_micro_batches
-from rlvr_jax.training.batch import packed_row_counts
+from rlvr_jax.training.batch import RLBatch, packed_row_counts
 from rlvr_jax.training.critic import warn_if_unused
 from rlvr_jax.training.groups import BatchAssembler, build_batch, rewards_N
 from rlvr_jax.training.optimizer import make_optimizer
@@ -204,28 +205,24 @@ def source(ctx: Context, params: Any, version: int) -> RolloutSource:
 
 
 class RLUpdate(Update):
-    """`train.updates_per_batch` optimizer steps on mini-batches of each RL batch (see the module
-    docstring). Subclasses make another step (`_make_step`), prepare the advantages another way
-    (`_advantages`), or give the step more batches (`_step_args`)."""
+    """`train.updates_per_batch` optimizer steps on mini-batches of each RL batch, one program
+    (module docstring). Subclasses make another step (`_make_step`), prepare the advantages
+    another way (`_advantages`), or give the step more batches (`_parts`)."""
 
     def __init__(self, ctx: Context) -> None:
         cfg, settings = ctx.cfg, ctx.settings
         self.updates = cfg.train.updates_per_batch
         n_micro = step_micro_batches(cfg, ctx.rows // self.updates, "mini-batch")
-        options = dict(
-            max_len=cfg.rollout.max_new_tokens,
+        forward = dict(
             compute_dtype=cfg.model.compute_dtype,
             temperature=cfg.rollout.temperature,
             memory=ctx.memory,
         )
-        step, optimizer = self._make_step(ctx, make_optimizer(cfg.train), n_micro, options)
-        super().__init__(ctx, step, optimizer)
-        self.logprob = learner.make_logprob_fn(
-            ctx.model.config,
-            compute_dtype=cfg.model.compute_dtype,
-            temperature=cfg.rollout.temperature,
-            memory=ctx.memory,
-        )
+        options = dict(max_len=cfg.rollout.max_new_tokens, **forward)
+        optimizer = make_optimizer(cfg.train)
+        self.train_step, optimizer = self._make_step(ctx, optimizer, n_micro, options)
+        super().__init__(ctx, optimizer)
+        self.logprob = learner.make_logprob_fn(ctx.model.config, **forward)
         self.exact = cfg.rollout.exact
         self.needs_old = (
             (self.updates > 1 and settings.ratio_denominator == "old")
@@ -233,50 +230,105 @@ class RLUpdate(Update):
             or settings.reward_kl_coef > 0
             or self.exact
         )
-        self._scorer: Any = None  # rollout.exact: the engine the old log-probs replay through
         self.needs_ref = settings.needs_ref_logp
+        self.kl_rewards = settings.reward_kl_coef > 0 and not settings.uses_critic
+        """`loss.kl_mode: reward`, group advantages: the estimator runs over the kept groups (a
+        count that varies), so the log-probs it needs come before the program."""
+        self._scorer: Any = None  # rollout.exact: the engine the old log-probs replay through
+        self._prepare = jax.jit(self.prepare)  # kl_rewards, train.save_batch: before the program
+
+        self._kl_advantages = jax.jit(
+            functools.partial(kl_advantages, settings=settings),
+            static_argnames="group_size",
+            out_shardings=ctx.batch_sharding((ctx.rows,)),
+        )
 
     def _make_step(
         self, ctx: Context, optimizer: Any, n_micro: int | None, options: dict[str, Any]
     ) -> tuple[Callable, Any]:
-        """(the pure step, its optimizer)."""
+        """(the pure optimizer step, its optimizer)."""
         warn_if_unused(ctx.cfg, ctx.settings)
         step = learner.make_train_step(
             ctx.model.config, optimizer, ctx.settings, n_micro=n_micro, **options
         )
         return step, optimizer
 
-    def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
+    def inputs(self, batch: Batch) -> tuple | None:
+        """(the RL batch, what else the step takes: `_parts`); with `rollout.exact`, zeros of
+        their shape for θ_old's log-probs, replayed on the host (`_given`)."""
         if batch.arrays is None:
-            return state, [], 0
-        arrays = self._rl_part(batch.arrays)
-        full = self.put(self._lag_per_update(arrays))
+            return None
+        rl, *rest = self._parts(batch.arrays)
         if self.exact:
-            full = full.replace(old_logp_BxT=self.put(self._replayed(state, arrays, batch)))
-        elif self.needs_old:
-            full = full.replace(old_logp_BxT=self.call(self.logprob, state.params, full))
-        if self.needs_ref:
-            ref = self.reference_params(state)
-            full = full.replace(ref_logp_BxT=self.call(self.logprob, ref, full))
-        full, before = self._advantages(state, full, batch)
-        if self.ctx.cfg.train.save_batch and not self.abstract:
-            self._save(state, full, batch)
-        out = []
-        for u in range(self.updates):
-            mini = full if self.updates == 1 else self.mini_batch(full, u, self.updates)
-            state, metrics = self.call(self.step, state, mini, *self._step_args(batch, u))
-            out.append({**metrics, **before})
-        return state, out, self.updates
+            rl = rl.replace(old_logp_BxT=np.zeros(rl.mask_BxT.shape, np.float32))
+        return (rl, *rest)
 
-    def _rl_part(self, arrays: Any) -> Any:
-        return arrays
+    def _parts(self, arrays: Any) -> tuple:
+        """(the RL batch of a source's arrays, what else the step takes, split as it is)."""
+        return (arrays,)
 
-    def _replayed(self, state: Any, arrays: Any, batch: Batch) -> np.ndarray:
+    def _given(self, state: Any, inputs: tuple, batch: Batch) -> tuple:
+        """`inputs` on the mesh with what is made before the program: θ_old's log-probs replayed
+        through an engine (`rollout.exact`, host work); with `kl_rewards`, `_prepare`'s batch
+        with the penalised rewards' advantages (`kl_advantages`, per count of kept groups)."""
+        rl, *rest = inputs
+        if self.exact:
+            rl = rl.replace(old_logp_BxT=self._replayed(state, rl, batch))
+        rl, *rest = self.ctx.put((rl, *rest))
+        if self.kl_rewards or self.ctx.cfg.train.save_batch:
+            scored, _ = self._prepare(state, rl, self.reference)
+            if self.ctx.cfg.train.save_batch:
+                self._save(state, scored, batch)
+            if self.kl_rewards:
+                slots, rewards, g = np.asarray(batch.slots), batch.rewards_B, batch.group_size
+                rl = scored.replace(
+                    advantages_B=self._kl_advantages(scored, slots, rewards, group_size=g)
+                )
+        return (rl, *rest)
+
+    def _compile(self, state: Any, inputs: tuple) -> None:
+        if self.kl_rewards:  # the program then takes `_prepare`'s batch
+            compiled = self._prepare.lower(state, inputs[0], self.reference).compile()
+            inputs = (compiled.out_info[0], *inputs[1:])
+        super()._compile(state, inputs)
+
+    def step(self, state: Any, inputs: tuple, reference: Any) -> tuple[Any, list[dict]]:
+        """The program: the batch's log-probs and advantages (`prepare`), then `updates`
+        optimizer steps on its mini-batches."""
+        rl, *rest = inputs
+        rl, before = self.prepare(state, rl, reference)
+        args = (rl, *rest)
+        if self.updates > 1:
+            args = tuple(self.ctx.mini_batches(a, self.updates) for a in args)
+        lagged = not self.needs_old and self.updates > 1 and rl.lag_BxT is not None
+
+        def one(state: Any, u: Any) -> tuple[Any, dict]:
+            part = args if self.updates == 1 else jax.tree.map(lambda x: x[u], args)
+            if lagged:  # mini-batch u is scored by the params after u updates
+                part = (part[0].replace(lag_BxT=part[0].lag_BxT + u), *part[1:])
+            state, metrics = self.train_step(state, *part)
+            return state, {**metrics, **before}
+
+        return self.steps(state, self.updates, one)
+
+    def prepare(self, state: Any, rl: Any, reference: Any) -> tuple[Any, dict[str, Any]]:
+        """(the RL batch with θ_old's and the reference's log-probs where the loss needs them
+        and they are not given, and the advantages the loss uses; metrics of making them)."""
+        if self.needs_old and rl.old_logp_BxT is None:
+            rl = rl.replace(old_logp_BxT=self.logprob(state.params, rl))
+        if self.needs_ref and rl.ref_logp_BxT is None:
+            ref_logp = self.logprob(self.reference_params(state, reference), rl)
+            rl = rl.replace(ref_logp_BxT=ref_logp)
+        return self._advantages(state, self.ctx.laid_out(rl))
+
+    def _advantages(self, state: Any, rl: Any) -> tuple[Any, dict[str, Any]]:
+        """(the batch with the advantages the loss uses, metrics of making them): its own."""
+        del state
+        return rl, {}
+
+    def _replayed(self, state: Any, rl: Any, batch: Batch) -> np.ndarray:
         """`rollout.exact`: the old log-probs [B, T] of the batch's completions replayed with
         the learner's params through an engine like the actors' (`rollout.rescore`)."""
-        old_BxT = np.zeros(arrays.mask_BxT.shape, np.float32)
-        if self.abstract:  # (only its shape is compiled against)
-            return old_BxT
         from rlvr_jax.rollout import build_engine, rescore, sampling_params
 
         ctx, cfg = self.ctx, self.ctx.cfg
@@ -288,46 +340,22 @@ class RLUpdate(Update):
         scored = rescore(
             self._scorer, batch.sequences, params=params, sampling=sampling_params(cfg.rollout)
         )
+        old_BxT = np.zeros(rl.mask_BxT.shape, np.float32)
         for slot, (prompt, _), logp in zip(batch.slots, batch.sequences, scored):
-            first = 0 if arrays.targets_BxT is not None else len(prompt) - 1  # shared: own tokens
+            first = 0 if rl.targets_BxT is not None else len(prompt) - 1  # shared: own tokens
             old_BxT[slot, first : first + len(logp)] = logp
         return old_BxT
 
-    def _lag_per_update(self, arrays: Any) -> Any:
-        """Without precomputed old log-probs, mini-batch u is scored by the params after u
-        updates: its tokens lag u more versions."""
-        if self.needs_old or self.updates == 1 or arrays.lag_BxT is None:
-            return arrays
-        lag_BxT = np.array(arrays.lag_BxT)
-        n = lag_BxT.shape[0] // self.updates
-        for u in range(1, self.updates):
-            lag_BxT[u * n : (u + 1) * n] += u
-        return arrays.replace(lag_BxT=lag_BxT)
-
-    def _step_args(self, batch: Batch, u: int) -> tuple:
-        """What the step takes after the state and the RL mini-batch."""
-        del batch, u
-        return ()
-
-    def _advantages(self, state: Any, full: Any, batch: Batch) -> tuple[Any, dict[str, Any]]:
-        """(the batch with the advantages the loss uses, metrics of making them): with
-        `loss.kl_mode: reward`, those of the KL-penalised rewards, which need the learner's
-        log-probs."""
-        del state
-        if self.ctx.settings.reward_kl_coef > 0 and not self.abstract:  # (nothing to compile)
-            adv_B = kl_advantages(self.ctx.settings, full, batch)
-            full = full.replace(advantages_B=self.put(adv_B))
-        return full, {}
-
-    def _save(self, state: Any, full: Any, batch: Batch) -> None:
-        """`train.save_batch`: the batch as a loss-lab file (`rlvr-bench losses --batch`)."""
+    def _save(self, state: Any, scored: Any, batch: Batch) -> None:
+        """`train.save_batch`: the batch as a loss-lab file (`rlvr-bench losses --batch`), with
+        the log-probs and advantages the program makes (`prepare`)."""
         from rlvr_jax.losses.batch_file import save_batch
 
-        old = full.old_logp_BxT
+        old = scored.old_logp_BxT
         if old is None:
-            old = self.logprob(state.params, full)
-        # the completions in sample order (groups of G), as the loss lab reads them
-        slots = batch.slots
+            old = self.logprob(state.params, scored)
+        full, old = jax.device_get((scored, old))
+        slots = batch.slots  # the completions in sample order (groups of G), as the lab reads
         advantages = full.advantages_B if full.advantages_BxT is None else full.advantages_BxT
         extra = {} if full.ref_logp_BxT is None else {"ref_logp": full.ref_logp_BxT[slots]}
         save_batch(
@@ -344,22 +372,22 @@ class RLUpdate(Update):
         )
 
 
-def kl_advantages(settings: losses.LossSettings, full: Any, batch: Batch) -> jax.Array:
-    """`loss.kl_mode: reward`: advantages [B] of the KL-penalised rewards (the penalty needs
-    the learner's old and reference log-probs), 0 on padding rows."""
-    slots = jnp.asarray(batch.slots)
+def kl_advantages(
+    rl: RLBatch, slots_N: Any, rewards_N: Any, *, settings: losses.LossSettings, group_size: int
+) -> jax.Array:
+    """`loss.kl_mode: reward`: advantages [B] of the KL-penalised rewards of the completions
+    at `slots_N` (groups of `group_size`; the penalty needs the batch's old and reference
+    log-probs), 0 on padding rows."""
     penalised_N = losses.kl_reward_penalty(
-        jnp.asarray(batch.rewards_B),
-        logp=full.old_logp_BxT[slots],
-        ref_logp=full.ref_logp_BxT[slots],
-        mask=full.mask_BxT[slots],
+        rewards_N,
+        logp=rl.old_logp_BxT[slots_N],
+        ref_logp=rl.ref_logp_BxT[slots_N],
+        mask=rl.mask_BxT[slots_N],
         kl_coef=settings.reward_kl_coef,
         kl_estimator=settings.kl_estimator,
     )
-    adv_N = losses.advantages(
-        settings.advantage, penalised_N.reshape(-1, batch.group_size)
-    ).reshape(-1)
-    return jnp.zeros(full.advantages_B.shape, jnp.float32).at[slots].set(adv_N)
+    adv_N = losses.advantages(settings.advantage, penalised_N.reshape(-1, group_size))
+    return jnp.zeros(rl.mask_BxT.shape[:1], jnp.float32).at[slots_N].set(adv_N.reshape(-1))
 
 
 def update(ctx: Context) -> RLUpdate:

@@ -153,16 +153,16 @@ class ParallelBatch:
 
 
 class PairingSource(GeneratingSource):
-    """`algorithm: rl_sft_parallel`: each RL batch (`RolloutSource`, `self.rollouts`, which
-    the loop's interface goes to) paired with the next `train.updates_per_batch` SFT batches
-    (`SFTSource`); both positions are checkpointed."""
+    """`algorithm: rl_sft_parallel`: each RL batch (`RolloutSource`, `self.rl`, whose
+    `Rollouts` the loop's interface goes to) paired with the next `train.updates_per_batch` SFT
+    batches (`SFTSource`); both positions are checkpointed."""
 
     def __init__(self, rl: Any, sft: sft_algorithm.SFTSource, *, updates_per_batch: int) -> None:
-        self.rollouts, self.sft, self.updates = rl, sft, updates_per_batch
-        self.on_policy = rl.on_policy
+        self.rl, self.sft, self.updates = rl, sft, updates_per_batch
+        self.rollouts, self.on_policy = rl.rollouts, rl.on_policy
 
     def next(self, policy_version: int) -> Batch | None:
-        rl = self.rollouts.next(policy_version)
+        rl = self.rl.next(policy_version)
         if rl is None:
             return None
         sft = [self.sft.next(policy_version).arrays for _ in range(self.updates)]
@@ -170,10 +170,10 @@ class PairingSource(GeneratingSource):
         return dataclasses.replace(rl, arrays=ParallelBatch(rl=rl.arrays, sft=stacked))
 
     def state(self) -> dict:
-        return {"rl": self.rollouts.state(), **self.sft.state()}
+        return {"rl": self.rl.state(), **self.sft.state()}
 
     def restore(self, state: dict) -> None:
-        self.rollouts.restore(state["rl"])
+        self.rl.restore(state["rl"])
         self.sft.restore(state)
 
 
@@ -209,11 +209,8 @@ class ParallelUpdate(rl_algorithm.RLUpdate):
         )
         return step, pair_optimizer(optimizer, sft_opt)
 
-    def _rl_part(self, arrays: ParallelBatch) -> RLBatch:
-        return arrays.rl
-
-    def _step_args(self, batch: Batch, u: int) -> tuple:
-        return (self.mini_batch(batch.arrays.sft, u, self.updates),)
+    def _parts(self, arrays: ParallelBatch) -> tuple[RLBatch, TokenBatch]:
+        return arrays.rl, arrays.sft
 
 
 def update(ctx: Context) -> ParallelUpdate:

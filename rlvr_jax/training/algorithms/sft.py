@@ -179,9 +179,6 @@ class SFTSource(StaticWeights):
     def restore(self, state: dict) -> None:
         self.batcher.examples.restore(state["sft"])
 
-    def close(self) -> None:
-        pass
-
 
 def sft_batches(ctx: Context, *, seed: int, packed: bool = False) -> SFTSource:
     """The SFT examples of the run in batches of `sft.batch_size`, drawn with `seed`; `packed`:
@@ -214,21 +211,15 @@ class SFTUpdate(Update):
         cfg = ctx.cfg
         optimizer = make_optimizer(cfg.train)
         n_micro = step_micro_batches(cfg, rows, "SFT batch")
-        step = make_sft_step(
+        self.train_step = make_sft_step(
             ctx.model.config, optimizer, compute_dtype=cfg.model.compute_dtype, n_micro=n_micro
         )
-        super().__init__(ctx, step, optimizer)
+        super().__init__(ctx, optimizer)
         self.repeat = repeat
 
-    def update(self, state: Any, batch: Batch) -> tuple[Any, list, int]:
-        if batch.arrays is None:
-            return state, [], 0
-        arrays = self.put(batch.arrays)
-        out = []
-        for _ in range(self.repeat):
-            state, metrics = self.call(self.step, state, arrays)
-            out.append(metrics)
-        return state, out, self.repeat
+    def step(self, state: Any, inputs: TokenBatch, reference: Any) -> tuple[Any, list[dict]]:
+        del reference
+        return self.steps(state, self.repeat, lambda state, _: self.train_step(state, inputs))
 
 
 def update(ctx: Context) -> SFTUpdate:

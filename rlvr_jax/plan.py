@@ -234,7 +234,6 @@ def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
         raise PlanError(f"rollout: {e}") from None
     pages, tokens = pool.pages, pool.tokens
     device_bytes = pool.tokens_per_device * per_token
-    mean = cfg.data.max_prompt_len + MEAN_OVER_MAX * r.max_new_tokens
     return {
         "layout": r.kv_layout,
         "page_size": r.page_size,
@@ -243,11 +242,7 @@ def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
         "bytes_per_device": device_bytes,
         "bytes_per_token_per_device": per_token,
         "shards": shards,
-        "max_slots": r.max_slots,
-        "max_length": seq,
-        "mean_length": mean,
-        "concurrent_at_max_length": min(r.max_slots, tokens // seq),
-        "concurrent_at_mean_length": min(r.max_slots, int(tokens // mean)),
+        **_concurrency(cfg, tokens),
     }
 
 
@@ -259,14 +254,30 @@ VLLM_PROFILE_TOKENS = 8192
 """Tokens of the forward vLLM profiles at start-up (its offline `max_num_batched_tokens`)."""
 
 
+def _concurrency(cfg: Config, tokens: int) -> dict[str, Any]:
+    """The sequences a KV cache of `tokens` holds at once, at the maximum and at the mean
+    length (module docstring), at most `rollout.max_slots`."""
+    r = cfg.rollout
+    seq = cfg.data.max_prompt_len + r.max_new_tokens
+    mean = cfg.data.max_prompt_len + MEAN_OVER_MAX * r.max_new_tokens
+    return {
+        "max_slots": r.max_slots,
+        "max_length": seq,
+        "mean_length": mean,
+        "concurrent_at_max_length": min(r.max_slots, tokens // seq),
+        "concurrent_at_mean_length": min(r.max_slots, int(tokens // mean)),
+    }
+
+
 def vllm_kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> tuple[dict, dict]:
     """(the KV plan, the actor's bytes per device) of `rollout.backend: vllm`, as vLLM sizes
     its cache (module docstring)."""
+    from rlvr_jax import models
+
     r = cfg.rollout
     tp = sizes["tensor"]
     engines = sizes["data"] * sizes["fsdp"]
-    seq = cfg.data.max_prompt_len + r.max_new_tokens
-    shapes = jax.tree_util.tree_leaves(jax.eval_shape(lambda: _abstract_arch(arch)))
+    shapes = jax.tree_util.tree_leaves(models.abstract_params(arch, np.float32))
     weights = sum(math.prod(x.shape) for x in shapes) * 2 / tp  # bf16, split tp ways
     rows = min(r.max_slots, VLLM_PROFILE_TOKENS)
     activations = VLLM_PROFILE_TOKENS * (2 * arch.d_ff / tp + 4 * arch.d_model) * 2
@@ -277,7 +288,6 @@ def vllm_kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> tuple[dict, d
     kv_bytes = max(VLLM_GPU_MEMORY_UTILIZATION * memory - weights - activations, 0.0)
     per_engine = int(kv_bytes // per_token) // VLLM_BLOCK_SIZE * VLLM_BLOCK_SIZE
     tokens = per_engine * engines
-    mean = cfg.data.max_prompt_len + MEAN_OVER_MAX * r.max_new_tokens
     kv = {
         "layout": "vllm",
         "page_size": VLLM_BLOCK_SIZE,
@@ -286,11 +296,7 @@ def vllm_kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> tuple[dict, d
         "bytes_per_device": kv_bytes,
         "bytes_per_token_per_device": per_token,
         "shards": engines,
-        "max_slots": r.max_slots,
-        "max_length": seq,
-        "mean_length": mean,
-        "concurrent_at_max_length": min(r.max_slots, tokens // seq),
-        "concurrent_at_mean_length": min(r.max_slots, int(tokens // mean)),
+        **_concurrency(cfg, tokens),
         "gpu_memory_utilization": VLLM_GPU_MEMORY_UTILIZATION,
         "sized": bool(memory),
     }
@@ -298,32 +304,16 @@ def vllm_kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> tuple[dict, d
     return kv, actor
 
 
-def _abstract_arch(arch: Any) -> Any:
-    from rlvr_jax import models
-
-    return models.abstract_params(arch, np.float32)
-
-
-def _shard_factor(logical: tuple, rules: dict, sizes: dict[str, int]) -> int:
-    used: set[str] = set()
-    for name in logical:
-        target = rules.get(name) if name is not None else None
-        if target is None:
-            continue
-        for axis in (target,) if isinstance(target, str) else target:
-            used.add(axis)
-    return math.prod(sizes.get(a, 1) for a in used)
-
-
 def _sharded_bytes(shapes, axes, rules, sizes) -> float:
-    """Per-device bytes of an abstract tree (each leaf in its own dtype) split by `axes`."""
+    """Per-device bytes of an abstract tree (each leaf in its own dtype) split by `axes`, as
+    the rules split it (`_sharded_factor`)."""
     flat_shapes = jax.tree_util.tree_leaves(shapes)
     flat_axes = jax.tree_util.tree_leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
     if len(flat_shapes) != len(flat_axes):
         raise PlanError("param_logical_axes does not match the params tree")
     total = 0.0
     for s, ax in zip(flat_shapes, flat_axes):
-        total += math.prod(s.shape) * s.dtype.itemsize / _shard_factor(ax, rules, sizes)
+        total += math.prod(s.shape) * s.dtype.itemsize / _sharded_factor(ax, rules, sizes, s.shape)
     return total
 
 
@@ -603,25 +593,27 @@ def format_plan(plan: Plan) -> str:
             "each GPU's memory less the weights and activations (set mesh.device_memory_gib "
             "to plan it)"
         )
-    elif kv and kv["layout"] == "vllm":
-        lines += [
-            f"rollout KV cache:  vLLM's, {kv['tokens']:,} tokens in blocks of "
-            f"{kv['page_size']} ({kv['bytes_per_device'] / GiB:.3f} GiB per actor device: "
-            f"{kv['gpu_memory_utilization']:g} of {plan.device_memory_gib:g} GiB less the "
-            "weights and activations)",
-            f"concurrent seqs:   {kv['concurrent_at_max_length']} at max length "
-            f"{kv['max_length']:,}, {kv['concurrent_at_mean_length']} at mean length "
-            f"{kv['mean_length']:,.0f} (max_slots {kv['max_slots']})",
-        ]
     elif kv:
-        pages = f"{kv['pages']:,} pages of {kv['page_size']}, " if kv["layout"] == "paged" else ""
-        lines += [
-            f"rollout KV cache:  {kv['layout']}, {pages}{kv['tokens']:,} tokens "
-            f"({kv['bytes_per_device'] / GiB:.3f} GiB per actor device)",
+        if kv["layout"] == "vllm":
+            lines.append(
+                f"rollout KV cache:  vLLM's, {kv['tokens']:,} tokens in blocks of "
+                f"{kv['page_size']} ({kv['bytes_per_device'] / GiB:.3f} GiB per actor device: "
+                f"{kv['gpu_memory_utilization']:g} of {plan.device_memory_gib:g} GiB less the "
+                "weights and activations)"
+            )
+        else:
+            pages = (
+                f"{kv['pages']:,} pages of {kv['page_size']}, " if kv["layout"] == "paged" else ""
+            )
+            lines.append(
+                f"rollout KV cache:  {kv['layout']}, {pages}{kv['tokens']:,} tokens "
+                f"({kv['bytes_per_device'] / GiB:.3f} GiB per actor device)"
+            )
+        lines.append(
             f"concurrent seqs:   {kv['concurrent_at_max_length']} at max length "
             f"{kv['max_length']:,}, {kv['concurrent_at_mean_length']} at mean length "
-            f"{kv['mean_length']:,.0f} (max_slots {kv['max_slots']})",
-        ]
+            f"{kv['mean_length']:,.0f} (max_slots {kv['max_slots']})"
+        )
     lo = plan.lora
     if lo:
 
