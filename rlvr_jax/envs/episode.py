@@ -66,13 +66,26 @@ class Episode:
         """Completion tokens already turned into messages (turns and observations)."""
 
     def turn(self, tokens: list[int], finish_reason: str) -> list[int] | None:
-        """The `TurnHook` answer for this episode (see `rollout.turns`)."""
+        """The `TurnHook` answer for this episode (see `rollout.turns`). An episode that
+        ends (done, truncated or failed) has its environment's `close()` called, when it has
+        one."""
         try:
-            return self._turn(tokens, finish_reason)
+            ids = self._turn(tokens, finish_reason)
         except Exception as e:  # the environment's failure ends its episode only
             log.warning("environment failed; ending the episode: %r", e)
             self.record.error = f"{type(e).__name__}: {e}"
-            return None
+            ids = None
+        if ids is None:
+            self.close()
+        return ids
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception as e:  # a failing close ends nothing else
+                log.warning("environment close() failed: %r", e)
 
     def _turn(self, tokens: list[int], finish_reason: str) -> list[int] | None:
         rec, runner = self.record, self.runner

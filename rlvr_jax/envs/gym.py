@@ -56,6 +56,11 @@ class GymTextEnv:
         system = system if prompt else []
         return [*system, {"role": "user", "content": str(observation)}]
 
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if callable(close):
+            close()
+
     def step(self, assistant_text: str) -> Step:
         observation, reward, terminated, truncated, info = self.env.step(assistant_text)
         done = bool(terminated or truncated)
