@@ -36,8 +36,10 @@ def test_keys_are_two_tokens_where_the_model_reads_and_writes_them(tokenizer):
     for key in KEYS:
         ids = tokenizer.encode(f' "{key}"', add_special_tokens=False)
         assert len(ids) == len(quote) + 3, key  # ' "', two tokens, '"'
-        call = tool_use.tool_call("lookup", {"key": key})
-        assert tokenizer.encode(call, add_special_tokens=False)[-len(ids) - 2 :][: len(ids)] == ids
+        call = tokenizer.encode(
+            tool_use.tool_call("lookup", {"key": key}), add_special_tokens=False
+        )
+        assert any(call[i : i + len(ids)] == ids for i in range(len(call))), key  # the same ids
 
 
 def test_the_table_and_the_tool():

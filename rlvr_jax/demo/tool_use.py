@@ -48,7 +48,7 @@ TOOLS = ("lookup",)
 class WarmStart:
     """The SFT that turns the demo base model into the tool-calling warm start."""
 
-    steps: int = 40
+    steps: int = 200
     batch_size: int = 16
     learning_rate: float = 1e-3
     warmup_steps: int = 5

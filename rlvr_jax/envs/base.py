@@ -1,7 +1,7 @@
 """The environment protocol and its registry.
 
 An environment runs one episode: `reset(row)` returns the conversation's first messages
-(`{"role", "content"}` dicts; the data row is DESIGN.md's, plus its `index`), and
+(`{"role", "content"}` dicts; the data row's fields, plus its `index`), and
 `step(assistant_text)` takes each assistant turn's text and returns a `Step`:
 (observation messages to append before the next assistant turn, or None; this turn's
 reward contribution; whether the episode is over; info). `tools` lists the JSON schemas
