@@ -190,6 +190,7 @@ class VerifiersEnv:
         self._reply: asyncio.Future | None = None
         self._episode: concurrent.futures.Future | None = None
         self._seen = 0
+        self._closed = self._waiting = False
         self._counts = {"tool_calls": 0, "tool_errors": 0, "tool_latency_s": 0.0}
 
     # -- the Environment protocol (worker threads) ----------------------------------------
@@ -204,11 +205,9 @@ class VerifiersEnv:
         return [_as_chat(m) for m in payload]
 
     def step(self, assistant_text: str) -> Step:
-        reply = self._reply
-        if reply is None:
+        if not self._waiting:
             raise RuntimeError("the verifiers environment is not waiting for a turn")
-        self._reply = None
-        _loop().call_soon_threadsafe(_resolve, reply, assistant_text, None)
+        _loop().call_soon_threadsafe(self._answer, assistant_text, None)
         kind, payload, info = self._next()
         if kind == "done":
             return Step(None, float(payload), True, info)
@@ -221,12 +220,13 @@ class VerifiersEnv:
         return Step(observation, 0.0, False, info)
 
     def close(self) -> None:
-        """Stops the episode's coroutine when a limit ended the episode first."""
-        reply, self._reply = self._reply, None
-        if reply is not None:
-            _loop().call_soon_threadsafe(_resolve, reply, None, _Stopped())
+        """Stops the episode's coroutine when it is not over (a limit ended the episode, or
+        its group never ran): at its pending turn, or at its next one."""
+        if self._episode is not None:
+            _loop().call_soon_threadsafe(self._answer, None, _Stopped())
 
     def _next(self) -> tuple[str, Any, dict]:
+        self._waiting = False
         try:
             kind, payload, info = self._events.get(timeout=TURN_TIMEOUT_S)
         except queue.Empty:
@@ -235,7 +235,20 @@ class VerifiersEnv:
             ) from None
         if kind == "error":
             raise payload
+        self._waiting = kind == "call"
         return kind, payload, info
+
+    def _answer(self, text: str | None, error: BaseException | None) -> None:
+        """On the loop: the pending model call's reply (or a stop, which also stops any
+        later call)."""
+        if error is not None:
+            self._closed = True
+        reply, self._reply = self._reply, None
+        if reply is not None and not reply.done():
+            if error is not None:
+                reply.set_exception(error)
+            else:
+                reply.set_result(text)
 
     # -- the episode (the asyncio loop) ----------------------------------------------------
 
@@ -266,7 +279,10 @@ class VerifiersEnv:
             self._events.put(("error", e, {}))
 
     async def model(self, messages: list[Any]) -> str:
-        """The policy's next turn on `messages`: handed to the engine, awaited."""
+        """The policy's next turn on `messages`: handed to the engine, awaited (on the loop,
+        like `_answer`: the two never race)."""
+        if self._closed:
+            raise _Stopped
         reply = asyncio.get_running_loop().create_future()
         self._reply = reply
         self._events.put(("call", list(messages), self._take_counts()))
@@ -296,14 +312,6 @@ class VerifiersEnv:
         counts = dict(self._counts)
         self._counts = {"tool_calls": 0, "tool_errors": 0, "tool_latency_s": 0.0}
         return counts
-
-
-def _resolve(future: asyncio.Future, value: Any, error: BaseException | None) -> None:
-    if not future.done():
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
 
 
 class _PolicyAgent:
