@@ -451,7 +451,9 @@ def write(ctx: Context, exp: Experiment, results: dict[str, Any]) -> None:
 
 
 def machine(quick: bool) -> dict[str, Any]:
-    """Where the experiment ran: `rlvr-bench roofline`'s fp32 matmul GFLOP/s and the host."""
+    """Where the experiment ran: `rlvr-bench roofline`'s fp32 matmul GFLOP/s, the host, and the
+    CPU's model and vector ISA (`bench.common.cpu_info`)."""
+    from rlvr_jax.bench.common import cpu_info
     from rlvr_jax.bench.roofline import default_sizes, measure_roofline
 
     roof = measure_roofline(**default_sizes(quick))
@@ -460,4 +462,5 @@ def machine(quick: bool) -> dict[str, Any]:
         "fp32_gflops": roof["matmul_gflops"]["float32"],
         "memory_gbps": roof["memory_gbps"],
         **{k: roof["machine"][k] for k in keys},
+        **cpu_info(),
     }
