@@ -7,9 +7,10 @@ seed, each next one from the last) — and calls `run_main`. For every seed (`--
 the config's `seed`) every arm trains in a subprocess (`rlvr-train --config F key=value ...`;
 the command in results.json, its output in `<run>.log`), and its final policy is evaluated on
 the held-out split (`data.eval_sources`, `eval.max_prompts`) through
-`rlvr_jax.eval.evaluate.sample_rows` (what `rlvr-eval` runs): n = 32 samples per prompt at
-`eval.temperature`, top-p 1, sampling seed `EVAL_SEED` for every policy; pass@1/8/32 overall
-and per domain. The base model is evaluated the same way once.
+`rlvr_jax.eval.evaluate.sample_rows`'s sampling (what `rlvr-eval` runs): n = 32 samples per
+prompt at `eval.temperature`, top-p 1, sampling seed `EVAL_SEED` for every policy; pass@1/8/32
+overall and per domain; with `env.name`, episodes of the environment, whose records the
+experiment's `episodes` hook summarises. The base model is evaluated the same way once.
 
 `--probe DOMAIN` makes DOMAIN a general-skill probe: the training sources are rewritten without
 its rows (`<out>/data/`), the held-out split keeps them, and every table shows it beside the
@@ -81,6 +82,9 @@ class Arm:
     prepare: Callable[[Context, int, dict[str, Path]], list[str]] | None = None
     """Called before the arm trains with (context, seed, final policies of the arms so far);
     returns overrides for its phases (e.g. the preference pairs it builds)."""
+    eval_overrides: tuple[str, ...] | None = None
+    """The overrides its final policy is evaluated with; None = its last phase's (e.g. an
+    SFT phase that cannot run with `env.name` set, evaluated in the environment)."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,10 @@ class Experiment:
     """(a, b) arm pairs whose difference a − b is reported with its interval (b may be base)."""
     record: Callable[[Context, dict[str, Any], list[dict]], dict] | None = None
     """Extra per-arm figures from (context, its record, its metrics rows)."""
+    episodes: Callable[[Context, list, list[list[Any]]], dict] | None = None
+    """Per-policy figures from its held-out episodes (multi-turn environments): (context,
+    the held-out rows, each row's `n` `EpisodeRecord`s; empty without `env.name`) → a dict
+    kept under the policy's `episodes`."""
     finish: Callable[[Context, dict[str, Any]], None] | None = None
     """Adds to the results before they are written (views, an `extra_markdown` section)."""
     plot: Callable[[dict[str, Any], Path], None] = report.plot
@@ -273,14 +281,15 @@ def run(
         "compare": [list(c) for c in exp.compare],
         "seeds": {},
     }
-    results["base"] = evaluate(ctx, base, [], results)
+    results["base"] = evaluate(ctx, base, [], results, exp.episodes)
     for seed in seeds:
         records: dict[str, Any] = {}
         results["seeds"][str(seed)] = records
         finals: dict[str, Path] = {}
         for arm in exp.arms:
             finals[arm.name], records[arm.name] = run_arm(ctx, exp, arm, seed, finals, records)
-            records[arm.name].update(evaluate(ctx, finals[arm.name], arm.phases[-1].overrides))
+            at = arm.phases[-1].overrides if arm.eval_overrides is None else arm.eval_overrides
+            records[arm.name].update(evaluate(ctx, finals[arm.name], at, episodes=exp.episodes))
             write(ctx, exp, results)
     results["load_after"] = load_average()
     results["wall_s"] = time.perf_counter() - t0
@@ -355,13 +364,23 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def evaluate(
-    ctx: Context, model: Path, overrides: Sequence[str], results: dict | None = None
+    ctx: Context,
+    model: Path,
+    overrides: Sequence[str],
+    results: dict | None = None,
+    episodes: Callable[[Context, list, list[list[Any]]], dict] | None = None,
 ) -> dict:
     """Held-out pass@k (n = 32) of the policy in `model` under the config with `overrides`
-    (an arm's last phase's: its rollout settings), with the per-prompt correct counts."""
+    (an arm's last phase's: its rollout settings), with the per-prompt correct counts; with
+    `env.name` set, each prompt's samples run as the environment's episodes and `episodes`
+    (the experiment's) adds its figures from (context, rows, each prompt's `EpisodeRecord`s)
+    under `episodes`. The same sampling as `eval.evaluate.sample_rows` (what `rlvr-eval`
+    runs), with the environment's hooks kept to read their episodes."""
     from rlvr_jax.data import load_eval_rows
-    from rlvr_jax.eval.evaluate import load_policy, sample_rows
-    from rlvr_jax.rewards import known_verifiers
+    from rlvr_jax.data.formatting import stop_token_ids
+    from rlvr_jax.eval.evaluate import env_prompts, load_policy, open_rollout, sample_correct_counts
+    from rlvr_jax.rewards import RewardService, known_verifiers
+    from rlvr_jax.rollout import SamplingParams
 
     cfg = ctx.load(
         [
@@ -373,17 +392,27 @@ def evaluate(
     )
     policy, tokenizer = load_policy(cfg)
     rows = load_eval_rows(cfg.data, tokenizer=tokenizer, known_verifiers=known_verifiers())
-    rows = rows[: cfg.eval.max_prompts]
+    stops = stop_token_ids(policy.config, tokenizer, cfg.rollout.stop_strings)
+    rows, prompts, turns, runner = env_prompts(cfg, rows[: cfg.eval.max_prompts], tokenizer, stops)
     n = max(EVAL_KS)
-    s = sample_rows(
-        cfg,
-        policy,
-        tokenizer,
-        rows,
-        temperature=cfg.eval.temperature,
-        num_samples=n,
-        seed=EVAL_SEED,
-    )
+    rollout = open_rollout(cfg, policy, tokenizer, max(len(p) for p in prompts))
+    try:
+        with RewardService(cfg.rewards) as rewards:
+            s = sample_correct_counts(
+                rollout,
+                rows,
+                prompts,
+                tokenizer=tokenizer,
+                reward_service=rewards,
+                num_samples=n,
+                sampling=SamplingParams(temperature=cfg.eval.temperature, top_p=1.0),
+                seed=EVAL_SEED,
+                turns=turns,
+            )
+    finally:
+        rollout.close()
+        if runner is not None:
+            runner.close()
     if results is not None:
         results["heldout"] = {
             "n": n,
@@ -394,11 +423,15 @@ def evaluate(
             "domains": list(s.domains),
         }
     counts = s.counts_P.tolist()
-    return {
+    out = {
         **report.pass_at_k(counts, s.domains, n, EVAL_KS),
         "prompts": len(rows),
         "counts": counts,
     }
+    if episodes is not None:
+        records = [[g.episode(i) for i in range(n)] for g in turns] if turns else []
+        out["episodes"] = episodes(ctx, list(rows), records)
+    return out
 
 
 def write(ctx: Context, exp: Experiment, results: dict[str, Any]) -> None:
@@ -418,7 +451,9 @@ def write(ctx: Context, exp: Experiment, results: dict[str, Any]) -> None:
 
 
 def machine(quick: bool) -> dict[str, Any]:
-    """Where the experiment ran: `rlvr-bench roofline`'s fp32 matmul GFLOP/s and the host."""
+    """Where the experiment ran: `rlvr-bench roofline`'s fp32 matmul GFLOP/s, the host, and the
+    CPU's model and vector ISA (`bench.common.cpu_info`)."""
+    from rlvr_jax.bench.common import cpu_info
     from rlvr_jax.bench.roofline import default_sizes, measure_roofline
 
     roof = measure_roofline(**default_sizes(quick))
@@ -427,4 +462,5 @@ def machine(quick: bool) -> dict[str, Any]:
         "fp32_gflops": roof["matmul_gflops"]["float32"],
         "memory_gbps": roof["memory_gbps"],
         **{k: roof["machine"][k] for k in keys},
+        **cpu_info(),
     }

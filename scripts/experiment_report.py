@@ -125,7 +125,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"Held-out: {ev['prompts']} prompts × n = {ev['n']} samples at T = {ev['temperature']}, "
         f"sampling seed {ev['seed']}; training seeds {', '.join(results['seeds'])}. "
         f"Intervals: 95% bootstrap over seeds and prompts (B = {BOOTSTRAP}).",
-        f"Machine: {m['processor']} × {m['cpu_count']} CPUs, fp32 matmul "
+        f"Machine: {m.get('cpu_model') or m['processor']} × {m['cpu_count']} CPUs"
+        f"{' (' + ', '.join(m['cpu_isa']) + ')' if m.get('cpu_isa') else ''}, fp32 matmul "
         f"{m['fp32_gflops']:.1f} GFLOP/s (`rlvr-bench roofline`); load average "
         f"{results['load_before']} before, {results.get('load_after', '—')} after; wall time "
         f"{results.get('wall_s', 0.0) / 60:.1f} min.",

@@ -1,65 +1,84 @@
-"""scripts/experiment_tool_use.py: its task (exact answers, disjoint held-out split), SFT
-traces that tokenize exactly as the environment's episodes, and its table."""
+"""scripts/experiment_tool_use.py: the tool-call record of held-out episodes (by hand), and a
+`--quick` run of every arm on the harness (slow)."""
 
-import importlib.util
+from __future__ import annotations
+
+import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-import rlvr_jax
-from rlvr_jax.data import load_tokenizer
-from rlvr_jax.data.tokenizer import apply_chat_template
+import pytest
+
+from rlvr_jax.envs import EpisodeRecord
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+pytest.importorskip("experiment_common", reason="needs the experiment harness")
+import experiment_tool_use as exp  # noqa: E402
+
+PROMPT = 'What is the code of "joyate"? Put your final answer in \\boxed{}.'
+BAD_ARGUMENTS = '<tool_call>{"name": "lookup", "arguments": {"k": 1}}</tool_call>'
 
 
-def load_script():
-    path = ROOT / "scripts" / "experiment_tool_use.py"
-    spec = importlib.util.spec_from_file_location("experiment_tool_use", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def call(key: str) -> str:
+    return f'<tool_call>{{"name": "lookup", "arguments": {{"key": "{key}"}}}}</tool_call>'
 
 
-exp = load_script()
+def episode(*turns) -> EpisodeRecord:
+    """turns: (assistant text, [tool responses]) pairs; the last text is the final answer."""
+    messages = [{"role": "user", "content": PROMPT}]
+    for text, responses in turns:
+        messages.append({"role": "assistant", "content": text})
+        messages += [{"role": "tool", "name": "lookup", "content": r} for r in responses]
+    return EpisodeRecord(messages=messages, final_text=turns[-1][0])
 
 
-def test_task_and_traces():
-    train = exp.rows(40, seed=1)
-    test = exp.rows(10, seed=2, exclude={r["expression"] for r in train})
-    assert not {r["expression"] for r in train} & {r["expression"] for r in test}
-    for r in train:
-        a, op, b = r["expression"].split()
-        value = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
-        assert int(r["ground_truth"]) == value
-        assert len(a) >= (2 if op == "*" else 4)
-    tokenizer = load_tokenizer(Path(rlvr_jax.__file__).parent / "demo" / "assets" / "base")
-    sft = exp.sft_rows(train, tokenizer)  # raises unless they tokenize as the episodes do
-    tool, direct = sft["tool"][0], sft["no_tool"][0]
-    assert tool["response"].startswith("<tool_call>{") and "<tool_response>" in tool["response"]
-    assert tool["response"].endswith(f"\\boxed{{{train[0]['ground_truth']}}}")
-    assert direct["response"] == f"\\boxed{{{train[0]['ground_truth']}}}"
-    for r in sft["tool"]:  # prompt + trace fit the demo model's 256 positions
-        n = len(apply_chat_template(tokenizer, r["prompt"]))
-        assert n <= exp.MAX_PROMPT_LEN
-        assert (
-            n + len(tokenizer.encode(r["response"])) + 1 <= exp.MAX_PROMPT_LEN + exp.MAX_NEW_TOKENS
-        )
+def test_tool_stats_by_hand():
+    records = [
+        episode((call("joyate"), ["600"]), ("\\boxed{600}", [])),  # copied, answered
+        episode((call("joyin"), ["512"]), ("\\boxed{600}", [])),  # wrong key, own answer
+        episode(
+            ('<tool_call>{"name": "lookup", "argu', []),
+        ),  # malformed (cut off)
+        episode(
+            (call("nokey"), ["error: ValueError: no key 'nokey' in the table"]),
+            (BAD_ARGUMENTS, ["error: bad arguments for lookup"]),
+            ("\\boxed{1}", []),
+        ),
+        episode(("\\boxed{123}", [])),  # no call
+    ]
+    ctx = SimpleNamespace(cfg=SimpleNamespace(env=SimpleNamespace(tools=["lookup"])))
+    stats = exp.tool_stats(ctx, [{"prompt": PROMPT}], [records])
+    assert stats["episodes"] == 5
+    assert stats["calling"] == 4 / 5 and stats["calls"] == 5 / 5  # 1 + 1 + 1 + 2
+    assert stats["parsed"] == 4 / 5  # the cut-off call does not parse
+    assert stats["valid"] == 3 / 4  # `k` is not lookup's argument
+    assert stats["errors"] == 1 / 3  # nokey
+    assert stats["key_copied"] == 1 / 3  # of the 3 valid lookup calls' keys: joyate
+    assert stats["answer_from_tool"] == 1 / 2  # episodes with a result: 600 yes, 512 no
+    empty = exp.tool_stats(ctx, [{"prompt": PROMPT}], [[episode(("\\boxed{1}", []))]])
+    assert empty["calling"] == 0.0 and empty["parsed"] is None and empty["key_copied"] is None
 
 
-def test_table():
-    results = {
-        "command": "python scripts/experiment_tool_use.py",
-        "sft_steps": 2,
-        "rl_steps": 1,
-        "policies": {
-            "base": {"pass@1": 0.0, "pass@8": 0.0},
-            "tool: SFT → RL": {"pass@1": 0.5, "pass@8": 0.9, "rl_samples": 64, "train_s": 12.0},
-        },
-        "loadavg_before": [1.0, 1.0, 1.0],
-        "loadavg_after": [2.0, 2.0, 2.0],
-        "wall_s": 60.0,
-    }
-    table = exp.markdown(results)
-    assert "| tool: SFT → RL | yes | 64 | 0.500 | 0.900 | 12 |" in table
-    assert "| base | no | 0 | 0.000 | 0.000 | 0 |" in table
+@pytest.mark.slow
+def test_quick_run_of_every_arm(tmp_path):
+    from helpers_train import QUICK_RUNS
+
+    out = tmp_path / "tool_use"
+    assert exp.main(["--quick", "--out", str(out), *QUICK_RUNS]) == 0
+    results = json.loads((out / "results.json").read_text())
+    (runs,) = results["seeds"].values()
+    assert list(runs) == ["SFT", "SFT → RL", "SFT (no tool)", "SFT → RL (no tool)"]
+    base = results["base_model"]
+    assert runs["SFT"]["runs"][0]["from"] == runs["SFT (no tool)"]["runs"][0]["from"] == base
+    assert runs["SFT → RL"]["runs"][0]["from"] == runs["SFT"]["runs"][0]["to"]
+    assert runs["SFT → RL (no tool)"]["runs"][0]["from"] == runs["SFT (no tool)"]["runs"][0]["to"]
+    tool, direct = runs["SFT → RL"]["budget"], runs["SFT → RL (no tool)"]["budget"]
+    assert tool["rl_completions"] == direct["rl_completions"] == 2 * 4  # equal samples
+    assert runs["SFT"]["episodes"]["episodes"] == 8 * 32  # the tool arms' held-out episodes
+    assert runs["SFT (no tool)"]["episodes"]["episodes"] == 0  # single-turn: no episodes
+    assert set(results["base_unaided"]) == {"pass@1", "pass@8", "pass@32"}
+    table = (out / "results.md").read_text()
+    assert "| SFT → RL − SFT → RL (no tool) |" in table and "| key copied |" not in table
+    assert "answer = tool result |" in table and (out / "tool_use.png").is_file()

@@ -1,10 +1,13 @@
-"""The embedded demo: its task cut and pretraining corpus (`corpus`), and its tiny base model
-(`base_model`). Names below are imported from their module on first use, so importing this
-package is light (and `python -m rlvr_jax.demo.corpus` runs the module once).
+"""The embedded demo: its task cut and pretraining corpus (`corpus`), its tiny base model
+(`base_model`), and the tool-use task with its tool-calling warm start (`tool_use`). Names
+below are imported from their module on first use, so importing this package is light (and
+`python -m rlvr_jax.demo.corpus` runs the module once).
 
     model.create_if_missing: rlvr_jax.demo:build_demo_base     (configs/demo.yaml)
+    model.create_if_missing: rlvr_jax.demo:build_tool_base     (configs/tool_use.yaml)
     python scripts/pretrain_tiny.py --out rlvr_jax/demo/assets/base
     python -m rlvr_jax.demo.corpus --out data/demo --train 2000 --test 256
+    python -m rlvr_jax.demo.tool_use --out data/tool_use
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ _EXPORTS = {
     "SHIPPED_DIR": "rlvr_jax.demo.base_model",
     "PretrainRecipe": "rlvr_jax.demo.base_model",
     "build_demo_base": "rlvr_jax.demo.base_model",
+    "build_tool_base": "rlvr_jax.demo.tool_use",
     "pretrain": "rlvr_jax.demo.base_model",
     "shipped_mismatch": "rlvr_jax.demo.base_model",
     "DEMO_DOMAINS": "rlvr_jax.demo.corpus",

@@ -1,17 +1,19 @@
 """The environment protocol and its registry.
 
 An environment runs one episode: `reset(row)` returns the conversation's first messages
-(`{"role", "content"}` dicts; the data row is DESIGN.md's, plus its `index`), and
+(`{"role", "content"}` dicts; the data row's fields, plus its `index`), and
 `step(assistant_text)` takes each assistant turn's text and returns a `Step`:
 (observation messages to append before the next assistant turn, or None; this turn's
 reward contribution; whether the episode is over; info). `tools` lists the JSON schemas
 the chat template offers the model (empty for environments without tools). The episode's
 limits — `env.max_turns` assistant turns and `rollout.max_new_tokens` tokens in all,
 generated and appended — are enforced by the runner (`rlvr_jax.envs.episode`), not by the
-environment.
+environment; an environment with a `close()` method has it called once its episode is over,
+however it ended (done, truncated by a limit, or failed).
 
 Environments are named in `env.name` like loss variants: a registered name (`tools`:
-`ToolEnv`; `gym`: a gymnasium-style text environment) or `module:function` (any factory
+`ToolEnv`; `gym`: a gymnasium-style text environment; `verifiers`: a `verifiers` package
+environment; `openenv`: an `openenv-core` environment) or `module:function` (any factory
 taking the `env.kwargs` as keyword arguments). One instance runs one episode.
 """
 
@@ -53,6 +55,8 @@ class Environment(Protocol):
 BUILTIN_ENVS: dict[str, str] = {
     "tools": "rlvr_jax.envs.tool_env:ToolEnv",
     "gym": "rlvr_jax.envs.gym:GymTextEnv",
+    "verifiers": "rlvr_jax.envs.verifiers_env:VerifiersEnv",
+    "openenv": "rlvr_jax.envs.openenv_env:OpenEnvEnv",
 }
 _USER_ENVS: dict[str, Callable[..., Environment]] = {}
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,9 @@ class Episode:
     def __init__(self, runner: EnvRunner, row: Mapping[str, Any]):
         self.runner = runner
         self.env = runner.factory(**runner.kwargs)
+        self.closed = False
+        with runner.lock:  # closed when it ends, or with the runner (a group never run)
+            runner.open.add(self)
         self.chat = ChatFormat(runner.tokenizer, getattr(self.env, "tools", ()))
         messages = [dict(m) for m in self.env.reset(row)]
         self.record = EpisodeRecord(messages=messages)
@@ -66,13 +70,32 @@ class Episode:
         """Completion tokens already turned into messages (turns and observations)."""
 
     def turn(self, tokens: list[int], finish_reason: str) -> list[int] | None:
-        """The `TurnHook` answer for this episode (see `rollout.host.turns`)."""
+        """The `TurnHook` answer for this episode (see `rollout.host.turns`). An episode that
+        ends (done, truncated or failed) has its environment's `close()` called, when it has
+        one."""
         try:
-            return self._turn(tokens, finish_reason)
+            ids = self._turn(tokens, finish_reason)
         except Exception as e:  # the environment's failure ends its episode only
             log.warning("environment failed; ending the episode: %r", e)
             self.record.error = f"{type(e).__name__}: {e}"
-            return None
+            ids = None
+        if ids is None:
+            self.close()
+        return ids
+
+    def close(self) -> None:
+        """Calls the environment's `close()` (once), when it has one."""
+        with self.runner.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.runner.open.discard(self)
+        close = getattr(self.env, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception as e:  # a failing close ends nothing else
+                log.warning("environment close() failed: %r", e)
 
     def _turn(self, tokens: list[int], finish_reason: str) -> list[int] | None:
         rec, runner = self.record, self.runner
@@ -161,6 +184,9 @@ class EnvRunner:
         self.max_turns, self.max_new_tokens = cfg.max_turns, max_new_tokens
         self.stop_token_ids = frozenset(int(t) for t in stop_token_ids)
         self.pool = concurrent.futures.ThreadPoolExecutor(cfg.workers, thread_name_prefix="env")
+        self.lock = threading.Lock()
+        self.open: set[Episode] = set()
+        """Episodes not yet over (closed as they end, the rest by `close()`)."""
 
     def group(self, row: Any) -> EnvGroup:
         """The hook of one request for data row `row` (a `PromptRow` or a row dict)."""
@@ -169,7 +195,13 @@ class EnvRunner:
         return EnvGroup(self, row)
 
     def close(self) -> None:
+        """Stops the pool and closes the episodes still open (those of groups that were
+        made but never run, e.g. a prompt over `data.max_prompt_len`)."""
         self.pool.shutdown(wait=False, cancel_futures=True)
+        with self.lock:
+            episodes = list(self.open)
+        for episode in episodes:
+            episode.close()
 
 
 def answer_text(completion: Any, tokenizer: Any) -> str:

@@ -10,8 +10,8 @@ terminates or truncates. The row's prompt, when not empty, opens the conversatio
 system message; the environment is reset with the row's index as its seed, so all samples
 of a prompt start alike.
 
-Why gymnasium and not the `verifiers` package (prime-rl's environments): `verifiers` pins
-`openai<3`, and the serving tests need `openai>=3.57`; gymnasium (1.x) installs alongside.
+Environments of the `verifiers` and `openenv-core` packages have their own adapters
+(`envs.verifiers_env`, `envs.openenv_env`).
 
 `env.kwargs`: `id` (a registered gymnasium id, made with `gymnasium.make(id, **make_kwargs)`)
 or `entry_point` (`module:function` returning the environment), and `make_kwargs`.
@@ -55,6 +55,11 @@ class GymTextEnv:
         system = [{"role": "system", "content": prompt}] if isinstance(prompt, str) else []
         system = system if prompt else []
         return [*system, {"role": "user", "content": str(observation)}]
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if callable(close):
+            close()
 
     def step(self, assistant_text: str) -> Step:
         observation, reward, terminated, truncated, info = self.env.step(assistant_text)

@@ -1,5 +1,6 @@
 """Tools as typed Python functions: their JSON schema from the signature and docstring, a
-bounded call, and the built-in `calculator` and `python` (our code sandbox).
+bounded call, and the built-in `calculator`, `python` (our code sandbox) and `lookup` (a
+hidden table, `envs.lookup`: the tool-use task's).
 
 A tool is a function with annotated parameters (`int`, `float`, `str`, `bool`, `list[...]`,
 `dict`, `Literal[...]`, optional ones with defaults) returning something printable; its
@@ -28,6 +29,8 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
+
+from rlvr_jax.envs.lookup import lookup
 
 _JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", dict: "object"}
 
@@ -209,5 +212,9 @@ def python(code: str) -> str:
     return outcome.stdout
 
 
-BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {"calculator": calculator, "python": python}
+BUILTIN_TOOLS: dict[str, Callable[..., Any]] = {
+    "calculator": calculator,
+    "lookup": lookup,
+    "python": python,
+}
 """Tools `env.tools` may name."""
