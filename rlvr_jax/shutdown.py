@@ -123,8 +123,8 @@ class SignalStop:
                         flush=True,
                     )
                     if self.grace_s is not None:
-                        message = f"{self.prog}: still running {self.grace_s:g} s after {name}"
-                        exit_within(self.grace_s, 128 + signum, message)
+                        late = f"interrupted by {name}, still running {self.grace_s:g} s later"
+                        exit_within(self.grace_s, 128 + signum, f"{self.prog}: {late}")
         finally:
             os.close(r)
 
