@@ -59,6 +59,7 @@ def test_a_tool_error_is_shown_and_a_closed_episode_stops():
         VerifiersEnv("vf_guess").reset({"index": 99})
 
 
+@pytest.mark.slow  # a fresh interpreter importing verifiers: 10-20 s
 def test_rows_command(tmp_path):
     out = tmp_path / "rows.jsonl"
     subprocess.run(
