@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlvr_jax.config import load
 from rlvr_jax import plan
+from rlvr_jax.config import load
 from rlvr_jax.training import packing
 
 ROOT = Path(__file__).resolve().parents[1]
