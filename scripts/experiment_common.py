@@ -4,7 +4,8 @@ through the one rollout path, bootstrap intervals, one table and one plot per ex
 An experiment script declares an `Experiment` — its arms, each a list of `Phase`s (one
 `rlvr-train` run each: the first from the base model or from another arm's policy of the same
 seed, each next one from the last) — and calls `run_main`. For every seed (`--seeds`, default
-the config's `seed`; it sets `seed` and `data.seed`, so the data order varies with it) every arm trains in a subprocess (`rlvr-train --config F key=value ...`;
+the config's `seed`; it sets `seed` and `data.seed`, so the data order varies with it) every
+arm trains in a subprocess (`rlvr-train --config F key=value ...`;
 the command in results.json, its output in `<run>.log`), and its final policy is evaluated on
 the held-out split (`data.eval_sources`, `eval.max_prompts`) through
 `rlvr_jax.eval.evaluate.sample_rows`'s sampling (what `rlvr-eval` runs): n = 32 samples per
