@@ -251,7 +251,12 @@ def test_rlvr_bench_decode_peer_vllm_writes_both_dtypes(tmp_path):
         assert r["ratios"]["continuous_over_vllm"][d] == pytest.approx(ours / peer)
         assert len(r["load"]["by_dtype"][d]) == 2
     assert r["machine"]["cpu_isa"] is not None and r["roofline"]["peak_gflops_fp32"] > 0
-    assert "ratios/continuous_over_vllm/bfloat16" in proc.stdout  # the headline figures
+    # the headline figures: the ratios as a table of their own, a row per peer, a column per dtype
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("ratios "))
+    assert header.split() == ["ratios", "float32", "bfloat16"], proc.stdout
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("continuous_over_vllm"))
+    ratios = r["ratios"]["continuous_over_vllm"]
+    assert row.split()[1:] == [f"{ratios[d]:.4g}" for d in ("float32", "bfloat16")]
 
 
 def test_rlvr_eval_filter_and_prefs_sample_through_vllm(tmp_path):
