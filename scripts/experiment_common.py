@@ -169,6 +169,10 @@ def parser(doc: str, *, out: str, steps: tuple[int, int] | None = None) -> argpa
     )
     p.add_argument("--quick", action="store_true", help="tiny budget (smoke test)")
     p.add_argument("--overwrite", action="store_true", help="replace earlier runs in --out")
+    p.add_argument(
+        "--merge", nargs="+", metavar="DIR", help="no training: one report in --out of the seeds "
+        "that earlier runs of this experiment (their DIR/results.json) finished",
+    )  # fmt: skip
     p.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     return p
 
@@ -186,6 +190,10 @@ def run_main(
     settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Checks the common arguments, runs `exp` and prints its table; returns the results."""
+    if args.merge:
+        results = merge(exp, [Path(d) for d in args.merge], Path(args.out))
+        sys.stdout.write(report.markdown(results))
+        return results
     names = [a.name for a in exp.arms]
     chosen = [a for a in (args.arms or ",".join(names)).split(",") if a]
     unknown = [a for a in chosen if a not in names]
@@ -434,6 +442,42 @@ def evaluate(
         records = [[g.episode(i) for i in range(n)] for g in turns] if turns else []
         out["episodes"] = episodes(ctx, list(rows), records)
     return out
+
+
+MERGE_SAME = ("experiment", "config", "overrides", "settings", "probe", "heldout", "compare")
+"""What runs merged into one report must agree on."""
+
+
+def merge(exp: Experiment, dirs: list[Path], out: Path) -> dict[str, Any]:
+    """One report of earlier runs of `exp` (`--merge`): the seeds each finished (every arm
+    evaluated; a seed a stopped run left half-done is left out), the base evaluation of the
+    first, and each run's command, machine, load and wall time under `parts`. Raises
+    ValueError naming the run that differs in what `MERGE_SAME` lists, or repeats a seed."""
+    parts = []
+    for d in dirs:
+        path = d / "results.json"
+        if not path.is_file():
+            raise ValueError(f"--merge: {path} does not exist")
+        parts.append(json.loads(path.read_text()))
+    results = {k: v for k, v in parts[0].items() if k not in ("seeds", "summary", "arms")}
+    results.update(seeds={}, parts=[], command=" + ".join(p["command"] for p in parts))
+    arms = [a.name for a in exp.arms]
+    for d, part in zip(dirs, parts):
+        differ = [k for k in MERGE_SAME if part.get(k) != parts[0].get(k)]
+        if differ:
+            raise ValueError(f"--merge: {d} differs from {dirs[0]} in {differ}")
+        done = {s: r for s, r in part["seeds"].items() if all(a in r for a in arms)}
+        repeated = sorted(set(done) & set(results["seeds"]))
+        if repeated:
+            raise ValueError(f"--merge: {d} repeats seeds {repeated}")
+        results["seeds"].update(done)
+        keys = ("command", "machine", "load_before", "load_after", "wall_s")
+        results["parts"].append({"seeds": sorted(done), **{k: part.get(k) for k in keys}})
+    results["wall_s"] = sum(p.get("wall_s") or 0.0 for p in parts)
+    results["load_after"] = parts[-1].get("load_after")
+    out.mkdir(parents=True, exist_ok=True)
+    write(Context("", [], None, Path(results["base_model"]), out, [], False, {}), exp, results)
+    return results
 
 
 def write(ctx: Context, exp: Experiment, results: dict[str, Any]) -> None:

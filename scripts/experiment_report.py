@@ -125,12 +125,23 @@ def markdown(results: dict[str, Any]) -> str:
         f"Held-out: {ev['prompts']} prompts × n = {ev['n']} samples at T = {ev['temperature']}, "
         f"sampling seed {ev['seed']}; training seeds {', '.join(results['seeds'])}. "
         f"Intervals: 95% bootstrap over seeds and prompts (B = {BOOTSTRAP}).",
-        f"Machine: {m.get('cpu_model') or m['processor']} × {m['cpu_count']} CPUs"
-        f"{' (' + ', '.join(m['cpu_isa']) + ')' if m.get('cpu_isa') else ''}, fp32 matmul "
-        f"{m['fp32_gflops']:.1f} GFLOP/s (`rlvr-bench roofline`); load average "
-        f"{results['load_before']} before, {results.get('load_after', '—')} after; wall time "
-        f"{results.get('wall_s', 0.0) / 60:.1f} min.",
     ]
+    if not results.get("parts"):
+        lines.append(
+            f"Machine: {m.get('cpu_model') or m['processor']} × {m['cpu_count']} CPUs"
+            f"{' (' + ', '.join(m['cpu_isa']) + ')' if m.get('cpu_isa') else ''}, fp32 matmul "
+            f"{m['fp32_gflops']:.1f} GFLOP/s (`rlvr-bench roofline`); load average "
+            f"{results['load_before']} before, {results.get('load_after', '—')} after; wall time "
+            f"{results.get('wall_s', 0.0) / 60:.1f} min."
+        )
+    for i, part in enumerate(results.get("parts") or []):  # runs merged (`--merge`)
+        pm, wall = part["machine"], part.get("wall_s")
+        lines.append(
+            f"Run {i + 1} (seeds {', '.join(part['seeds'])}): `{part['command']}`; "
+            f"{pm.get('cpu_model') or pm['processor']}, fp32 {pm['fp32_gflops']:.1f} GFLOP/s; "
+            f"load {part['load_before']} before, {part.get('load_after') or '—'} after; "
+            f"wall {f'{wall / 60:.1f} min' if wall else '—'}."
+        )
     if probe:
         lines.append(f"General-skill probe: `{probe}` (held out of every arm's training).")
     cols = " | ".join(f"trained {k}" if probe else k for k in ks)

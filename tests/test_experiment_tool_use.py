@@ -80,5 +80,22 @@ def test_quick_run_of_every_arm(tmp_path):
     assert runs["SFT (no tool)"]["episodes"]["episodes"] == 0  # single-turn: no episodes
     assert set(results["base_unaided"]) == {"pass@1", "pass@8", "pass@32"}
     table = (out / "results.md").read_text()
-    assert "| SFT → RL − SFT → RL (no tool) |" in table and "| key copied |" not in table
+    assert "| SFT → RL − SFT → RL (no tool) |" in table and "| key copied |" in table
     assert "answer = tool result |" in table and (out / "tool_use.png").is_file()
+
+    # --merge: one report of the seeds two runs finished (here the run above, its seed renamed)
+    other = tmp_path / "other"
+    other.mkdir()
+    renamed = dict(results, seeds={"7": runs}, command="the other run")
+    (other / "results.json").write_text(json.dumps(renamed))
+    merged = tmp_path / "merged"
+    assert exp.main(["--merge", str(out), str(other), "--out", str(merged)]) == 0
+    both = json.loads((merged / "results.json").read_text())
+    (seed,) = results["seeds"]
+    assert list(both["seeds"]) == [seed, "7"]
+    assert [p["seeds"] for p in both["parts"]] == [[seed], ["7"]]
+    assert set(both["summary"]["arms"]) == set(results["summary"]["arms"])
+    page = (merged / "results.md").read_text()
+    assert f"training seeds {seed}, 7" in page and "Run 2 (seeds 7): `the other run`" in page
+    with pytest.raises(ValueError, match="repeats seeds"):
+        exp.main(["--merge", str(out), str(out), "--out", str(tmp_path / "again")])
