@@ -1,23 +1,14 @@
-"""`rlvr-bench decode --workload long`: the paged engine against the contiguous one given
-the same KV memory, on long, long-tailed rollouts (one run, ratios in that run).
+"""`rlvr-bench decode --workload long`: the paged engine against the contiguous one given the
+same KV memory, on long, long-tailed rollouts (one run, ratios in that run).
 
-Workload: `requests` prompts of `prompt` tokens; completion budgets LogNormal(μ, σ) capped
-at `capacity` tokens, μ found by bisection so that mean/max = 0.45 (OLMo 3's ≈ 14.7K of
-32K), the longest at the cap; no stop token, so every request generates its budget. Each
-slot holds prompt + capacity positions. The contiguous engine has `contiguous_slots` such
-rows; the paged engine has a pool of exactly as many bytes (`contiguous_slots × (prompt +
-capacity)` tokens) shared by up to `paged_slots` sequences. Both drive the same
-continuous-batching scheduler to the end of the workload, their boundaries interleaved (a
-load change on the shared machine hits both); tokens/s counts generated tokens over each
-engine's own wall (prefill included, compilation excluded).
-
-Step time against live tokens, two ways of holding a fraction f of the pool live (pages
-allocated, no prefill: attention costs the same whatever the cached values), one decode
-chunk timed per f on the row bucket the scheduler would pick: `step_ms_at_fill`, all
-`paged_slots` slots live at shorter lengths (a rollout's start: every row's dense work
-stays); `step_ms_at_fill_fewer_slots`, f of the slots live at the length that fills the
-pool (a rollout's tail). The contiguous engine is timed the same way. Least-squares lines
-ms = a + b · live tokens summarise the paged engine.
+`requests` prompts with LogNormal completion budgets capped at `capacity` (mean/max 0.45, as
+OLMo 3's ≈ 14.7K of 32K; no stop token). The contiguous engine has `contiguous_slots` rows of
+prompt + capacity; the paged one a pool of as many bytes shared by up to `paged_slots`
+sequences. Both run the workload through the continuous-batching scheduler, interleaved;
+tokens/s over each engine's own wall (compilation excluded). Then one decode chunk per pool
+fill f (pages allocated, no prefill): all slots live at shorter lengths (`step_ms_at_fill`, a
+rollout's start) or f of the slots at full length (`..._fewer_slots`, its tail), with
+least-squares lines ms = a + b · live tokens.
 """
 
 from __future__ import annotations

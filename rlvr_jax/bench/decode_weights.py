@@ -2,26 +2,14 @@
 bf16) weights against the same engine at the compute dtype, on the same run, and what a LoRA
 push costs.
 
-Both engines decode the throughput workload of `rlvr-bench decode` (`batch` prompts of
-`prompt` tokens, `new` tokens each, T = 1, continuous batching), timed in interleaved rounds
-(best kept). Mismatch per generated token: the sampler's log-prob (the engine's) against the
-learner's (the policy's fp32 forward over prompt + completion), as the trainer reports it:
-`kl_sampler_learner` = mean k3 with δ = learner − sampler (KL(sampler‖learner), the
-`kl/sampler_learner` metric), mean and max |δ|, and the share of tokens whose TIS weight
-exp(δ) leaves [0.5, 2]. The fp32 engine's own figures are the floor (≈ 0).
-
-`--lora-rank R`: the policy carries adapters of rank R on every projection (B moved off zero,
-so merging matters); `push` times what the trainer's push does on the actors — adapters alone
-merged onto the held base and re-laid (`EngineCore.prepare`) — against a push of the whole
-policy, with the bytes each moves. `apply` measures the alternative to merging on push:
-every adapted projection of every layer at one decode step's batch, `x @ W` (merged) against
-`x @ W + scale · (x @ A) @ B` (adapters applied in the step); the difference per step times
-the decode steps between two pushes (`new`: one rollout batch per learner step) against the
-merge a push costs says which is faster (docs/lora.md).
-
-Roofline: each engine's model FLOPs per second over the measured fp32 matmul peak, and its
-decode step's minimal bytes (weights at their stored size + the KV cache) per step second over
-the measured memory bandwidth.
+Both engines decode `rlvr-bench decode`'s throughput workload in interleaved rounds. Mismatch
+per generated token, sampler (engine) against learner (fp32 forward) log-probs, as the trainer
+reports it: `kl_sampler_learner` (mean k3), mean and max |δ|, and the share of TIS weights
+exp(δ) outside [0.5, 2]. With LoRA, `push` times an adapters-only push (merged onto the held
+base by `EngineCore.prepare`) against a whole-policy one, and `apply` one decode step's adapted
+projections merged against applied in the step, with the break-even push interval
+(docs/lora.md). Roofline: model FLOPs/s over the fp32 matmul peak, and a decode step's minimal
+bytes (weights + KV cache) per step second over the measured bandwidth.
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
 """`rlvr-bench learner`: train-step tokens/s of the real learner and the FLOPs fraction it
 achieves against this machine's own measured matmul peak.
 
-What is timed: `rlvr_jax.training.learner.make_train_step` (the trainer's step: forward,
-backward, the loss preset's policy loss with global token normalisation, gradient
-accumulation over `n_micro` micro-batches, the trainer's AdamW with global-norm clipping),
-compiled once ahead of time and run on a realistic RL batch (`collate` of prompts +
-completions of varied lengths, right-padded) of the bench model (`common.ModelSize`). The
-old-log-prob forward (`make_logprob_fn`, one extra forward when several optimizer steps share
-a rollout batch) is timed and reported separately.
-
-Figures: tokens/s = rows × seq / step seconds (best of `repeats` after a warm-up step);
-`achieved_flops_fraction` = train FLOPs per step (6·P·tokens + attention, `common.train_flops`)
-/ step seconds / the measured matmul peak (`roofline.measure_roofline`: the fp32 figure on a
-CPU, the best dtype on accelerators; the larger of two probes, before and after the timing, so
-that a busy moment cannot inflate the fraction). On a GPU/TPU also `mfu` against the
-datasheet bf16 peak of the device. `profile` times the pieces separately (LM head + log-softmax
-forward/backward, optimizer update) to show where the step's time goes.
-
-LoRA (`--lora-rank R`, all seven projections, alpha = 2R): the adapters train, the base is a
-constant stored in `--weight-dtype` (float32 | bfloat16 | int8); train FLOPs are then the
-forward and the activations' backward (4·P·tokens + attention) plus the adapters' 6·P_lora·
-tokens, and the result gives `lora.trainable_params` / `optimizer_state_bytes` (a full run's
-beside it).
+Timed: the trainer's step (`learner.make_train_step`: the loss preset, gradient accumulation
+over `n_micro`, AdamW with clipping), compiled ahead of time, on an RL batch of varied lengths
+(`inputs.synthetic_batch`) of the bench model, best of `repeats`; and the old-log-prob forward
+(`make_logprob_fn`) alone. `achieved_flops_fraction` = train FLOPs (`common.train_flops`; with
+LoRA the base's forward and activation backward plus the adapters' 6·P_lora·tokens) / step
+seconds / the measured matmul peak (`_peak_gflops`: the larger of two probes, before and after);
+`mfu` against the datasheet bf16 peak on a GPU/TPU.
 """
 
 from __future__ import annotations
@@ -101,7 +87,8 @@ class LearnerBenchConfig(common.ModelSize):
     """long: tokens per row of the attention-memory figure."""
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "batch"):
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "batch",
+                     "repeats"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.seq < 2:
@@ -110,8 +97,6 @@ class LearnerBenchConfig(common.ModelSize):
             raise ValueError(f"n_micro={self.n_micro} must be >= 1 and divide batch={self.batch}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.lora_rank < 0 or self.weight_dtype not in ("", "float32", "bfloat16", "int8"):
             raise ValueError("lora_rank must be >= 0 and weight_dtype float32|bfloat16|int8")
         if self.weight_dtype == "int8" and not self.lora_rank:
@@ -154,13 +139,11 @@ class LearnerBenchConfig(common.ModelSize):
 
 
 PRESETS: dict[str, LearnerBenchConfig] = {
-    # tuned on a 2-core CPU: micro-batches of 8 rows and the LM head in chunks of 128
-    # positions keep the working set small (XLA temp 9.5 -> 2.5 GB) and run faster
+    # 2-core CPU: micro-batches of 8 rows, the LM head 128 positions a time (temp 9.5 -> 2.5 GB)
     "cpu": LearnerBenchConfig(n_micro=4, logits_chunk=128),
     "quick": LearnerBenchConfig(
         **common.TINY_SIZES, batch=4, seq=32, repeats=1, roofline_size=256, roofline_mib=16
     ),
-    # ≈0.97B params (`common.SIZES_1B`), bf16, for one H100/H200-class GPU
     "gpu-1b": LearnerBenchConfig(
         **common.SIZES_1B, batch=32, seq=1024, n_micro=2, dtype="bfloat16", repeats=5,
         roofline_size=8192, roofline_mib=1024,

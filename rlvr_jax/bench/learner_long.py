@@ -1,28 +1,14 @@
 """`rlvr-bench learner --workload long`: the learner on long-tailed RL lengths, packed rows
-against today's padded buckets, and the attention kernels' memory at 8K tokens per row.
+against padded buckets, and the attention kernels' memory at 8K tokens per row.
 
-The batch: `completions` RL samples (one optimizer step) whose response lengths follow OLMo 3's
-regime scaled down to a budget: ℓ = ⌈min(X, cap)⌉, X log-normal (σ = 0.7, the clipped mean at
-14.7K of a 32K cap: mean/max ≈ 0.45; `rlvr_jax.bench.waste.LengthDistribution`, scaled by
-cap / 32K), each after a prompt of `cap`/64 .. `cap`/16 tokens. The row length T is the batch's
-length bucket (`batch.bucket_length`, as the trainer picks it).
-
-- padded: today's layout — `collate`, one completion per row, `micro_rows` rows per micro-batch
-  (`train.micro_batch_size`), every row T positions long;
-- packed: `collate_packed` — completions bin-packed several to a row of T, micro-batches of at
-  most `micro_rows` rows' worth of tokens (`train.max_tokens_per_micro_batch` = micro_rows ×
-  (T + 1), the rows' length before the shift), their count following the batch's tokens.
-
-Both run the real train step (`learner.make_train_step`, the loss preset, AdamW) on the same
-samples, compiled ahead of time and timed in interleaved rounds (a load change on the shared
-machine hits both alike); the figure is useful (prompt + completion, non-pad) tokens per second
-of the best timed step, and the packed / padded ratio. Then, for every attention kernel
-that runs on this platform, XLA's peak memory of one micro-batch of one row of `memory_seq`
-(8K) tokens (`attention_memory.micro_batch_memory`).
-
-On a CPU the full shape (4096 cap, 64 completions) takes hours on the 56M bench model, so the
-default there is scaled down (1024 cap, the `--batch` completions, the same mean/max) and the
-output says so; `--long-cap 4096` asks for the full shape anywhere.
+The batch: `completions` samples with OLMo 3's response lengths (`OLMO3`, mean/max ≈ 0.45)
+scaled to `cap`, after prompts of `cap`/64 .. `cap`/16 tokens, on rows of the batch's length
+bucket T (`batch.bucket_length`). Padded: `collate`, one completion per row, `micro_rows` rows a
+micro-batch; packed: `collate_packed` to a budget of `micro_rows` × (T + 1) tokens a
+micro-batch. Both run the real train step, timed in interleaved rounds: useful (non-pad)
+tokens/s of the best step, and packed / padded. Then XLA's peak memory of a one-row micro-batch
+of `memory_seq` tokens per attention kernel here. On a CPU the default cap is 1024 (`CPU_CAP`),
+said in the output; `--long-cap 4096` asks for the full shape.
 """
 
 from __future__ import annotations

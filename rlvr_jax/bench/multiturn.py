@@ -1,21 +1,12 @@
 """`rlvr-bench decode --workload multiturn`: tool-using episodes on one engine, two ways.
 
-Each episode has `turns` assistant turns; after each but the last a tool response of
-`tool_min`–`tool_max` tokens (fixed per episode and turn) is appended. Both sides run on the
-same `EngineCore` (same slots, same KV pool) through the same `Scheduler`:
-
-- `in_slot`: one multi-turn request per episode (`GroupRequest.turns`, `rollout.turns`):
-  the sequence is parked at the end of a turn and the tool response is appended to it in
-  place (only its tokens are prefilled).
-- `reprefill`: what an OpenAI-style server without a prefix cache does — every turn is a new
-  request whose prompt is the whole conversation so far, prefilled from scratch.
-
-Turns end on a stop token: `V // turn_tokens` ids of the random model's near-uniform
-distribution stop, so turns average about `turn_tokens` tokens. Sampling is keyed by (seed,
-sample, position), so both sides generate the same tokens (checked: the counts must agree
-within 1%); tokens/s counts generated tokens over the wall time of the whole workload.
-`roofline_fraction`: model FLOPs the in-slot side must compute (prefilled and generated
-tokens) per second over the machine's measured fp32 matmul peak.
+Each episode has `turns` assistant turns, a tool response of `tool_min`–`tool_max` tokens after
+each but the last. On the same `EngineCore` and `Scheduler`: `in_slot` (one multi-turn request
+per episode, `GroupRequest.turns`: the tool response appended in place) against `reprefill`
+(every turn a new request for the whole conversation, as a server without a prefix cache).
+Turns end on one of `V // turn_tokens` stop ids; sampling is keyed by (seed, sample, position),
+so both sides generate the same tokens (checked within 1%). `roofline_fraction`: the in-slot
+side's model FLOPs per second over the measured fp32 matmul peak.
 """
 
 from __future__ import annotations

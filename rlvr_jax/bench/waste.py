@@ -1,23 +1,11 @@
 """`rlvr-bench waste`: decode slot-steps wasted by static vs continuous batching.
 
-Waste = 1 − useful slot-steps / total slot-steps (ALGORITHMS.md, Rollout system): a slot-step
-is one decode step of one of the B slots; it is useful when it produces a token of a live
-request. Static batching runs B requests until the longest of them ends (B·max ℓ slot-steps
-per batch); continuous batching refills a finished slot at the next step, so only the final
-drain is wasted.
-
-(a) Simulation in OLMo 3's length regime. Response lengths ℓ = ⌈min(X, cap)⌉ with
-X ~ LogNormal(μ, σ): a response that would run past the generation budget is truncated at it.
-Defaults: cap 32768 (32K), σ = 0.7, μ fitted so that E[ℓ] = 14.7K, which gives OLMo 3's
-"up to 54%" static waste as B grows (1 − 14.7K/32K; ALGORITHMS.md). Every figure is an exact
-count of slot-steps for the sampled lengths, swept over B.
-
-(b) The same measured on the real engine (`rlvr_jax.rollout.Scheduler` over an `EngineCore`
-of a small random model): lengths drawn from the distribution scaled down to a small cap
-(μ shifted by ln(scale), σ kept), each request given its length as its own
-`max_new_tokens` and no stop token, so it generates exactly that many tokens; the engine's
-own counters (`SchedulerStats`) give the slot-steps. The simulation of the same lengths
-predicts the engine's figures exactly, and the wall times of the two modes are compared.
+Waste = 1 − useful / total slot-steps (ALGORITHMS.md, Rollout system). (a) Simulated: exact
+slot-step counts of lengths ℓ = ⌈min(X, cap)⌉, X ~ LogNormal(μ, σ), μ fitted so that
+E[ℓ] = 14.7K of a 32K cap (OLMo 3's "up to 54%" static waste), swept over the slots B.
+(b) Measured: the same distribution scaled to a small cap on the real engine, each request
+forced to its length; the engine's counters (`SchedulerStats`) against the simulation of the
+same lengths, and the two modes' wall times.
 """
 
 from __future__ import annotations
