@@ -26,7 +26,7 @@ from rlvr_jax.bench.table import Bars, Bench
 def _check(lengths: Sequence[int], slots: int) -> None:
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
-    if not lengths or min(lengths) < 1:
+    if len(lengths) == 0 or min(lengths) < 1:
         raise ValueError("lengths must be a non-empty list of positive token counts")
 
 
@@ -130,33 +130,15 @@ class LengthDistribution:
         return np.clip(np.ceil(x), 1, self.cap).astype(np.int64)
 
 
-@dataclasses.dataclass(frozen=True)
-class SlotSteps:
-    """Slot-step counts of one batching run."""
-
-    useful: int
-    """Slot-steps that produced a token (= Σ ℓ)."""
-    total: int
-    """Decode steps × slots."""
-
-    @property
-    def waste(self) -> float:
-        """1 − useful / total."""
-        return 1.0 - self.useful / self.total
+STEPS = {"static": static_steps, "continuous": continuous_steps}
+"""Each batching mode's decode steps for a list of lengths and a slot count."""
 
 
-def simulate_static(lengths: Sequence[int], slots: int) -> SlotSteps:
-    """Static batching (`static_steps`): requests taken B at a time in order;
-    each batch holds all B slots until its longest request ends (the last batch too)."""
-    lengths = [int(n) for n in lengths]
-    return SlotSteps(sum(lengths), static_steps(lengths, slots) * slots)
-
-
-def simulate_continuous(lengths: Sequence[int], slots: int) -> SlotSteps:
-    """Continuous batching (`continuous_steps`): requests in order, each to
-    the slot that frees first (refilled at the next step), until the last request ends."""
-    lengths = [int(n) for n in lengths]
-    return SlotSteps(sum(lengths), continuous_steps(lengths, slots) * slots)
+def wastes(lengths: Sequence[int], slots: int) -> dict[str, float]:
+    """`{static,continuous}_waste` of `lengths` on `slots` slots."""
+    return {
+        f"{k}_waste": waste(lengths, steps(lengths, slots), slots) for k, steps in STEPS.items()
+    }
 
 
 def simulate(
@@ -164,21 +146,15 @@ def simulate(
 ) -> dict[str, Any]:
     """Static and continuous waste of `requests` sampled lengths at `slots` slots, and the
     same for every B in `sweep`."""
-    lengths = dist.sample(requests, seed)
-    by_slots = {
-        str(b): {
-            "static_waste": simulate_static(lengths, b).waste,
-            "continuous_waste": simulate_continuous(lengths, b).waste,
-        }
-        for b in sorted({*sweep, slots})
-    }
+    lengths = dist.sample(requests, seed).tolist()
+    by_slots = {str(b): wastes(lengths, b) for b in sorted({*sweep, slots})}
     return {
         **by_slots[str(slots)],
         "slots": slots,
         "requests": requests,
-        "sample_mean": float(lengths.mean()),
-        "sample_clipped_fraction": float((lengths == dist.cap).mean()),
-        "one_minus_mean_over_cap": 1.0 - float(lengths.mean()) / dist.cap,
+        "sample_mean": float(np.mean(lengths)),
+        "sample_clipped_fraction": lengths.count(dist.cap) / requests,
+        "one_minus_mean_over_cap": 1.0 - float(np.mean(lengths)) / dist.cap,
         "by_slots": by_slots,
     }
 
@@ -205,17 +181,14 @@ def measure(cfg: WasteBenchConfig, dist: LengthDistribution) -> dict[str, Any]:
         start = time.perf_counter()
         stats[batching] = run_lengths(core, prompts, lengths, batching)
         walls[batching] = time.perf_counter() - start
-    predicted = {
-        "static": simulate_static(lengths, slots),
-        "continuous": simulate_continuous(lengths, slots),
-    }
+    predicted = {k: steps(lengths, slots) for k, steps in STEPS.items()}
     tokens = sum(lengths)
     return {
         "static_waste": stats["static"].waste,
         "continuous_waste": stats["continuous"].waste,
-        "predicted": {f"{k}_waste": v.waste for k, v in predicted.items()},
+        "predicted": wastes(lengths, slots),
         "slot_steps": {k: s.slot_steps for k, s in stats.items()},
-        "predicted_slot_steps": {k: v.total for k, v in predicted.items()},
+        "predicted_slot_steps": {k: n * slots for k, n in predicted.items()},
         "decode_calls": {k: s.decode_calls for k, s in stats.items()},
         "wall_s": walls,
         "tokens_per_s": {k: tokens / s for k, s in walls.items()},
