@@ -92,9 +92,8 @@ _STATS = ("mean_concurrent", "kv_utilisation", "preemptions", "recomputed_tokens
 
 
 def run_workloads(engines: dict[str, EngineCore], prompts: list, lengths: list) -> dict:
-    """The whole workload through a continuous-batching scheduler per engine, the engines'
-    boundaries (admission + one decode chunk) interleaved so that a load change on a shared
-    machine hits both alike; each engine's wall is the sum of its own boundaries."""
+    """The whole workload through a continuous-batching scheduler per engine, their boundaries
+    interleaved; each engine's wall is the sum of its own boundaries."""
     scheds = {}
     for name, core in engines.items():
         scheds[name] = Scheduler(core)
@@ -180,10 +179,8 @@ def _time_chunk(core: EngineCore, length: int, live: int, repeats: int) -> float
 def step_ms_at_fill(
     core: EngineCore, capacity: int, fills: tuple, repeats: int, *, fewer_slots: bool = False
 ) -> dict:
-    """Decode ms/step at each fraction of `fills` of the pool of `capacity` tokens: all slots
-    live at shorter lengths (the start of a rollout), or with `fewer_slots` that fraction of
-    the slots live, each at the length that fills the pool when all are (a rollout's tail,
-    where the long ones decode alone)."""
+    """Decode ms/step at each fraction of `fills` of a `capacity`-token pool: all slots live at
+    shorter lengths, or (`fewer_slots`) that fraction of the slots at full length."""
     out = {}
     b = core.spec.max_slots
     for f in fills:

@@ -86,9 +86,8 @@ def build_tiny_policy(path: str | Path, cfg: Any) -> Path:
 
 
 def build_bench_policy(path: str | Path, cfg: Any) -> Path:
-    """The bench model (`common.ModelSize`: d=512, 8 layers, V=32000, 56M parameters) with
-    random weights and a tokenizer trained on the config's prompts (`model.create_if_missing`
-    of `--preset bench`)."""
+    """The 56M bench model (`common.ModelSize`), random weights, a tokenizer trained on the
+    config's prompts (`model.create_if_missing` of `--preset bench`)."""
     bench = common.hf_config_dict(common.ModelSize())
     return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed, hf_config=bench)
 
@@ -102,9 +101,8 @@ def trl_peer(
     config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path,
     use_vllm: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """The TRL row: TRL's GRPOTrainer on the same setup (`rlvr_jax.bench.trl_peer`) when `trl`
-    is installed (it is never a dependency); a failure of the peer never fails the bench.
-    `use_vllm`: the TRL-with-vLLM row (TRL generating with vLLM colocated)."""
+    """The TRL row (`rlvr_jax.bench.trl_peer`) when `trl` is installed; a failure is reported in
+    the row, never raised. `use_vllm`: TRL generating with vLLM colocated."""
     if importlib.util.find_spec("trl") is None:
         return {"status": "skipped", "reason": "trl is not installed (pip install trl to add it)"}
     load_before = load_1min()

@@ -114,8 +114,7 @@ class LearnerBenchConfig(common.ModelSize):
                 )
 
     def policy(self) -> Any:
-        """The random bench policy (`models.Model`) this config trains: in `weight_dtype`,
-        or with LoRA adapters over a base stored so."""
+        """The random bench policy: in `weight_dtype`, or LoRA adapters over a base stored so."""
         from rlvr_jax.config.schema import LoraConfig
 
         arch, key = self.arch(), jax.random.key(self.seed)
@@ -156,9 +155,8 @@ PRESETS: dict[str, LearnerBenchConfig] = {
 def _profile_pieces(
     cfg: LearnerBenchConfig, arch: models.ArchConfig, params: Any, optimizer: Any
 ) -> dict[str, common.Timings]:
-    """Seconds of the LM head + log-softmax (forward and backward from hidden states, over the
-    full [B, T, V] at once whatever `logits_chunk`) and of the optimizer update alone: the two
-    pieces of the step that are not the decoder layers."""
+    """Seconds of the LM head + log-softmax (forward and backward from hidden states, all of
+    [B, T, V] at once) and of the optimizer update alone: the step's pieces besides the layers."""
     rng = np.random.default_rng(cfg.seed + 1)
     hidden_BxTxD = jnp.asarray(rng.standard_normal((cfg.batch, cfg.seq, arch.d_model)), jnp.float32)
     targets_BxT = jnp.asarray(rng.integers(0, arch.vocab_size, (cfg.batch, cfg.seq)), jnp.int32)
@@ -205,10 +203,8 @@ def _peak_gflops(roofline: dict, after_fp32: float, platform: str) -> float:
 
 
 def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[str, Any]:
-    """Compiles (ahead of time) and times the train step and the old-log-prob forward, plus
-    the profile pieces; with `trace_dir` one more step runs under the profiler. Returns the
-    raw measurements: `timings` (every timed call), `compile_s`, `memory`, `loss`, `profile`,
-    `op_profile`, `old_from`."""
+    """Compiles ahead of time and times the train step, the old-log-prob forward and the
+    profile pieces (`trace_dir`: one more step under the profiler); the raw measurements."""
     from rlvr_jax.training import learner
 
     arch = cfg.arch()
@@ -260,9 +256,8 @@ def summarize(
     peak_gflops: float,
     datasheet: tuple[str, float] | None,
 ) -> dict[str, Any]:
-    """The figures of `measured` seconds (best of the timed calls): tokens/s, FLOPs per step,
-    achieved GFLOP/s, its fraction of `peak_gflops`, and MFU against `datasheet` = (name,
-    bf16 TFLOP/s) when given."""
+    """The figures of `measured` (best calls) against `peak_gflops`, and MFU against
+    `datasheet` = (name, bf16 TFLOP/s) when given."""
     arch = cfg.arch()
     tokens = cfg.batch * cfg.seq
     forward = common.forward_flops(arch, cfg.batch, cfg.seq)
@@ -314,15 +309,13 @@ def run(cfg: LearnerBenchConfig) -> dict[str, Any]:
         memory = attention_memory.measure(cfg, seqs=cfg.seqs)
         return {"attention_memory": memory, "config": {"model": cfg.arch().to_hf()}}
     if cfg.workload == "long":
-        platform = common.machine_info()["platform"]
-        return learner_long.run(cfg, learner_long.workload_of(cfg, platform=platform))
+        return learner_long.run(cfg)
     return run_step(cfg)
 
 
 def run_step(cfg: LearnerBenchConfig) -> dict[str, Any]:
-    """Measures the roofline, then the learner, then the fp32 peak again; the nested
-    JSON-able result. MFU is reported on accelerators, or wherever `cfg.device_kind` (a kind
-    for the datasheet table) or `cfg.datasheet_tflops` (bf16 TFLOP/s) is given."""
+    """The roofline, the learner, the fp32 peak again; MFU on accelerators, or wherever
+    `cfg.device_kind` or `cfg.datasheet_tflops` is given."""
     from rlvr_jax.bench.roofline import matmul_gflops, measure_roofline
 
     roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)
@@ -356,9 +349,8 @@ def run_step(cfg: LearnerBenchConfig) -> dict[str, Any]:
 
 
 def attention_kernel(cfg: LearnerBenchConfig) -> str:
-    """The kernel `cfg.attention_impl` resolves to in the learner step here (rows of one
-    sequence, right-padded: `max_segments=1`, so `auto` takes cuDNN on a GPU, as the trainer's
-    unpacked batches do)."""
+    """The kernel `cfg.attention_impl` resolves to here (rows of one sequence: `auto` takes
+    cuDNN on a GPU, as the trainer's unpacked batches do)."""
     kw = dict(compute_dtype=jnp.dtype(cfg.dtype), head_dim=cfg.arch().head_dim, max_segments=1)
     return resolve_impl(cfg.attention_impl, **kw)
 

@@ -183,28 +183,23 @@ def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -
     }
 
 
-def workload_of(cfg: Any, *, platform: str) -> LongWorkload:
-    """The workload of a learner bench config: `cfg.batch` completions in micro-batches of
-    `cfg.batch // cfg.n_micro` rows, `cfg.long_cap` tokens a row (0: the platform's default)
-    and `cfg.long_memory_seq`."""
-    cap = cfg.long_cap or (CPU_CAP if platform == "cpu" else FULL_CAP)
-    return LongWorkload(cap=cap, completions=cfg.batch, micro_rows=cfg.batch // cfg.n_micro,
-                        memory_seq=cfg.long_memory_seq, seed=cfg.seed)  # fmt: skip
-
-
-def run(cfg: Any, work: LongWorkload) -> dict[str, Any]:
-    """`measure` plus the roofline and the model."""
+def run(cfg: Any) -> dict[str, Any]:
+    """`measure` of the learner bench config's workload (`cfg.batch` completions, micro-batches
+    of `batch // n_micro` rows, `long_cap` tokens a row, 0: the platform's default), the
+    roofline and the model."""
     from rlvr_jax.bench.roofline import measure_roofline
 
+    cap = cfg.long_cap or (CPU_CAP if common.machine_info()["platform"] == "cpu" else FULL_CAP)
+    work = LongWorkload(cap=cap, completions=cfg.batch, micro_rows=cfg.batch // cfg.n_micro,
+                        memory_seq=cfg.long_memory_seq, seed=cfg.seed)  # fmt: skip
     if work.cap < FULL_CAP:
         progress.line(
             f"scaled down: rows of {work.cap} tokens instead of {FULL_CAP} (mean/max kept), "
             f"{work.completions} completions per step"
         )
     roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)
-    result = measure(cfg, work)
     return {
-        "long": result,
+        "long": measure(cfg, work),
         "roofline": roofline,
         "config": {"model": cfg.arch().to_hf()},
     }

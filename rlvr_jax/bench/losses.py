@@ -37,14 +37,10 @@ __all__ = ["BatchError", "evaluate", "load_batch", "run_lab", "save_batch", "syn
 def synthetic_batch(
     *, seed: int = 0, groups: int = 8, group_size: int = 8, max_len: int = 256
 ) -> dict[str, np.ndarray]:
-    """A seeded batch with realistic spread.
-
-    Lengths vary (log-uniform from 8 tokens, ~10% cut at `max_len`, one row filtered to
-    all-masked); token log-probs are mostly confident with an uncertain tail; the learner has
-    moved 1 ± ~2% (ratios) with 3% of tokens moved ~30%, the sampler differs by ~1%
-    numerically, a quarter of the rows are stale (sampler shift ~15%), and ~0.5% of tokens are
-    outliers (shift ~1–2 nats).
-    """
+    """A seeded batch with realistic spread: log-uniform lengths from 8 tokens (~10% cut at
+    `max_len`, one row all-masked), confident log-probs with an uncertain tail, learner moves
+    of ~2% (3% of tokens ~30%), the sampler ~1% off (a quarter of rows stale at ~15%, 0.5% of
+    tokens outliers of 1–2 nats), every group holding both outcomes."""
     if min(groups, group_size, max_len) < 1:
         raise ValueError(
             f"groups, group_size and max_len must be >= 1, got {groups}, {group_size}, {max_len}"
@@ -157,11 +153,8 @@ def run_lab(
     variants: list[str] | None = None,
     agg: str = "token-mean",
 ) -> dict[str, Any]:
-    """Every variant (default ranges, `agg`, no TIS/KL) and every preset on one batch.
-
-    Returns:
-      {"batch": {...}, "variants": {name: {...}}, "presets": {name: {...}}}.
-    """
+    """Every variant (default ranges, `agg`, no TIS/KL) and every preset on one batch:
+    `{"batch", "variants", "presets"}`."""
     mask = batch["mask"]
     results: dict[str, Any] = {
         "batch": {

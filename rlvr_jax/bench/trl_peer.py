@@ -164,12 +164,9 @@ def verifier_reward_fn(config: RewardsConfig) -> Callable[..., list[float]]:
 def run_trl(
     cfg: Config, *, steps: int, warmup: int, out: Path, use_vllm: bool = False
 ) -> dict[str, Any]:
-    """Trains `warmup + steps` GRPO steps with TRL on `cfg`'s setup; steps/s and trained
-    (completion) tokens/s over the last `steps` (the first `warmup` left out, as `rlvr-bench
-    e2e` does for ours). A step ends at `on_step_end`, after its optimizer step: on the CPU
-    (`use_cpu`) torch runs it synchronously, so the update has finished there. `use_vllm`:
-    TRL generates with vLLM colocated in its process (`use_vllm=True, vllm_mode="colocate"`,
-    TRL's own weight sync), as a TRL user with vLLM would run it."""
+    """Trains `warmup + steps` GRPO steps with TRL on `cfg`'s setup; steps/s and trained tokens/s
+    over the last `steps`. A step ends at `on_step_end`, after its optimizer step (synchronous on
+    the CPU). `use_vllm`: TRL generates with vLLM colocated, its own weight sync."""
     import datasets
     import torch
     import transformers
