@@ -36,8 +36,7 @@ def kernels_here(compute_dtype: Any, head_dim: int) -> list[str]:
 
 
 def micro_batch_memory(cfg: Any, kernel: str, seq: int, rows: int) -> dict[str, float]:
-    """XLA's memory of the train step of one `rows` × `seq` micro-batch with `kernel`
-    (compiled from abstract shapes; `cfg` a `LearnerBenchConfig`)."""
+    """XLA's memory of the train step of one `rows` × `seq` micro-batch with `kernel`."""
     from rlvr_jax.config.schema import TrainConfig
     from rlvr_jax.training import learner
     from rlvr_jax.training.optimizer import make_optimizer

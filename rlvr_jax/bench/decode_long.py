@@ -92,8 +92,7 @@ _STATS = ("mean_concurrent", "kv_utilisation", "preemptions", "recomputed_tokens
 
 
 def run_workloads(engines: dict[str, EngineCore], prompts: list, lengths: list) -> dict:
-    """The whole workload through a continuous-batching scheduler per engine, their boundaries
-    interleaved; each engine's wall is the sum of its own boundaries."""
+    """The workload through one scheduler per engine, their boundaries interleaved; their walls."""
     scheds = {}
     for name, core in engines.items():
         scheds[name] = Scheduler(core)
@@ -160,8 +159,7 @@ def _fill_state(core: EngineCore, length: int, live: int) -> tuple[Any, PagedWor
 
 
 def _time_chunk(core: EngineCore, length: int, live: int, repeats: int) -> float:
-    """Best-of-`repeats` ms per decode step of one chunk with `live` slots at `length`,
-    on the row bucket the scheduler would pick for them (paged)."""
+    """Best-of-`repeats` ms per decode step, `live` slots at `length` (paged: on its row bucket)."""
     rows = core.spec.row_bucket(live) if core.paged else None
     state, work = _fill_state(core, length, live)
     state, o = core.generate(core.params, state, mode=SamplerMode(), work=work, rows=rows)
@@ -207,16 +205,11 @@ def fit_line(points: dict) -> dict:
 
 
 def run(cfg: Any) -> dict:
-    """`rlvr-bench decode --workload long`: the long section (`cfg.long`) and the roofline.
-    The model: the bench model of `cfg` (`decode.BenchConfig`), random weights."""
+    """The long workload (`cfg.long`) on the bench model of `cfg` (`decode.BenchConfig`, random
+    weights) on both layouts at equal KV memory, and the roofline."""
     from rlvr_jax.bench.roofline import best_roofline
 
-    long = run_long(cfg.model(cfg.seed, cfg.dtype), cfg.long)
-    return {"long": long, "roofline": best_roofline(cfg.quick)}
-
-
-def run_long(model: Any, lc: LongConfig) -> dict:
-    """The long workload on both layouts at equal KV memory; the `long` JSON section."""
+    model, lc = cfg.model(cfg.seed, cfg.dtype), cfg.long
     rng = np.random.default_rng(lc.seed)
     lengths = lognormal_lengths(lc.requests, lc.capacity, lc.mean_over_max, lc.sigma, lc.seed)
     prompts = rng.integers(0, model.config.vocab_size, size=(lc.requests, lc.prompt)).tolist()
@@ -243,7 +236,7 @@ def run_long(model: Any, lc: LongConfig) -> dict:
             core, pool_tokens, lc.fills, lc.fill_repeats, fewer_slots=True
         )
     paged, tail = fills["paged"], by_slots["paged"]
-    return {
+    long = {
         "tokens_per_s": {k: r["tokens_per_s"] for k, r in runs.items()},
         "kv_bytes": {k: core.kv_bytes for k, core in engines.items()},
         "mean_concurrent": {k: r["mean_concurrent"] for k, r in runs.items()},
@@ -274,3 +267,4 @@ def run_long(model: Any, lc: LongConfig) -> dict:
             "lengths": lengths,
         },
     }
+    return {"long": long, "roofline": best_roofline(cfg.quick)}

@@ -78,8 +78,7 @@ def _mismatch(model: models.Model, prompts: list[list[int]], completions: list[A
 
 
 def run(cfg: Any) -> dict:
-    """The comparison (module docstring) of `cfg` (`decode.BenchConfig`: its `weight_dtype`
-    and `lora_rank`); JSON-able."""
+    """The comparison (module docstring) of `cfg` (`decode.BenchConfig`); JSON-able."""
     weight_dtype, lora_rank = cfg.weight_dtype, cfg.lora_rank
     progress.line("building the policy and the two engines")
     model = _policy(cfg, lora_rank)

@@ -80,8 +80,7 @@ def _prompt_texts(cfg: Any) -> list[str]:
 
 
 def build_tiny_policy(path: str | Path, cfg: Any) -> Path:
-    """`models.testing.tiny_policy` with its tokenizer trained on the config's first 400
-    training prompts of each source (`model.create_if_missing` of `--quick`)."""
+    """`models.testing.tiny_policy`, its tokenizer trained on the config's prompts (`--quick`)."""
     return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed)
 
 
@@ -120,8 +119,7 @@ def trl_peer(
 
 
 def pool_trl(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The TRL rounds as one row (rates = totals over totals); the first row that is not ok
-    when any is not."""
+    """The TRL rounds as one row (totals over totals), or the first row that is not ok."""
     bad = [r for r in rows if r["status"] != "ok"]
     if bad or len(rows) == 1:
         return bad[0] if bad else rows[0]
@@ -207,10 +205,8 @@ def _add_side(
 
 
 def run(cfg: E2EConfig) -> dict[str, Any]:
-    """`rounds` interleaved rounds of every side, each side first waiting (`settle` > 0) up to
-    `settle` seconds for the 1-minute load to fall under `settle_below` (default
-    `SETTLE_BELOW`); the JSON-able result, each side's rounds pooled. A bad config file or
-    override fails before any run."""
+    """Every side in `rounds` interleaved rounds, each after `settle` (when > 0); the JSON-able
+    result, each side's rounds pooled. A bad config or override fails before any run."""
     if not Path(cfg.config).is_file():
         raise ValueError(f"--config {cfg.config}: no such file (run from the repository root)")
     extra = [*_MATCHED, *PRESETS[cfg.preset]]

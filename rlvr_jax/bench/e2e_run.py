@@ -30,8 +30,7 @@ _QUIET = (
 
 
 def load_config(config_path: str | Path, overrides: list[str], *, steps: int, out: Path) -> Any:
-    """The config one run of the benchmark trains with: the user's file and `--set` overrides,
-    then `_QUIET`, `steps` optimizer steps and its own output directory `out`."""
+    """The config of one run: the user's file and `--set`, then `_QUIET`, `steps` and `out`."""
     from rlvr_jax import config as config_lib
 
     return config_lib.load(
@@ -184,8 +183,7 @@ def run_mode(
 
 
 def pool(runs: list[ModeRun]) -> ModeRun:
-    """One mode's rounds as one run: steps, seconds and tokens summed (rates = totals over
-    totals), reward and staleness averaged, the highest load before and after."""
+    """One mode's rounds as one run: totals summed, reward and staleness averaged, the top load."""
     if len(runs) == 1:
         return runs[0]
 
@@ -216,8 +214,7 @@ def pool(runs: list[ModeRun]) -> ModeRun:
 def quietness(
     loads: dict[str, tuple[float, float]], threshold: float = QUIET_LOAD
 ) -> dict[str, Any]:
-    """Per side, whether its 1-minute load stayed at or under `threshold` (this machine's
-    `QUIET_LOAD`) before and after; each ratio is quiet when both of its sides were."""
+    """Per side and per ratio, whether the 1-minute load stayed at or under `threshold`."""
     side = {k: max(v) <= threshold for k, v in loads.items()}
     pairs = {"async_over_sync": ("async", "sync"), "async_over_trl": ("async", "trl")}
     ratios = {k: side[a] and side[b] for k, (a, b) in pairs.items() if a in side and b in side}

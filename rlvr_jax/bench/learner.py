@@ -194,8 +194,7 @@ def _profile_pieces(
 
 
 def _peak_gflops(roofline: dict, after_fp32: float, platform: str) -> float:
-    """The denominator: fp32 matmul GFLOP/s on a CPU (the larger of the two probes), the best
-    dtype's on an accelerator."""
+    """The denominator: the larger fp32 probe on a CPU, the best dtype's on an accelerator."""
     fp32 = max(roofline["matmul_gflops"]["float32"], after_fp32)
     if platform == "cpu":
         return fp32
@@ -203,8 +202,7 @@ def _peak_gflops(roofline: dict, after_fp32: float, platform: str) -> float:
 
 
 def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[str, Any]:
-    """Compiles ahead of time and times the train step, the old-log-prob forward and the
-    profile pieces (`trace_dir`: one more step under the profiler); the raw measurements."""
+    """Times the train step, the old-log-prob forward and the profile pieces; the raw figures."""
     from rlvr_jax.training import learner
 
     arch = cfg.arch()
@@ -314,8 +312,7 @@ def run(cfg: LearnerBenchConfig) -> dict[str, Any]:
 
 
 def run_step(cfg: LearnerBenchConfig) -> dict[str, Any]:
-    """The roofline, the learner, the fp32 peak again; MFU on accelerators, or wherever
-    `cfg.device_kind` or `cfg.datasheet_tflops` is given."""
+    """The roofline, the learner, the fp32 peak again; MFU where a datasheet applies."""
     from rlvr_jax.bench.roofline import matmul_gflops, measure_roofline
 
     roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)

@@ -71,8 +71,7 @@ class LongWorkload:
 
 
 def samples(work: LongWorkload, vocab: int) -> list[Any]:
-    """`completions` RL samples (`inputs.random_sample`): prompts uniform in `prompt_range`,
-    completions of `lengths()`."""
+    """`completions` RL samples: prompts uniform in `prompt_range`, completions of `lengths()`."""
     rng = np.random.default_rng(work.seed)
     lo, hi = work.prompt_range
     lengths = work.lengths().sample(work.completions, work.seed)
@@ -94,8 +93,7 @@ def layouts(work: LongWorkload, batch: list[Any]) -> dict[str, tuple[Any, int | 
 
 
 def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro: int | None):
-    """The train step on one layout, compiled ahead of time: (call, facts), `call()` running one
-    step (the state carried over) and returning its metrics."""
+    """The train step on one layout compiled ahead of time: (call, facts)."""
     from rlvr_jax.training import update
 
     if losses.resolve_loss_settings(cfg.loss).tis_mode == "mask":
@@ -117,8 +115,7 @@ def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro:
 
 
 def _time_interleaved(calls: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]:
-    """One untimed warm-up call of each, then `repeats` rounds calling each in turn (a load
-    change on the shared machine hits both layouts alike); best seconds, all, the last loss."""
+    """A warm-up call of each, then `repeats` interleaved rounds: best seconds, all, the loss."""
     out = {name: {"all_s": [], "cpu_s": [], "loss": float("nan")} for name in calls}
     for call in calls.values():
         call()
@@ -138,8 +135,7 @@ def _time_interleaved(calls: dict[str, Any], repeats: int) -> dict[str, dict[str
 
 
 def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -> dict[str, Any]:
-    """Packed vs padded train steps on the same samples, then the attention kernels' memory of
-    one `memory_seq`-token micro-batch; the JSON-able `long` result."""
+    """Packed vs padded train steps, then the kernels' memory; the JSON-able `long` result."""
     arch = cfg.arch()
     batch = samples(work, arch.vocab_size)
     useful = sum(len(s.prompt_tokens) + len(s.tokens) for s in batch)
@@ -184,9 +180,8 @@ def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    """`measure` of the learner bench config's workload (`cfg.batch` completions, micro-batches
-    of `batch // n_micro` rows, `long_cap` tokens a row, 0: the platform's default), the
-    roofline and the model."""
+    """`measure` on the learner config's workload (`long_cap` tokens a row, 0: the platform's
+    default), the roofline and the model."""
     from rlvr_jax.bench.roofline import measure_roofline
 
     cap = cfg.long_cap or (CPU_CAP if common.machine_info()["platform"] == "cpu" else FULL_CAP)

@@ -1,17 +1,9 @@
 """The loss lab: `rlvr-bench losses [--batch FILE.npz] [--json FILE]`.
 
-Evaluates every registered loss variant (at its default ranges) and every preset (its full
-settings: advantages, TIS, KL, aggregation) on one batch and prints, per entry: the loss, the
-gradient norm w.r.t. logp, the clip fraction, and the spread of the effective per-token weight
-|∂loss/∂logp| over unmasked tokens (coefficient of variation, max/min over non-zero entries, and
-the fraction of tokens with zero gradient).
-
-A batch is an .npz with arrays `logp`, `old_logp`, `sampler_logp`, `mask` ([B, T]) and
-`advantages` ([B] or [B, T]); optional: `ref_logp` [B, T] (presets with a KL term), `rewards`
-[B] with `group_size` (presets then compute their own advantages), `max_len` (the generation
-budget of `seq-mean-token-sum-norm`; default: the padded length T). `save_batch` writes one
-(the trainer's `train.save_batch`); without `--batch` a seeded synthetic batch is used.
-"""
+Every registered loss variant (default ranges) and every preset (advantages, TIS, KL,
+aggregation) on one batch (`rlvr_jax.losses.batch_file`; without `--batch` a seeded synthetic
+one): the loss, ‖∂loss/∂logp‖, the clip fraction and the spread of the per-token weight
+|∂loss/∂logp| over unmasked tokens (CV, max/min of the non-zero, the zero-gradient share)."""
 
 from __future__ import annotations
 

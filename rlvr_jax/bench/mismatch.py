@@ -71,8 +71,7 @@ the first chunk, so the first wave has tokens before it and lagged ones, the sec
 
 
 def _flags_for_devices() -> bool:
-    """Asks XLA for `DEVICES` simulated CPU devices unless JAX has started (True when the
-    tensor-parallel settings can run)."""
+    """Asks XLA for `DEVICES` CPU devices unless JAX has started; whether TP can run."""
     from jax._src import xla_bridge
 
     if not xla_bridge.backends_are_initialized():
@@ -109,8 +108,7 @@ def _prompts(engine: Any, cfg: BenchConfig) -> list[list[int]]:
 
 
 def sample_with_update(engine: Any, prompts: list, dps: list, cfg: BenchConfig) -> list:
-    """Completions (prompt order) sampled from version 0, switched to version 1 after
-    `update_after` chunks (KV cache kept)."""
+    """Completions sampled from version 0, version 1 after `update_after` chunks."""
     from rlvr_jax.rollout import GroupRequest, Scheduler, request_seed
 
     sched = Scheduler(engine, params=dps[0], version=0)
@@ -178,8 +176,7 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def run_setting(model: Any, mesh: Any, layout: str, cfg: BenchConfig) -> dict:
-    """One setting: each engine samples with an update, its completions are re-scored (the
-    default engine's by the learner's forward, the exact one's by replay), both are timed."""
+    """One setting: each engine samples with an update, re-scored and timed."""
     import jax
     import numpy as np
 

@@ -120,9 +120,8 @@ def run_reprefill(core: Any, cfg: MultiturnConfig, prompts: list[list[int]]) -> 
 
 
 def run(sizes: Any) -> dict:
-    """`rlvr-bench decode --workload multiturn`: the decode config's model sizes and repeats
-    (its `quick`: the smoke sizes). Times both sides (interleaved rounds, best wall of each)
-    and the roofline probe."""
+    """Both sides at the decode config's model sizes and repeats (its `quick`: the smoke sizes),
+    interleaved, best wall of each, and the roofline."""
 
     from rlvr_jax.bench.engine_timing import interleaved_best
     from rlvr_jax.bench.roofline import best_roofline

@@ -95,8 +95,7 @@ def measure_roofline(*, size: int = 2048, bandwidth_mib: int = 256) -> dict:
 
 
 def best_roofline(quick: bool = False) -> dict:
-    """The higher-peak of two `measure_roofline` probes at `default_sizes` (a busy moment
-    cannot deflate the denominators), as the decode benchmarks report it."""
+    """The higher-peak of two `measure_roofline` probes at `default_sizes`."""
     sizes = default_sizes(quick)
     roof = max(measure_roofline(**sizes), measure_roofline(**sizes), key=lambda r: r["peak_gflops"])
     return {

@@ -130,8 +130,7 @@ def bench_math(n: int, workers: int) -> dict[str, Any]:
 
 
 def bench_code(n: int, parallel: int) -> dict[str, Any]:
-    """Sandbox programs/s (`rewards.code.bench`: a correct program, 3 tests), sequential and
-    `parallel` threads."""
+    """Sandbox programs/s (a correct program, 3 tests), sequential and `parallel` threads."""
     from rlvr_jax.rewards.code.bench import programs_per_second
 
     try:

@@ -144,8 +144,7 @@ def wastes(lengths: Sequence[int], slots: int) -> dict[str, float]:
 def simulate(
     dist: LengthDistribution, *, requests: int, slots: int, sweep: Sequence[int], seed: int
 ) -> dict[str, Any]:
-    """Static and continuous waste of `requests` sampled lengths at `slots` slots, and the
-    same for every B in `sweep`."""
+    """Static and continuous waste of `requests` sampled lengths at `slots` and each `sweep` B."""
     lengths = dist.sample(requests, seed).tolist()
     by_slots = {str(b): wastes(lengths, b) for b in sorted({*sweep, slots})}
     return {
@@ -160,9 +159,8 @@ def simulate(
 
 
 def measure(cfg: WasteBenchConfig, dist: LengthDistribution) -> dict[str, Any]:
-    """Static vs continuous waste and wall time on the real engine (`cfg.measured_*`) for
-    lengths drawn from `dist` (already scaled down), next to the simulation of the same
-    lengths."""
+    """Static vs continuous waste and wall time on the real engine for lengths drawn from `dist`
+    (scaled down), beside the simulation of the same lengths."""
     from rlvr_jax.bench.engine_timing import run_lengths
     from rlvr_jax.rollout import EngineCore
 
