@@ -91,11 +91,6 @@ def build_bench_policy(path: str | Path, cfg: Any) -> Path:
     return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed, hf_config=bench)
 
 
-def has_vllm() -> bool:
-    """Whether vLLM is installed here (the `vllm` and `trl_vllm` rows)."""
-    return importlib.util.find_spec("vllm") is not None
-
-
 def trl_peer(
     config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path,
     use_vllm: bool = False,
@@ -215,7 +210,8 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
     vllm_runs: list[ModeRun] = []
     trl_rows, trl_vllm_rows = [], []
     below = SETTLE_BELOW if cfg.settle_below is None else cfg.settle_below
-    sides = ("sync", "async", "trl", *(("vllm", "trl_vllm") if has_vllm() else ()))
+    has_vllm = importlib.util.find_spec("vllm") is not None  # the vllm and trl_vllm rows
+    sides = ("sync", "async", "trl", *(("vllm", "trl_vllm") if has_vllm else ()))
     waited = dict.fromkeys(sides, 0.0)
 
     def pause(side: str) -> None:
@@ -241,7 +237,7 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
                 done.append(run_mode(cfg.config, overrides, mode, **kw))
             pause("trl")
             trl_rows.append(trl_peer(cfg.config, overrides, **kw))
-            if has_vllm():  # our trainer on vLLM, and TRL with vLLM
+            if has_vllm:  # our trainer on vLLM, and TRL with vLLM
                 pause("vllm")
                 on_vllm = [*overrides, "rollout.backend=vllm"]
                 kw_vllm = {**kw, "out": kw["out"] / "vllm"}

@@ -1,14 +1,11 @@
 """`rlvr-bench learner`: train-step tokens/s of the real learner and the FLOPs fraction it
 achieves against this machine's own measured matmul peak.
 
-Timed: the trainer's step (`learner.make_train_step`: the loss preset, gradient accumulation
-over `n_micro`, AdamW with clipping), compiled ahead of time, on an RL batch of varied lengths
-(`inputs.synthetic_batch`) of the bench model, best of `repeats`; and the old-log-prob forward
-(`make_logprob_fn`) alone. `achieved_flops_fraction` = train FLOPs (`common.train_flops`; with
-LoRA the base's forward and activation backward plus the adapters' 6·P_lora·tokens) / step
-seconds / the measured matmul peak (`_peak_gflops`: the larger of two probes, before and after);
-`mfu` against the datasheet bf16 peak on a GPU/TPU.
-"""
+Timed (best of `repeats`, compiled ahead of time): the trainer's step (the loss preset,
+`n_micro` accumulation, AdamW) on an RL batch of varied lengths (`inputs.synthetic_batch`),
+and the old-log-prob forward alone. `achieved_flops_fraction` = train FLOPs
+(`common.train_flops`; with LoRA the base's forward and activation backward plus 6·P_lora per
+token) / step seconds / the measured peak (`_peak_gflops`); `mfu` against the datasheet."""
 
 from __future__ import annotations
 

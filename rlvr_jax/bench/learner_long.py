@@ -1,15 +1,12 @@
 """`rlvr-bench learner --workload long`: the learner on long-tailed RL lengths, packed rows
 against padded buckets, and the attention kernels' memory at 8K tokens per row.
 
-The batch: `completions` samples with OLMo 3's response lengths (`OLMO3`, mean/max ≈ 0.45)
-scaled to `cap`, after prompts of `cap`/64 .. `cap`/16 tokens, on rows of the batch's length
-bucket T (`batch.bucket_length`). Padded: `collate`, one completion per row, `micro_rows` rows a
-micro-batch; packed: `collate_packed` to a budget of `micro_rows` × (T + 1) tokens a
-micro-batch. Both run the real train step, timed in interleaved rounds: useful (non-pad)
-tokens/s of the best step, and packed / padded. Then XLA's peak memory of a one-row micro-batch
-of `memory_seq` tokens per attention kernel here. On a CPU the default cap is 1024 (`CPU_CAP`),
-said in the output; `--long-cap 4096` asks for the full shape.
-"""
+`completions` samples with OLMo 3's lengths (`OLMO3`) scaled to `cap`, on rows of the batch's
+length bucket T: padded (`collate`, `micro_rows` rows a micro-batch) against packed
+(`collate_packed`, `micro_rows` × (T + 1) tokens a micro-batch), the real train step timed in
+interleaved rounds: useful (non-pad) tokens/s. Then XLA's peak memory of a one-row micro-batch
+of `memory_seq` tokens per attention kernel here. A CPU's default cap is `CPU_CAP` (said in the
+output)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,14 @@
 """The TRL peer of `rlvr-bench e2e`: the same policy, prompts, batch shape and lengths trained by
-TRL's `GRPOTrainer` (PyTorch, HF `generate`) for the same number of optimizer steps.
+TRL's `GRPOTrainer` (PyTorch, HF `generate`) for the same number of optimizer steps. `trl` is
+optional (`pip install -e .[trl]`); it, `torch`, `datasets` and `transformers` are imported
+only inside `run_trl`.
 
-`trl` is optional and never installed by this project (`pip install -e .[trl]`); it, `torch`,
-`datasets` and `transformers` are imported only inside `run_trl`.
-
-What is matched: the policy (`model.path`, fp32), the training rows after our prompt-length
-filter, the prompt token ids (checked row by row for the text templates), G = `num_samples`,
-P · G completions per optimizer step (`updates_per_batch` steps per generation batch),
-`max_new_tokens`, temperature / top-p / top-k, AdamW with our learning rate, schedule, β1, β2,
-ε, weight decay and clipping, the clip range of our loss settings, no KL (β = 0), token-level
-loss normalisation (TRL's `dapo`) and the rewards of our verifiers. What is not: our zero-variance
-filter and active sampling (TRL trains on every group as drawn), TIS, the mixture weights of
-several sources (TRL draws uniformly from their union), and the reward service's worker
-processes and timeouts (TRL calls the verifiers in-process).
-"""
+Matched: the policy (fp32), the training rows after our prompt-length filter, the prompt ids
+(checked row by row for the text templates), G, P · G completions per optimizer step,
+`max_new_tokens`, the sampling settings, AdamW with our learning rate, schedule, betas, ε,
+weight decay and clipping, our clip range, no KL, token-level normalisation (TRL's `dapo`) and
+our verifiers' rewards. Not matched: our zero-variance filter and active sampling, TIS, source
+mixture weights (TRL draws uniformly), the reward service's workers and timeouts."""
 
 from __future__ import annotations
 
