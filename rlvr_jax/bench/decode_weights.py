@@ -1,16 +1,12 @@
 """`rlvr-bench decode --weight-dtype D [--lora-rank R]`: the engine decoding from quantized (or
-bf16) weights against the same engine at the compute dtype, on the same run, and what a LoRA
-push costs.
+bf16) weights against the same engine at the compute dtype, in interleaved rounds of `rlvr-bench
+decode`'s throughput workload, and what a LoRA push costs.
 
-Both engines decode `rlvr-bench decode`'s throughput workload in interleaved rounds. Mismatch
-per generated token, sampler (engine) against learner (fp32 forward) log-probs, as the trainer
-reports it: `kl_sampler_learner` (mean k3), mean and max |δ|, and the share of TIS weights
-exp(δ) outside [0.5, 2]. With LoRA, `push` times an adapters-only push (merged onto the held
-base by `EngineCore.prepare`) against a whole-policy one, and `apply` one decode step's adapted
-projections merged against applied in the step, with the break-even push interval
-(docs/lora.md). Roofline: model FLOPs/s over the fp32 matmul peak, and a decode step's minimal
-bytes (weights + KV cache) per step second over the measured bandwidth.
-"""
+Mismatch per generated token, engine against fp32 learner log-probs, as the trainer reports it
+(`kl_sampler_learner`: mean k3; |δ|; TIS weights outside [0.5, 2]). With LoRA: `push`, an
+adapters-only push against a whole-policy one, and `apply`, one decode step's projections
+merged against adapters applied in the step, with the break-even push interval (docs/lora.md).
+Roofline: FLOPs/s over the fp32 peak; a step's minimal bytes per second over the bandwidth."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """`rlvr-bench decode --workload multiturn`: tool-using episodes on one engine, two ways.
 
 Each episode has `turns` assistant turns, a tool response of `tool_min`–`tool_max` tokens after
-each but the last. On the same `EngineCore` and `Scheduler`: `in_slot` (one multi-turn request
-per episode, `GroupRequest.turns`: the tool response appended in place) against `reprefill`
-(every turn a new request for the whole conversation, as a server without a prefix cache).
-Turns end on one of `V // turn_tokens` stop ids; sampling is keyed by (seed, sample, position),
-so both sides generate the same tokens (checked within 1%). `roofline_fraction`: the in-slot
-side's model FLOPs per second over the measured fp32 matmul peak.
-"""
+each but the last: `in_slot` (one multi-turn request, `GroupRequest.turns`: the response
+appended in place) against `reprefill` (each turn a new request for the whole conversation, as
+a server without a prefix cache), on the same engine. Sampling keyed by (seed, sample,
+position) makes both generate the same tokens (checked within 1%)."""
 
 from __future__ import annotations
 

@@ -23,10 +23,6 @@ from typing import Any
 from rlvr_jax.bench import progress
 from rlvr_jax.config.schema import Config, RewardsConfig
 
-TEXT_TEMPLATES = ("plain", "r1")
-"""Templates whose prompt is passed to TRL as text (TRL encodes it as we do); `chat` prompts
-are passed as messages for TRL's own chat templating."""
-
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 """`train.schedule` → transformers' `lr_scheduler_type` (both warm up over `warmup_steps`)."""
 
@@ -99,10 +95,11 @@ def prompt_records(cfg: Config, tokenizer: Any) -> list[dict[str, Any]]:
         token_length=prompt_length_fn(tokenizer, template),
         max_prompt_len=cfg.data.max_prompt_len,
     )
+    # plain and r1 prompts go to TRL as text (encoded as we do), chat ones as messages
     texts = {"plain": plain_text, "r1": r1_text}
     records = []
     for row in (row for source in sources for row in source.rows):
-        if template in TEXT_TEMPLATES:
+        if template in texts:
             prompt = texts[template](row)
             ids = tokenizer(prompt)["input_ids"]  # how TRL encodes a text prompt
             if ids != format_prompt(row, tokenizer, template):
