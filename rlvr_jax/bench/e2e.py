@@ -176,8 +176,7 @@ class E2EConfig:
     rounds: int = 2
     """Interleaved rounds per side."""
     settle: float = option(0.0, metavar="S")
-    """Before each side wait up to S seconds for the 1-minute load to fall under
-    --settle-below (the load a side's own threads leave behind otherwise flags the next)."""
+    """Before each side wait up to S seconds for the 1-minute load to fall under --settle-below."""
     settle_below: float | None = option(None, metavar="LOAD")
     """--settle's target load (default half a thread per core: 1.0 on two cores)."""
     quick: bool = option(False, None)
@@ -278,14 +277,8 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
         **quietness(loads),
         "peers": peers,
         "roofline": roofline,
-        "config": {
-            "config": str(cfg.config),
-            "preset": cfg.preset,
+        "config": {  # beside the config's fields (`table.run`)
             "overrides": overrides,
-            "steps": cfg.steps,
-            "warmup": cfg.warmup,
-            "rounds": cfg.rounds,
-            "quick": cfg.quick,
             "settle": {"max_s": cfg.settle, "below": below, "waited_s": waited},
         },
     }

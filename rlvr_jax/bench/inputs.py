@@ -51,9 +51,8 @@ def random_sample(rng: np.random.Generator, vocab: int, n_prompt: int, n: int) -
 
 
 def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp: bool) -> Any:
-    """A realistic learner batch (`RLBatch`, numpy) from `collate`: each row a prompt of
-    1..seq/4 tokens and a completion filling a random 25..100% of the rest (`random_sample`),
-    right-padded. `seq` is the learner's T (rows hold seq + 1 tokens before the shift)."""
+    """A learner batch (`RLBatch`, numpy, T = `seq`) from `collate`: prompts of 1..seq/4 tokens,
+    completions filling a random 25..100% of the rest, right-padded."""
     from rlvr_jax.training.batch import collate
 
     rng = np.random.default_rng(seed)
@@ -73,10 +72,9 @@ def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp:
 def compiled_train_step(
     cfg: Any, arrays: Any, *, max_len: int, n_micro: int | None, seed: int, params: Any = None
 ) -> Any:
-    """The trainer's train step (`learner.make_train_step`: the loss preset `cfg.loss`, AdamW)
-    for the bench model of `cfg` (`params`, else seeded by `seed`) on the batch `arrays`, compiled
-    ahead of time. Returns (call, compiled, compile_s, holder, optimizer): `call()` runs one
-    step (the state carried over in `holder["state"]`) and returns its metrics."""
+    """The trainer's step (the loss preset `cfg.loss`, AdamW) for the bench model of `cfg` on
+    `arrays`, compiled ahead of time: (call, compiled, compile_s, holder, optimizer), `call()`
+    running one step (the state carried in `holder["state"]`) and returning its metrics."""
     import jax
     import jax.numpy as jnp
 

@@ -48,8 +48,7 @@ class LearnerBenchConfig(common.ModelSize):
     attn_chunk: int = 0
     """Queries per attention chunk, 0 = all at once (`train.attn_chunk`; must divide `seq`)."""
     logits_chunk: int = 0
-    """Positions per LM-head + log-softmax chunk, 0 = all at once (`train.logits_chunk`; must
-    divide `seq`)."""
+    """Positions per LM-head + log-softmax chunk, 0 = all at once (`train.logits_chunk`)."""
     attention_impl: str = option("auto", "--attention", choices=IMPLS)
     """Attention kernel (`model.attention_impl`: auto | xla | blockwise | cudnn | splash)."""
     repeats: int = 3
@@ -67,9 +66,8 @@ class LearnerBenchConfig(common.ModelSize):
     weight_dtype: str = option("", choices=("float32", "bfloat16", "int8"))
     """Storage of the weights ("" = float32; with LoRA the frozen base may be int8)."""
     workload: str = option("step", choices=("step", "attention-memory", "long"))
-    """step: time the train step; attention-memory: peak memory of one micro-batch per
-    attention kernel, T up to 8K (`rlvr_jax.bench.attention_memory`); long: packed vs padded
-    batches on long-tailed lengths (`rlvr_jax.bench.learner_long`)."""
+    """step: time the train step; attention-memory: one micro-batch's peak memory per attention
+    kernel (`bench.attention_memory`); long: packed vs padded rows (`bench.learner_long`)."""
     device_kind: str = ""
     """Device kind for the datasheet lookup ("" = detected)."""
     datasheet_tflops: float = 0.0
@@ -145,8 +143,7 @@ PRESETS: dict[str, LearnerBenchConfig] = {
         roofline_size=8192, roofline_mib=1024,
     ),
 }  # fmt: skip
-"""Named configurations: `cpu` (the bench model at 32 × 256 tokens, the default), `quick`
-(smoke test) and `gpu-1b` (a ≈1B-parameter bf16 model for one H100/H200-class GPU)."""
+"""`cpu` (the default: the bench model, 32 × 256 tokens), `quick`, `gpu-1b` (≈1B, bf16, one GPU)."""
 
 
 def _profile_pieces(
@@ -193,9 +190,7 @@ def _profile_pieces(
 def _peak_gflops(roofline: dict, after_fp32: float, platform: str) -> float:
     """The denominator: the larger fp32 probe on a CPU, the best dtype's on an accelerator."""
     fp32 = max(roofline["matmul_gflops"]["float32"], after_fp32)
-    if platform == "cpu":
-        return fp32
-    return max(fp32, roofline["matmul_gflops"]["bfloat16"])
+    return fp32 if platform == "cpu" else max(fp32, roofline["matmul_gflops"]["bfloat16"])
 
 
 def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[str, Any]:

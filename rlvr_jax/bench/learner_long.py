@@ -95,11 +95,11 @@ def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro:
 
     if losses.resolve_loss_settings(cfg.loss).tis_mode == "mask":
         arrays = arrays.replace(old_logp_BxT=arrays.sampler_logp_BxT)
-    progress.line(f"{name}: {arrays.tokens.rows} rows x {arrays.tokens.length} positions")
+    rows, T = arrays.tokens.rows, arrays.tokens.length
+    progress.line(f"{name}: {rows} rows x {T} positions")
     call, train, compile_s, _, _ = compiled_train_step(
         cfg, arrays, max_len=work.cap, n_micro=n_micro, seed=work.seed
     )
-    rows, T = arrays.tokens.rows, arrays.tokens.length
     facts = {
         "compile_s": compile_s,
         "rows": rows,

@@ -22,14 +22,10 @@ def begin(prog: str) -> None:
     _state.update(prog=prog, t0=time.perf_counter())
 
 
-def elapsed() -> float:
-    """Seconds since `begin`."""
-    return time.perf_counter() - float(_state["t0"])
-
-
 def line(message: str) -> None:
-    """One progress line: `{prog} [elapsed] message`."""
-    print(f"{_state['prog']} [{elapsed():7.1f} s] {message}", file=sys.stderr, flush=True)
+    """One progress line: `{prog} [seconds since begin] message`."""
+    seconds = time.perf_counter() - float(_state["t0"])
+    print(f"{_state['prog']} [{seconds:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def steps(items: Sequence[T], what: str) -> Iterator[T]:

@@ -251,13 +251,9 @@ class WasteBenchConfig:
 
 
 QUICK = WasteBenchConfig(
-    requests=512,
-    sweep=(1, 4, 16, 64),
-    measured_cap=16,
-    measured_requests=24,
-    measured_slots=4,
+    requests=512, sweep=(1, 4, 16, 64), measured_cap=16, measured_requests=24, measured_slots=4,
     model_sizes=tuple(common.TINY_SIZES.items()),
-)
+)  # fmt: skip
 
 
 def run(cfg: WasteBenchConfig) -> dict[str, Any]:
