@@ -55,9 +55,8 @@ _BENCH = (
 PRESETS = {"demo": (), "bench": _BENCH}
 """`--preset`: overrides of the config for each named workload."""
 
-# --quick: a random 2-layer d=32 policy built in the output directory, 2 prompts × 4 samples,
-# every group trained (a random policy's rewards are mostly all equal: the zero-variance filter
-# would leave nothing to train).
+# --quick: a random 2-layer policy built in the output directory, 2 prompts × 4 samples, every
+# group trained (a random policy's rewards are mostly equal: the filter would leave none).
 _QUICK = (
     "filter.zero_variance=false",
     "model.create_if_missing=rlvr_jax.bench.e2e:build_tiny_policy",

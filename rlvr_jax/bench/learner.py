@@ -200,7 +200,6 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     arch = cfg.arch()
     settings = losses.resolve_loss_settings(cfg.loss)
     old_from = "batch" if settings.tis_mode == "mask" else "self"
-    compute_dtype = jnp.dtype(cfg.dtype)
     params = cfg.policy().params
     arrays = synthetic_batch(
         arch, rows=cfg.batch, seq=cfg.seq, seed=cfg.seed, with_old_logp=old_from == "batch"
@@ -215,7 +214,7 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
         raise RuntimeError(f"the benchmarked train step is not finite: {metrics}")
     logprob_fn = learner.make_logprob_fn(
-        arch, compute_dtype=compute_dtype, temperature=1.0, memory=cfg.memory()
+        arch, compute_dtype=jnp.dtype(cfg.dtype), temperature=1.0, memory=cfg.memory()
     )
     params = holder["state"].params
     fwd, fwd_compile_s = common.compile_ahead(logprob_fn, params, batch)
