@@ -8,44 +8,50 @@ import numpy as np
 import pytest
 
 from rlvr_jax.bench import table, waste
-from rlvr_jax.bench.waste import LengthDistribution, simulate_continuous, simulate_static
+from rlvr_jax.bench.waste import (
+    LengthDistribution,
+    continuous_steps,
+    static_steps,
+    wastes,
+)
 
 
 def test_two_requests_two_slots_by_hand():
     # one batch of [1, 3] holds both slots for 3 steps: 6 slot-steps, 4 useful
-    assert simulate_static([1, 3], 2) == waste.SlotSteps(useful=4, total=6)
-    assert simulate_static([1, 3], 2).waste == pytest.approx(1 - 4 / 6)
+    assert static_steps([1, 3], 2) == 3
     # continuous: nothing waits, so the short slot idles through the same drain
-    assert simulate_continuous([1, 3], 2).waste == pytest.approx(1 - 4 / 6)
+    assert wastes([1, 3], 2) == pytest.approx({"static_waste": 1 - 4 / 6,
+                                               "continuous_waste": 1 - 4 / 6})  # fmt: skip
 
 
 def test_refill_removes_the_waste_of_waiting_for_the_longest():
     # static: batches [1, 3] (2 slots x 3 steps) and [2] (2 x 2): 10 slot-steps, 6 useful
-    assert simulate_static([1, 3, 2], 2) == waste.SlotSteps(6, 10)
+    assert static_steps([1, 3, 2], 2) == 5
     # continuous: slot a runs 1 then 2 (ends at step 3), slot b runs 3: 2 x 3, no waste
-    assert simulate_continuous([1, 3, 2], 2) == waste.SlotSteps(6, 6)
+    assert continuous_steps([1, 3, 2], 2) == 3
     # static [4, 1], [1, 1], [1]: 2x4 + 2x1 + 2x1 = 12 for 8 useful; continuous: a=4, b=1+1+1+1
-    assert simulate_static([4, 1, 1, 1, 1], 2).waste == pytest.approx(1 - 8 / 12)
-    assert simulate_continuous([4, 1, 1, 1, 1], 2).waste == 0.0
+    assert wastes([4, 1, 1, 1, 1], 2) == pytest.approx({"static_waste": 1 - 8 / 12,
+                                                        "continuous_waste": 0.0})  # fmt: skip
     # more slots than requests: all B slots count; 4 x 5 = 20 slot-steps for 7 tokens
-    assert simulate_static([2, 5], 4).total == 20 and simulate_continuous([2, 5], 4).total == 20
+    assert static_steps([2, 5], 4) == 5 == continuous_steps([2, 5], 4)
+    assert wastes([2, 5], 4)["static_waste"] == pytest.approx(1 - 7 / 20)
     # one slot never waits for anyone
-    assert simulate_static([5, 1, 7], 1).waste == 0.0 == simulate_continuous([5, 1, 7], 1).waste
+    assert wastes([5, 1, 7], 1) == {"static_waste": 0.0, "continuous_waste": 0.0}
 
 
 def test_continuous_never_wastes_more_than_static():
     lengths = np.random.default_rng(3).integers(1, 100, 300)
     for b in (1, 3, 8, 32):
-        assert simulate_continuous(lengths, b).total <= simulate_static(lengths, b).total
+        assert continuous_steps(lengths, b) <= static_steps(lengths, b)
 
 
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="slots must be >= 1"):
-        simulate_static([1], 0)
+        static_steps([1], 0)
     with pytest.raises(ValueError, match="positive token counts"):
-        simulate_continuous([3, 0], 2)
+        continuous_steps([3, 0], 2)
     with pytest.raises(ValueError, match="non-empty"):
-        simulate_static([], 2)
+        static_steps([], 2)
     with pytest.raises(ValueError, match=r"mean length must be in \(0, cap=100\)"):
         LengthDistribution.fit(mean=150, cap=100, sigma=0.5)
     with pytest.raises(ValueError, match="sigma > 0"):

@@ -1,17 +1,10 @@
 """`rlvr-bench learner --workload attention-memory`: peak memory of one learner micro-batch
 per attention kernel (`model.attention_impl`) as the row length T grows to 8K tokens.
 
-What is measured: the real train step (`rlvr_jax.training.learner.make_train_step`, one
-micro-batch of `rows` rows × T tokens, the bench model and the config's remat/logits chunking)
-compiled ahead of time for each kernel that runs on this platform (xla and blockwise
-everywhere; splash on TPU; cuDNN on a CUDA GPU in bf16), from abstract shapes (nothing is
-allocated, so the quadratic path can be sized at 8K on a small machine). The figure is XLA's
-buffer assignment of the compiled program (`memory_analysis()`): `temp_bytes` (activations,
-gradients and workspace: what grows with T) and `peak_bytes` = temp + arguments + outputs.
-
-How attention grows: besides the peaks, `growth` = Δ(T/2 → T) / Δ(T/4 → T/2) at the largest T
-— every other part of the step is linear in T, so this second-difference ratio is ≈ 2 where
-the kernel's memory is linear in T and ≈ 4 where it is quadratic.
+The real train step, compiled from abstract shapes (nothing allocated) for each kernel that runs
+here; XLA's buffer assignment: `temp_bytes` and `peak_bytes` = temp + arguments + outputs.
+`growth` = Δ(T/2 → T) / Δ(T/4 → T/2) at the largest T: ≈ 2 where the kernel's memory is linear
+in T, ≈ 4 where quadratic (the rest of the step is linear).
 """
 
 from __future__ import annotations
@@ -43,8 +36,7 @@ def kernels_here(compute_dtype: Any, head_dim: int) -> list[str]:
 
 
 def micro_batch_memory(cfg: Any, kernel: str, seq: int, rows: int) -> dict[str, float]:
-    """XLA's memory of the train step of one `rows` × `seq` micro-batch with `kernel`
-    (compiled from abstract shapes; `cfg` a `LearnerBenchConfig`)."""
+    """XLA's memory of the train step of one `rows` × `seq` micro-batch with `kernel`."""
     from rlvr_jax.config.schema import TrainConfig
     from rlvr_jax.training import learner
     from rlvr_jax.training.optimizer import make_optimizer

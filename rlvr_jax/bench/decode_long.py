@@ -1,24 +1,12 @@
-"""`rlvr-bench decode --workload long`: the paged engine against the contiguous one given
-the same KV memory, on long, long-tailed rollouts (one run, ratios in that run).
+"""`rlvr-bench decode --workload long`: the paged engine against the contiguous one given the
+same KV memory, on long, long-tailed rollouts (one run, ratios in that run).
 
-Workload: `requests` prompts of `prompt` tokens; completion budgets LogNormal(μ, σ) capped
-at `capacity` tokens, μ found by bisection so that mean/max = 0.45 (OLMo 3's ≈ 14.7K of
-32K), the longest at the cap; no stop token, so every request generates its budget. Each
-slot holds prompt + capacity positions. The contiguous engine has `contiguous_slots` such
-rows; the paged engine has a pool of exactly as many bytes (`contiguous_slots × (prompt +
-capacity)` tokens) shared by up to `paged_slots` sequences. Both drive the same
-continuous-batching scheduler to the end of the workload, their boundaries interleaved (a
-load change on the shared machine hits both); tokens/s counts generated tokens over each
-engine's own wall (prefill included, compilation excluded).
-
-Step time against live tokens, two ways of holding a fraction f of the pool live (pages
-allocated, no prefill: attention costs the same whatever the cached values), one decode
-chunk timed per f on the row bucket the scheduler would pick: `step_ms_at_fill`, all
-`paged_slots` slots live at shorter lengths (a rollout's start: every row's dense work
-stays); `step_ms_at_fill_fewer_slots`, f of the slots live at the length that fills the
-pool (a rollout's tail). The contiguous engine is timed the same way. Least-squares lines
-ms = a + b · live tokens summarise the paged engine.
-"""
+`requests` prompts, LogNormal completion budgets up to `capacity` (mean/max 0.45, OLMo 3's
+shape; no stop token). The contiguous engine holds `contiguous_slots` rows; the paged one a
+pool of as many bytes for up to `paged_slots` sequences. Both run the workload through the
+scheduler, interleaved (tokens/s over each one's wall). Then one decode chunk per pool fill f:
+all slots live at shorter lengths (`step_ms_at_fill`, a rollout's start) or f of the slots at
+full length (`..._fewer_slots`, its tail), with lines ms = a + b · live tokens."""
 
 from __future__ import annotations
 
@@ -101,9 +89,7 @@ _STATS = ("mean_concurrent", "kv_utilisation", "preemptions", "recomputed_tokens
 
 
 def run_workloads(engines: dict[str, EngineCore], prompts: list, lengths: list) -> dict:
-    """The whole workload through a continuous-batching scheduler per engine, the engines'
-    boundaries (admission + one decode chunk) interleaved so that a load change on a shared
-    machine hits both alike; each engine's wall is the sum of its own boundaries."""
+    """The workload through one scheduler per engine, their boundaries interleaved; their walls."""
     scheds = {}
     for name, core in engines.items():
         scheds[name] = Scheduler(core)
@@ -170,8 +156,7 @@ def _fill_state(core: EngineCore, length: int, live: int) -> tuple[Any, PagedWor
 
 
 def _time_chunk(core: EngineCore, length: int, live: int, repeats: int) -> float:
-    """Best-of-`repeats` ms per decode step of one chunk with `live` slots at `length`,
-    on the row bucket the scheduler would pick for them (paged)."""
+    """Best-of-`repeats` ms per decode step, `live` slots at `length` (paged: on its row bucket)."""
     rows = core.spec.row_bucket(live) if core.paged else None
     state, work = _fill_state(core, length, live)
     state, o = core.generate(core.params, state, mode=SamplerMode(), work=work, rows=rows)
@@ -189,10 +174,8 @@ def _time_chunk(core: EngineCore, length: int, live: int, repeats: int) -> float
 def step_ms_at_fill(
     core: EngineCore, capacity: int, fills: tuple, repeats: int, *, fewer_slots: bool = False
 ) -> dict:
-    """Decode ms/step at each fraction of `fills` of the pool of `capacity` tokens: all slots
-    live at shorter lengths (the start of a rollout), or with `fewer_slots` that fraction of
-    the slots live, each at the length that fills the pool when all are (a rollout's tail,
-    where the long ones decode alone)."""
+    """Decode ms/step at each fraction of `fills` of a `capacity`-token pool: all slots live at
+    shorter lengths, or (`fewer_slots`) that fraction of the slots at full length."""
     out = {}
     b = core.spec.max_slots
     for f in fills:
@@ -219,16 +202,11 @@ def fit_line(points: dict) -> dict:
 
 
 def run(cfg: Any) -> dict:
-    """`rlvr-bench decode --workload long`: the long section (`cfg.long`) and the roofline.
-    The model: the bench model of `cfg` (`decode.BenchConfig`), random weights."""
+    """The long workload (`cfg.long`) on the bench model of `cfg` (`decode.BenchConfig`, random
+    weights) on both layouts at equal KV memory, and the roofline."""
     from rlvr_jax.bench.roofline import best_roofline
 
-    long = run_long(cfg.model(cfg.seed, cfg.dtype), cfg.long)
-    return {"long": long, "roofline": best_roofline(cfg.quick)}
-
-
-def run_long(model: Any, lc: LongConfig) -> dict:
-    """The long workload on both layouts at equal KV memory; the `long` JSON section."""
+    model, lc = cfg.model(cfg.seed, cfg.dtype), cfg.long
     rng = np.random.default_rng(lc.seed)
     lengths = lognormal_lengths(lc.requests, lc.capacity, lc.mean_over_max, lc.sigma, lc.seed)
     prompts = rng.integers(0, model.config.vocab_size, size=(lc.requests, lc.prompt)).tolist()
@@ -255,7 +233,7 @@ def run_long(model: Any, lc: LongConfig) -> dict:
             core, pool_tokens, lc.fills, lc.fill_repeats, fewer_slots=True
         )
     paged, tail = fills["paged"], by_slots["paged"]
-    return {
+    long = {
         "tokens_per_s": {k: r["tokens_per_s"] for k, r in runs.items()},
         "kv_bytes": {k: core.kv_bytes for k, core in engines.items()},
         "mean_concurrent": {k: r["mean_concurrent"] for k, r in runs.items()},
@@ -286,3 +264,4 @@ def run_long(model: Any, lc: LongConfig) -> dict:
             "lengths": lengths,
         },
     }
+    return {"long": long, "roofline": best_roofline(cfg.quick)}

@@ -1,28 +1,12 @@
 """`rlvr-bench decode --weight-dtype D [--lora-rank R]`: the engine decoding from quantized (or
-bf16) weights against the same engine at the compute dtype, on the same run, and what a LoRA
-push costs.
+bf16) weights against the same engine at the compute dtype, in interleaved rounds of `rlvr-bench
+decode`'s throughput workload, and what a LoRA push costs.
 
-Both engines decode the throughput workload of `rlvr-bench decode` (`batch` prompts of
-`prompt` tokens, `new` tokens each, T = 1, continuous batching), timed in interleaved rounds
-(best kept). Mismatch per generated token: the sampler's log-prob (the engine's) against the
-learner's (the policy's fp32 forward over prompt + completion), as the trainer reports it:
-`kl_sampler_learner` = mean k3 with δ = learner − sampler (KL(sampler‖learner), the
-`kl/sampler_learner` metric), mean and max |δ|, and the share of tokens whose TIS weight
-exp(δ) leaves [0.5, 2]. The fp32 engine's own figures are the floor (≈ 0).
-
-`--lora-rank R`: the policy carries adapters of rank R on every projection (B moved off zero,
-so merging matters); `push` times what the trainer's push does on the actors — adapters alone
-merged onto the held base and re-laid (`EngineCore.prepare`) — against a push of the whole
-policy, with the bytes each moves. `apply` measures the alternative to merging on push:
-every adapted projection of every layer at one decode step's batch, `x @ W` (merged) against
-`x @ W + scale · (x @ A) @ B` (adapters applied in the step); the difference per step times
-the decode steps between two pushes (`new`: one rollout batch per learner step) against the
-merge a push costs says which is faster (docs/lora.md).
-
-Roofline: each engine's model FLOPs per second over the measured fp32 matmul peak, and its
-decode step's minimal bytes (weights at their stored size + the KV cache) per step second over
-the measured memory bandwidth.
-"""
+Mismatch per generated token, engine against fp32 learner log-probs, as the trainer reports it
+(`kl_sampler_learner`: mean k3; |δ|; TIS weights outside [0.5, 2]). With LoRA: `push`, an
+adapters-only push against a whole-policy one, and `apply`, one decode step's projections
+merged against adapters applied in the step, with the break-even push interval (docs/lora.md).
+Roofline: FLOPs/s over the fp32 peak; a step's minimal bytes per second over the bandwidth."""
 
 from __future__ import annotations
 
@@ -90,8 +74,7 @@ def _mismatch(model: models.Model, prompts: list[list[int]], completions: list[A
 
 
 def run(cfg: Any) -> dict:
-    """The comparison (module docstring) of `cfg` (`decode.BenchConfig`: its `weight_dtype`
-    and `lora_rank`); JSON-able."""
+    """The comparison (module docstring) of `cfg` (`decode.BenchConfig`); JSON-able."""
     weight_dtype, lora_rank = cfg.weight_dtype, cfg.lora_rank
     progress.line("building the policy and the two engines")
     model = _policy(cfg, lora_rank)

@@ -1,39 +1,12 @@
-"""`rlvr-bench e2e`: the demo RL setup run in sync and in async mode for the same number of
-optimizer steps with the same batch shape, beside TRL's GRPOTrainer when it is installed.
+"""`rlvr-bench e2e`: the demo RL setup in sync and in async mode for the same number of
+optimizer steps and batch shape, beside TRL's GRPOTrainer (where `trl` is installed) and, with
+vLLM installed (docs/vllm.md), our async trainer on `rollout.backend: vllm` and TRL generating
+with vLLM colocated (`peers.trl_vllm`; a peer's failure is reported in its row, never patched).
 
-Every run starts from the same policy and data; the sides run in `--rounds` interleaved rounds
-(sync, async, TRL, sync, async, TRL, ...) so that a load change hits them alike, each round's
-first `--warmup` steps (compiles) left out; a side's rounds are pooled (totals over totals). A
-step counts when its update has finished (the learner's output is ready), not when it was
-dispatched: the timed window runs from the last warm-up update's end to the last update's end
-(`timed_window`). Reported:
-
-- `steps_per_s.{sync,async,trl}` and `tokens_per_s.{sync,async,trl}` (trained completion
-  tokens: steps can differ in tokens), `ratios.{async_over_sync,async_over_trl}` (steps/s)
-  and their `_tokens` twins;
-- `time_s.{rollout,train}`: the sync run's split (`time/rollout_s`: waiting for and scoring
-  rollouts, `time/train_s`: the update and the weight push), summed over the measured steps;
-- `overlap_fraction`: in the async run, the share of the shorter stage's busy time (rollout:
-  decode chunks of the driver thread; train: the updates) during which the other was busy too
-  (`rlvr_jax.timeline`);
-- `projected_speedup_disjoint` = (rollout + train) / max(rollout, train) from the sync split:
-  what async buys when the actors and the learner have devices of their own;
-- the 1-minute load average before and after each side (`load.by_side`); `quiet: false` (and
-  a NOT QUIET line) when any side ran above the machine's `e2e_run.QUIET_LOAD` (0.75 a core:
-  1.5 on two cores), `ratios_quiet` per ratio;
-- `roofline`: the machine's measured matmul peak and memory bandwidth
-  (`rlvr-bench roofline`'s `best_roofline`, probed after the last side) and, in `machine`,
-  the CPU's model and vector ISA (`common.cpu_info`): a ratio against a peer moves with both.
-
-With vLLM installed (its CPU build: the vLLM venv, docs/vllm.md), two more rows: `vllm`, our
-trainer in async mode on `rollout.backend: vllm` (`steps_per_s.vllm`, `tokens_per_s.vllm`,
-`ratios.async_over_vllm`: our engine against vLLM under the same trainer), and `peers.trl_vllm`,
-TRL's GRPOTrainer generating with vLLM colocated (`use_vllm`, `vllm_mode: colocate`) where TRL
-can drive this vLLM (else the row reports the error; the peer is never patched).
-
-The TRL row needs `trl` (not a dependency); without it the row says so. Every run draws the
-same number of groups per optimizer step (`filter.active_sampling=false`, before the user's
-`--set`).
+The sides run in `--rounds` interleaved rounds (a load change hits them alike), each round's
+first `--warmup` steps left out and a side's rounds pooled (totals over totals). A step counts
+when its update has finished (`e2e_run.timed_window`), not when it was dispatched. Every run
+draws the same groups per step (active sampling off). docs/benchmarks.md lists the keys.
 """
 
 from __future__ import annotations
@@ -64,12 +37,9 @@ from rlvr_jax.models.testing import tiny_policy
 
 DEFAULT_CONFIG = "configs/demo.yaml"
 
-# Every run (before the user's --set): no active sampling, so both sides draw the same number
-# of groups per optimizer step (TRL has no zero-variance filter: `--set
-# filter.zero_variance=false` trains on every group as drawn, as TRL does).
+# Every run (before the user's --set): both sides draw the same groups per step, and the
+# learner's row counts compile with the first batch (the timed steps are the steady state).
 _MATCHED = ("filter.active_sampling=false", "train.compile_ahead=true")
-# (and the learner's row counts compiled with the first batch: the timed steps measure the
-# steady state, which the warm-up steps alone reach only once every count has been met)
 
 # --preset bench: the 56M bench model (random weights) built in the output directory, 256-token
 # completions (model.path is set to the run's directory).
@@ -77,19 +47,16 @@ _BENCH = (
     "model.create_if_missing=rlvr_jax.bench.e2e:build_bench_policy",
     "model.hf_config=null",
     "rollout.max_new_tokens=256",
-    # the learner's [64, 352, 32000] fp32 logits at once took the async run past 22 GB (OOM on
-    # a 24 GB machine): micro-batches of at most two rows of a group's prompt + 8 x 256 tokens
-    # (packed to a token budget: as many micro-batches as the kept groups need, not 4 of 16
-    # rows whatever zero-variance filtering left), the LM head 32 positions at a time
+    # all [64, 352, 32000] fp32 logits at once OOM a 24 GB machine: micro-batches of at most
+    # two rows' tokens (a group's prompt + 8 x 256), the LM head 32 positions at a time
     "train.max_tokens_per_micro_batch=4608",
     "train.logits_chunk=32",
 )
 PRESETS = {"demo": (), "bench": _BENCH}
 """`--preset`: overrides of the config for each named workload."""
 
-# --quick: a random 2-layer d=32 policy built in the output directory, 2 prompts × 4 samples,
-# every group trained (a random policy's rewards are mostly all equal: the zero-variance filter
-# would leave nothing to train).
+# --quick: a random 2-layer policy built in the output directory, 2 prompts × 4 samples, every
+# group trained (a random policy's rewards are mostly equal: the filter would leave none).
 _QUICK = (
     "filter.zero_variance=false",
     "model.create_if_missing=rlvr_jax.bench.e2e:build_tiny_policy",
@@ -112,31 +79,23 @@ def _prompt_texts(cfg: Any) -> list[str]:
 
 
 def build_tiny_policy(path: str | Path, cfg: Any) -> Path:
-    """`models.testing.tiny_policy` with its tokenizer trained on the config's first 400
-    training prompts of each source (`model.create_if_missing` of `--quick`)."""
+    """`models.testing.tiny_policy`, its tokenizer trained on the config's prompts (`--quick`)."""
     return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed)
 
 
 def build_bench_policy(path: str | Path, cfg: Any) -> Path:
-    """The bench model (`common.ModelSize`: d=512, 8 layers, V=32000, 56M parameters) with
-    random weights and a tokenizer trained on the config's prompts (`model.create_if_missing`
-    of `--preset bench`)."""
+    """The 56M bench model (`common.ModelSize`), random weights, a tokenizer trained on the
+    config's prompts (`model.create_if_missing` of `--preset bench`)."""
     bench = common.hf_config_dict(common.ModelSize())
     return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed, hf_config=bench)
-
-
-def has_vllm() -> bool:
-    """Whether vLLM is installed here (the `vllm` and `trl_vllm` rows)."""
-    return importlib.util.find_spec("vllm") is not None
 
 
 def trl_peer(
     config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path,
     use_vllm: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """The TRL row: TRL's GRPOTrainer on the same setup (`rlvr_jax.bench.trl_peer`) when `trl`
-    is installed (it is never a dependency); a failure of the peer never fails the bench.
-    `use_vllm`: the TRL-with-vLLM row (TRL generating with vLLM colocated)."""
+    """The TRL row (`rlvr_jax.bench.trl_peer`) when `trl` is installed; a failure is reported in
+    the row, never raised. `use_vllm`: TRL generating with vLLM colocated."""
     if importlib.util.find_spec("trl") is None:
         return {"status": "skipped", "reason": "trl is not installed (pip install trl to add it)"}
     load_before = load_1min()
@@ -154,8 +113,7 @@ def trl_peer(
 
 
 def pool_trl(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The TRL rounds as one row (rates = totals over totals); the first row that is not ok
-    when any is not."""
+    """The TRL rounds as one row (totals over totals), or the first row that is not ok."""
     bad = [r for r in rows if r["status"] != "ok"]
     if bad or len(rows) == 1:
         return bad[0] if bad else rows[0]
@@ -217,8 +175,7 @@ class E2EConfig:
     rounds: int = 2
     """Interleaved rounds per side."""
     settle: float = option(0.0, metavar="S")
-    """Before each side wait up to S seconds for the 1-minute load to fall under
-    --settle-below (the load a side's own threads leave behind otherwise flags the next)."""
+    """Before each side wait up to S seconds for the 1-minute load to fall under --settle-below."""
     settle_below: float | None = option(None, metavar="LOAD")
     """--settle's target load (default half a thread per core: 1.0 on two cores)."""
     quick: bool = option(False, None)
@@ -231,89 +188,84 @@ class E2EConfig:
             raise ValueError("--settle must be >= 0 and --settle-below > 0")
 
 
+def _add_side(
+    summary: dict, name: str, steps_per_s: float, tokens_per_s: float, async_: ModeRun
+) -> None:
+    """Side `name`'s rates, and the async run's ratios over them."""
+    summary["steps_per_s"][name], summary["tokens_per_s"][name] = steps_per_s, tokens_per_s
+    summary["ratios"][f"async_over_{name}"] = async_.steps_per_s / steps_per_s
+    summary["ratios"][f"async_over_{name}_tokens"] = _ratio(async_.tokens_per_s, tokens_per_s)
+
+
 def run(cfg: E2EConfig) -> dict[str, Any]:
-    """`rounds` interleaved rounds of sync, async and the TRL peer (a load change on the shared
-    machine hits every side alike); the JSON-able result, each side's rounds pooled. With
-    `settle` > 0 each side first waits, at most that long, for the 1-minute load to fall under
-    `settle_below` (default `SETTLE_BELOW`: `e2e_run.settle`). A bad config file or override fails
-    before either run spends any time."""
-    config_path, overrides, steps, warmup = cfg.config, list(cfg.set), cfg.steps, cfg.warmup
-    quick, preset, rounds, settle_s = cfg.quick, cfg.preset, cfg.rounds, cfg.settle
-    if not Path(config_path).is_file():
-        raise ValueError(f"--config {config_path}: no such file (run from the repository root)")
-    unused = Path("unused")
-    load_config(config_path, [*_MATCHED, *PRESETS[preset], *overrides], steps=1, out=unused)
+    """Every side in `rounds` interleaved rounds, each after `settle` (when > 0); the JSON-able
+    result, each side's rounds pooled. A bad config or override fails before any run."""
+    if not Path(cfg.config).is_file():
+        raise ValueError(f"--config {cfg.config}: no such file (run from the repository root)")
+    extra = [*_MATCHED, *PRESETS[cfg.preset]]
+    load_config(cfg.config, [*extra, *cfg.set], steps=1, out=Path("unused"))
     runs: dict[str, list[ModeRun]] = {"sync": [], "async": []}
     vllm_runs: list[ModeRun] = []
     trl_rows, trl_vllm_rows = [], []
     below = SETTLE_BELOW if cfg.settle_below is None else cfg.settle_below
-    sides = ("sync", "async", "trl", *(("vllm", "trl_vllm") if has_vllm() else ()))
+    has_vllm = importlib.util.find_spec("vllm") is not None  # the vllm and trl_vllm rows
+    sides = ("sync", "async", "trl", *(("vllm", "trl_vllm") if has_vllm else ()))
     waited = dict.fromkeys(sides, 0.0)
 
     def pause(side: str) -> None:
-        if settle_s > 0:
+        if cfg.settle > 0:
             if load_1min() >= below:
-                progress.line(f"waiting up to {settle_s:.0f} s for the load to fall under {below}")
-            waited[side] += settle(below, settle_s)
+                progress.line(
+                    f"waiting up to {cfg.settle:.0f} s for the load to fall under {below}"
+                )
+            waited[side] += settle(below, cfg.settle)
 
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-e2e-") as tmp:
         out = Path(tmp)
-        extra = [*_MATCHED, *PRESETS[preset]]
-        if quick:
-            extra += _QUICK
-        if quick or preset != "demo":
+        extra += _QUICK if cfg.quick else ()
+        if cfg.quick or cfg.preset != "demo":
             extra.append(f"model.path={out / 'policy'}")
-        for r in range(rounds):
-            if rounds > 1:
-                progress.line(f"round {r + 1}/{rounds}")
-            kw = dict(steps=steps, warmup=warmup, out=out / f"round{r}")
+        overrides = [*extra, *cfg.set]
+        for r in range(cfg.rounds):
+            if cfg.rounds > 1:
+                progress.line(f"round {r + 1}/{cfg.rounds}")
+            kw = dict(steps=cfg.steps, warmup=cfg.warmup, out=out / f"round{r}")
             for mode, done in runs.items():
                 pause(mode)
-                done.append(run_mode(config_path, [*extra, *overrides], mode, **kw))
+                done.append(run_mode(cfg.config, overrides, mode, **kw))
             pause("trl")
-            trl_rows.append(trl_peer(config_path, [*extra, *overrides], **kw))
-            if has_vllm():  # our trainer on vLLM, and TRL with vLLM
+            trl_rows.append(trl_peer(cfg.config, overrides, **kw))
+            if has_vllm:  # our trainer on vLLM, and TRL with vLLM
                 pause("vllm")
-                on_vllm = [*extra, *overrides, "rollout.backend=vllm"]
-                vllm_runs.append(
-                    run_mode(config_path, on_vllm, "async", **{**kw, "out": kw["out"] / "vllm"})
-                )
+                on_vllm = [*overrides, "rollout.backend=vllm"]
+                kw_vllm = {**kw, "out": kw["out"] / "vllm"}
+                vllm_runs.append(run_mode(cfg.config, on_vllm, "async", **kw_vllm))
                 pause("trl_vllm")
-                trl_vllm_rows.append(
-                    trl_peer(config_path, [*extra, *overrides], **kw, use_vllm=True)
-                )
+                trl_vllm_rows.append(trl_peer(cfg.config, overrides, **kw, use_vllm=True))
     # probed after the sides, so that its own load (both cores for seconds) is not theirs
     progress.line("roofline probe (matmul peak, memory bandwidth)")
-    roofline = best_roofline(quick)
+    roofline = best_roofline(cfg.quick)
     sync, async_ = pool(runs["sync"]), pool(runs["async"])
-    trl = pool_trl(trl_rows)
     summary = summarize(sync, async_)
     for mode, done in runs.items():
         summary["modes"][mode]["by_round"] = [
             {"steps_per_s": m.steps_per_s, "tokens_per_s": m.tokens_per_s, "loadavg": m.loadavg}
             for m in done
         ]
-    summary["ratios"] = {"async_over_sync": summary["async_over_sync"], "async_over_trl": None}
-    summary["ratios"]["async_over_sync_tokens"] = _ratio(async_.tokens_per_s, sync.tokens_per_s)
+    summary["ratios"] = {
+        "async_over_sync": summary["async_over_sync"],
+        "async_over_trl": None,
+        "async_over_sync_tokens": _ratio(async_.tokens_per_s, sync.tokens_per_s),
+    }
     loads = {"sync": sync.loadavg, "async": async_.loadavg}
+    peers = {"trl": (trl := pool_trl(trl_rows))}
     if trl["status"] == "ok":
         trl["ours_async_over_trl"] = async_.steps_per_s / trl["steps_per_s"]
-        summary["steps_per_s"]["trl"] = trl["steps_per_s"]
-        summary["tokens_per_s"]["trl"] = trl["tokens_per_s"]
-        summary["ratios"]["async_over_trl"] = trl["ours_async_over_trl"]
-        summary["ratios"]["async_over_trl_tokens"] = _ratio(
-            async_.tokens_per_s, trl["tokens_per_s"]
-        )
+        _add_side(summary, "trl", trl["steps_per_s"], trl["tokens_per_s"], async_)
         loads["trl"] = tuple(trl["loadavg"])
-    peers = {"trl": trl}
     if vllm_runs:
         on_vllm = pool(vllm_runs)
-        summary["steps_per_s"]["vllm"] = on_vllm.steps_per_s
-        summary["tokens_per_s"]["vllm"] = on_vllm.tokens_per_s
-        summary["ratios"]["async_over_vllm"] = async_.steps_per_s / on_vllm.steps_per_s
-        summary["ratios"]["async_over_vllm_tokens"] = _ratio(
-            async_.tokens_per_s, on_vllm.tokens_per_s
-        )
+        _add_side(summary, "vllm", on_vllm.steps_per_s, on_vllm.tokens_per_s, async_)
         summary["modes"]["vllm"] = _mode_row(on_vllm)
         loads["vllm"] = on_vllm.loadavg
         peers["trl_vllm"] = pool_trl(trl_vllm_rows)
@@ -324,15 +276,9 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
         **quietness(loads),
         "peers": peers,
         "roofline": roofline,
-        "config": {
-            "config": str(config_path),
-            "preset": preset,
-            "overrides": [*extra, *overrides],
-            "steps": steps,
-            "warmup": warmup,
-            "rounds": rounds,
-            "quick": quick,
-            "settle": {"max_s": settle_s, "below": below, "waited_s": waited},
+        "config": {  # beside the config's fields (`table.run`)
+            "overrides": overrides,
+            "settle": {"max_s": cfg.settle, "below": below, "waited_s": waited},
         },
     }
 

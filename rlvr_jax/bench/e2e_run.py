@@ -16,8 +16,7 @@ from typing import Any
 from rlvr_jax import timeline as tl
 from rlvr_jax.bench import progress
 
-# What each run of the benchmark changes in the config (after the user's --set overrides):
-# no evaluation, checkpoints, exports, plots or progress bar inside the timed loop.
+# After the user's --set: no evaluation, checkpoint, export, plot or progress bar in the timing.
 _QUIET = (
     "checkpoint.every_steps=0",
     "checkpoint.resume=false",
@@ -31,8 +30,7 @@ _QUIET = (
 
 
 def load_config(config_path: str | Path, overrides: list[str], *, steps: int, out: Path) -> Any:
-    """The config one run of the benchmark trains with: the user's file and `--set` overrides,
-    then `_QUIET`, `steps` optimizer steps and its own output directory `out`."""
+    """The config of one run: the user's file and `--set`, then `_QUIET`, `steps` and `out`."""
     from rlvr_jax import config as config_lib
 
     return config_lib.load(
@@ -41,14 +39,9 @@ def load_config(config_path: str | Path, overrides: list[str], *, steps: int, ou
     )
 
 
-QUIET_LOAD_PER_CORE = 0.75
-"""A side measured with a 1-minute load average above this many runnable threads per core
-(before or after it) makes its ratios not quiet: other processes took cores from it (`quiet:
-false` in the JSON)."""
-
-QUIET_LOAD = QUIET_LOAD_PER_CORE * (os.cpu_count() or 1)
-"""This machine's threshold: 1.5 on the 2-core machines the figures come from, 12 on a 16-core
-GPU host (whose own compile threads pass 1.5)."""
+QUIET_LOAD = 0.75 * (os.cpu_count() or 1)
+"""A side whose 1-minute load average passed this (0.75 runnable threads a core: 1.5 on two
+cores) before or after it is not quiet (`quiet: false`): other processes took cores from it."""
 
 
 def load_1min() -> float:
@@ -56,14 +49,10 @@ def load_1min() -> float:
     return os.getloadavg()[0]
 
 
-SETTLE_BELOW_PER_CORE = 0.5
-"""`settle`'s default target: half a runnable thread per core (1.0 on two cores). A side of
-the benchmark keeps every core busy for tens of seconds, which lifts the 1-minute average by
-about half its distance to the core count (20 s: 1 - e^(-1/3) = 28%), so a side that starts at
-1.0 on two cores ends near 1.3, under `QUIET_LOAD`."""
-
-SETTLE_BELOW = SETTLE_BELOW_PER_CORE * (os.cpu_count() or 1)
-"""This machine's default `settle` target (`rlvr-bench e2e --settle-below`)."""
+SETTLE_BELOW = 0.5 * (os.cpu_count() or 1)
+"""`settle`'s default target (`--settle-below`), half a thread a core: a side busy on every core
+for ~20 s lifts the 1-minute average by ~28% of its distance to the core count, so one that
+starts at 1.0 on two cores ends near 1.3, under `QUIET_LOAD`."""
 
 
 def settle(
@@ -75,9 +64,8 @@ def settle(
     clock: Any = time.monotonic,
     poll_s: float = 2.0,
 ) -> float:
-    """Waits until the 1-minute load average is under `below`, at most `max_s` seconds; returns
-    the seconds waited. The load a side's own threads leave behind decays with a one-minute
-    time constant, so without a pause the next side starts (and is judged) under it."""
+    """Waits, at most `max_s` seconds, for the 1-minute load average to fall under `below`; the
+    seconds waited (a side's threads leave load behind that would otherwise judge the next)."""
     start = clock()
     while load() >= below and clock() - start < max_s:
         sleep(min(poll_s, max(max_s - (clock() - start), 0.0)))
@@ -131,10 +119,8 @@ class ModeRun:
 def timed_window(
     timeline: tl.Timeline, *, warmup: int, steps: int, start: float
 ) -> tuple[float, float]:
-    """(from, to) of the timed steps: from when the last warm-up update had finished (`start`
-    without warm-up) to when the last update had finished. A step counts once its update is
-    done (the trainer's "train" span ends when the learner's output is ready), not at its
-    dispatch: an async loop dispatches ahead of the device."""
+    """(from, to) of the timed steps: from the last warm-up update's end (`start` without
+    warm-up) to the last update's end; an async loop dispatches ahead of the device."""
     ends = sorted(end for _, end in timeline.spans("train"))
     if len(ends) != warmup + steps:
         raise RuntimeError(f"{len(ends)} of {warmup + steps} updates finished")
@@ -197,8 +183,7 @@ def run_mode(
 
 
 def pool(runs: list[ModeRun]) -> ModeRun:
-    """One mode's rounds as one run: steps, seconds and tokens summed (rates = totals over
-    totals), reward and staleness averaged, the highest load before and after."""
+    """One mode's rounds as one run: totals summed, reward and staleness averaged, the top load."""
     if len(runs) == 1:
         return runs[0]
 
@@ -229,8 +214,7 @@ def pool(runs: list[ModeRun]) -> ModeRun:
 def quietness(
     loads: dict[str, tuple[float, float]], threshold: float = QUIET_LOAD
 ) -> dict[str, Any]:
-    """Per side, whether its 1-minute load stayed at or under `threshold` (this machine's
-    `QUIET_LOAD`) before and after; each ratio is quiet when both of its sides were."""
+    """Per side and per ratio, whether the 1-minute load stayed at or under `threshold`."""
     side = {k: max(v) <= threshold for k, v in loads.items()}
     pairs = {"async_over_sync": ("async", "sync"), "async_over_trl": ("async", "trl")}
     ratios = {k: side[a] and side[b] for k, (a, b) in pairs.items() if a in side and b in side}

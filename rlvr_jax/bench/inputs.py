@@ -1,10 +1,6 @@
-"""The random inputs benchmarks run on: the bench model as an HF twin and ours with the same
-weights (`build_models`), RL learner batches (`random_sample`, `synthetic_batch`) and the
-trainer's step compiled on one (`compiled_train_step`).
-
-Below every benchmark module (it imports only `common`), so the benchmarks share these without
-importing each other.
-"""
+"""The random inputs benchmarks run on: the bench model as an HF twin and ours
+(`build_models`), RL learner batches and the trainer's step compiled on one. Imports only
+`common`, so the benchmarks share these without importing each other."""
 
 from __future__ import annotations
 
@@ -19,15 +15,11 @@ from rlvr_jax.bench import common
 
 
 def build_models(cfg: Any, path: str | Path) -> tuple[Any, Any]:
-    """(HF torch model, our `Model`) of the bench model of `cfg` (`common.ModelSize` fields and
-    a `dtype`) with the same random weights: HF's init (seeded by `cfg.seed`; on CUDA when JAX
-    runs on a GPU and torch sees one: like for like), saved at `path` in `cfg.dtype`, loaded
-    back as ours in that dtype.
-
-    Unless the environment says otherwise, torch's OpenMP threads are told to sleep rather
-    than spin while waiting (`OMP_WAIT_POLICY=PASSIVE`, read when torch first loads): on a
-    shared machine, spinning makes `generate` up to 10x slower (measured here: 130 s instead
-    of 14 s at load 6), which would flatter our engine. The policy used is reported."""
+    """(HF torch model, our `Model`) of the bench model of `cfg` with the same random weights:
+    HF's init (on CUDA when JAX runs on a GPU and torch sees one), saved at `path` in
+    `cfg.dtype`, loaded back as ours. torch's OpenMP threads sleep rather than spin
+    (`OMP_WAIT_POLICY=PASSIVE` unless set): spinning made `generate` up to 10x slower on a
+    shared machine, which would flatter our engine."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import jax
     import torch
@@ -59,9 +51,8 @@ def random_sample(rng: np.random.Generator, vocab: int, n_prompt: int, n: int) -
 
 
 def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp: bool) -> Any:
-    """A realistic learner batch (`RLBatch`, numpy) from `collate`: each row a prompt of
-    1..seq/4 tokens and a completion filling a random 25..100% of the rest (`random_sample`),
-    right-padded. `seq` is the learner's T (rows hold seq + 1 tokens before the shift)."""
+    """A learner batch (`RLBatch`, numpy, T = `seq`) from `collate`: prompts of 1..seq/4 tokens,
+    completions filling a random 25..100% of the rest, right-padded."""
     from rlvr_jax.training.batch import collate
 
     rng = np.random.default_rng(seed)
@@ -81,10 +72,9 @@ def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp:
 def compiled_train_step(
     cfg: Any, arrays: Any, *, max_len: int, n_micro: int | None, seed: int, params: Any = None
 ) -> Any:
-    """The trainer's train step (`learner.make_train_step`: the loss preset `cfg.loss`, AdamW)
-    for the bench model of `cfg` (`params`, else seeded by `seed`) on the batch `arrays`, compiled
-    ahead of time. Returns (call, compiled, compile_s, holder, optimizer): `call()` runs one
-    step (the state carried over in `holder["state"]`) and returns its metrics."""
+    """The trainer's step (the loss preset `cfg.loss`, AdamW) for the bench model of `cfg` on
+    `arrays`, compiled ahead of time: (call, compiled, compile_s, holder, optimizer), `call()`
+    running one step (the state carried in `holder["state"]`) and returning its metrics."""
     import jax
     import jax.numpy as jnp
 

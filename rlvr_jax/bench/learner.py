@@ -1,28 +1,11 @@
 """`rlvr-bench learner`: train-step tokens/s of the real learner and the FLOPs fraction it
 achieves against this machine's own measured matmul peak.
 
-What is timed: `rlvr_jax.training.learner.make_train_step` (the trainer's step: forward,
-backward, the loss preset's policy loss with global token normalisation, gradient
-accumulation over `n_micro` micro-batches, the trainer's AdamW with global-norm clipping),
-compiled once ahead of time and run on a realistic RL batch (`collate` of prompts +
-completions of varied lengths, right-padded) of the bench model (`common.ModelSize`). The
-old-log-prob forward (`make_logprob_fn`, one extra forward when several optimizer steps share
-a rollout batch) is timed and reported separately.
-
-Figures: tokens/s = rows × seq / step seconds (best of `repeats` after a warm-up step);
-`achieved_flops_fraction` = train FLOPs per step (6·P·tokens + attention, `common.train_flops`)
-/ step seconds / the measured matmul peak (`roofline.measure_roofline`: the fp32 figure on a
-CPU, the best dtype on accelerators; the larger of two probes, before and after the timing, so
-that a busy moment cannot inflate the fraction). On a GPU/TPU also `mfu` against the
-datasheet bf16 peak of the device. `profile` times the pieces separately (LM head + log-softmax
-forward/backward, optimizer update) to show where the step's time goes.
-
-LoRA (`--lora-rank R`, all seven projections, alpha = 2R): the adapters train, the base is a
-constant stored in `--weight-dtype` (float32 | bfloat16 | int8); train FLOPs are then the
-forward and the activations' backward (4·P·tokens + attention) plus the adapters' 6·P_lora·
-tokens, and the result gives `lora.trainable_params` / `optimizer_state_bytes` (a full run's
-beside it).
-"""
+Timed (best of `repeats`, compiled ahead of time): the trainer's step (the loss preset,
+`n_micro` accumulation, AdamW) on an RL batch of varied lengths (`inputs.synthetic_batch`),
+and the old-log-prob forward alone. `achieved_flops_fraction` = train FLOPs
+(`common.train_flops`; with LoRA the base's forward and activation backward plus 6·P_lora per
+token) / step seconds / the measured peak (`_peak_gflops`); `mfu` against the datasheet."""
 
 from __future__ import annotations
 
@@ -65,8 +48,7 @@ class LearnerBenchConfig(common.ModelSize):
     attn_chunk: int = 0
     """Queries per attention chunk, 0 = all at once (`train.attn_chunk`; must divide `seq`)."""
     logits_chunk: int = 0
-    """Positions per LM-head + log-softmax chunk, 0 = all at once (`train.logits_chunk`; must
-    divide `seq`)."""
+    """Positions per LM-head + log-softmax chunk, 0 = all at once (`train.logits_chunk`)."""
     attention_impl: str = option("auto", "--attention", choices=IMPLS)
     """Attention kernel (`model.attention_impl`: auto | xla | blockwise | cudnn | splash)."""
     repeats: int = 3
@@ -84,9 +66,8 @@ class LearnerBenchConfig(common.ModelSize):
     weight_dtype: str = option("", choices=("float32", "bfloat16", "int8"))
     """Storage of the weights ("" = float32; with LoRA the frozen base may be int8)."""
     workload: str = option("step", choices=("step", "attention-memory", "long"))
-    """step: time the train step; attention-memory: peak memory of one micro-batch per
-    attention kernel, T up to 8K (`rlvr_jax.bench.attention_memory`); long: packed vs padded
-    batches on long-tailed lengths (`rlvr_jax.bench.learner_long`)."""
+    """step: time the train step; attention-memory: one micro-batch's peak memory per attention
+    kernel (`bench.attention_memory`); long: packed vs padded rows (`bench.learner_long`)."""
     device_kind: str = ""
     """Device kind for the datasheet lookup ("" = detected)."""
     datasheet_tflops: float = 0.0
@@ -101,7 +82,8 @@ class LearnerBenchConfig(common.ModelSize):
     """long: tokens per row of the attention-memory figure."""
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "batch"):
+        for name in ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "vocab", "batch",
+                     "repeats"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.seq < 2:
@@ -110,8 +92,6 @@ class LearnerBenchConfig(common.ModelSize):
             raise ValueError(f"n_micro={self.n_micro} must be >= 1 and divide batch={self.batch}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be float32 or bfloat16, got {self.dtype!r}")
-        if self.repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
         if self.lora_rank < 0 or self.weight_dtype not in ("", "float32", "bfloat16", "int8"):
             raise ValueError("lora_rank must be >= 0 and weight_dtype float32|bfloat16|int8")
         if self.weight_dtype == "int8" and not self.lora_rank:
@@ -129,8 +109,7 @@ class LearnerBenchConfig(common.ModelSize):
                 )
 
     def policy(self) -> Any:
-        """The random bench policy (`models.Model`) this config trains: in `weight_dtype`,
-        or with LoRA adapters over a base stored so."""
+        """The random bench policy: in `weight_dtype`, or LoRA adapters over a base stored so."""
         from rlvr_jax.config.schema import LoraConfig
 
         arch, key = self.arch(), jax.random.key(self.seed)
@@ -154,28 +133,24 @@ class LearnerBenchConfig(common.ModelSize):
 
 
 PRESETS: dict[str, LearnerBenchConfig] = {
-    # tuned on a 2-core CPU: micro-batches of 8 rows and the LM head in chunks of 128
-    # positions keep the working set small (XLA temp 9.5 -> 2.5 GB) and run faster
+    # 2-core CPU: micro-batches of 8 rows, the LM head 128 positions a time (temp 9.5 -> 2.5 GB)
     "cpu": LearnerBenchConfig(n_micro=4, logits_chunk=128),
     "quick": LearnerBenchConfig(
         **common.TINY_SIZES, batch=4, seq=32, repeats=1, roofline_size=256, roofline_mib=16
     ),
-    # ≈0.97B params (`common.SIZES_1B`), bf16, for one H100/H200-class GPU
     "gpu-1b": LearnerBenchConfig(
         **common.SIZES_1B, batch=32, seq=1024, n_micro=2, dtype="bfloat16", repeats=5,
         roofline_size=8192, roofline_mib=1024,
     ),
 }  # fmt: skip
-"""Named configurations: `cpu` (the bench model at 32 × 256 tokens, the default), `quick`
-(smoke test) and `gpu-1b` (a ≈1B-parameter bf16 model for one H100/H200-class GPU)."""
+"""`cpu` (the default: the bench model, 32 × 256 tokens), `quick`, `gpu-1b` (≈1B, bf16, one GPU)."""
 
 
 def _profile_pieces(
     cfg: LearnerBenchConfig, arch: models.ArchConfig, params: Any, optimizer: Any
 ) -> dict[str, common.Timings]:
-    """Seconds of the LM head + log-softmax (forward and backward from hidden states, over the
-    full [B, T, V] at once whatever `logits_chunk`) and of the optimizer update alone: the two
-    pieces of the step that are not the decoder layers."""
+    """Seconds of the LM head + log-softmax (forward and backward from hidden states, all of
+    [B, T, V] at once) and of the optimizer update alone: the step's pieces besides the layers."""
     rng = np.random.default_rng(cfg.seed + 1)
     hidden_BxTxD = jnp.asarray(rng.standard_normal((cfg.batch, cfg.seq, arch.d_model)), jnp.float32)
     targets_BxT = jnp.asarray(rng.integers(0, arch.vocab_size, (cfg.batch, cfg.seq)), jnp.int32)
@@ -213,25 +188,18 @@ def _profile_pieces(
 
 
 def _peak_gflops(roofline: dict, after_fp32: float, platform: str) -> float:
-    """The denominator: fp32 matmul GFLOP/s on a CPU (the larger of the two probes), the best
-    dtype's on an accelerator."""
+    """The denominator: the larger fp32 probe on a CPU, the best dtype's on an accelerator."""
     fp32 = max(roofline["matmul_gflops"]["float32"], after_fp32)
-    if platform == "cpu":
-        return fp32
-    return max(fp32, roofline["matmul_gflops"]["bfloat16"])
+    return fp32 if platform == "cpu" else max(fp32, roofline["matmul_gflops"]["bfloat16"])
 
 
 def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[str, Any]:
-    """Compiles (ahead of time) and times the train step and the old-log-prob forward, plus
-    the profile pieces; with `trace_dir` one more step runs under the profiler. Returns the
-    raw measurements: `timings` (every timed call), `compile_s`, `memory`, `loss`, `profile`,
-    `op_profile`, `old_from`."""
+    """Times the train step, the old-log-prob forward and the profile pieces; the raw figures."""
     from rlvr_jax.training import learner
 
     arch = cfg.arch()
     settings = losses.resolve_loss_settings(cfg.loss)
     old_from = "batch" if settings.tis_mode == "mask" else "self"
-    compute_dtype = jnp.dtype(cfg.dtype)
     params = cfg.policy().params
     arrays = synthetic_batch(
         arch, rows=cfg.batch, seq=cfg.seq, seed=cfg.seed, with_old_logp=old_from == "batch"
@@ -246,7 +214,7 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
         raise RuntimeError(f"the benchmarked train step is not finite: {metrics}")
     logprob_fn = learner.make_logprob_fn(
-        arch, compute_dtype=compute_dtype, temperature=1.0, memory=cfg.memory()
+        arch, compute_dtype=jnp.dtype(cfg.dtype), temperature=1.0, memory=cfg.memory()
     )
     params = holder["state"].params
     fwd, fwd_compile_s = common.compile_ahead(logprob_fn, params, batch)
@@ -277,9 +245,8 @@ def summarize(
     peak_gflops: float,
     datasheet: tuple[str, float] | None,
 ) -> dict[str, Any]:
-    """The figures of `measured` seconds (best of the timed calls): tokens/s, FLOPs per step,
-    achieved GFLOP/s, its fraction of `peak_gflops`, and MFU against `datasheet` = (name,
-    bf16 TFLOP/s) when given."""
+    """The figures of `measured` (best calls) against `peak_gflops`, and MFU against
+    `datasheet` = (name, bf16 TFLOP/s) when given."""
     arch = cfg.arch()
     tokens = cfg.batch * cfg.seq
     forward = common.forward_flops(arch, cfg.batch, cfg.seq)
@@ -331,15 +298,12 @@ def run(cfg: LearnerBenchConfig) -> dict[str, Any]:
         memory = attention_memory.measure(cfg, seqs=cfg.seqs)
         return {"attention_memory": memory, "config": {"model": cfg.arch().to_hf()}}
     if cfg.workload == "long":
-        platform = common.machine_info()["platform"]
-        return learner_long.run(cfg, learner_long.workload_of(cfg, platform=platform))
+        return learner_long.run(cfg)
     return run_step(cfg)
 
 
 def run_step(cfg: LearnerBenchConfig) -> dict[str, Any]:
-    """Measures the roofline, then the learner, then the fp32 peak again; the nested
-    JSON-able result. MFU is reported on accelerators, or wherever `cfg.device_kind` (a kind
-    for the datasheet table) or `cfg.datasheet_tflops` (bf16 TFLOP/s) is given."""
+    """The roofline, the learner, the fp32 peak again; MFU where a datasheet applies."""
     from rlvr_jax.bench.roofline import matmul_gflops, measure_roofline
 
     roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)
@@ -373,9 +337,8 @@ def run_step(cfg: LearnerBenchConfig) -> dict[str, Any]:
 
 
 def attention_kernel(cfg: LearnerBenchConfig) -> str:
-    """The kernel `cfg.attention_impl` resolves to in the learner step here (rows of one
-    sequence, right-padded: `max_segments=1`, so `auto` takes cuDNN on a GPU, as the trainer's
-    unpacked batches do)."""
+    """The kernel `cfg.attention_impl` resolves to here (rows of one sequence: `auto` takes
+    cuDNN on a GPU, as the trainer's unpacked batches do)."""
     kw = dict(compute_dtype=jnp.dtype(cfg.dtype), head_dim=cfg.arch().head_dim, max_segments=1)
     return resolve_impl(cfg.attention_impl, **kw)
 

@@ -1,29 +1,12 @@
 """`rlvr-bench learner --workload long`: the learner on long-tailed RL lengths, packed rows
-against today's padded buckets, and the attention kernels' memory at 8K tokens per row.
+against padded buckets, and the attention kernels' memory at 8K tokens per row.
 
-The batch: `completions` RL samples (one optimizer step) whose response lengths follow OLMo 3's
-regime scaled down to a budget: ℓ = ⌈min(X, cap)⌉, X log-normal (σ = 0.7, the clipped mean at
-14.7K of a 32K cap: mean/max ≈ 0.45; `rlvr_jax.bench.waste.LengthDistribution`, scaled by
-cap / 32K), each after a prompt of `cap`/64 .. `cap`/16 tokens. The row length T is the batch's
-length bucket (`batch.bucket_length`, as the trainer picks it).
-
-- padded: today's layout — `collate`, one completion per row, `micro_rows` rows per micro-batch
-  (`train.micro_batch_size`), every row T positions long;
-- packed: `collate_packed` — completions bin-packed several to a row of T, micro-batches of at
-  most `micro_rows` rows' worth of tokens (`train.max_tokens_per_micro_batch` = micro_rows ×
-  (T + 1), the rows' length before the shift), their count following the batch's tokens.
-
-Both run the real train step (`learner.make_train_step`, the loss preset, AdamW) on the same
-samples, compiled ahead of time and timed in interleaved rounds (a load change on the shared
-machine hits both alike); the figure is useful (prompt + completion, non-pad) tokens per second
-of the best timed step, and the packed / padded ratio. Then, for every attention kernel
-that runs on this platform, XLA's peak memory of one micro-batch of one row of `memory_seq`
-(8K) tokens (`attention_memory.micro_batch_memory`).
-
-On a CPU the full shape (4096 cap, 64 completions) takes hours on the 56M bench model, so the
-default there is scaled down (1024 cap, the `--batch` completions, the same mean/max) and the
-output says so; `--long-cap 4096` asks for the full shape anywhere.
-"""
+`completions` samples with OLMo 3's lengths (`OLMO3`) scaled to `cap`, on rows of the batch's
+length bucket T: padded (`collate`, `micro_rows` rows a micro-batch) against packed
+(`collate_packed`, `micro_rows` × (T + 1) tokens a micro-batch), the real train step timed in
+interleaved rounds: useful (non-pad) tokens/s. Then XLA's peak memory of a one-row micro-batch
+of `memory_seq` tokens per attention kernel here. A CPU's default cap is `CPU_CAP` (said in the
+output)."""
 
 from __future__ import annotations
 
@@ -85,8 +68,7 @@ class LongWorkload:
 
 
 def samples(work: LongWorkload, vocab: int) -> list[Any]:
-    """`completions` RL samples (`inputs.random_sample`): prompts uniform in `prompt_range`,
-    completions of `lengths()`."""
+    """`completions` RL samples: prompts uniform in `prompt_range`, completions of `lengths()`."""
     rng = np.random.default_rng(work.seed)
     lo, hi = work.prompt_range
     lengths = work.lengths().sample(work.completions, work.seed)
@@ -108,17 +90,16 @@ def layouts(work: LongWorkload, batch: list[Any]) -> dict[str, tuple[Any, int | 
 
 
 def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro: int | None):
-    """The train step on one layout, compiled ahead of time: (call, facts), `call()` running one
-    step (the state carried over) and returning its metrics."""
+    """The train step on one layout compiled ahead of time: (call, facts)."""
     from rlvr_jax.training import update
 
     if losses.resolve_loss_settings(cfg.loss).tis_mode == "mask":
         arrays = arrays.replace(old_logp_BxT=arrays.sampler_logp_BxT)
-    progress.line(f"{name}: {arrays.tokens.rows} rows x {arrays.tokens.length} positions")
+    rows, T = arrays.tokens.rows, arrays.tokens.length
+    progress.line(f"{name}: {rows} rows x {T} positions")
     call, train, compile_s, _, _ = compiled_train_step(
         cfg, arrays, max_len=work.cap, n_micro=n_micro, seed=work.seed
     )
-    rows, T = arrays.tokens.rows, arrays.tokens.length
     facts = {
         "compile_s": compile_s,
         "rows": rows,
@@ -131,8 +112,7 @@ def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro:
 
 
 def _time_interleaved(calls: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]:
-    """One untimed warm-up call of each, then `repeats` rounds calling each in turn (a load
-    change on the shared machine hits both layouts alike); best seconds, all, the last loss."""
+    """A warm-up call of each, then `repeats` interleaved rounds: best seconds, all, the loss."""
     out = {name: {"all_s": [], "cpu_s": [], "loss": float("nan")} for name in calls}
     for call in calls.values():
         call()
@@ -152,8 +132,7 @@ def _time_interleaved(calls: dict[str, Any], repeats: int) -> dict[str, dict[str
 
 
 def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -> dict[str, Any]:
-    """Packed vs padded train steps on the same samples, then the attention kernels' memory of
-    one `memory_seq`-token micro-batch; the JSON-able `long` result."""
+    """Packed vs padded train steps, then the kernels' memory; the JSON-able `long` result."""
     arch = cfg.arch()
     batch = samples(work, arch.vocab_size)
     useful = sum(len(s.prompt_tokens) + len(s.tokens) for s in batch)
@@ -197,28 +176,22 @@ def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -
     }
 
 
-def workload_of(cfg: Any, *, platform: str) -> LongWorkload:
-    """The workload of a learner bench config: `cfg.batch` completions in micro-batches of
-    `cfg.batch // cfg.n_micro` rows, `cfg.long_cap` tokens a row (0: the platform's default)
-    and `cfg.long_memory_seq`."""
-    cap = cfg.long_cap or (CPU_CAP if platform == "cpu" else FULL_CAP)
-    return LongWorkload(cap=cap, completions=cfg.batch, micro_rows=cfg.batch // cfg.n_micro,
-                        memory_seq=cfg.long_memory_seq, seed=cfg.seed)  # fmt: skip
-
-
-def run(cfg: Any, work: LongWorkload) -> dict[str, Any]:
-    """`measure` plus the roofline and the model."""
+def run(cfg: Any) -> dict[str, Any]:
+    """`measure` on the learner config's workload (`long_cap` tokens a row, 0: the platform's
+    default), the roofline and the model."""
     from rlvr_jax.bench.roofline import measure_roofline
 
+    cap = cfg.long_cap or (CPU_CAP if common.machine_info()["platform"] == "cpu" else FULL_CAP)
+    work = LongWorkload(cap=cap, completions=cfg.batch, micro_rows=cfg.batch // cfg.n_micro,
+                        memory_seq=cfg.long_memory_seq, seed=cfg.seed)  # fmt: skip
     if work.cap < FULL_CAP:
         progress.line(
             f"scaled down: rows of {work.cap} tokens instead of {FULL_CAP} (mean/max kept), "
             f"{work.completions} completions per step"
         )
     roofline = measure_roofline(size=cfg.roofline_size, bandwidth_mib=cfg.roofline_mib)
-    result = measure(cfg, work)
     return {
-        "long": result,
+        "long": measure(cfg, work),
         "roofline": roofline,
         "config": {"model": cfg.arch().to_hf()},
     }

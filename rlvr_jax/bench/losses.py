@@ -1,17 +1,9 @@
 """The loss lab: `rlvr-bench losses [--batch FILE.npz] [--json FILE]`.
 
-Evaluates every registered loss variant (at its default ranges) and every preset (its full
-settings: advantages, TIS, KL, aggregation) on one batch and prints, per entry: the loss, the
-gradient norm w.r.t. logp, the clip fraction, and the spread of the effective per-token weight
-|∂loss/∂logp| over unmasked tokens (coefficient of variation, max/min over non-zero entries, and
-the fraction of tokens with zero gradient).
-
-A batch is an .npz with arrays `logp`, `old_logp`, `sampler_logp`, `mask` ([B, T]) and
-`advantages` ([B] or [B, T]); optional: `ref_logp` [B, T] (presets with a KL term), `rewards`
-[B] with `group_size` (presets then compute their own advantages), `max_len` (the generation
-budget of `seq-mean-token-sum-norm`; default: the padded length T). `save_batch` writes one
-(the trainer's `train.save_batch`); without `--batch` a seeded synthetic batch is used.
-"""
+Every registered loss variant (default ranges) and every preset (advantages, TIS, KL,
+aggregation) on one batch (`rlvr_jax.losses.batch_file`; without `--batch` a seeded synthetic
+one): the loss, ‖∂loss/∂logp‖, the clip fraction and the spread of the per-token weight
+|∂loss/∂logp| over unmasked tokens (CV, max/min of the non-zero, the zero-gradient share)."""
 
 from __future__ import annotations
 
@@ -37,14 +29,10 @@ __all__ = ["BatchError", "evaluate", "load_batch", "run_lab", "save_batch", "syn
 def synthetic_batch(
     *, seed: int = 0, groups: int = 8, group_size: int = 8, max_len: int = 256
 ) -> dict[str, np.ndarray]:
-    """A seeded batch with realistic spread.
-
-    Lengths vary (log-uniform from 8 tokens, ~10% cut at `max_len`, one row filtered to
-    all-masked); token log-probs are mostly confident with an uncertain tail; the learner has
-    moved 1 ± ~2% (ratios) with 3% of tokens moved ~30%, the sampler differs by ~1%
-    numerically, a quarter of the rows are stale (sampler shift ~15%), and ~0.5% of tokens are
-    outliers (shift ~1–2 nats).
-    """
+    """A seeded batch with realistic spread: log-uniform lengths from 8 tokens (~10% cut at
+    `max_len`, one row all-masked), confident log-probs with an uncertain tail, learner moves
+    of ~2% (3% of tokens ~30%), the sampler ~1% off (a quarter of rows stale at ~15%, 0.5% of
+    tokens outliers of 1–2 nats), every group holding both outcomes."""
     if min(groups, group_size, max_len) < 1:
         raise ValueError(
             f"groups, group_size and max_len must be >= 1, got {groups}, {group_size}, {max_len}"
@@ -157,11 +145,8 @@ def run_lab(
     variants: list[str] | None = None,
     agg: str = "token-mean",
 ) -> dict[str, Any]:
-    """Every variant (default ranges, `agg`, no TIS/KL) and every preset on one batch.
-
-    Returns:
-      {"batch": {...}, "variants": {name: {...}}, "presets": {name: {...}}}.
-    """
+    """Every variant (default ranges, `agg`, no TIS/KL) and every preset on one batch:
+    `{"batch", "variants", "presets"}`."""
     mask = batch["mask"]
     results: dict[str, Any] = {
         "batch": {

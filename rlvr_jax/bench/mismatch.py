@@ -1,30 +1,13 @@
 """`rlvr-bench mismatch`: do the sampler and the learner compute the same function?
 
-The same prompts are sampled (T = 1, full vocabulary) with an in-flight weight update after
-`update_after` decode chunks (version 0 → 1: each weight plus `noise` × its std of Gaussian
-noise, KV cache kept), and re-scored as the trainer does:
-- `learner` (`rollout.exact: false`): the default engine's samples against the learner's
-  training forward (`learner.make_logprob_fn`, one device, default memory options);
-- `replay` (`rollout.exact: true`): the exact engine's samples (every slot decoded every step)
-  against the completions replayed through that engine's own prefill and decode step
-  (`rollout.rescore`).
-A token is compared on policy when its whole context (prompt prefill, earlier tokens, itself)
-came from the version it is re-scored with (`groups.token_lag` = 0), `before` (version 0) or
-`after` (version 1) the update; tokens sampled on a KV cache kept across the update are policy
-lag (`lag`), not mismatch. Figures are the trainer's own (`losses.mismatch_metrics`).
-
-Settings: compute dtype (float32, bfloat16) × KV layout (paged, contiguous) × one device or
-tensor-parallel decode on 8 simulated devices (mesh data 4 × tensor 2; the bench sets
-`XLA_FLAGS=--xla_force_host_platform_device_count=8` before JAX starts when it can). Each
-setting's decode tokens/s is timed for the default engine and the exact one (every slot
-decoded every step), interleaved.
-
-Keys: `mismatch.<dtype>.{kl,max_abs_logp,bitwise_equal_fraction,tokens}` (replay: worst over
-the settings), `mismatch_default.<dtype>.*` (learner forward), `settings.<name>.{replay,
-learner}.{on_policy,before,after,lag}`, `tokens_per_s.<name>.{default,exact}`,
-`exact_over_default_tokens_per_s` (the lowest ratio), `roofline`, `machine` (load averages).
-The model is the shipped demo base (`rlvr_jax/demo/assets/base`, trained: peaked
-distributions); prompts are its own samples after BOS.
+The shipped demo model samples its own prompts (T = 1) with an in-flight weight update after
+`update_after` chunks (v0 → v1 = each weight + `noise` × its std × N(0, 1), KV cache kept); the
+completions are re-scored as the trainer does: `learner` (`rollout.exact: false`) by the
+learner's forward, `replay` (`rollout.exact: true`) through the exact engine's own prefill and
+decode (`rollout.rescore`). Tokens whose whole context came from one version are compared on
+policy (`before` / `after` the update); those sampled on a cache kept across it are policy lag
+(`lag`). Figures: `losses.mismatch_metrics`, per dtype × KV layout × one device or tensor-parallel
+(8 simulated devices, `TP_MESH`), and each setting's decode tokens/s, default vs exact engine.
 """
 
 from __future__ import annotations
@@ -88,8 +71,7 @@ the first chunk, so the first wave has tokens before it and lagged ones, the sec
 
 
 def _flags_for_devices() -> bool:
-    """Asks XLA for `DEVICES` simulated CPU devices unless JAX has started (True when the
-    tensor-parallel settings can run)."""
+    """Asks XLA for `DEVICES` CPU devices unless JAX has started; whether TP can run."""
     from jax._src import xla_bridge
 
     if not xla_bridge.backends_are_initialized():
@@ -126,8 +108,7 @@ def _prompts(engine: Any, cfg: BenchConfig) -> list[list[int]]:
 
 
 def sample_with_update(engine: Any, prompts: list, dps: list, cfg: BenchConfig) -> list:
-    """Completions (prompt order) sampled from version 0, switched to version 1 after
-    `update_after` chunks (KV cache kept)."""
+    """Completions sampled from version 0, version 1 after `update_after` chunks."""
     from rlvr_jax.rollout import GroupRequest, Scheduler, request_seed
 
     sched = Scheduler(engine, params=dps[0], version=0)
@@ -195,8 +176,7 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def run_setting(model: Any, mesh: Any, layout: str, cfg: BenchConfig) -> dict:
-    """One setting: each engine samples with an update, its completions are re-scored (the
-    default engine's by the learner's forward, the exact one's by replay), both are timed."""
+    """One setting: each engine samples with an update, re-scored and timed."""
     import jax
     import numpy as np
 

@@ -1,22 +1,10 @@
 """`rlvr-bench decode --workload multiturn`: tool-using episodes on one engine, two ways.
 
-Each episode has `turns` assistant turns; after each but the last a tool response of
-`tool_min`–`tool_max` tokens (fixed per episode and turn) is appended. Both sides run on the
-same `EngineCore` (same slots, same KV pool) through the same `Scheduler`:
-
-- `in_slot`: one multi-turn request per episode (`GroupRequest.turns`, `rollout.turns`):
-  the sequence is parked at the end of a turn and the tool response is appended to it in
-  place (only its tokens are prefilled).
-- `reprefill`: what an OpenAI-style server without a prefix cache does — every turn is a new
-  request whose prompt is the whole conversation so far, prefilled from scratch.
-
-Turns end on a stop token: `V // turn_tokens` ids of the random model's near-uniform
-distribution stop, so turns average about `turn_tokens` tokens. Sampling is keyed by (seed,
-sample, position), so both sides generate the same tokens (checked: the counts must agree
-within 1%); tokens/s counts generated tokens over the wall time of the whole workload.
-`roofline_fraction`: model FLOPs the in-slot side must compute (prefilled and generated
-tokens) per second over the machine's measured fp32 matmul peak.
-"""
+Each episode has `turns` assistant turns, a tool response of `tool_min`–`tool_max` tokens after
+each but the last: `in_slot` (one multi-turn request, `GroupRequest.turns`: the response
+appended in place) against `reprefill` (each turn a new request for the whole conversation, as
+a server without a prefix cache), on the same engine. Sampling keyed by (seed, sample,
+position) makes both generate the same tokens (checked within 1%)."""
 
 from __future__ import annotations
 
@@ -129,9 +117,8 @@ def run_reprefill(core: Any, cfg: MultiturnConfig, prompts: list[list[int]]) -> 
 
 
 def run(sizes: Any) -> dict:
-    """`rlvr-bench decode --workload multiturn`: the decode config's model sizes and repeats
-    (its `quick`: the smoke sizes). Times both sides (interleaved rounds, best wall of each)
-    and the roofline probe."""
+    """Both sides at the decode config's model sizes and repeats (its `quick`: the smoke sizes),
+    interleaved, best wall of each, and the roofline."""
 
     from rlvr_jax.bench.engine_timing import interleaved_best
     from rlvr_jax.bench.roofline import best_roofline

@@ -1,13 +1,9 @@
-"""Progress of a benchmark on stderr: one line per phase, a bar (or a line per step) inside
-long phases. Results stay on stdout, so `rlvr-bench X > result.txt` keeps them apart.
+"""Progress of a benchmark on stderr (results stay on stdout): a line per phase, a bar (or a
+line per step) inside long phases, each line with the seconds since `begin(prog)` (which
+`rlvr-bench` and `rlvr-bench all` call before each benchmark).
 
-    from rlvr_jax.bench import progress
     progress.line("timing continuous vs static (2 rounds)")   # rlvr-bench decode [  12.3 s] ...
-    for r in progress.steps(range(rounds), "round"): ...      # a bar on a terminal
-
-`begin(prog)` names the benchmark and restarts its clock (`rlvr-bench` and `rlvr-bench all`
-call it before each benchmark); the elapsed time on every line tells where the time went.
-"""
+    for r in progress.steps(range(rounds), "round"): ...      # a bar on a terminal"""
 
 from __future__ import annotations
 
@@ -26,14 +22,10 @@ def begin(prog: str) -> None:
     _state.update(prog=prog, t0=time.perf_counter())
 
 
-def elapsed() -> float:
-    """Seconds since `begin`."""
-    return time.perf_counter() - float(_state["t0"])
-
-
 def line(message: str) -> None:
-    """One progress line: `{prog} [elapsed] message`."""
-    print(f"{_state['prog']} [{elapsed():7.1f} s] {message}", file=sys.stderr, flush=True)
+    """One progress line: `{prog} [seconds since begin] message`."""
+    seconds = time.perf_counter() - float(_state["t0"])
+    print(f"{_state['prog']} [{seconds:7.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def steps(items: Sequence[T], what: str) -> Iterator[T]:

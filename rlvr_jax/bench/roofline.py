@@ -1,11 +1,7 @@
-"""`rlvr-bench roofline`: this machine's measured matmul throughput and memory bandwidth.
-
-The numbers are the denominators of every "fraction of roofline" this package reports
-(DESIGN.md: on a CPU the fp32 matmul peak is the denominator). They are measured, not read
-from a spec sheet: a square matmul of `size`×`size` in fp32 and bf16, jitted, best of
-several timed runs; and a streaming in-place `x = x + 1` over a large fp32 array (bytes read
-+ written per second).
-"""
+"""`rlvr-bench roofline`: this machine's measured matmul throughput and memory bandwidth, the
+denominators of every "fraction of roofline" (DESIGN.md: on a CPU the fp32 matmul peak):
+jitted square matmuls in fp32 and bf16 and a streaming in-place `x = x + 1` over fp32 (bytes
+read + written per second), best of several timed runs."""
 
 from __future__ import annotations
 
@@ -64,8 +60,7 @@ def memory_gbps(mib: int, *, repeats: int = 5, trials: int = 3) -> float:
 
 
 def default_sizes(quick: bool = False) -> dict[str, int]:
-    """Probe sizes: tiny for a smoke test; on an accelerator 8192^3 matmuls and 1 GiB of
-    bandwidth probe (many times the L2 cache); 2048^3 and 256 MiB on a CPU."""
+    """Probe sizes: tiny (`quick`), 2048^3 and 256 MiB on a CPU, 8192^3 and 1 GiB elsewhere."""
     if quick:
         return {"size": 256, "bandwidth_mib": 16}
     if jax.default_backend() == "cpu":
@@ -74,13 +69,9 @@ def default_sizes(quick: bool = False) -> dict[str, int]:
 
 
 def measure_roofline(*, size: int = 2048, bandwidth_mib: int = 256) -> dict:
-    """Measures the roofline of the default JAX device.
-
-    Returns `{"matmul_gflops": {"float32": .., "bfloat16": ..}, "memory_gbps": ..,
-    "peak_gflops": .. (the fp32 matmul figure, DESIGN.md's CPU denominator; on
-    accelerators the larger of the two dtypes), "datasheet": {name, bf16_tflops, hbm_gbps,
-    bf16_fraction, memory_fraction} or None (no entry: CPUs), "config", "machine"}`.
-    """
+    """The roofline of the default JAX device: `matmul_gflops` per dtype, `memory_gbps`,
+    `peak_gflops` (fp32 on a CPU, the larger dtype on accelerators) and the `datasheet` entry
+    with the fractions of it achieved (None: no entry)."""
     progress.line(f"roofline: {size}^3 matmuls, {bandwidth_mib} MiB bandwidth probe")
     gflops = {
         "float32": matmul_gflops(size, jnp.float32),
@@ -104,8 +95,7 @@ def measure_roofline(*, size: int = 2048, bandwidth_mib: int = 256) -> dict:
 
 
 def best_roofline(quick: bool = False) -> dict:
-    """The higher-peak of two `measure_roofline` probes at `default_sizes` (a busy moment
-    cannot deflate the denominators), as the decode benchmarks report it."""
+    """The higher-peak of two `measure_roofline` probes at `default_sizes`."""
     sizes = default_sizes(quick)
     roof = max(measure_roofline(**sizes), measure_roofline(**sizes), key=lambda r: r["peak_gflops"])
     return {

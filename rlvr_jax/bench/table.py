@@ -46,8 +46,7 @@ SUBCOMMANDS: dict[str, str] = {
     "e2e": "The demo RL setup in sync and async mode.",
     "mismatch": "Sampler vs learner log-probs, default and exact.",
 }
-"""Every `rlvr-bench` subcommand (its module: `rlvr_jax.bench.<name>`) and its summary, in the
-order `rlvr-bench all` runs them."""
+"""Every subcommand (its module: `rlvr_jax.bench.<name>`) and its summary, in `all`'s order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,10 +181,9 @@ def parse(name: str, argv: Sequence[str]) -> tuple[argparse.Namespace, Any]:
 
 
 def run(name: str, argv: Sequence[str]) -> dict[str, Any]:
-    """`rlvr-bench NAME ARGV`: runs the benchmark, prints its headline figures and writes its
-    JSON and plot; the result (JSON-able). Every result says where it ran (`machine`:
-    `common.machine_info`, the load before and after) and with what (`config`: the config's
-    fields), beside what its run function put there."""
+    """`rlvr-bench NAME ARGV`: runs the benchmark, prints its headline figures, writes its JSON
+    and plot; the result, with where it ran (`machine`: `common.machine_info`, the load before and
+    after) and with what (`config`: the config's fields) beside its run function's figures."""
     args, cfg = parse(name, argv)
     b = bench(name)
     if args.json:  # a path that cannot be written fails now, not after the measurements
@@ -329,16 +327,13 @@ def _names(text: str | None, flag: str, parser: argparse.ArgumentParser) -> list
     names = [n.strip() for n in (text or "").split(",") if n.strip()]
     unknown = sorted(set(names) - set(SUBCOMMANDS))
     if unknown:
-        known = ", ".join(SUBCOMMANDS)
-        parser.error(f"{flag}: unknown benchmark(s) {unknown}; known: {known}")
+        parser.error(f"{flag}: unknown benchmark(s) {unknown}; known: {', '.join(SUBCOMMANDS)}")
     return names
 
 
 def main_all(argv: list[str]) -> int:
-    """`rlvr-bench all [--quick] [--json FILE] [--only a,b] [--skip a,b] [--plot-dir DIR]`: every
-    subcommand in this process, as it would run alone; a failing one is recorded (its error in
-    the JSON) without stopping the others. Prints each one's status and headline figures; exit
-    code 1 when any failed."""
+    """`rlvr-bench all`: every subcommand (`--only`, `--skip`) in this process, as it would run
+    alone, a failure recorded without stopping the others; exit code 1 when any failed."""
     p = argparse.ArgumentParser(prog="rlvr-bench all", description="Every benchmark, one JSON.")
     p.add_argument("--json", help="write every benchmark's results here as one JSON")
     p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")

@@ -1,19 +1,14 @@
 """The TRL peer of `rlvr-bench e2e`: the same policy, prompts, batch shape and lengths trained by
-TRL's `GRPOTrainer` (PyTorch, HF `generate`) for the same number of optimizer steps.
+TRL's `GRPOTrainer` (PyTorch, HF `generate`) for the same number of optimizer steps. `trl` is
+optional (`pip install -e .[trl]`); it, `torch`, `datasets` and `transformers` are imported
+only inside `run_trl`.
 
-`trl` is optional and never installed by this project (`pip install -e .[trl]`); it, `torch`,
-`datasets` and `transformers` are imported only inside `run_trl`.
-
-What is matched: the policy (`model.path`, fp32), the training rows after our prompt-length
-filter, the prompt token ids (checked row by row for the text templates), G = `num_samples`,
-P · G completions per optimizer step (`updates_per_batch` steps per generation batch),
-`max_new_tokens`, temperature / top-p / top-k, AdamW with our learning rate, schedule, β1, β2,
-ε, weight decay and clipping, the clip range of our loss settings, no KL (β = 0), token-level
-loss normalisation (TRL's `dapo`) and the rewards of our verifiers. What is not: our zero-variance
-filter and active sampling (TRL trains on every group as drawn), TIS, the mixture weights of
-several sources (TRL draws uniformly from their union), and the reward service's worker
-processes and timeouts (TRL calls the verifiers in-process).
-"""
+Matched: the policy (fp32), the training rows after our prompt-length filter, the prompt ids
+(checked row by row for the text templates), G, P · G completions per optimizer step,
+`max_new_tokens`, the sampling settings, AdamW with our learning rate, schedule, betas, ε,
+weight decay and clipping, our clip range, no KL, token-level normalisation (TRL's `dapo`) and
+our verifiers' rewards. Not matched: our zero-variance filter and active sampling, TIS, source
+mixture weights (TRL draws uniformly), the reward service's workers and timeouts."""
 
 from __future__ import annotations
 
@@ -27,10 +22,6 @@ from typing import Any
 
 from rlvr_jax.bench import progress
 from rlvr_jax.config.schema import Config, RewardsConfig
-
-TEXT_TEMPLATES = ("plain", "r1")
-"""Templates whose prompt is passed to TRL as text (TRL encodes it as we do); `chat` prompts
-are passed as messages for TRL's own chat templating."""
 
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 """`train.schedule` → transformers' `lr_scheduler_type` (both warm up over `warmup_steps`)."""
@@ -104,10 +95,11 @@ def prompt_records(cfg: Config, tokenizer: Any) -> list[dict[str, Any]]:
         token_length=prompt_length_fn(tokenizer, template),
         max_prompt_len=cfg.data.max_prompt_len,
     )
+    # plain and r1 prompts go to TRL as text (encoded as we do), chat ones as messages
     texts = {"plain": plain_text, "r1": r1_text}
     records = []
     for row in (row for source in sources for row in source.rows):
-        if template in TEXT_TEMPLATES:
+        if template in texts:
             prompt = texts[template](row)
             ids = tokenizer(prompt)["input_ids"]  # how TRL encodes a text prompt
             if ids != format_prompt(row, tokenizer, template):
@@ -164,12 +156,9 @@ def verifier_reward_fn(config: RewardsConfig) -> Callable[..., list[float]]:
 def run_trl(
     cfg: Config, *, steps: int, warmup: int, out: Path, use_vllm: bool = False
 ) -> dict[str, Any]:
-    """Trains `warmup + steps` GRPO steps with TRL on `cfg`'s setup; steps/s and trained
-    (completion) tokens/s over the last `steps` (the first `warmup` left out, as `rlvr-bench
-    e2e` does for ours). A step ends at `on_step_end`, after its optimizer step: on the CPU
-    (`use_cpu`) torch runs it synchronously, so the update has finished there. `use_vllm`:
-    TRL generates with vLLM colocated in its process (`use_vllm=True, vllm_mode="colocate"`,
-    TRL's own weight sync), as a TRL user with vLLM would run it."""
+    """Trains `warmup + steps` GRPO steps with TRL on `cfg`'s setup; steps/s and trained tokens/s
+    over the last `steps`. A step ends at `on_step_end`, after its optimizer step (synchronous on
+    the CPU). `use_vllm`: TRL generates with vLLM colocated, its own weight sync."""
     import datasets
     import torch
     import transformers

@@ -1,14 +1,10 @@
 """`rlvr-bench verifiers`: verifier throughput on this machine.
 
-Math: verifications/s on a realistic mix of answers (plain numbers, fractions, radicals,
-polynomials, inequalities vs intervals, multiple choice, points, degrees; about half correct,
-about 70% decided by the inline fast path and 30% needing SymPy), measured (a) calling `verify`
-one at a time, (b) the same on the SymPy cases only and (c) through `RewardService` with a
-worker pool. Numbers are drawn from a seeded generator so that SymPy's cache cannot
-answer repeated questions. Code: programs/s of the sandbox (`rlvr_jax.rewards.code.run_tests`)
-on a correct program with 3 tests, sequentially and from parallel threads; skipped with a
-message when the sandbox is not available.
-"""
+Math: verifications/s on a seeded mix of answers (numbers, fractions, radicals, polynomials,
+intervals, choices, points, degrees; about half correct, ~30% needing SymPy, none repeated so
+that SymPy's cache cannot answer), by `verify` one at a time, on the SymPy cases alone, and
+through `RewardService`. Code: sandbox programs/s, sequential and threaded (skipped with a
+message where the sandbox cannot run)."""
 
 from __future__ import annotations
 
@@ -130,8 +126,7 @@ def bench_math(n: int, workers: int) -> dict[str, Any]:
 
 
 def bench_code(n: int, parallel: int) -> dict[str, Any]:
-    """Sandbox programs/s (`rewards.code.bench`: a correct program, 3 tests), sequential and
-    `parallel` threads."""
+    """Sandbox programs/s (a correct program, 3 tests), sequential and `parallel` threads."""
     from rlvr_jax.rewards.code.bench import programs_per_second
 
     try:

@@ -1,23 +1,11 @@
 """`rlvr-bench waste`: decode slot-steps wasted by static vs continuous batching.
 
-Waste = 1 − useful slot-steps / total slot-steps (ALGORITHMS.md, Rollout system): a slot-step
-is one decode step of one of the B slots; it is useful when it produces a token of a live
-request. Static batching runs B requests until the longest of them ends (B·max ℓ slot-steps
-per batch); continuous batching refills a finished slot at the next step, so only the final
-drain is wasted.
-
-(a) Simulation in OLMo 3's length regime. Response lengths ℓ = ⌈min(X, cap)⌉ with
-X ~ LogNormal(μ, σ): a response that would run past the generation budget is truncated at it.
-Defaults: cap 32768 (32K), σ = 0.7, μ fitted so that E[ℓ] = 14.7K, which gives OLMo 3's
-"up to 54%" static waste as B grows (1 − 14.7K/32K; ALGORITHMS.md). Every figure is an exact
-count of slot-steps for the sampled lengths, swept over B.
-
-(b) The same measured on the real engine (`rlvr_jax.rollout.Scheduler` over an `EngineCore`
-of a small random model): lengths drawn from the distribution scaled down to a small cap
-(μ shifted by ln(scale), σ kept), each request given its length as its own
-`max_new_tokens` and no stop token, so it generates exactly that many tokens; the engine's
-own counters (`SchedulerStats`) give the slot-steps. The simulation of the same lengths
-predicts the engine's figures exactly, and the wall times of the two modes are compared.
+Waste = 1 − useful / total slot-steps (ALGORITHMS.md, Rollout system). (a) Simulated: exact
+slot-step counts of lengths ℓ = ⌈min(X, cap)⌉, X ~ LogNormal(μ, σ), μ fitted so that
+E[ℓ] = 14.7K of a 32K cap (OLMo 3's "up to 54%" static waste), swept over the slots B.
+(b) Measured: the same distribution scaled to a small cap on the real engine, each request
+forced to its length; the engine's counters (`SchedulerStats`) against the simulation of the
+same lengths, and the two modes' wall times.
 """
 
 from __future__ import annotations
@@ -38,7 +26,7 @@ from rlvr_jax.bench.table import Bars, Bench
 def _check(lengths: Sequence[int], slots: int) -> None:
     if slots < 1:
         raise ValueError(f"slots must be >= 1, got {slots}")
-    if not lengths or min(lengths) < 1:
+    if len(lengths) == 0 or min(lengths) < 1:
         raise ValueError("lengths must be a non-empty list of positive token counts")
 
 
@@ -142,63 +130,37 @@ class LengthDistribution:
         return np.clip(np.ceil(x), 1, self.cap).astype(np.int64)
 
 
-@dataclasses.dataclass(frozen=True)
-class SlotSteps:
-    """Slot-step counts of one batching run."""
-
-    useful: int
-    """Slot-steps that produced a token (= Σ ℓ)."""
-    total: int
-    """Decode steps × slots."""
-
-    @property
-    def waste(self) -> float:
-        """1 − useful / total."""
-        return 1.0 - self.useful / self.total
+STEPS = {"static": static_steps, "continuous": continuous_steps}
+"""Each batching mode's decode steps for a list of lengths and a slot count."""
 
 
-def simulate_static(lengths: Sequence[int], slots: int) -> SlotSteps:
-    """Static batching (`static_steps`): requests taken B at a time in order;
-    each batch holds all B slots until its longest request ends (the last batch too)."""
-    lengths = [int(n) for n in lengths]
-    return SlotSteps(sum(lengths), static_steps(lengths, slots) * slots)
-
-
-def simulate_continuous(lengths: Sequence[int], slots: int) -> SlotSteps:
-    """Continuous batching (`continuous_steps`): requests in order, each to
-    the slot that frees first (refilled at the next step), until the last request ends."""
-    lengths = [int(n) for n in lengths]
-    return SlotSteps(sum(lengths), continuous_steps(lengths, slots) * slots)
+def wastes(lengths: Sequence[int], slots: int) -> dict[str, float]:
+    """`{static,continuous}_waste` of `lengths` on `slots` slots."""
+    return {
+        f"{k}_waste": waste(lengths, steps(lengths, slots), slots) for k, steps in STEPS.items()
+    }
 
 
 def simulate(
     dist: LengthDistribution, *, requests: int, slots: int, sweep: Sequence[int], seed: int
 ) -> dict[str, Any]:
-    """Static and continuous waste of `requests` sampled lengths at `slots` slots, and the
-    same for every B in `sweep`."""
-    lengths = dist.sample(requests, seed)
-    by_slots = {
-        str(b): {
-            "static_waste": simulate_static(lengths, b).waste,
-            "continuous_waste": simulate_continuous(lengths, b).waste,
-        }
-        for b in sorted({*sweep, slots})
-    }
+    """Static and continuous waste of `requests` sampled lengths at `slots` and each `sweep` B."""
+    lengths = dist.sample(requests, seed).tolist()
+    by_slots = {str(b): wastes(lengths, b) for b in sorted({*sweep, slots})}
     return {
         **by_slots[str(slots)],
         "slots": slots,
         "requests": requests,
-        "sample_mean": float(lengths.mean()),
-        "sample_clipped_fraction": float((lengths == dist.cap).mean()),
-        "one_minus_mean_over_cap": 1.0 - float(lengths.mean()) / dist.cap,
+        "sample_mean": float(np.mean(lengths)),
+        "sample_clipped_fraction": lengths.count(dist.cap) / requests,
+        "one_minus_mean_over_cap": 1.0 - float(np.mean(lengths)) / dist.cap,
         "by_slots": by_slots,
     }
 
 
 def measure(cfg: WasteBenchConfig, dist: LengthDistribution) -> dict[str, Any]:
-    """Static vs continuous waste and wall time on the real engine (`cfg.measured_*`) for
-    lengths drawn from `dist` (already scaled down), next to the simulation of the same
-    lengths."""
+    """Static vs continuous waste and wall time on the real engine for lengths drawn from `dist`
+    (scaled down), beside the simulation of the same lengths."""
     from rlvr_jax.bench.engine_timing import run_lengths
     from rlvr_jax.rollout import EngineCore
 
@@ -217,17 +179,14 @@ def measure(cfg: WasteBenchConfig, dist: LengthDistribution) -> dict[str, Any]:
         start = time.perf_counter()
         stats[batching] = run_lengths(core, prompts, lengths, batching)
         walls[batching] = time.perf_counter() - start
-    predicted = {
-        "static": simulate_static(lengths, slots),
-        "continuous": simulate_continuous(lengths, slots),
-    }
+    predicted = {k: steps(lengths, slots) for k, steps in STEPS.items()}
     tokens = sum(lengths)
     return {
         "static_waste": stats["static"].waste,
         "continuous_waste": stats["continuous"].waste,
-        "predicted": {f"{k}_waste": v.waste for k, v in predicted.items()},
+        "predicted": wastes(lengths, slots),
         "slot_steps": {k: s.slot_steps for k, s in stats.items()},
-        "predicted_slot_steps": {k: v.total for k, v in predicted.items()},
+        "predicted_slot_steps": {k: n * slots for k, n in predicted.items()},
         "decode_calls": {k: s.decode_calls for k, s in stats.items()},
         "wall_s": walls,
         "tokens_per_s": {k: tokens / s for k, s in walls.items()},
@@ -292,13 +251,9 @@ class WasteBenchConfig:
 
 
 QUICK = WasteBenchConfig(
-    requests=512,
-    sweep=(1, 4, 16, 64),
-    measured_cap=16,
-    measured_requests=24,
-    measured_slots=4,
+    requests=512, sweep=(1, 4, 16, 64), measured_cap=16, measured_requests=24, measured_slots=4,
     model_sizes=tuple(common.TINY_SIZES.items()),
-)
+)  # fmt: skip
 
 
 def run(cfg: WasteBenchConfig) -> dict[str, Any]:
