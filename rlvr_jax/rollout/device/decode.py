@@ -75,7 +75,10 @@ def decode_param_axes(dp: kernel.DecodeParams) -> Any:
         embedding=names(dp.embedding, "vocab", "embed"),
         layers=layers,
         final_norm=names(dp.final_norm),
-        head=names(dp.head, "embed", "vocab"),
+        head=names(
+            dp.head,
+            *(("vocab", "embed") if kernel.head_vocab_major(dp.head) else ("embed", "vocab")),
+        ),
     )
 
 
