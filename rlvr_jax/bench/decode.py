@@ -291,7 +291,7 @@ def run_short(cfg: BenchConfig) -> dict:
             "host_share": host["share"],
             "host_s": host["host_s"],
             "host_run_wall_s": host["wall_s"],
-            **{f"decode_{k}": v for k, v in step.items()},
+            **{f"decode_step_{k.removeprefix('step_')}": v for k, v in step.items()},
         }
     )
     mean_over_max = float(np.mean(lengths) / np.max(lengths))
@@ -362,8 +362,8 @@ def run_step(cfg: BenchConfig) -> dict:
                 progress.line(f"step {key}: tracing {cfg.chunk} steps")
                 ops[key], more = step_profile(one, key)
                 top.update(more)
-        ratios[shape] = {f"{wd}_over_{dtypes[0]}_tokens_per_s": best[dtypes[0]] / best[wd]
-                         for wd in dtypes[1:]}  # fmt: skip
+        for wd in dtypes[1:]:
+            ratios[shape] = {f"{wd}_over_{dtypes[0]}_tokens_per_s": best[dtypes[0]] / best[wd]}
         del live
     roof = best_roofline(cfg.quick)
     for key, (step_s, sizes) in seconds.items():
