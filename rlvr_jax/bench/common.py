@@ -236,16 +236,13 @@ def compiled_memory(compiled: Any) -> dict[str, int] | None:
 
 
 _DEVICE_PLANES = ("/device:GPU", "/device:TPU")
-"""Profiler planes of accelerators: where their ops run (the host's planes then hold only
-launches)."""
+"""Profiler planes of accelerators (their host planes then hold only launches)."""
 
 
 def trace_op_times(fn: Callable[[], Any], trace_dir: str | Path) -> dict[str, tuple[int, int]]:
-    """Runs `fn` once under the JAX profiler (an XSpace and a Perfetto trace written into
-    `trace_dir`) and returns each compiled op's (total ns, calls): the trace events that carry
-    an `hlo_op` stat — on a CPU the XLA runtime's per-op events, on a GPU / TPU the device
-    planes' "XLA Ops" line (or their events with an `hlo_op` when a plane has no such line).
-    Op names are XLA's, those of the compiled program's HLO text."""
+    """Runs `fn` once under the JAX profiler (traces into `trace_dir`); each compiled op's (total
+    ns, calls), op names as in the compiled HLO: on a CPU the runtime's events with an `hlo_op`
+    stat, on a GPU / TPU the device planes' "XLA Ops" line (else their `hlo_op` events)."""
     import jax
     from jax.profiler import ProfileData
 
@@ -271,11 +268,8 @@ def trace_op_times(fn: Callable[[], Any], trace_dir: str | Path) -> dict[str, tu
 
 
 def op_profile(fn: Callable[[], Any], trace_dir: str | Path, top: int = 15) -> list[dict]:
-    """Runs `fn` once under the JAX profiler (`trace_op_times`, the traces written into
-    `trace_dir`) and returns the `top` compiled ops by total time: `{"op", "ms", "calls",
-    "share"}` (share of the time of all op events; XLA's names, e.g. `ynn_fusion.3` or
-    `copy_bitcast_fusion.5`, are the ones in an `--xla_dump_to` HLO dump of the same
-    program)."""
+    """`fn`'s `top` compiled ops by total time (`trace_op_times`): `{"op", "ms", "calls",
+    "share"}` (of the time of all op events)."""
     times = trace_op_times(fn, trace_dir)
     all_ns = sum(ns for ns, _ in times.values()) or 1
     ranked = sorted(times.items(), key=lambda kv: -kv[1][0])[:top]

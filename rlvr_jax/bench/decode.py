@@ -12,17 +12,11 @@ slot-steps, continuous only the final drain.
 The other workloads (`--workload`, `--weight-dtype`, `--lora-rank`): `decode_long`,
 `multiturn` and `decode_weights`, each described in its module.
 
-Workload `step`: the decode step alone (no transformers model), for each `--shapes` entry
-SLOTSxCONTEXT (default the bench's 32 slots x 192 and an RL-sized 256 x 1024) and each weight
-dtype (`--dtype`, and `--weight-dtype` beside it): a paged engine with every slot live at
-CONTEXT positions (one prompt's K/V in every slot), `chunk` steps timed in interleaved rounds
-(best kept): ms a step, tokens/s and the step's least bytes (every matmul weight at its stored
-size once, the live K/V in the cache's dtype) per second over the measured memory bandwidth
-(`step`, keys "<shape> <weights>"; `ratios`: each weight dtype's tokens/s over `--dtype`'s).
-
-`--profile` (the throughput workload's engine, or every engine of `step`): the decode step op
-by op (`engine_timing.step_profile`): ms a step by part of the step (`op_profile`) and the top
-ops with their shapes (`top_ops`).
+`--workload step`: the decode step alone at each `--shapes` SLOTSxCONTEXT, for `--dtype` and
+`--weight-dtype` beside it, every slot of a paged engine live at CONTEXT positions, `chunk`
+steps timed in interleaved rounds: ms a step, tokens/s, least bytes (`common.step_bandwidth`)
+per second over the measured bandwidth (`step["<shape> <weights>"]`). `--profile`: each
+engine's decode step op by op (`engine_timing.step_profile`: `op_profile`, `top_ops`).
 
 `roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
 token, plus attention) per second, over this machine's measured fp32 matmul throughput

@@ -1,14 +1,8 @@
 """Engine timings shared by the benchmarks: best-of-rounds wall times measured in interleaved
 rounds, a workload of forced lengths through the scheduler, an engine's prefill and decode-step
-seconds, the host's share of a scheduled run, and the decode step op by op (`step_profile`).
-
-The op profile: the engine's decode chunk (every slot live) runs once more under the JAX
-profiler; each compiled op's time is summed over the trace and labelled from the compiled
-program's HLO text with its operands' shapes and the part of the step it belongs to — the named
-scopes the decode step opens (`PARTS`), "other" for the loop's bookkeeping. XLA's op names
-(`ynn_fusion.27`, a YNNPACK matmul on a CPU; a `fusion.12` kernel on a GPU) are those of an
-`--xla_dump_to` dump of the same program. A traced step is slower than a timed one (an event
-per op); shares are of the ops' summed time."""
+seconds, the host's share of a scheduled run, and the decode step op by op (`step_profile`:
+XLA's op names, e.g. `ynn_fusion.27` (a YNNPACK matmul on a CPU), as in an `--xla_dump_to`
+dump; a traced step is slower than a timed one, an event per op)."""
 
 from __future__ import annotations
 
@@ -178,15 +172,10 @@ def step_profile(live: LiveSlots, name: str, top: int = 12) -> tuple[dict, dict]
     for ns, _, _, info in rows:
         parts[info["part"]] += ns / 1e6 / steps
     summary = {"op_ms_per_step": total / 1e6 / steps, "parts": dict(parts.most_common())}
-    top_ops = {}
-    for ns, op, calls, info in rows[:top]:
-        top_ops[f"{name} {op}"] = {
-            "part": info["part"],
-            "ms_per_step": ns / 1e6 / steps,
-            "share": ns / total,
-            "calls_per_step": calls / steps,
-            "what": info["what"],
-        }
+    top_ops = {f"{name} {op}": dict(part=info["part"], ms_per_step=ns / 1e6 / steps,
+                                    share=ns / total, calls_per_step=calls / steps,
+                                    what=info["what"])
+               for ns, op, calls, info in rows[:top]}  # fmt: skip
     return summary, top_ops
 
 
