@@ -21,13 +21,14 @@ Estimates (documented, deliberately simple):
   the float32 adapters; grads and AdamW moments of the adapters only; activations as a full
   run's. `lora_plan` sets that beside a full run's optimizer bytes, and finds the fewest
   learner devices each fits on (FSDP over the devices, `mesh.device_memory_gib`).
-- actor: the decode params exactly as the engine lays them out (`rlvr_jax.rollout.device.kernel.
-  prepare_params`: matmul weights in the compute dtype, the embedding in the param dtype,
-  the LM head in fp32), split by the engine's logical axes (`rollout.device.decode.
-  decode_param_axes`) and `ACTOR_RULES`; plus the KV cache in the compute dtype: paged, the
-  pool `rollout.kv_pages` / `kv_cache_gib` buys (by default what the contiguous rows would
-  take), or contiguous, 2·L·slots·S·K·H (S = max prompt + max new tokens); slots and pages
-  split over the actor's data axes and KV heads over its tensor axis (when they divide).
+- actor: the decode params exactly as the engine lays them out on an accelerator
+  (`rlvr_jax.rollout.device.kernel.prepare_params`: matmul weights in the compute dtype, the
+  embedding in the param dtype, the LM head in fp32, bf16 for a bf16 policy computing in
+  bf16), split by the engine's logical axes (`rollout.device.decode.decode_param_axes`) and
+  `ACTOR_RULES`; plus the KV cache in the compute dtype: paged, the pool `rollout.kv_pages` /
+  `kv_cache_gib` buys (by default what the contiguous rows would take), or contiguous,
+  2·L·slots·S·K·H (S = max prompt + max new tokens); slots and pages split over the actor's
+  data axes and KV heads over its tensor axis (when they divide).
   With `rollout.weight_dtype` the matmul weights are stored in it (int8 / fp8 with a scale
   per output column; `quantized_actor` reports the bytes freed and the KV tokens they buy);
   with LoRA the actors also hold the base (as the learner stores it) to merge adapters into.

@@ -7,10 +7,10 @@
 #     bash scripts/gpu_check.sh --cpu-smoke --out /tmp/gpu_check
 # It installs nothing: the project is imported from this working tree (PYTHONPATH) with the
 # image's python3 (jax with the CUDA plugin, torch, transformers, flax, optax, orbax). Carry
-# list: none -- every module the GPU parts import is on the image; TensorFlow, JetStream,
+# list: qwix, decode-profile's int8 engine (WHEELS in scripts/gpu_check.py): carry its wheel in
+# .whl/ and install it first as /work/.library/device/README.md says. TensorFlow, JetStream,
 # tensorboardX, langdetect, vLLM and TRL are not imported (`--cpu-smoke` runs with them made
-# unimportable, see ABSENT in scripts/gpu_check.py). Were a pure-Python wheel ever needed, carry
-# it in .whl/ and install it first as /work/.library/device/README.md says.
+# unimportable, see ABSENT in scripts/gpu_check.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -107,6 +107,9 @@ def test_cpu_smoke_runs_every_part(tmp_path):
         assert parts[name]["decode_step_memory_fraction"] > 0
     assert parts["decode-bench"]["ratios"]["continuous_over_hf_tokens_per_s"] > 0
     assert parts["decode-long"]["long"]["ratios"]["paged_over_contiguous_tokens_per_s"] > 0
+    step = parts["decode-profile"]  # the step alone, traced (its int8 engine: the GPU's only)
+    assert step["step"]["4x32 bfloat16"]["ms_per_step"] > 0
+    assert {"mlp", "lm_head"} <= set(step["op_profile"]["4x32 bfloat16"]["parts"])
     assert parts["roofline"]["datasheet"] is None  # CPUs have no datasheet entry
     assert set(parts["e2e"]["tokens_per_s"]) >= {"sync", "async"}
     summary = (out / "summary.txt").read_text()

@@ -126,7 +126,8 @@ def test_bfloat16_params_compute_and_cache(tmp_path, layout):
     """bf16 params, compute and cache: the cache really is bf16, logits stay fp32 and within
     bf16 noise of transformers' fp32 logits (but are not bit-equal to the fp32 path)."""
     hf_model = H.build_hf_checkpoint("olmo2", tmp_path, seed=13)
-    core = _engine(models.load_pretrained(tmp_path, dtype="bfloat16"), layout, max_len=12)
+    model = models.load_pretrained(tmp_path, dtype="bfloat16")
+    core = _engine(model, layout, max_len=12, cache_dtype="bfloat16")
     full_BxT = H.random_tokens(2, 10, seed=14)
     lengths_B = np.array([6, 4], np.int32)
     decoded_BxNxV, state = _prefill_then_decode(core, full_BxT, lengths_B, 4)
@@ -136,6 +137,15 @@ def test_bfloat16_params_compute_and_cache(tmp_path, layout):
         ref_TxV = H.hf_logits(hf_model, full_BxT[b : b + 1, : n + 4])[0]
         err = np.abs(decoded_BxNxV[b] - ref_TxV[n - 1 : n + 3]).max()
         assert 1e-4 < err < 0.05 * np.abs(ref_TxV).max()
+    # The default cache of a bf16 engine on a CPU holds the same bf16 values as fp32
+    # (`kernel.storage_dtype`): XLA:CPU would convert a bf16 cache to fp32 and back on every
+    # step. What is computed does not change: the logits agree to fp32 summation order.
+    held = _engine(model, layout, max_len=12)
+    assert held.spec.cache_dtype == "float32" and held.spec.compute_dtype == "bfloat16"
+    held_BxNxV, held_state = _prefill_then_decode(held, full_BxT, lengths_B, 4)
+    for x in jax.tree.leaves((held_state.k, held_state.v)):
+        assert x.dtype == jnp.float32 and (x == x.astype(jnp.bfloat16).astype(x.dtype)).all()
+    np.testing.assert_allclose(held_BxNxV, decoded_BxNxV, rtol=0, atol=1e-5)
 
 
 def test_cache_shapes_and_axes(tmp_path):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import gzip
 import json
 import math
 import os
@@ -147,6 +146,23 @@ def decode_step_bytes(
     return matmul_params(arch) * param_bytes + slots * context * kv
 
 
+WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1, "fp8": 1}
+"""Bytes per matmul weight of each decode weight dtype."""
+
+
+def step_bandwidth(
+    arch: ArchConfig, roof: Mapping[str, Any], step_s: float, **sizes: Any
+) -> dict[str, Any]:
+    """A decode step of `step_s` seconds against its bytes at the least (`decode_step_bytes` of
+    `sizes`): {"step_bytes", "step_gbps", "memory_fraction" (of `roof`'s measured memory
+    bandwidth), "memory_fraction_datasheet" (of the datasheet's HBM bandwidth on a GPU/TPU)}."""
+    step_bytes = decode_step_bytes(arch, **sizes)
+    gbps, sheet = step_bytes / step_s / 1e9, roof["datasheet"]
+    return {"step_bytes": step_bytes, "step_gbps": gbps,
+            "memory_fraction": gbps / roof["memory_gbps"],
+            "memory_fraction_datasheet": sheet and gbps / sheet["hbm_gbps"]}  # fmt: skip
+
+
 def forward_flops(arch: ArchConfig, rows: int, seq: int) -> float:
     """FLOPs of one forward over `rows` × `seq` tokens, each query attending to `seq` keys
     (`token_flops`)."""
@@ -219,35 +235,47 @@ def compiled_memory(compiled: Any) -> dict[str, int] | None:
     }
 
 
-_NOT_OPS = ("$", "ThunkExecutor", "SlinkyThreadPool", "PjitFunction", "while", "conditional")
-"""Trace events that wrap ops (Python frames, the runtime's executors, control flow)."""
+_DEVICE_PLANES = ("/device:GPU", "/device:TPU")
+"""Profiler planes of accelerators (their host planes then hold only launches)."""
 
 
-def op_profile(fn: Callable[[], Any], trace_dir: str | Path, top: int = 15) -> list[dict]:
-    """Runs `fn` once under the JAX profiler, writing a Perfetto trace into `trace_dir`, and
-    returns the `top` compiled ops by total time: `{"op", "ms", "calls", "share"}` (share of
-    the time of all op events; XLA's names, e.g. `ynn_fusion.3` or `copy_bitcast_fusion.5`,
-    are the ones in an `--xla_dump_to` HLO dump of the same program)."""
+def trace_op_times(fn: Callable[[], Any], trace_dir: str | Path) -> dict[str, tuple[int, int]]:
+    """Runs `fn` once under the JAX profiler (traces into `trace_dir`); each compiled op's (total
+    ns, calls), op names as in the compiled HLO: on a CPU the runtime's events with an `hlo_op`
+    stat, on a GPU / TPU the device planes' "XLA Ops" line (else their `hlo_op` events)."""
     import jax
+    from jax.profiler import ProfileData
 
     trace_dir = Path(trace_dir)
     with jax.profiler.trace(str(trace_dir), create_perfetto_trace=True):
         fn()
-    traces = sorted(trace_dir.glob("**/*.trace.json.gz"), key=lambda f: f.stat().st_mtime)
-    if not traces:
-        raise RuntimeError(f"the profiler wrote no Perfetto trace under {trace_dir}")
-    with gzip.open(traces[-1], "rt") as f:
-        events = json.load(f)["traceEvents"]
-    total_us: collections.Counter = collections.Counter()
-    calls: collections.Counter = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and not str(e.get("name", "")).startswith(_NOT_OPS):
-            total_us[e["name"]] += e.get("dur", 0)
-            calls[e["name"]] += 1
-    all_us = sum(total_us.values()) or 1
+    planes = sorted(trace_dir.glob("**/*.xplane.pb"), key=lambda f: f.stat().st_mtime)
+    if not planes:
+        raise RuntimeError(f"the profiler wrote no XSpace (*.xplane.pb) under {trace_dir}")
+    data = ProfileData.from_file(str(planes[-1]))
+    device = [p for p in data.planes if p.name.startswith(_DEVICE_PLANES)]
+    times: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+    for plane in device or [p for p in data.planes if p.name.startswith("/host:CPU")]:
+        lines = list(plane.lines)
+        ops_lines = [ln for ln in lines if ln.name == "XLA Ops"] if device else []
+        for line in ops_lines or lines:
+            for event in line.events:
+                op = event.name if ops_lines else dict(event.stats).get("hlo_op")
+                if op:
+                    times[op][0] += int(event.duration_ns)
+                    times[op][1] += 1
+    return {op: (ns, calls) for op, (ns, calls) in times.items()}
+
+
+def op_profile(fn: Callable[[], Any], trace_dir: str | Path, top: int = 15) -> list[dict]:
+    """`fn`'s `top` compiled ops by total time (`trace_op_times`): `{"op", "ms", "calls",
+    "share"}` (of the time of all op events)."""
+    times = trace_op_times(fn, trace_dir)
+    all_ns = sum(ns for ns, _ in times.values()) or 1
+    ranked = sorted(times.items(), key=lambda kv: -kv[1][0])[:top]
     return [
-        {"op": name, "ms": us / 1e3, "calls": calls[name], "share": us / all_us}
-        for name, us in total_us.most_common(top)
+        {"op": name, "ms": ns / 1e6, "calls": calls, "share": ns / all_ns}
+        for name, (ns, calls) in ranked
     ]
 
 

@@ -12,6 +12,12 @@ slot-steps, continuous only the final drain.
 The other workloads (`--workload`, `--weight-dtype`, `--lora-rank`): `decode_long`,
 `multiturn` and `decode_weights`, each described in its module.
 
+`--workload step`: the decode step alone at each `--shapes` SLOTSxCONTEXT, for `--dtype` and
+`--weight-dtype` beside it, every slot of a paged engine live at CONTEXT positions, `chunk`
+steps timed in interleaved rounds: ms a step, tokens/s, least bytes (`common.step_bandwidth`)
+per second over the measured bandwidth (`step["<shape> <weights>"]`). `--profile`: each
+engine's decode step op by op (`engine_timing.step_profile`: `op_profile`, `top_ops`).
+
 `roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
 token, plus attention) per second, over this machine's measured fp32 matmul throughput
 (`rlvr-bench roofline`). `profile` splits our engine's time into prefill, decode steps and
@@ -38,12 +44,20 @@ import tempfile
 import time
 from typing import Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax.bench import common, decode_long, decode_vllm, decode_weights, multiturn, progress
 from rlvr_jax.bench.common import option
 from rlvr_jax.bench.decode_long import QUICK_LONG, LongConfig
-from rlvr_jax.bench.engine_timing import host_share, interleaved_best, profile_engine, run_lengths
+from rlvr_jax.bench.engine_timing import (
+    LiveSlots,
+    host_share,
+    interleaved_best,
+    profile_engine,
+    run_lengths,
+    step_profile,
+)
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.bench.roofline import best_roofline
 from rlvr_jax.bench.table import Bars, Bench
@@ -82,10 +96,15 @@ class BenchConfig(common.ModelSize):
     """Seed of the weights and prompts."""
     dtype: str = option("float32", choices=("float32", "bfloat16"))
     """Params, activations and KV cache of both models."""
-    workload: str = option("short", choices=("short", "long", "all", "multiturn"))
+    workload: str = option("short", choices=("short", "long", "all", "multiturn", "step"))
     """short: throughput + long-tailed; long: paged vs contiguous KV
     (`rlvr_jax.bench.decode_long`); all: the three; multiturn: in-slot tool turns vs
-    re-prefilling each turn (`rlvr_jax.bench.multiturn`)."""
+    re-prefilling each turn (`rlvr_jax.bench.multiturn`); step: the decode step alone at
+    --shapes."""
+    profile: bool = False
+    """The decode step's top ops by time (short/all: the continuous engine's; step: each's)."""
+    shapes: str = "32x192,256x1024"
+    """Step workload: SLOTSxCONTEXT,... (each weight dtype timed at each)."""
     skip_hf: bool = False
     """Do not time transformers' generate."""
     weight_dtype: str = option("", choices=("float32", "bfloat16", "int8", "fp8"))
@@ -106,11 +125,25 @@ class BenchConfig(common.ModelSize):
     def __post_init__(self) -> None:
         if self.repeats < 1 or self.lora_rank < 0:
             raise ValueError(f"repeats must be >= 1, lora_rank >= 0; got {self.repeats}")
+        step_shapes(self.shapes)
+        if self.profile and (self.peer or self.workload not in ("short", "all", "step")):
+            raise ValueError("--profile: with --workload short, all or step (no --peer)")
+
+
+def step_shapes(text: str) -> list[tuple[int, int]]:
+    """`--shapes` ("32x192,256x1024") as (slots, context) pairs; a ValueError naming a bad one."""
+    out = []
+    for item in text.split(","):
+        slots, _, context = item.strip().partition("x")
+        if not (slots.isdigit() and context.isdigit() and int(slots) and int(context) > 1):
+            raise ValueError(f"--shapes: {item!r} is not SLOTSxCONTEXT (e.g. 256x1024)")
+        out.append((int(slots), int(context)))
+    return out
 
 
 QUICK = BenchConfig(
     **common.TINY_SIZES, batch=4, prompt=8, new=8, long_requests=12, chunk=4, repeats=1,
-    long=QUICK_LONG, quick=True,
+    long=QUICK_LONG, quick=True, shapes="4x32,8x64",
 )  # fmt: skip
 PRESETS = {
     "bench": BenchConfig(),
@@ -169,6 +202,8 @@ def run(cfg: BenchConfig) -> dict:
         return decode_vllm.run(cfg)
     if cfg.workload == "multiturn":
         return multiturn.run(cfg)
+    if cfg.workload == "step":
+        return run_step(cfg)
     if cfg.weight_dtype or cfg.lora_rank:
         return decode_weights.run(cfg)
     if cfg.workload == "long":
@@ -226,6 +261,7 @@ def run_short(cfg: BenchConfig) -> dict:
     )
     progress.line("profile: prefill and decode step")
     profile = profile_engine(core, prompts, cfg.repeats)
+    ops = step_profile(LiveSlots(core, prompts[0]), "continuous") if cfg.profile else None
     host = host_share(core, throughput["continuous"])
     roof = best_roofline(cfg.quick)
     config = model.config
@@ -234,12 +270,11 @@ def run_short(cfg: BenchConfig) -> dict:
     prefill_total = profile["prefill_s_per_prompt"] * cfg.batch
     decode_total = profile["decode_ms_per_step"] * 1e-3 * cfg.new
     # the decode step's bytes at the least (weights once, the KV cache at the prompt length)
-    itemsize = model.param_dtype.itemsize
-    step_bytes = common.decode_step_bytes(
-        config, slots=cfg.batch, context=cfg.prompt, param_bytes=itemsize, cache_bytes=itemsize
-    )
-    step_gbps = step_bytes / (profile["decode_ms_per_step"] * 1e-3) / 1e9
-    sheet = roof["datasheet"]
+    step = common.step_bandwidth(
+        config, roof, profile["decode_ms_per_step"] * 1e-3, slots=cfg.batch, context=cfg.prompt,
+        param_bytes=model.param_dtype.itemsize,
+        cache_bytes=jnp.dtype(core.spec.cache_dtype).itemsize,
+    )  # fmt: skip
     profile.update(
         {
             "continuous_wall_s": walls["continuous"],
@@ -250,10 +285,7 @@ def run_short(cfg: BenchConfig) -> dict:
             "host_share": host["share"],
             "host_s": host["host_s"],
             "host_run_wall_s": host["wall_s"],
-            "decode_step_bytes": step_bytes,
-            "decode_step_gbps": step_gbps,
-            "decode_step_memory_fraction": step_gbps / roof["memory_gbps"],
-            "decode_step_memory_fraction_datasheet": sheet and step_gbps / sheet["hbm_gbps"],
+            **{f"decode_step_{k.removeprefix('step_')}": v for k, v in step.items()},
         }
     )
     mean_over_max = float(np.mean(lengths) / np.max(lengths))
@@ -282,6 +314,8 @@ def run_short(cfg: BenchConfig) -> dict:
             "decode_calls": {k: s.decode_calls for k, s in stats.items()},
         },
         "profile": profile,
+        "op_profile": ops and {"continuous": ops[0]},
+        "top_ops": ops and ops[1],
         "roofline": roof,
         "machine": {
             "torch_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -292,6 +326,51 @@ def run_short(cfg: BenchConfig) -> dict:
             "params": config.n_params(),
             "sampling": dataclasses.asdict(SamplingParams()),
         },
+    }
+
+
+def run_step(cfg: BenchConfig) -> dict:
+    """The step workload (module docstring); the JSON-able result."""
+    model, rng = cfg.model(cfg.seed, cfg.dtype), np.random.default_rng(cfg.seed)
+    dtypes = tuple(dict.fromkeys((cfg.dtype, cfg.weight_dtype or cfg.dtype)))
+    step, seconds, ratios, ops, top = {}, {}, {}, {}, {}
+    for slots, context in step_shapes(cfg.shapes):
+        prompt, shape = rng.integers(0, cfg.vocab, context).tolist(), f"{slots}x{context}"
+        progress.line(f"step {shape}: compiling {', '.join(dtypes)}")
+        max_len = context + cfg.chunk * (cfg.repeats + 5)  # warm-up, rounds and the profile
+        live = {
+            wd: LiveSlots(EngineCore(model, max_slots=slots, max_len=max_len, chunk=cfg.chunk,
+                                     weight_dtype=None if wd == cfg.dtype else wd), prompt)
+            for wd in dtypes
+        }  # fmt: skip
+        for one in live.values():
+            if cfg.profile:  # the profiled program runs the timed chunks too: one compile
+                one.hlo()
+            one.chunk()
+        best = interleaved_best({wd: one.chunk for wd, one in live.items()}, cfg.repeats + 2)[0]
+        for wd, one in live.items():
+            key, cache = f"{shape} {wd}", jnp.dtype(one.core.spec.cache_dtype).itemsize
+            seconds[key] = (best[wd] / cfg.chunk, dict(slots=slots, context=context,
+                            param_bytes=common.WEIGHT_BYTES[wd], cache_bytes=cache))  # fmt: skip
+            if cfg.profile:
+                progress.line(f"step {key}: tracing {cfg.chunk} steps")
+                ops[key], more = step_profile(one, key)
+                top.update(more)
+        for wd in dtypes[1:]:
+            ratios[shape] = {f"{wd}_over_{dtypes[0]}_tokens_per_s": best[dtypes[0]] / best[wd]}
+        del live
+    roof = best_roofline(cfg.quick)
+    for key, (step_s, sizes) in seconds.items():
+        figures = common.step_bandwidth(model.config, roof, step_s, **sizes)
+        step[key] = {"ms_per_step": 1e3 * step_s, "tokens_per_s": sizes["slots"] / step_s,
+                     **figures}  # fmt: skip
+    return {
+        "step": step,
+        "ratios": ratios,
+        "op_profile": ops or None,
+        "top_ops": top or None,
+        "roofline": roof,
+        "config": {"model": model.config.to_hf(), "params": model.config.n_params()},
     }
 
 
@@ -317,6 +396,9 @@ BENCH = Bench(
         "mismatch",
         "push/seconds",
         "apply/faster",
+        "step",
+        "op_profile",
+        "top_ops",
     ),
     plot=(
         Bars("throughput (batch workload)", "tokens/s", "tokens_per_s"),

@@ -26,8 +26,6 @@ from rlvr_jax.losses.kl import kl_per_token
 from rlvr_jax.models import lora, quant
 from rlvr_jax.rollout import EngineCore, generate
 
-_WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1, "fp8": 1}
-
 
 def _policy(cfg: Any, lora_rank: int) -> models.Model:
     """The bench model (random, `cfg.dtype`), with trained-looking adapters of `lora_rank`."""
@@ -101,15 +99,14 @@ def run(cfg: Any) -> dict:
     roof = best_roofline(cfg.quick)
     arch = model.config
     work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(arch, cfg.prompt + cfg.new / 2)
-    cache_bytes = jnp.dtype(cfg.dtype).itemsize
-    memory_fraction = {}
-    for n in names:
-        step_bytes = common.decode_step_bytes(
-            arch, slots=cfg.batch, context=cfg.prompt, param_bytes=_WEIGHT_BYTES[n],
-            cache_bytes=cache_bytes,
-        )  # fmt: skip
-        gbps = step_bytes / (profile[n]["decode_ms_per_step"] * 1e-3) / 1e9
-        memory_fraction[n] = gbps / roof["memory_gbps"]
+    memory_fraction = {
+        n: common.step_bandwidth(
+            arch, roof, profile[n]["decode_ms_per_step"] * 1e-3, slots=cfg.batch,
+            context=cfg.prompt, param_bytes=common.WEIGHT_BYTES[n],
+            cache_bytes=jnp.dtype(engines[n].spec.cache_dtype).itemsize,
+        )["memory_fraction"]
+        for n in names
+    }  # fmt: skip
     result = {
         "tokens_per_s": {n: n_tokens / walls[n] for n in names},
         "ratios": {f"{label}_over_{cfg.dtype}_tokens_per_s": walls[cfg.dtype] / walls[label]},

@@ -1,17 +1,24 @@
 """Engine timings shared by the benchmarks: best-of-rounds wall times measured in interleaved
 rounds, a workload of forced lengths through the scheduler, an engine's prefill and decode-step
-seconds, and the host's share of a scheduled run."""
+seconds, the host's share of a scheduled run, and the decode step op by op (`step_profile`:
+XLA's op names, e.g. `ynn_fusion.27` (a YNNPACK matmul on a CPU), as in an `--xla_dump_to`
+dump; a traced step is slower than a timed one, an event per op)."""
 
 from __future__ import annotations
 
+import collections
+import re
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
-from rlvr_jax.bench import progress
+from rlvr_jax.bench import common, progress
 from rlvr_jax.rollout import EngineCore, GroupRequest, Scheduler, SlotRequest
+from rlvr_jax.rollout.device import decode as device_decode
 from rlvr_jax.rollout.device.sampling import SamplerMode
 
 
@@ -45,6 +52,33 @@ def run_lengths(core: EngineCore, prompts: list, lengths: list[int], batching: s
     return sched.stats
 
 
+class LiveSlots:
+    """`core` with every slot live on one prompt (its K/V written into every slot): `chunk()`
+    runs `core.chunk` decode steps and waits for them; `hlo()` compiles that program explicitly
+    (the chunks run it from then on) and returns its HLO text."""
+
+    def __init__(self, core: EngineCore, prompt: list[int]):
+        self.core, slots, self.compiled = core, list(range(core.spec.max_slots)), None
+        requests = [SlotRequest(0, i, 10**6) for i in slots]
+        prefix = core.prefill(core.params, prompt)
+        self.state = core.insert(prefix, core.init_decode_state(), slots, requests)
+        self.args = (np.int32(core.spec.max_slots + 1), core.spec.kv_layout.default_work(core.spec))
+
+    def chunk(self) -> Any:
+        if self.compiled is None:
+            self.state, out = self.core.generate(self.core.params, self.state, mode=SamplerMode())
+        else:
+            self.state, out = self.compiled(self.core.params, self.state, *self.args)
+        return jax.block_until_ready(out)
+
+    def hlo(self) -> str:
+        if self.compiled is None:
+            kw = dict(spec=self.core.spec, n_steps=self.core.chunk, mode=SamplerMode())
+            lowered = device_decode.generate.lower(self.core.params, self.state, *self.args, **kw)
+            self.compiled = lowered.compile()
+        return self.compiled.as_text()
+
+
 def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:
     """Seconds per prefill of one prompt (into one slot) and per decode step with every slot
     live."""
@@ -57,19 +91,92 @@ def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> 
         return jax.block_until_ready(holder["state"].tokens_B)
 
     prefill_s = interleaved_best({"prefill": prefill}, repeats + 2)[0]["prefill"]
-    slots = list(range(core.spec.max_slots))
-    requests = [SlotRequest(0, i, 10**6) for i in slots]
-    state = core.insert(prefix, holder.pop("state"), slots, requests)
-    state, out = core.generate(dp, state, mode=SamplerMode())
-    jax.block_until_ready(out)
-    holder["state"] = state
-
-    def chunk() -> Any:
-        holder["state"], out = core.generate(dp, holder["state"], mode=SamplerMode())
-        return jax.block_until_ready(out)
-
-    chunk_s = interleaved_best({"chunk": chunk}, repeats + 2)[0]["chunk"]
+    del holder["state"]
+    live = LiveSlots(core, prompts[0])
+    live.chunk()
+    chunk_s = interleaved_best({"chunk": live.chunk}, repeats + 2)[0]["chunk"]
     return {"prefill_s_per_prompt": prefill_s, "decode_ms_per_step": 1e3 * chunk_s / core.chunk}
+
+
+PARTS = ("embed", "qkv", "attention", "o_proj", "mlp", "lm_head", "sample")
+"""The decode step's named scopes (`device.kernel.run_layers`, `device.decode`'s sampler)."""
+_CONTROL = ("while", "conditional", "call")
+"""Opcodes whose trace events wrap other ops' (not counted)."""
+_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def _closing(text: str) -> int:
+    """Index of the parenthesis closing `text`'s first one."""
+    depth = 0
+    for i, c in enumerate(text):
+        depth += (c == "(") - (c == ")")
+        if depth == 0:
+            return i
+    return len(text) - 1
+
+
+def _part(line: str) -> str | None:
+    """The innermost `PARTS` scope of an HLO line's op_name, None without one."""
+    m = _OP_NAME.search(line)
+    return next((p for p in reversed(m.group(1).split("/")) if p in PARTS), None) if m else None
+
+
+def hlo_ops(hlo_text: str) -> dict[str, dict[str, str]]:
+    """Every instruction of a compiled module's HLO text: name -> {"opcode", "part", "what"} —
+    `part` the innermost `PARTS` scope of its op_name, else (a fusion whose own metadata names
+    none) the commonest among the instructions it calls, else "other"; `what` e.g. `dot
+    f32[32,512] x f32[512,5632] -> f32[32,5632]`."""
+    shapes, rows, called, computation = {}, [], {}, None
+    for line in hlo_text.splitlines():
+        if line.startswith(("%", "ENTRY")) and line.rstrip().endswith("{"):
+            computation = line.removeprefix("ENTRY ")[1:].split(" ", 1)[0]
+            called[computation] = collections.Counter()
+        if (m := _INSTR.match(line)) is None:
+            continue
+        if computation is not None and (part := _part(line)) is not None:
+            called[computation][part] += 1
+        name, rest = m.groups()
+        end = _closing(rest) + 1 if rest.startswith("(") else rest.find(" ")  # tuple shapes
+        shape, rest = re.sub(r"\{[^}]*\}", "", rest[:end]), rest[end:].lstrip()  # no layouts
+        shapes[name] = shape
+        rows.append((name, shape, *rest.partition("(")[::2]))
+    out = {}
+    for name, shape, opcode, rest in rows:
+        args = re.findall(r"%([\w.\-]+)", rest[: _closing("(" + rest)])
+        op_name, calls = _OP_NAME.search(rest), re.search(r"calls=%([\w.\-]+)", rest)
+        part = _part(rest)
+        if part is None and calls and called.get(calls.group(1)):
+            part = called[calls.group(1)].most_common(1)[0][0]
+        kind = op_name.group(1).split("/")[-1] if op_name else opcode
+        kind = "dot" if kind == "dot_general" else kind
+        what = f"{kind} {' x '.join(shapes.get(a, '?') for a in args[:3])} -> {shape}"
+        out[name] = {"opcode": opcode, "part": part or "other", "what": what}
+    return out
+
+
+def step_profile(live: LiveSlots, name: str, top: int = 12) -> tuple[dict, dict]:
+    """`live`'s decode chunk traced (`common.trace_op_times`), its ops labelled from the
+    compiled program (`hlo_ops`; control flow left out: its body's ops count). Returns
+    ({"op_ms_per_step", "parts": ms per step by `PARTS`, largest first}, the `top` ops by time
+    as {"<name> <op>": {"part", "ms_per_step", "share", "calls_per_step", "what"}})."""
+    ops, steps = hlo_ops(live.hlo()), live.core.chunk
+    live.chunk()  # warm
+    with tempfile.TemporaryDirectory() as tmp:
+        times = common.trace_op_times(live.chunk, tmp)
+    unknown = {"opcode": "?", "part": "other", "what": "?"}
+    rows = [(ns, op, calls, ops.get(op, unknown)) for op, (ns, calls) in times.items()]
+    rows = sorted((r for r in rows if r[3]["opcode"] not in _CONTROL), key=lambda r: -r[0])
+    total = sum(r[0] for r in rows) or 1
+    parts: collections.Counter = collections.Counter()
+    for ns, _, _, info in rows:
+        parts[info["part"]] += ns / 1e6 / steps
+    summary = {"op_ms_per_step": total / 1e6 / steps, "parts": dict(parts.most_common())}
+    top_ops = {f"{name} {op}": dict(part=info["part"], ms_per_step=ns / 1e6 / steps,
+                                    share=ns / total, calls_per_step=calls / steps,
+                                    what=info["what"])
+               for ns, op, calls, info in rows[:top]}  # fmt: skip
+    return summary, top_ops
 
 
 DEVICE_CALLS = (

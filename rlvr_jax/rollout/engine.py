@@ -21,7 +21,7 @@ from rlvr_jax.models.params import tree_shardings
 from rlvr_jax.rollout.api import RequestError, SlotRequest
 from rlvr_jax.rollout.device import decode as core
 from rlvr_jax.rollout.device import paged
-from rlvr_jax.rollout.device.kernel import DecodeParams
+from rlvr_jax.rollout.device.kernel import DecodeParams, storage_dtype
 from rlvr_jax.rollout.device.layout import CONTIGUOUS
 from rlvr_jax.rollout.device.layout import kv_layout as kv_layout_named
 from rlvr_jax.rollout.device.paged import PagedWork
@@ -31,6 +31,7 @@ from rlvr_jax.rollout.device.state import (
     DecodeState,
     EngineSpec,
     SlotSettings,
+    mesh_platform,
 )
 
 
@@ -54,7 +55,8 @@ class EngineCore:
         over its data axes, KV heads over its tensor axis); None = the first device.
       rules: logical-axis rules (default `sharding.ACTOR_RULES`).
       chunk: decode steps per `generate` call (the host polls between chunks).
-      cache_dtype: KV cache dtype (default: the model's compute dtype).
+      cache_dtype: KV cache dtype (default: the model's compute dtype; a 16-bit one is held
+        as fp32 on a CPU, `kernel.storage_dtype`: the same values, no per-step conversions).
       max_stop_ids: stop token ids a request may carry.
       max_interrupt_ids: inserted token ids a request's budget forcing may carry.
       kv_layout: "paged" (default) or "contiguous" (fixed [S] rows per slot; the baseline).
@@ -99,13 +101,15 @@ class EngineCore:
         if chunk < 1:
             raise ValueError(f"chunk (decode steps per call) must be >= 1, got {chunk}")
         compute = jnp.dtype(model.compute_dtype).name
+        if cache_dtype is None:  # the compute dtype, held as fp32 on a CPU (storage_dtype)
+            cache_dtype = storage_dtype(compute, mesh_platform(mesh))
         spec = EngineSpec(
             config=model.config,
             max_slots=max_slots,
             max_len=max_len,
             compute_dtype=compute,
             weight_dtype=weight_dtype or "",
-            cache_dtype=compute if cache_dtype is None else jnp.dtype(cache_dtype).name,
+            cache_dtype=jnp.dtype(cache_dtype).name,
             max_stop_ids=max_stop_ids,
             max_interrupt_ids=max_interrupt_ids,
             exact=exact,

@@ -9,7 +9,9 @@ blocks' partial softmaxes per slot (flash-decoding); sliding layers get their ow
 "pallas_tpu" / "pallas_gpu": JAX's Pallas paged-attention kernels, for full-attention layers
 (they attend to [0, length)); `select_impl` picks per platform. Prefill chunks
 (`context_attention`): T new tokens against their sequence's pages, 512 tokens per iteration
-with an online softmax. Scores, softmax and value sums are fp32 (K/V upcast after loading).
+with an online softmax. Scores, softmax and value sums are fp32: q·k multiplies the exact
+operands, accumulating in fp32 (`kernel.scores`: a bf16 query and cache as bf16), and V is
+upcast after loading.
 
 Letters: B slots, N query heads, K kv heads, G = N/K, H head dim, P pages, Z page size,
 M pages per sequence (table width), R work blocks, C blocks per iteration, T tokens."""
@@ -22,7 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.rollout.device.kernel import NEG_INF
+from rlvr_jax.rollout.device.kernel import NEG_INF, scores
 
 IMPLS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
 """Accepted values of the engine's `attention` argument."""
@@ -47,9 +49,11 @@ class PageGeometry:
         return self.page_size * self.pages_per_block
 
 
-GEOMETRY_TOKENS = (128, 8192, 512)
+GEOMETRY_TOKENS = (128, 4096, 512)
 """Default (decode block, decode iteration, prefill block) sizes in tokens: blocks big
-enough for efficient matmuls, an iteration's gather small enough to stay in cache."""
+enough for efficient matmuls, an iteration's gather small enough to stay in cache (the
+bench model's fp32 decode step, 32 slots x 192, on one AVX-512 core: 45 ms with iterations
+of 4096 tokens, 2 MiB of gathered K, as with 2048; 50 ms with 8192)."""
 
 
 def make_geometry(
@@ -141,8 +145,7 @@ def decode_xla(
     t = pb * z
     r = slot_R.shape[0]
     slot_R = jnp.minimum(slot_R, b)  # padding (and rows past a bucketed call's b): dropped
-    q_KxBxGxH = jnp.einsum("BKGH->KBGH", q_BxNxH.reshape(b, kh, g, h).astype(jnp.float32))
-    q_KxBxGxH = q_KxBxGxH * (h**-0.5)
+    q_KxBxGxH = jnp.einsum("BKGH->KBGH", q_BxNxH.reshape(b, kh, g, h))
     page_iota_1xPb = jnp.arange(pb, dtype=jnp.int32)[None, :]
     token_iota_1xT = jnp.arange(t, dtype=jnp.int32)[None, :]
 
@@ -156,16 +159,18 @@ def decode_xla(
         k_KxCxTxH = jnp.take(k_pages, pages_CxPb, axis=1, mode="clip").reshape(kh, c, t, h)
         v_KxCxTxH = jnp.take(v_pages, pages_CxPb, axis=1, mode="clip").reshape(kh, c, t, h)
         q_KxCxGxH = jnp.take(q_KxBxGxH, row_C, axis=1, mode="clip")
-        s_KxCxTxG = jnp.einsum("KCTH,KCGH->KCTG", k_KxCxTxH.astype(jnp.float32), q_KxCxGxH)
+        # G-major scores [K, C, G, T]: the values' sum is then a plain [G, T] x [T, H] matmul
+        # per (kv head, block) (XLA:CPU's YNNPACK kernel; T-major took a slower generic dot)
+        s_KxCxGxT = scores("KCGH,KCTH->KCGT", q_KxCxGxH, k_KxCxTxH) * (h**-0.5)
         kpos_CxT = block_C[:, None] * t + token_iota_1xT
         qpos_Cx1 = jnp.take(positions_B, row_C, mode="clip")[:, None]
         ok_CxT = _visible(kpos_CxT, qpos_Cx1, window) & (slot_C < b)[:, None]
-        ok_1xCxTx1 = ok_CxT[None, :, :, None]
-        s_KxCxTxG = jnp.where(ok_1xCxTx1, s_KxCxTxG, NEG_INF)
-        m_KxCxG = jnp.max(s_KxCxTxG, axis=2)
-        p_KxCxTxG = jnp.where(ok_1xCxTx1, jnp.exp(s_KxCxTxG - m_KxCxG[:, :, None, :]), 0.0)
-        l_KxCxG = jnp.sum(p_KxCxTxG, axis=2)
-        o_KxCxGxH = jnp.einsum("KCTG,KCTH->KCGH", p_KxCxTxG, v_KxCxTxH.astype(jnp.float32))
+        ok_1xCx1xT = ok_CxT[None, :, None, :]
+        s_KxCxGxT = jnp.where(ok_1xCx1xT, s_KxCxGxT, NEG_INF)
+        m_KxCxG = jnp.max(s_KxCxGxT, axis=3)
+        p_KxCxGxT = jnp.where(ok_1xCx1xT, jnp.exp(s_KxCxGxT - m_KxCxG[..., None]), 0.0)
+        l_KxCxG = jnp.sum(p_KxCxGxT, axis=3)
+        o_KxCxGxH = jnp.einsum("KCGT,KCTH->KCGH", p_KxCxGxT, v_KxCxTxH.astype(jnp.float32))
         put = functools.partial(jax.lax.dynamic_update_slice_in_dim, start_index=start, axis=0)
         return (
             put(m_RxKxG, jnp.einsum("KCG->CKG", m_KxCxG)),
@@ -274,8 +279,7 @@ def context_attention(
     g = n // kh
     bp = geometry.context_block_pages
     s = bp * z
-    q_KxGxTxH = jnp.einsum("TKGH->KGTH", q_TxNxH.reshape(t, kh, g, h).astype(jnp.float32))
-    q_KxGxTxH = q_KxGxTxH * (h**-0.5)
+    q_KxGxTxH = jnp.einsum("TKGH->KGTH", q_TxNxH.reshape(t, kh, g, h))
     token_iota_S = jnp.arange(s, dtype=jnp.int32)
 
     def body(j, carry):
@@ -283,7 +287,7 @@ def context_attention(
         pages_Bp = jax.lax.dynamic_slice_in_dim(table_M, j * bp, bp)
         k_KxSxH = jnp.take(k_pages, pages_Bp, axis=1, mode="clip").reshape(kh, s, h)
         v_KxSxH = jnp.take(v_pages, pages_Bp, axis=1, mode="clip").reshape(kh, s, h)
-        scores_KxGxTxS = jnp.einsum("KGTH,KSH->KGTS", q_KxGxTxH, k_KxSxH.astype(jnp.float32))
+        scores_KxGxTxS = scores("KGTH,KSH->KGTS", q_KxGxTxH, k_KxSxH) * (h**-0.5)
         kpos_S = j * s + token_iota_S
         ok_TxS = _visible(kpos_S[None, :], positions_T[:, None], window) & (kpos_S < end)[None]
         scores_KxGxTxS = jnp.where(ok_TxS[None, None], scores_KxGxTxS, NEG_INF)

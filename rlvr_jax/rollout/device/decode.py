@@ -49,6 +49,7 @@ def prepare(params: Any, *, spec: EngineSpec) -> kernel.DecodeParams:
         spec.compute_dtype,
         kernel.fused_tp(spec.config, tensor),
         spec.weight_dtype or None,
+        spec.platform,
     )
     return constrain(dp, decode_param_shardings(spec, dp))
 
@@ -74,7 +75,10 @@ def decode_param_axes(dp: kernel.DecodeParams) -> Any:
         embedding=names(dp.embedding, "vocab", "embed"),
         layers=layers,
         final_norm=names(dp.final_norm),
-        head=names(dp.head, "embed", "vocab"),
+        head=names(
+            dp.head,
+            *(("vocab", "embed") if kernel.head_vocab_major(dp.head) else ("embed", "vocab")),
+        ),
     )
 
 
@@ -128,17 +132,18 @@ def _decode_one(
         logits_BxV = constrain(logits_BxV, named(spec, ("cache_batch", None), logits_BxV.shape))
     next_pos_B = state.positions_B + 1
     forced_token_B, forced_B, replay_B = _forced(state)
-    tokens_B, logprobs_B = sample_tokens(
-        logits_BxV,
-        temperature_B=state.temperature_B,
-        top_k_B=state.top_k_B,
-        top_p_B=state.top_p_B,
-        seed_B=state.seed_B,
-        sample_B=state.sample_B,
-        position_B=next_pos_B,
-        mode=mode,
-        forced_B=jnp.where(forced_B, forced_token_B, -1),
-    )
+    with jax.named_scope("sample"):
+        tokens_B, logprobs_B = sample_tokens(
+            logits_BxV,
+            temperature_B=state.temperature_B,
+            top_k_B=state.top_k_B,
+            top_p_B=state.top_p_B,
+            seed_B=state.seed_B,
+            sample_B=state.sample_B,
+            position_B=next_pos_B,
+            mode=mode,
+            forced_B=jnp.where(forced_B, forced_token_B, -1),
+        )
     inserted_B = forced_B & ~replay_B  # budget forcing: log-prob 0, never a stop
     logprobs_B = jnp.where(inserted_B, 0.0, logprobs_B)
     produced_B = state.active_B

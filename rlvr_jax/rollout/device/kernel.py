@@ -11,15 +11,17 @@ weight update into `DecodeParams`:
 - weights pre-cast to the compute dtype, or to `weight_dtype` (`rollout.weight_dtype`):
   bfloat16 / float32, or int8 / fp8 with one scale per output column (`models.quant`: the
   matmul runs in the compute dtype and the scale is applied after it); the LM head as a
-  [D, V] fp32 matrix.
+  [D, V] fp32 matrix (a bf16 policy computing in bf16: [V, D] bf16, the same fp32 logits).
+  bf16 matmuls accumulate in fp32 (`quant.matmul`: XLA:CPU's native bf16 dot).
 
 The math is the model's own: `rms_norm`, `attend`, the masks and RoPE tables come from
 `rlvr_jax.models`, so the engine computes what `rlvr_jax.models.forward` computes (the
 tests check both against transformers). `run_layers` is the layer loop; what a layer's
 attention reads and writes is a callback, so the contiguous cache (per layer, [B, K, S, H] held
 as consecutive segments, attended here by `attend_segments`) and the paged pool
-(`rlvr_jax.rollout.device.attention`) share every other line. Decode attention runs in fp32
-(cached K/V are upcast), so the layouts agree to fp32 rounding whatever the cache dtype.
+(`rlvr_jax.rollout.device.attention`) share every other line. Decode attention's scores,
+softmax and sums are fp32 (q·k on the exact operands, `scores`; cached V upcast), so the
+layouts agree to fp32 rounding whatever the cache dtype.
 
 Letters: B slots, P prompts, T prompt time, S cache positions, D model, N query heads,
 K kv heads, G = N/K, H head dim, E = (N+2K)·H fused q|k|v width, F mlp, V vocab.
@@ -69,7 +71,7 @@ class DecodeParams:
     embedding: jax.Array  # [V, D]
     layers: tuple[LayerWeights, ...]
     final_norm: jax.Array  # [D]
-    head: jax.Array  # [D, V] float32
+    head: jax.Array  # [D, V] float32, or [V, D] bf16 (`_head_dtype`)
 
 
 def fused_tp(config: ArchConfig, tensor: int) -> int:
@@ -93,11 +95,18 @@ def _flat_bias(layer: dict, name: str, i: int, compute: Any) -> jax.Array | None
 
 
 def prepare_params(
-    params: Any, config: ArchConfig, compute_dtype: Any, tp: int = 1, weight_dtype: Any = None
+    params: Any,
+    config: ArchConfig,
+    compute_dtype: Any,
+    tp: int = 1,
+    weight_dtype: Any = None,
+    platform: str = "",
 ) -> DecodeParams:
     """`params` (models layout, leaves stacked over layers, plain arrays: see `lora.merge`) in
     decode layout, fused columns grouped by `tp` tensor shards (see `fused_tp`), the matmul
-    weights in `weight_dtype` (default the compute dtype; "int8" / "fp8": quantized). Jittable."""
+    weights in `weight_dtype` (default the compute dtype; "int8" / "fp8": quantized), the
+    embedding table held as `storage_dtype` says for `platform` ("cpu": a 16-bit table as
+    fp32). Jittable."""
     compute = jnp.dtype(compute_dtype)
     store = _storage(compute, weight_dtype)
     stack = params["layers"]
@@ -126,13 +135,32 @@ def prepare_params(
                 tp=tp,
             )
         )
-    head = params["embedding"].T if config.tie_embeddings else params["lm_head"]
+    embedding = params["embedding"]
+    head_DxV = embedding.T if config.tie_embeddings else params["lm_head"]
+    head = head_DxV.astype(_head_dtype(head_DxV.dtype, compute))
     return DecodeParams(
-        embedding=params["embedding"],
+        embedding=embedding.astype(storage_dtype(embedding.dtype, platform)),
         layers=tuple(layers),
         final_norm=params["final_norm"]["scale"],
-        head=head.astype(jnp.float32),
+        head=head.T if head_vocab_major(head) else head,
     )
+
+
+def _head_dtype(param: Any, compute: jnp.dtype) -> jnp.dtype:
+    """The LM head's storage: fp32, or bf16 when both the head's params and the compute dtype
+    are bf16 — the final hidden state is then bf16 too, and a bf16 x bf16 matmul accumulating
+    in fp32 computes the fp32 logits of the upcast operands (`logits`) at half the bytes and
+    with XLA:CPU's native bf16 dot."""
+    bf16 = jnp.dtype(jnp.bfloat16)
+    return bf16 if jnp.dtype(param) == bf16 and compute == bf16 else jnp.dtype(jnp.float32)
+
+
+def head_vocab_major(head: Any) -> bool:
+    """Whether the LM head is held [V, D] (a bf16 head: the embedding's own layout, and
+    XLA:CPU's bf16 logits matmul at the bench model's head, [32, 512] x [512, 32000], was 1.9x
+    faster against [V, D] than against [D, V] on an AVX-512 BF16 core; an fp32 one is faster
+    [D, V])."""
+    return jnp.dtype(head.dtype).itemsize == 2
 
 
 def _storage(compute: jnp.dtype, weight_dtype: Any) -> Callable[[jax.Array], Any]:
@@ -187,23 +215,47 @@ def _finish_layer(
     w: LayerWeights, config: ArchConfig, x_BxTxD: jax.Array, attn_BxTxNH: jax.Array
 ) -> jax.Array:
     """Output projection, residual, MLP, residual (pre- or post-norm)."""
-    out_BxTxD = _project(attn_BxTxNH, w.o, w.o_bias)
-    if config.post_norm:
-        out_BxTxD = _norm(config, out_BxTxD, w.attn_norm)
-    x_BxTxD = x_BxTxD + out_BxTxD
-    h_BxTxD = x_BxTxD if config.post_norm else _norm(config, x_BxTxD, w.mlp_norm)
-    gate_up_BxTx2F = _project(h_BxTxD, w.gate_up, w.gate_up_bias)
-    f = config.d_ff
-    gate_BxTxF, up_BxTxF = _ungroup(gate_up_BxTx2F, (f, f), w.tp)
-    hidden_BxTxF = jax.nn.silu(gate_BxTxF) * up_BxTxF
-    out_BxTxD = _project(hidden_BxTxF, w.down, w.down_bias)
-    if config.post_norm:
-        out_BxTxD = _norm(config, out_BxTxD, w.mlp_norm)
-    return x_BxTxD + out_BxTxD
+    with jax.named_scope("o_proj"):
+        out_BxTxD = _project(attn_BxTxNH, w.o, w.o_bias)
+        if config.post_norm:
+            out_BxTxD = _norm(config, out_BxTxD, w.attn_norm)
+        x_BxTxD = x_BxTxD + out_BxTxD
+    with jax.named_scope("mlp"):
+        h_BxTxD = x_BxTxD if config.post_norm else _norm(config, x_BxTxD, w.mlp_norm)
+        gate_up_BxTx2F = _project(h_BxTxD, w.gate_up, w.gate_up_bias)
+        f = config.d_ff
+        gate_BxTxF, up_BxTxF = _ungroup(gate_up_BxTx2F, (f, f), w.tp)
+        hidden_BxTxF = jax.nn.silu(gate_BxTxF) * up_BxTxF
+        out_BxTxD = _project(hidden_BxTxF, w.down, w.down_bias)
+        if config.post_norm:
+            out_BxTxD = _norm(config, out_BxTxD, w.mlp_norm)
+        return x_BxTxD + out_BxTxD
 
 
 def _embed(dp: DecodeParams, tokens: jax.Array, compute: Any) -> jax.Array:
     return jnp.take(dp.embedding, tokens, axis=0).astype(compute)
+
+
+def storage_dtype(dtype: Any, platform: str) -> jnp.dtype:
+    """The dtype that holds values of `dtype` between ops that only move them — the KV cache
+    (written by scatters, read by gathers and slices) and the embedding table (read by a
+    gather): `dtype`, except fp32 for a 16-bit float on a CPU. XLA:CPU runs those ops on 16-bit
+    floats by converting the whole operand to fp32 and back on every call (the whole KV cache
+    of a layer on every decode step, the whole embedding table on every `generate`); fp32 holds
+    their values exactly, so what is computed does not change, only the bytes held."""
+    dtype = jnp.dtype(dtype)
+    if platform == "cpu" and jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize == 2:
+        return jnp.dtype(jnp.float32)
+    return dtype
+
+
+def scores(equation: str, q: jax.Array, k: jax.Array) -> jax.Array:
+    """fp32 `einsum(equation, q, k)` of the products of the exact operands: operands of one
+    dtype multiply as they are, accumulating in fp32 (`preferred_element_type`: a bf16 cache
+    is read as bf16, never upcast whole), operands of two dtypes are upcast to fp32 first."""
+    if q.dtype != k.dtype:
+        q, k = q.astype(jnp.float32), k.astype(jnp.float32)
+    return jnp.einsum(equation, q, k, preferred_element_type=jnp.float32)
 
 
 def _rope_for_layers(config: ArchConfig, positions_BxT: jax.Array) -> list[tuple]:
@@ -230,11 +282,15 @@ def run_layers(
     `attention`; returns (final hidden states [B, T, D] before the final norm, caches)."""
     compute = dp.layers[0].qkv.dtype
     b, t = tokens_BxT.shape
-    x_BxTxD = _embed(dp, tokens_BxT, compute)
+    with jax.named_scope("embed"):
+        x_BxTxD = _embed(dp, tokens_BxT, compute)
+        rope = _rope_for_layers(config, positions_BxT)
     new = []
-    for i, (w, (cos, sin)) in enumerate(zip(dp.layers, _rope_for_layers(config, positions_BxT))):
-        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = _qkv(w, config, x_BxTxD, cos, sin)
-        attn_BxTxNxH, cache = attention(i, caches[i], q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
+    for i, (w, (cos, sin)) in enumerate(zip(dp.layers, rope)):
+        with jax.named_scope("qkv"):
+            q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = _qkv(w, config, x_BxTxD, cos, sin)
+        with jax.named_scope("attention"):
+            attn_BxTxNxH, cache = attention(i, caches[i], q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
         x_BxTxD = _finish_layer(w, config, x_BxTxD, attn_BxTxNxH.reshape(b, t, -1))
         new.append(cache)
     return x_BxTxD, tuple(new)
@@ -242,8 +298,11 @@ def run_layers(
 
 def logits(dp: DecodeParams, config: ArchConfig, x_BxD: jax.Array) -> jax.Array:
     """fp32 next-token logits [B, V] of final hidden states [B, D]."""
-    h_BxD = _norm(config, x_BxD, dp.final_norm)
-    return jnp.einsum("BD,DV->BV", h_BxD.astype(jnp.float32), dp.head)
+    with jax.named_scope("lm_head"):
+        h_BxD = _norm(config, x_BxD, dp.final_norm).astype(dp.head.dtype)
+        if head_vocab_major(dp.head):
+            return jnp.einsum("BD,VD->BV", h_BxD, dp.head, preferred_element_type=jnp.float32)
+        return quant.matmul(h_BxD, dp.head, out=jnp.float32)
 
 
 def attend_segments(
@@ -258,11 +317,9 @@ def attend_segments(
     summed segment by segment — no segment is copied. Returns [B, N, H] fp32."""
     b, n, h = q_BxNxH.shape
     k = k_segments[0].shape[1]
-    q_BxKxGxH = q_BxNxH.reshape(b, k, n // k, h).astype(jnp.float32)
-    scores = [
-        jnp.einsum("BKGH,BKSH->BKGS", q_BxKxGxH, seg.astype(jnp.float32)) for seg in k_segments
-    ]
-    scores_BxKxGxS = jnp.concatenate(scores, axis=-1) * (h**-0.5)
+    q_BxKxGxH = q_BxNxH.reshape(b, k, n // k, h)
+    parts = [scores("BKGH,BKSH->BKGS", q_BxKxGxH, seg) for seg in k_segments]
+    scores_BxKxGxS = jnp.concatenate(parts, axis=-1) * (h**-0.5)
     scores_BxKxGxS = jnp.where(mask_BxS[:, None, None, :], scores_BxKxGxS, NEG_INF)
     probs_BxKxGxS = jax.nn.softmax(scores_BxKxGxS, axis=-1)
     out_BxKxGxH, start = 0.0, 0

@@ -243,7 +243,7 @@ class Paged(_Layout):
         attention of full layers for the mesh's platform (`attention.select_impl`) and the walk
         geometry."""
         mesh = spec.mesh
-        platform = (mesh.devices.flat[0] if mesh else jax.devices()[0]).platform
+        platform = spec.platform
         pool = self.pool(
             spec.config,
             max_slots=spec.max_slots,
@@ -374,13 +374,13 @@ def _row_extend_local(
         jnp.einsum("KSH->SKH", jnp.concatenate([seg[row] for seg in segs], axis=1))[None]
         for segs in (k_segments, v_segments)
     )
-    # the model's attention (`models.layers.attend`) of the new queries to the row, in fp32
-    out_TxNxH = attend(
-        q_TxNxH[None].astype(jnp.float32),
-        keys_1xSxKxH.astype(jnp.float32),
-        values_1xSxKxH.astype(jnp.float32),
-        mask_TxS[None],
-    )[0]
+    # the model's attention (`models.layers.attend`: fp32 scores, softmax and sums) of the new
+    # queries to the row; it multiplies operands of one dtype, so a query and cache of two
+    # dtypes are upcast to fp32 first
+    qkv = (q_TxNxH[None], keys_1xSxKxH, values_1xSxKxH)
+    if q_TxNxH.dtype != keys_1xSxKxH.dtype:
+        qkv = tuple(x.astype(jnp.float32) for x in qkv)
+    out_TxNxH = attend(*qkv, mask_TxS[None])[0]
     if spec.mesh is not None and spec.slot_spec is not None:
         out_TxNxH = jax.lax.psum(jnp.where(mine, out_TxNxH, 0.0), spec.slot_spec)
     return out_TxNxH, k_segments, v_segments

@@ -30,6 +30,11 @@ REPLAY = -2
 """`DecodeState.budget_B` of a slot replaying given tokens (`api.Replay`; -1 = no forcing)."""
 
 
+def mesh_platform(mesh: Mesh | None) -> str:
+    """The platform of `mesh`'s devices, "cpu", "gpu" or "tpu" (None: the first device's)."""
+    return (mesh.devices.flat[0] if mesh else jax.devices()[0]).platform
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineSpec:
     """Everything static about an engine (hashable: the jitted functions' static arg)."""
@@ -95,6 +100,11 @@ class EngineSpec:
     def chunk_bucket(self, length: int) -> int:
         """The smallest prefill-chunk bucket holding `length` tokens."""
         return next(b for b in self.chunk_buckets if b >= length)
+
+    @property
+    def platform(self) -> str:
+        """Where the engine runs (`mesh_platform`)."""
+        return mesh_platform(self.mesh)
 
     # ---- paged geometry ---------------------------------------------------------------------
 
