@@ -28,12 +28,15 @@ def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
     return Path(path)
 
 
-QUICK_RUNS = ("log.tensorboard=false", "rollout.max_slots=256")
+QUICK_RUNS = ("log.tensorboard=false", "rollout.max_slots=256", "train.compile_ahead=false")
 """Overrides of the experiment scripts' `--quick` runs on `tiny_run` (every rlvr-train run and
-the harness's evaluations): no TensorBoard files, and 256 slots: the harness evaluates every
+the harness's evaluations): no TensorBoard files; 256 slots: the harness evaluates every
 policy on n = 32 samples of 8 held-out prompts, which tiny_run's 16 slots decode 16 at a time,
 each wave ~1 s on a loaded 2-core machine (an evaluation 15-20 s, five or more per test), 256
-slots in one wave (< 1 s). Per-request seeds: the same samples."""
+slots in one wave (< 1 s), per-request seeds: the same samples; and the learner's step compiled
+for the packed-row counts a run meets, not all it may meet (what configs/demo.yaml and
+configs/tool_use.yaml, the experiments' configs, set): a 1-4 step run from a cold compilation
+cache took 22 CPU-s instead of 29 (tiny_run, 3 steps, load ~6 on 2 cores)."""
 
 
 def word_parity(response: str, ground_truth, **_) -> float:
