@@ -28,15 +28,12 @@ def build_policy(path: Path, texts: list[str], *, seed: int = 0) -> Path:
     return Path(path)
 
 
-QUICK_RUNS = ("log.tensorboard=false", "rollout.max_slots=256", "train.compile_ahead=false")
+QUICK_RUNS = ("log.tensorboard=false", "rollout.max_slots=256")
 """Overrides of the experiment scripts' `--quick` runs on `tiny_run` (every rlvr-train run and
-the harness's evaluations): no TensorBoard files; 256 slots: the harness evaluates every
+the harness's evaluations): no TensorBoard files, and 256 slots: the harness evaluates every
 policy on n = 32 samples of 8 held-out prompts, which tiny_run's 16 slots decode 16 at a time,
 each wave ~1 s on a loaded 2-core machine (an evaluation 15-20 s, five or more per test), 256
-slots in one wave (< 1 s), per-request seeds: the same samples; and the learner's step compiled
-for the packed-row counts a run meets, not all it may meet (what configs/demo.yaml and
-configs/tool_use.yaml, the experiments' configs, set): a 1-4 step run from a cold compilation
-cache took 22 CPU-s instead of 29 (tiny_run, 3 steps, load ~6 on 2 cores)."""
+slots in one wave (< 1 s). Per-request seeds: the same samples."""
 
 
 def word_parity(response: str, ground_truth, **_) -> float:
@@ -73,8 +70,12 @@ rollout: {{mode: sync, num_samples: 4, max_new_tokens: 8, max_slots: 16, decode_
 loss: {{preset: olmo3}}
 filter: {{max_draws: 2}}
 rewards: {{workers: 1}}
+# compile_ahead off (as in configs/demo.yaml): the learner's step is compiled for the packed-row
+# counts the run meets, not for every count it may meet (2 groups: 1 or 2 rows): a 3-step run
+# from a cold compilation cache 22-25 CPU-s instead of 29-31. The setting itself, on and off:
+# tests/test_train_loop.py::test_every_packed_row_count_is_compiled_with_the_first_batch
 train: {{max_steps: 3, output_dir: {tmp_path / "out"}, prompts_per_batch: 2,
-        learning_rate: 1.0e-3}}
+        learning_rate: 1.0e-3, compile_ahead: false}}
 checkpoint: {{every_steps: 2, keep: 2}}
 eval: {{every_steps: 0, num_samples: 4, ks: [1, 4], max_prompts: 4}}
 # no end-of-run plots (matplotlib's import and drawing, ~2 s in each rlvr-train process):
