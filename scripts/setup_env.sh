@@ -27,7 +27,7 @@ fi
 STAMP="$VENV/.rlvr_installed"
 WANT="$(cat "$ROOT/setup.py" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
-  echo "[setup] installing rlvr_jax[dev] into $VENV (first run takes a few minutes)"
+  echo "[setup] installing rlvr_jax[dev,envs] into $VENV (first run takes a few minutes)"
   "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch is pinned to the CPU wheel this machine carries; any other spec pulls CUDA builds.
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
@@ -41,7 +41,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     rm -f "$PINS"
     "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
   else
-    "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]"
+    "$VENV/bin/python" -m pip install -q -e "$ROOT[dev,envs]"
     # The IFEval reference implementation, only for the tests that compare against it; its own
     # dependency tree (datasets, pandas, ...) is not needed for those files.
     "$VENV/bin/python" -m pip install -q --no-deps "lm-eval==0.4.13"
