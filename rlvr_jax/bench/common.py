@@ -135,28 +135,21 @@ def token_flops(arch: ArchConfig, context: float) -> float:
     return 2.0 * matmul_params(arch) + attention
 
 
-def decode_step_bytes(
-    arch: ArchConfig, *, slots: int, context: float, param_bytes: int, cache_bytes: int
-) -> float:
-    """Bytes one decode step must read at the least: every matmul weight once
-    (`matmul_params` × `param_bytes`) and each of `slots` sequences' cached K and V over
-    `context` positions (2·L·K·H per position × `cache_bytes`): the numerator of the decode
-    step's memory-bandwidth (HBM) roofline fraction."""
-    kv = 2 * arch.n_layers * arch.n_kv_heads * arch.head_dim * cache_bytes
-    return matmul_params(arch) * param_bytes + slots * context * kv
-
-
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1, "fp8": 1}
 """Bytes per matmul weight of each decode weight dtype."""
 
 
 def step_bandwidth(
-    arch: ArchConfig, roof: Mapping[str, Any], step_s: float, **sizes: Any
-) -> dict[str, Any]:
-    """A decode step of `step_s` seconds against its bytes at the least (`decode_step_bytes` of
-    `sizes`): {"step_bytes", "step_gbps", "memory_fraction" (of `roof`'s measured memory
-    bandwidth), "memory_fraction_datasheet" (of the datasheet's HBM bandwidth on a GPU/TPU)}."""
-    step_bytes = decode_step_bytes(arch, **sizes)
+    arch: ArchConfig, roof: Mapping[str, Any], step_s: float, *, slots: int, context: float,
+    param_bytes: int, cache_bytes: int,
+) -> dict[str, Any]:  # fmt: skip
+    """A decode step of `step_s` seconds against the bytes it must read at the least: every
+    matmul weight once (`matmul_params` × `param_bytes`) and each of `slots` sequences' cached K
+    and V over `context` positions (2·L·K·H per position × `cache_bytes`). {"step_bytes",
+    "step_gbps", "memory_fraction" (of `roof`'s measured memory bandwidth),
+    "memory_fraction_datasheet" (of the datasheet's HBM bandwidth on a GPU/TPU)}."""
+    kv = 2 * arch.n_layers * arch.n_kv_heads * arch.head_dim * cache_bytes
+    step_bytes = matmul_params(arch) * param_bytes + slots * context * kv
     gbps, sheet = step_bytes / step_s / 1e9, roof["datasheet"]
     return {"step_bytes": step_bytes, "step_gbps": gbps,
             "memory_fraction": gbps / roof["memory_gbps"],
@@ -379,11 +372,7 @@ def format_value(value: Any) -> str:
     """A table cell: ints as they are, floats with 4 significant digits, None as '-'."""
     if value is None:
         return "-"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if not math.isfinite(value):
+    if not isinstance(value, float) or not math.isfinite(value):  # ints, bools, text
         return str(value)
     if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
         return f"{value:.3e}"

@@ -20,7 +20,12 @@ import numpy as np
 
 from rlvr_jax import models
 from rlvr_jax.bench import common, progress
-from rlvr_jax.bench.engine_timing import interleaved_best, profile_engine
+from rlvr_jax.bench.engine_timing import (
+    interleaved_best,
+    profile_engine,
+    roofline_fractions,
+    timed_generate,
+)
 from rlvr_jax.bench.roofline import best_roofline
 from rlvr_jax.losses.kl import kl_per_token
 from rlvr_jax.models import lora, quant
@@ -84,21 +89,14 @@ def run(cfg: Any) -> dict:
     engines = {name: EngineCore(model, weight_dtype=name, **kw) for name in names}
     sample = dict(max_new_tokens=cfg.new, temperature=1.0, seed=cfg.seed)
     fns = {n: functools.partial(generate, e, prompts, **sample) for n, e in engines.items()}
-    progress.line("compiling and warming up")
-    for fn in fns.values():
-        fn()
-    walls, outs = interleaved_best(fns, cfg.repeats)
     n_tokens = cfg.batch * cfg.new
-    for name, out in outs.items():
-        if sum(len(c.tokens) for c in out) != n_tokens:
-            raise RuntimeError(f"{name}: wrong number of generated tokens")
+    walls, outs = timed_generate(fns, cfg.repeats, n_tokens)
     progress.line("mismatch: the learner's log-probs of the sampled tokens")
     mismatch = {n: _mismatch(model, prompts, outs[n]) for n in names}
     progress.line("profile: decode step")
     profile = {n: profile_engine(e, prompts, cfg.repeats) for n, e in engines.items()}
     roof = best_roofline(cfg.quick)
     arch = model.config
-    work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(arch, cfg.prompt + cfg.new / 2)
     memory_fraction = {
         n: common.step_bandwidth(
             arch, roof, profile[n]["decode_ms_per_step"] * 1e-3, slots=cfg.batch,
@@ -113,7 +111,7 @@ def run(cfg: Any) -> dict:
         "mismatch": mismatch,
         "decode_weight_bytes": {n: quant.nbytes(engines[n].params) for n in names},
         "profile": profile,
-        "roofline_fraction": {n: work / walls[n] / (roof["peak_gflops_fp32"] * 1e9) for n in names},
+        "roofline_fraction": roofline_fractions(arch, cfg, roof, walls),
         "decode_step_memory_fraction": memory_fraction,
         "roofline": roof,
     }

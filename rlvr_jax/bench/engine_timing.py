@@ -39,6 +39,28 @@ def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[d
     return best, outputs
 
 
+def timed_generate(
+    fns: dict[str, Callable[[], Any]], repeats: int, n_tokens: int, warm: Any = None
+) -> tuple[dict, dict]:
+    """`fns` (those named in `warm`, default all) called once to compile and warm up, then
+    `interleaved_best`; every output that is a list of completions must hold `n_tokens` tokens."""
+    progress.line(f"compiling and warming up {', '.join(fns if warm is None else warm)}")
+    for name in fns if warm is None else warm:
+        fns[name]()
+    walls, outs = interleaved_best(fns, repeats)
+    for name, out in outs.items():
+        if isinstance(out, list) and sum(len(c.tokens) for c in out) != n_tokens:
+            raise RuntimeError(f"{name}: wrong number of generated tokens")
+    return walls, outs
+
+
+def roofline_fractions(arch: Any, cfg: Any, roof: dict, walls: dict[str, float]) -> dict:
+    """Model FLOPs of `cfg`'s throughput workload (`common.token_flops` at the mean context)
+    per wall second of each of `walls`, over `roof`'s fp32 matmul peak."""
+    work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(arch, cfg.prompt + cfg.new / 2)
+    return {k: work / wall / (roof["peak_gflops_fp32"] * 1e9) for k, wall in walls.items()}
+
+
 def run_lengths(core: EngineCore, prompts: list, lengths: list[int], batching: str) -> Any:
     """Every prompt decoded to its length (its own `max_new_tokens`, no stop token) through a
     `Scheduler` of `batching`; the scheduler's counters (`SchedulerStats`)."""
