@@ -180,7 +180,7 @@ def run_setting(model: Any, mesh: Any, layout: str, cfg: BenchConfig) -> dict:
     import jax
     import numpy as np
 
-    from rlvr_jax.bench.engine_timing import interleaved_best
+    from rlvr_jax.bench.engine_timing import timed_generate
     from rlvr_jax.rollout import EngineCore, generate, rescore
     from rlvr_jax.training import learner
 
@@ -222,10 +222,8 @@ def run_setting(model: Any, mesh: Any, layout: str, cfg: BenchConfig) -> dict:
         return lambda: generate(engine, prompts, max_new_tokens=cfg.new, num_samples=cfg.samples)
 
     runs = {"default": timed(engines["learner"]), "exact": timed(engines["replay"])}
-    for fn in runs.values():
-        fn()  # compile and warm up
-    best = interleaved_best(runs, cfg.repeats)[0]
     n = len(prompts) * cfg.samples * cfg.new
+    best = timed_generate(runs, cfg.repeats, n)[0]
     out["tokens_per_s"] = {k: n / s for k, s in best.items()}
     return out
 
