@@ -1,14 +1,8 @@
 """Helpers every `rlvr-bench` subcommand shares: the bench model, FLOP counts, datasheet peaks,
 timing and op profiles, machine info, JSON writing, tables and plots.
 
-The bench model is `ModelSize` (Qwen2-shaped, D = 512, 8 layers, 32K vocab, tied embeddings),
-which every benchmark's config extends (`ModelSize.arch`, `ModelSize.model`), so that learner
-and decode figures describe one model.
-
-FLOPs follow the usual model-FLOPs convention (PaLM, Megatron): a forward pass costs
-2 FLOPs per matmul parameter per token (the LM head included, the embedding lookup not) plus
-attention, 2·2·L·N·H·T per token for q·k and p·v over the T keys of the row (the dense
-masked attention the learner computes); a training step costs 3x its forward.
+Every benchmark's config extends `ModelSize`, so that learner and decode figures describe one
+model; FLOPs follow the model-FLOPs convention of PaLM and Megatron (`token_flops`).
 """
 
 from __future__ import annotations
@@ -55,17 +49,13 @@ def datasheet(device_kind: str) -> dict[str, Any] | None:
 
 
 def option(default: Any, flag: str | None = "", **argparse: Any) -> Any:
-    """A benchmark config field whose flag is not the plain `--<field-name>`
-    (`rlvr_jax.bench.table`): `flag` its name (None: no flag), `argparse` more keywords of
-    `add_argument` (choices, type, metavar)."""
+    """A config field whose flag is not the plain `--<field-name>` (`rlvr_jax.bench.table`)."""
     return dataclasses.field(default=default, metadata={"flag": flag, **argparse})
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSize:
-    """The bench model's sizes: a random Qwen2-shaped model (tied embeddings, GQA, q/k/v
-    biases); the defaults make the 56M-parameter bench model. Every benchmark's config
-    extends it."""
+    """The bench model's sizes (`hf_config_dict`); the defaults make the 56M-parameter one."""
 
     d_model: int = 512
     """D: hidden size."""
@@ -157,14 +147,12 @@ def step_bandwidth(
 
 
 def forward_flops(arch: ArchConfig, rows: int, seq: int) -> float:
-    """FLOPs of one forward over `rows` × `seq` tokens, each query attending to `seq` keys
-    (`token_flops`)."""
+    """FLOPs of one forward over `rows` × `seq` tokens, each attending to `seq` keys."""
     return rows * seq * token_flops(arch, seq)
 
 
 def train_flops(arch: ArchConfig, rows: int, seq: int) -> float:
-    """FLOPs of one training step (forward + backward) = 3 × `forward_flops`
-    (6·P·tokens + attention)."""
+    """FLOPs of one training step (forward + backward) = 3 × `forward_flops`."""
     return 3.0 * forward_flops(arch, rows, seq)
 
 
@@ -190,8 +178,7 @@ class Timings:
 
 
 def time_calls(fn: Callable[[], Any], repeats: int) -> Timings:
-    """Times `repeats` calls of `fn` (which must block until its result is ready), after one
-    untimed warm-up call."""
+    """Times `repeats` calls of `fn` (blocking until its result is ready) after a warm-up call."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     fn()
@@ -297,10 +284,8 @@ def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
 
 
 def machine_info(load_before: Any = None) -> dict[str, Any]:
-    """Where a benchmark ran: platform, device kind and count, host, CPUs (count, model and
-    vector ISA: `cpu_info`), jax version and the 1/5/15-minute load averages (other processes
-    share the cores); given the load averages when the run started (`load_before`), also
-    `loadavg_before` and `loadavg_after` (now)."""
+    """Where a benchmark ran: device, host, CPUs (`cpu_info`), jax version and the load averages
+    (with `load_before`, the run's start's: also `loadavg_before` and `loadavg_after`)."""
     import platform
 
     import jax

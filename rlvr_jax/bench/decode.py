@@ -120,16 +120,12 @@ PRESETS = {
     "quick": QUICK,
     "gpu-1b": BenchConfig(**common.SIZES_1B, dtype="bfloat16", long_requests=64, long_new=128),
 }
-"""`--preset`: the 56M bench model (default), the smoke test's tiny one, and the ≈1B model of
-`common.SIZES_1B` in bf16 (a shorter long-tailed workload) for one H100/H200-class GPU."""
+"""`--preset`: the 56M bench model, the smoke test's, and ≈1B in bf16 (`common.SIZES_1B`)."""
 
 
 def long_tail_lengths(n: int, max_len: int, mean_over_max: float, seed: int) -> list[int]:
-    """`n` budgets in [1, max_len], the longest = max_len, mean/max ~ `mean_over_max`.
-
-    u ~ Uniform(0, 1) (u = 1 for one request), length = ceil(max_len · u^γ), with γ found by
-    bisection so that the mean hits the target: γ > 1 skews towards short, with a tail up to
-    the max (the shape of RL response lengths)."""
+    """`n` budgets ceil(max_len · u^γ), u ~ Uniform(0, 1) (1 for one request), γ bisected so
+    that mean/max ~ `mean_over_max` (skewed short with a tail to the max, as RL lengths)."""
     if not 0 < mean_over_max < 1 or n < 2 or max_len < 2:
         raise ValueError(
             f"need n >= 2, max_len >= 2, 0 < mean_over_max < 1; got {n}, {max_len}, {mean_over_max}"
@@ -169,8 +165,7 @@ _BATCHING = ("continuous", "static")
 
 
 def run(cfg: BenchConfig) -> dict:
-    """The config's workload (`BenchConfig.workload`; decode weights given `weight_dtype` or
-    `lora_rank`, beside a peer given `peer`); the JSON-able result."""
+    """The config's workload (or peer, or decode weights); the JSON-able result."""
     if cfg.peer == "vllm":
         return decode_vllm.run(cfg)
     if cfg.workload == "multiturn":

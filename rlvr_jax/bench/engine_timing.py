@@ -1,8 +1,6 @@
-"""Engine timings shared by the benchmarks: best-of-rounds wall times measured in interleaved
-rounds, a workload of forced lengths through the scheduler, an engine's prefill and decode-step
-seconds, the host's share of a scheduled run, and the decode step op by op (`step_profile`:
-XLA's op names, e.g. `ynn_fusion.27` (a YNNPACK matmul on a CPU), as in an `--xla_dump_to`
-dump; a traced step is slower than a timed one, an event per op)."""
+"""Engine timings shared by the decode benchmarks: interleaved best-of-rounds wall times, forced
+lengths through the scheduler, prefill and decode-step seconds, the host's share of a scheduled
+run, and the decode step op by op (`step_profile`, XLA's op names as in an `--xla_dump_to` dump)."""
 
 from __future__ import annotations
 
@@ -102,8 +100,7 @@ class LiveSlots:
 
 
 def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:
-    """Seconds per prefill of one prompt (into one slot) and per decode step with every slot
-    live."""
+    """Seconds per prefill of one prompt and per decode step with every slot live."""
     dp = core.params
     prefix, one = core.prefill(dp, prompts[0]), [SlotRequest(0, 0, 10**6)]
     holder = {"state": core.init_decode_state()}
@@ -209,11 +206,9 @@ DEVICE_CALLS = (
 
 
 def host_share(core: EngineCore, run: Callable[[], Any]) -> dict[str, float]:
-    """`run()` (a workload driving `core` through a `Scheduler`) with every device call of the
-    engine timed to its result: the host's seconds are the wall's rest — the scheduler's Python
-    between device calls (admission, page bookkeeping, bucket choice, collection). Each call
-    waits for its result here (on a CPU they mostly run on the caller's thread anyway), so this
-    measures the host's time, not how much of it a pipelined run would hide."""
+    """`run()` (driving `core` through a `Scheduler`) with every device call timed to its result:
+    the host's seconds are the wall's rest, the scheduler's Python between device calls (not
+    how much of it a pipelined run would hide)."""
     device = [0.0]
 
     def timed(fn: Callable) -> Callable:
