@@ -1,12 +1,7 @@
 """`rlvr-bench decode --weight-dtype D [--lora-rank R]`: the engine decoding from quantized (or
-bf16) weights against the same engine at the compute dtype, in interleaved rounds of `rlvr-bench
-decode`'s throughput workload, and what a LoRA push costs.
-
-Mismatch per generated token, engine against fp32 learner log-probs, as the trainer reports it
-(`kl_sampler_learner`: mean k3; |δ|; TIS weights outside [0.5, 2]). With LoRA: `push`, an
-adapters-only push against a whole-policy one, and `apply`, one decode step's projections
-merged against adapters applied in the step, with the break-even push interval (docs/lora.md).
-Roofline: FLOPs/s over the fp32 peak; a step's minimal bytes per second over the bandwidth."""
+bf16) weights against the same engine at the compute dtype on `rlvr-bench decode`'s throughput
+workload, with the sampler-learner mismatch it causes (`_mismatch`); with LoRA, what a push
+costs (`push`) and merged against applied adapters in a decode step (`apply`, docs/lora.md)."""
 
 from __future__ import annotations
 
@@ -48,7 +43,8 @@ def _policy(cfg: Any, lora_rank: int) -> models.Model:
 
 
 def _mismatch(model: models.Model, prompts: list[list[int]], completions: list[Any]) -> dict:
-    """Per-token sampler vs learner log-prob figures (module docstring)."""
+    """Per generated token, the engine's log-probs against fp32 learner ones, as the trainer
+    reports them (`kl_sampler_learner`: mean k3; |δ|; TIS weights outside [0.5, 2])."""
     plain = dataclasses.replace(model, params=lora.merge(model.params, jnp.float32))
     rows = [p + c.tokens for p, c in zip(prompts, completions)]
     length = max(len(r) for r in rows)

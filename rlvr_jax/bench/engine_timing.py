@@ -73,9 +73,8 @@ def run_lengths(core: EngineCore, prompts: list, lengths: list[int], batching: s
 
 
 class LiveSlots:
-    """`core` with every slot live on one prompt (its K/V written into every slot): `chunk()`
-    runs `core.chunk` decode steps and waits for them; `hlo()` compiles that program explicitly
-    (the chunks run it from then on) and returns its HLO text."""
+    """`core` with every slot live on one prompt: `chunk()` runs `core.chunk` decode steps and
+    waits; `hlo()` compiles that program (run by the chunks from then on), its HLO text."""
 
     def __init__(self, core: EngineCore, prompt: list[int]):
         self.core, slots, self.compiled = core, list(range(core.spec.max_slots)), None
