@@ -31,20 +31,11 @@ def vllm_engine(model: Any, cfg: Any) -> Any:
     """A `VllmEngine` serving `model`'s checkpoint in `cfg.dtype` for the throughput shape."""
     from rlvr_jax.rollout.backends import vllm as backend
 
-    max_len = cfg.prompt + cfg.new
-    args = backend.engine_args(
-        model,
-        dtype=cfg.dtype,
-        max_slots=cfg.batch,
-        max_len=max_len,
-        kv_cache_memory_bytes=backend.kv_cache_bytes(
-            model.config, dtype_bytes=np.dtype(model.param_dtype).itemsize,
-            max_slots=cfg.batch, max_len=max_len, page_size=16,
-        ),
-        prefill_chunk=cfg.batch * cfg.prompt,
-        seed=cfg.seed,
-    )  # fmt: skip
-    return backend.VllmEngine(model, args)
+    shape = dict(max_slots=cfg.batch, max_len=cfg.prompt + cfg.new)
+    dtype_bytes = np.dtype(model.param_dtype).itemsize
+    kv_bytes = backend.kv_cache_bytes(model.config, dtype_bytes=dtype_bytes, page_size=16, **shape)
+    kw = dict(dtype=cfg.dtype, kv_cache_memory_bytes=kv_bytes, prefill_chunk=cfg.batch * cfg.prompt)
+    return backend.VllmEngine(model, backend.engine_args(model, seed=cfg.seed, **kw, **shape))
 
 
 def vllm_generate(engine: Any, prompts: list[list[int]], new: int, seed: int) -> int:

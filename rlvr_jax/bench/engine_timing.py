@@ -141,10 +141,8 @@ def _part(line: str) -> str | None:
 
 
 def hlo_ops(hlo_text: str) -> dict[str, dict[str, str]]:
-    """Every instruction of a compiled module's HLO text: name -> {"opcode", "part", "what"} —
-    `part` the innermost `PARTS` scope of its op_name, else (a fusion whose own metadata names
-    none) the commonest among the instructions it calls, else "other"; `what` e.g. `dot
-    f32[32,512] x f32[512,5632] -> f32[32,5632]`."""
+    """Every instruction of a compiled module's HLO text: name -> {"opcode", "part" (`_part`,
+    or a fusion's commonest among its callees', else "other"), "what" (`dot f32[..] x ..`)}."""
     shapes, rows, called, computation = {}, [], {}, None
     for line in hlo_text.splitlines():
         if line.startswith(("%", "ENTRY")) and line.rstrip().endswith("{"):
@@ -174,10 +172,9 @@ def hlo_ops(hlo_text: str) -> dict[str, dict[str, str]]:
 
 
 def step_profile(live: LiveSlots, name: str, top: int = 12) -> tuple[dict, dict]:
-    """`live`'s decode chunk traced (`common.trace_op_times`), its ops labelled from the
-    compiled program (`hlo_ops`; control flow left out: its body's ops count). Returns
-    ({"op_ms_per_step", "parts": ms per step by `PARTS`, largest first}, the `top` ops by time
-    as {"<name> <op>": {"part", "ms_per_step", "share", "calls_per_step", "what"}})."""
+    """`live`'s decode chunk traced, its ops labelled by `hlo_ops` (control flow left out):
+    ({"op_ms_per_step", "parts": ms per step by `PARTS`}, the `top` ops by time, each keyed
+    "<name> <op>")."""
     ops, steps = hlo_ops(live.hlo()), live.core.chunk
     live.chunk()  # warm
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,11 +1,7 @@
-"""`rlvr-bench learner`: train-step tokens/s of the real learner and the FLOPs fraction it
-achieves against this machine's own measured matmul peak.
-
-Timed (best of `repeats`, compiled ahead of time): the trainer's step (the loss preset,
-`n_micro` accumulation, AdamW) on an RL batch of varied lengths (`inputs.synthetic_batch`),
-and the old-log-prob forward alone. `achieved_flops_fraction` = train FLOPs
-(`common.train_flops`; with LoRA the base's forward and activation backward plus 6·P_lora per
-token) / step seconds / the measured peak (`_peak_gflops`); `mfu` against the datasheet."""
+"""`rlvr-bench learner`: train-step tokens/s of the real learner (the loss preset, `n_micro`
+accumulation, AdamW; `inputs.synthetic_batch`) and of the old-log-prob forward, with the FLOPs
+fraction achieved (`common.train_flops`; LoRA: the base's forward and activation backward plus
+6·P_lora a token) against the measured peak (`_peak_gflops`), `mfu` against the datasheet."""
 
 from __future__ import annotations
 
