@@ -177,15 +177,17 @@ class Timings:
         return self.cpu_s[i] / (self.wall_s[i] * cpus)
 
 
-def time_calls(fn: Callable[[], Any], repeats: int) -> Timings:
-    """Times `repeats` calls of `fn` (blocking until its result is ready) after a warm-up call."""
+def time_calls(fn: Callable, repeats: int, *args: Any) -> Timings:
+    """Times `repeats` calls of `fn(*args)`, each to its result, after a warm-up call."""
+    import jax
+
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    fn()
+    jax.block_until_ready(fn(*args))
     wall, cpu = [], []
     for _ in progress.steps(range(repeats), "timed call"):
         start_wall, start_cpu = time.perf_counter(), time.process_time()
-        fn()
+        jax.block_until_ready(fn(*args))
         wall.append(time.perf_counter() - start_wall)
         cpu.append(time.process_time() - start_cpu)
     return Timings(tuple(wall), tuple(cpu))

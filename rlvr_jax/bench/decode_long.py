@@ -224,10 +224,9 @@ def run(cfg: Any) -> dict:
     fills, by_slots = {}, {}
     for name, core in engines.items():
         progress.line(f"{name}: timing decode steps at fills {list(lc.fills)} of {pool_tokens:,}")
-        fills[name] = step_ms_at_fill(core, pool_tokens, lc.fills, lc.fill_repeats)
-        by_slots[name] = step_ms_at_fill(
-            core, pool_tokens, lc.fills, lc.fill_repeats, fewer_slots=True
-        )
+        args = (core, pool_tokens, lc.fills, lc.fill_repeats)
+        fills[name] = step_ms_at_fill(*args)
+        by_slots[name] = step_ms_at_fill(*args, fewer_slots=True)
     paged, tail = fills["paged"], by_slots["paged"]
     long = {
         "tokens_per_s": {k: r["tokens_per_s"] for k, r in runs.items()},

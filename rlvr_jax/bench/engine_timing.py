@@ -100,8 +100,7 @@ class LiveSlots:
 
 def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:
     """Seconds per prefill of one prompt and per decode step with every slot live."""
-    dp = core.params
-    prefix, one = core.prefill(dp, prompts[0]), [SlotRequest(0, 0, 10**6)]
+    prefix, one = core.prefill(core.params, prompts[0]), [SlotRequest(0, 0, 10**6)]
     holder = {"state": core.init_decode_state()}
 
     def prefill() -> Any:
