@@ -1,10 +1,6 @@
-"""`rlvr-bench learner --workload attention-memory`: peak memory of one learner micro-batch
-per attention kernel (`model.attention_impl`) as the row length T grows to 8K tokens.
-
-The real train step, compiled from abstract shapes (nothing allocated) for each kernel that runs
-here; XLA's buffer assignment: `temp_bytes` and `peak_bytes` = temp + arguments + outputs.
-`growth` = Δ(T/2 → T) / Δ(T/4 → T/2) at the largest T: ≈ 2 where the kernel's memory is linear
-in T, ≈ 4 where quadratic (the rest of the step is linear).
+"""`rlvr-bench learner --workload attention-memory`: XLA's peak memory of one learner
+micro-batch per attention kernel as the row length T grows (`temp_bytes`, `peak_bytes`), the
+real train step compiled from abstract shapes; `growth` ≈ 2 linear in T, ≈ 4 quadratic.
 """
 
 from __future__ import annotations

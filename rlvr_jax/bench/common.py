@@ -1,14 +1,8 @@
 """Helpers every `rlvr-bench` subcommand shares: the bench model, FLOP counts, datasheet peaks,
 timing and op profiles, machine info, JSON writing, tables and plots.
 
-The bench model is `ModelSize` (Qwen2-shaped, D = 512, 8 layers, 32K vocab, tied embeddings),
-which every benchmark's config extends (`ModelSize.arch`, `ModelSize.model`), so that learner
-and decode figures describe one model.
-
-FLOPs follow the usual model-FLOPs convention (PaLM, Megatron): a forward pass costs
-2 FLOPs per matmul parameter per token (the LM head included, the embedding lookup not) plus
-attention, 2·2·L·N·H·T per token for q·k and p·v over the T keys of the row (the dense
-masked attention the learner computes); a training step costs 3x its forward.
+Every benchmark's config extends `ModelSize`, so that learner and decode figures describe one
+model; FLOPs follow the model-FLOPs convention of PaLM and Megatron (`token_flops`).
 """
 
 from __future__ import annotations
@@ -55,17 +49,13 @@ def datasheet(device_kind: str) -> dict[str, Any] | None:
 
 
 def option(default: Any, flag: str | None = "", **argparse: Any) -> Any:
-    """A benchmark config field whose flag is not the plain `--<field-name>`
-    (`rlvr_jax.bench.table`): `flag` its name (None: no flag), `argparse` more keywords of
-    `add_argument` (choices, type, metavar)."""
+    """A config field whose flag is not the plain `--<field-name>` (`rlvr_jax.bench.table`)."""
     return dataclasses.field(default=default, metadata={"flag": flag, **argparse})
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelSize:
-    """The bench model's sizes: a random Qwen2-shaped model (tied embeddings, GQA, q/k/v
-    biases); the defaults make the 56M-parameter bench model. Every benchmark's config
-    extends it."""
+    """The bench model's sizes (`hf_config_dict`); the defaults make the 56M-parameter one."""
 
     d_model: int = 512
     """D: hidden size."""
@@ -135,28 +125,21 @@ def token_flops(arch: ArchConfig, context: float) -> float:
     return 2.0 * matmul_params(arch) + attention
 
 
-def decode_step_bytes(
-    arch: ArchConfig, *, slots: int, context: float, param_bytes: int, cache_bytes: int
-) -> float:
-    """Bytes one decode step must read at the least: every matmul weight once
-    (`matmul_params` × `param_bytes`) and each of `slots` sequences' cached K and V over
-    `context` positions (2·L·K·H per position × `cache_bytes`): the numerator of the decode
-    step's memory-bandwidth (HBM) roofline fraction."""
-    kv = 2 * arch.n_layers * arch.n_kv_heads * arch.head_dim * cache_bytes
-    return matmul_params(arch) * param_bytes + slots * context * kv
-
-
 WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "int8": 1, "fp8": 1}
 """Bytes per matmul weight of each decode weight dtype."""
 
 
 def step_bandwidth(
-    arch: ArchConfig, roof: Mapping[str, Any], step_s: float, **sizes: Any
-) -> dict[str, Any]:
-    """A decode step of `step_s` seconds against its bytes at the least (`decode_step_bytes` of
-    `sizes`): {"step_bytes", "step_gbps", "memory_fraction" (of `roof`'s measured memory
-    bandwidth), "memory_fraction_datasheet" (of the datasheet's HBM bandwidth on a GPU/TPU)}."""
-    step_bytes = decode_step_bytes(arch, **sizes)
+    arch: ArchConfig, roof: Mapping[str, Any], step_s: float, *, slots: int, context: float,
+    param_bytes: int, cache_bytes: int,
+) -> dict[str, Any]:  # fmt: skip
+    """A decode step of `step_s` seconds against the bytes it must read at the least: every
+    matmul weight once (`matmul_params` × `param_bytes`) and each of `slots` sequences' cached K
+    and V over `context` positions (2·L·K·H per position × `cache_bytes`). {"step_bytes",
+    "step_gbps", "memory_fraction" (of `roof`'s measured memory bandwidth),
+    "memory_fraction_datasheet" (of the datasheet's HBM bandwidth on a GPU/TPU)}."""
+    kv = 2 * arch.n_layers * arch.n_kv_heads * arch.head_dim * cache_bytes
+    step_bytes = matmul_params(arch) * param_bytes + slots * context * kv
     gbps, sheet = step_bytes / step_s / 1e9, roof["datasheet"]
     return {"step_bytes": step_bytes, "step_gbps": gbps,
             "memory_fraction": gbps / roof["memory_gbps"],
@@ -164,14 +147,12 @@ def step_bandwidth(
 
 
 def forward_flops(arch: ArchConfig, rows: int, seq: int) -> float:
-    """FLOPs of one forward over `rows` × `seq` tokens, each query attending to `seq` keys
-    (`token_flops`)."""
+    """FLOPs of one forward over `rows` × `seq` tokens, each attending to `seq` keys."""
     return rows * seq * token_flops(arch, seq)
 
 
 def train_flops(arch: ArchConfig, rows: int, seq: int) -> float:
-    """FLOPs of one training step (forward + backward) = 3 × `forward_flops`
-    (6·P·tokens + attention)."""
+    """FLOPs of one training step (forward + backward) = 3 × `forward_flops`."""
     return 3.0 * forward_flops(arch, rows, seq)
 
 
@@ -196,16 +177,17 @@ class Timings:
         return self.cpu_s[i] / (self.wall_s[i] * cpus)
 
 
-def time_calls(fn: Callable[[], Any], repeats: int) -> Timings:
-    """Times `repeats` calls of `fn` (which must block until its result is ready), after one
-    untimed warm-up call."""
+def time_calls(fn: Callable, repeats: int, *args: Any) -> Timings:
+    """Times `repeats` calls of `fn(*args)`, each to its result, after a warm-up call."""
+    import jax
+
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    fn()
+    jax.block_until_ready(fn(*args))
     wall, cpu = [], []
     for _ in progress.steps(range(repeats), "timed call"):
         start_wall, start_cpu = time.perf_counter(), time.process_time()
-        fn()
+        jax.block_until_ready(fn(*args))
         wall.append(time.perf_counter() - start_wall)
         cpu.append(time.process_time() - start_cpu)
     return Timings(tuple(wall), tuple(cpu))
@@ -304,10 +286,8 @@ def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
 
 
 def machine_info(load_before: Any = None) -> dict[str, Any]:
-    """Where a benchmark ran: platform, device kind and count, host, CPUs (count, model and
-    vector ISA: `cpu_info`), jax version and the 1/5/15-minute load averages (other processes
-    share the cores); given the load averages when the run started (`load_before`), also
-    `loadavg_before` and `loadavg_after` (now)."""
+    """Where a benchmark ran: device, host, CPUs (`cpu_info`), jax version and the load averages
+    (with `load_before`, the run's start's: also `loadavg_before` and `loadavg_after`)."""
     import platform
 
     import jax
@@ -379,11 +359,7 @@ def format_value(value: Any) -> str:
     """A table cell: ints as they are, floats with 4 significant digits, None as '-'."""
     if value is None:
         return "-"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if not math.isfinite(value):
+    if not isinstance(value, float) or not math.isfinite(value):  # ints, bools, text
         return str(value)
     if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
         return f"{value:.3e}"

@@ -1,38 +1,10 @@
 """`rlvr-bench decode`: tokens/s of our continuous engine, our static mode and transformers'
-`generate` on the same random Qwen2-shaped weights, plus a long-tailed workload comparing
-continuous with static batching wall time.
-
-Workload 1 (throughput): `batch` prompts of `prompt` tokens, `new` tokens each, T = 1, no
-stop token; tokens/s counts generated tokens only (prefill time included in the wall).
-Workload 2 (long tail): `long_requests` prompts of `long_prompt` tokens whose budgets (up
-to `long_new`) have mean/max ~ 0.45 (as OLMo 3's ~14K of 32K; prompts short next to the
-generations, as in RL), on `batch` slots; static batching pays 1 - mean/max of its
-slot-steps, continuous only the final drain.
-
-The other workloads (`--workload`, `--weight-dtype`, `--lora-rank`): `decode_long`,
-`multiturn` and `decode_weights`, each described in its module.
-
-`--workload step`: the decode step alone at each `--shapes` SLOTSxCONTEXT, for `--dtype` and
-`--weight-dtype` beside it, every slot of a paged engine live at CONTEXT positions, `chunk`
-steps timed in interleaved rounds: ms a step, tokens/s, least bytes (`common.step_bandwidth`)
-per second over the measured bandwidth (`step["<shape> <weights>"]`). `--profile`: each
-engine's decode step op by op (`engine_timing.step_profile`: `op_profile`, `top_ops`).
-
-`roofline_fraction`: model FLOPs of workload 1 (2 x matmul params per prompt and generated
-token, plus attention) per second, over this machine's measured fp32 matmul throughput
-(`rlvr-bench roofline`). `profile` splits our engine's time into prefill, decode steps and
-the rest (`host_and_other_share`), and `host_share` times the host directly: the scheduler's
-Python between device calls in one more continuous run, every device call timed to its result
-(`engine_timing.host_share`); `decode_step_memory_fraction` is the bytes a decode step must read
-(`common.decode_step_bytes`) per measured step second over the measured memory bandwidth
-(and over the datasheet's HBM bandwidth on a GPU/TPU).
-
-`--preset`: `bench` (default; the 56M bench model), `quick` (smoke test), `gpu-1b` (≈1B
-params, bf16). On a GPU transformers runs on CUDA too.
-
-`--peer vllm` (`rlvr_jax.bench.decode_vllm`): our continuous engine beside vLLM on one HF
-checkpoint per dtype (`--peer-dtypes`: fp32 and bf16), interleaved rounds; needs vLLM (its CPU
-build: `bash scripts/setup_env.sh --vllm`, docs/vllm.md).
+`generate` on the same random Qwen2-shaped weights (the throughput workload: `batch` prompts,
+`new` tokens each, T = 1, no stop token), continuous against static batching on long-tailed
+budgets, and where the engine's time goes (`profile`); `--workload step` times the decode step
+alone at `--shapes`. The other workloads (`--workload long|multiturn`, `--weight-dtype`,
+`--lora-rank`, `--peer vllm`) live in `decode_long`, `multiturn`, `decode_weights` and
+`decode_vllm`. docs/benchmarks.md describes the figures.
 """
 
 from __future__ import annotations
@@ -55,18 +27,16 @@ from rlvr_jax.bench.engine_timing import (
     host_share,
     interleaved_best,
     profile_engine,
+    roofline_fractions,
     run_lengths,
     step_profile,
+    timed_generate,
 )
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.bench.roofline import best_roofline
 from rlvr_jax.bench.table import Bars, Bench
 from rlvr_jax.bench.waste import continuous_steps, static_steps, waste
-from rlvr_jax.rollout import (
-    EngineCore,
-    SamplingParams,
-    generate,
-)
+from rlvr_jax.rollout import EngineCore, SamplingParams, generate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,16 +120,12 @@ PRESETS = {
     "quick": QUICK,
     "gpu-1b": BenchConfig(**common.SIZES_1B, dtype="bfloat16", long_requests=64, long_new=128),
 }
-"""`--preset`: the 56M bench model (default), the smoke test's tiny one, and the ≈1B model of
-`common.SIZES_1B` in bf16 (a shorter long-tailed workload) for one H100/H200-class GPU."""
+"""`--preset`: the 56M bench model, the smoke test's, and ≈1B in bf16 (`common.SIZES_1B`)."""
 
 
 def long_tail_lengths(n: int, max_len: int, mean_over_max: float, seed: int) -> list[int]:
-    """`n` budgets in [1, max_len], the longest = max_len, mean/max ~ `mean_over_max`.
-
-    u ~ Uniform(0, 1) (u = 1 for one request), length = ceil(max_len · u^γ), with γ found by
-    bisection so that the mean hits the target: γ > 1 skews towards short, with a tail up to
-    the max (the shape of RL response lengths)."""
+    """`n` budgets ceil(max_len · u^γ), u ~ Uniform(0, 1) (1 for one request), γ bisected so
+    that mean/max ~ `mean_over_max` (skewed short with a tail to the max, as RL lengths)."""
     if not 0 < mean_over_max < 1 or n < 2 or max_len < 2:
         raise ValueError(
             f"need n >= 2, max_len >= 2, 0 < mean_over_max < 1; got {n}, {max_len}, {mean_over_max}"
@@ -195,9 +161,11 @@ def _hf_generate(hf: Any, prompts: np.ndarray, new: int) -> float:
     return seconds
 
 
+_BATCHING = ("continuous", "static")
+
+
 def run(cfg: BenchConfig) -> dict:
-    """The config's workload (`BenchConfig.workload`; decode weights given `weight_dtype` or
-    `lora_rank`, beside a peer given `peer`); the JSON-able result."""
+    """The config's workload (or peer, or decode weights); the JSON-able result."""
     if cfg.peer == "vllm":
         return decode_vllm.run(cfg)
     if cfg.workload == "multiturn":
@@ -215,8 +183,7 @@ def run(cfg: BenchConfig) -> dict:
 
 
 def run_short(cfg: BenchConfig) -> dict:
-    """Runs the throughput and long-tailed workloads and the roofline probe; the JSON-able
-    result."""
+    """The throughput and long-tailed workloads, the profile and the roofline probe."""
     rng = np.random.default_rng(cfg.seed)
     progress.line("building the model (random weights, HF's twin unless --skip-hf)")
     if cfg.skip_hf:
@@ -230,19 +197,12 @@ def run_short(cfg: BenchConfig) -> dict:
     n_tokens = cfg.batch * cfg.new
     kw = dict(max_new_tokens=cfg.new, temperature=1.0, seed=cfg.seed)
     throughput = {
-        b: functools.partial(generate, core, prompts, batching=b, **kw)
-        for b in ("continuous", "static")
+        b: functools.partial(generate, core, prompts, batching=b, **kw) for b in _BATCHING
     }
     if not cfg.skip_hf:
         throughput["hf_generate"] = functools.partial(_hf_generate, hf, prompts_np, cfg.new)
         _hf_generate(hf, prompts_np[:, : min(8, cfg.prompt)], 2)  # warm up
-    progress.line("throughput workload: compiling and warming up the engine")
-    for b in ("continuous", "static"):
-        throughput[b]()  # compile + warm up
-    walls, outs = interleaved_best(throughput, cfg.repeats)
-    for b in ("continuous", "static"):
-        if sum(len(c.tokens) for c in outs[b]) != n_tokens:
-            raise RuntimeError(f"{b}: wrong number of generated tokens")
+    walls = timed_generate(throughput, cfg.repeats, n_tokens, warm=_BATCHING)[0]
     tokens_per_s = {k: n_tokens / v for k, v in walls.items()}
 
     lengths = long_tail_lengths(cfg.long_requests, cfg.long_new, cfg.mean_over_max, cfg.seed)
@@ -252,43 +212,34 @@ def run_short(cfg: BenchConfig) -> dict:
     )
     progress.line("long-tailed workload: compiling and warming up")
     run_lengths(long_core, long_prompts[: cfg.batch], lengths[: cfg.batch], "continuous")
-    long_walls, stats = interleaved_best(
-        {
-            b: functools.partial(run_lengths, long_core, long_prompts, lengths, b)
-            for b in ("continuous", "static")
-        },
-        cfg.repeats,
-    )
+    long_runs = {b: functools.partial(run_lengths, long_core, long_prompts, lengths, b)
+                 for b in _BATCHING}  # fmt: skip
+    long_walls, stats = interleaved_best(long_runs, cfg.repeats)
     progress.line("profile: prefill and decode step")
     profile = profile_engine(core, prompts, cfg.repeats)
     ops = step_profile(LiveSlots(core, prompts[0]), "continuous") if cfg.profile else None
     host = host_share(core, throughput["continuous"])
     roof = best_roofline(cfg.quick)
-    config = model.config
-    work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(config, cfg.prompt + cfg.new / 2)
-    fraction = {k: work / wall / (roof["peak_gflops_fp32"] * 1e9) for k, wall in walls.items()}
+    fraction = roofline_fractions(model.config, cfg, roof, walls)
+    wall = walls["continuous"]
     prefill_total = profile["prefill_s_per_prompt"] * cfg.batch
     decode_total = profile["decode_ms_per_step"] * 1e-3 * cfg.new
-    # the decode step's bytes at the least (weights once, the KV cache at the prompt length)
-    step = common.step_bandwidth(
-        config, roof, profile["decode_ms_per_step"] * 1e-3, slots=cfg.batch, context=cfg.prompt,
-        param_bytes=model.param_dtype.itemsize,
+    step = common.step_bandwidth(  # the KV cache at the prompt length
+        model.config, roof, profile["decode_ms_per_step"] * 1e-3, slots=cfg.batch,
+        context=cfg.prompt, param_bytes=model.param_dtype.itemsize,
         cache_bytes=jnp.dtype(core.spec.cache_dtype).itemsize,
     )  # fmt: skip
     profile.update(
-        {
-            "continuous_wall_s": walls["continuous"],
-            "prefill_share": prefill_total / walls["continuous"],
-            "decode_share": decode_total / walls["continuous"],
-            "host_and_other_share": 1 - (prefill_total + decode_total) / walls["continuous"],
-            # timed directly: the scheduler's Python between device calls, one more run
-            "host_share": host["share"],
-            "host_s": host["host_s"],
-            "host_run_wall_s": host["wall_s"],
-            **{f"decode_step_{k.removeprefix('step_')}": v for k, v in step.items()},
-        }
+        continuous_wall_s=wall,
+        prefill_share=prefill_total / wall,
+        decode_share=decode_total / wall,
+        host_and_other_share=1 - (prefill_total + decode_total) / wall,
+        host_share=host["share"],
+        host_s=host["host_s"],
+        host_run_wall_s=host["wall_s"],
+        **{f"decode_step_{k.removeprefix('step_')}": v for k, v in step.items()},
     )
-    mean_over_max = float(np.mean(lengths) / np.max(lengths))
+    hf_ratio = None if cfg.skip_hf else tokens_per_s["continuous"] / tokens_per_s["hf_generate"]
     return {
         "tokens_per_s": tokens_per_s,
         "wall_s": long_walls,
@@ -296,22 +247,21 @@ def run_short(cfg: BenchConfig) -> dict:
         "roofline_fraction_by_mode": fraction,
         "decode_step_memory_fraction": profile["decode_step_memory_fraction"],
         "ratios": {
-            "continuous_over_hf_tokens_per_s": (
-                None if cfg.skip_hf else tokens_per_s["continuous"] / tokens_per_s["hf_generate"]
-            ),
+            "continuous_over_hf_tokens_per_s": hf_ratio,
             "continuous_over_static_wall_long_tail": long_walls["continuous"]
             / long_walls["static"],
         },
         "long_tail": {
             "requests": cfg.long_requests,
-            "mean_over_max": mean_over_max,
+            "mean_over_max": float(np.mean(lengths) / np.max(lengths)),
             "predicted_waste": {
                 "static": waste(lengths, static_steps(lengths, cfg.batch), cfg.batch),
                 "continuous": waste(lengths, continuous_steps(lengths, cfg.batch), cfg.batch),
             },
-            "waste": {k: s.waste for k, s in stats.items()},
-            "decode_steps": {k: s.decode_steps for k, s in stats.items()},
-            "decode_calls": {k: s.decode_calls for k, s in stats.items()},
+            **{
+                k: {b: getattr(s, k) for b, s in stats.items()}
+                for k in ("waste", "decode_steps", "decode_calls")
+            },
         },
         "profile": profile,
         "op_profile": ops and {"continuous": ops[0]},
@@ -322,8 +272,8 @@ def run_short(cfg: BenchConfig) -> dict:
             "hf_device": str(hf.device) if hf is not None else None,
         },
         "config": {
-            "model": config.to_hf(),
-            "params": config.n_params(),
+            "model": model.config.to_hf(),
+            "params": model.config.n_params(),
             "sampling": dataclasses.asdict(SamplingParams()),
         },
     }

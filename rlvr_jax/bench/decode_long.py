@@ -1,12 +1,8 @@
 """`rlvr-bench decode --workload long`: the paged engine against the contiguous one given the
-same KV memory, on long, long-tailed rollouts (one run, ratios in that run).
-
-`requests` prompts, LogNormal completion budgets up to `capacity` (mean/max 0.45, OLMo 3's
-shape; no stop token). The contiguous engine holds `contiguous_slots` rows; the paged one a
-pool of as many bytes for up to `paged_slots` sequences. Both run the workload through the
-scheduler, interleaved (tokens/s over each one's wall). Then one decode chunk per pool fill f:
-all slots live at shorter lengths (`step_ms_at_fill`, a rollout's start) or f of the slots at
-full length (`..._fewer_slots`, its tail), with lines ms = a + b · live tokens."""
+same KV memory, on long, long-tailed rollouts (LogNormal budgets, interleaved through the
+scheduler), then one decode chunk per pool fill: all slots live at shorter lengths
+(`step_ms_at_fill`) or fewer slots at full length (`..._fewer_slots`), with lines
+ms = a + b · live tokens."""
 
 from __future__ import annotations
 
@@ -228,10 +224,9 @@ def run(cfg: Any) -> dict:
     fills, by_slots = {}, {}
     for name, core in engines.items():
         progress.line(f"{name}: timing decode steps at fills {list(lc.fills)} of {pool_tokens:,}")
-        fills[name] = step_ms_at_fill(core, pool_tokens, lc.fills, lc.fill_repeats)
-        by_slots[name] = step_ms_at_fill(
-            core, pool_tokens, lc.fills, lc.fill_repeats, fewer_slots=True
-        )
+        args = (core, pool_tokens, lc.fills, lc.fill_repeats)
+        fills[name] = step_ms_at_fill(*args)
+        by_slots[name] = step_ms_at_fill(*args, fewer_slots=True)
     paged, tail = fills["paged"], by_slots["paged"]
     long = {
         "tokens_per_s": {k: r["tokens_per_s"] for k, r in runs.items()},

@@ -1,20 +1,12 @@
-"""`rlvr-bench decode --peer vllm`: our continuous engine and vLLM on the same weights (one HF
-checkpoint per dtype), the same prompts, shape and sampling, in fp32 and bf16, timed in
-interleaved rounds in one process.
+"""`rlvr-bench decode --peer vllm`: our continuous engine (`rollout.generate`) and vLLM on
+`rlvr-bench decode`'s throughput workload, the same weights (one HF checkpoint per dtype),
+prompts and sampling, in interleaved rounds in one process (docs/vllm.md).
 
-The workload is `rlvr-bench decode`'s throughput workload (`batch` prompts of `prompt` random
-tokens, `new` tokens each, T = 1, no stop token; tokens/s counts generated tokens, prefill
-included in the wall). vLLM runs as a user would run it: its `LLMEngine` (in this process,
-`VLLM_ENABLE_V1_MULTIPROCESSING=0`), `max_num_seqs` = `batch`, a KV cache of `batch` full rows,
-every prompt prefilled in one step, its default compilation (torch.compile, after a warm-up
-call), requests added and the engine stepped until done, final outputs only (no per-step
-Python of ours). Our engine: `EngineCore` with `batch` slots, `rollout.generate`.
-
-Reported: `tokens_per_s.continuous.<dtype>`, `peers.vllm.tokens_per_s.<dtype>`,
-`ratios.continuous_over_vllm.<dtype>`, `machine` (CPU model and vector ISA, load before and
-after, threads), `roofline` (`rlvr-bench roofline`'s probe, run after the timings) and
-`load` (1-minute load around each dtype's rounds). Needs vLLM: its CPU build in the vLLM venv
-(`bash scripts/setup_env.sh --vllm`; docs/vllm.md).
+vLLM runs as a user would run it: its `LLMEngine` in this process
+(`VLLM_ENABLE_V1_MULTIPROCESSING=0`), `max_num_seqs` = `batch`, a KV cache of `batch` full
+rows, every prompt prefilled in one step, its default compilation (torch.compile, warmed up),
+requests added and the engine stepped until done, final outputs only. Needs vLLM's CPU build
+(`bash scripts/setup_env.sh --vllm`).
 """
 
 from __future__ import annotations
@@ -28,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from rlvr_jax.bench import progress
-from rlvr_jax.bench.engine_timing import interleaved_best
+from rlvr_jax.bench.engine_timing import timed_generate
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.bench.roofline import best_roofline
 
@@ -39,20 +31,11 @@ def vllm_engine(model: Any, cfg: Any) -> Any:
     """A `VllmEngine` serving `model`'s checkpoint in `cfg.dtype` for the throughput shape."""
     from rlvr_jax.rollout.backends import vllm as backend
 
-    max_len = cfg.prompt + cfg.new
-    args = backend.engine_args(
-        model,
-        dtype=cfg.dtype,
-        max_slots=cfg.batch,
-        max_len=max_len,
-        kv_cache_memory_bytes=backend.kv_cache_bytes(
-            model.config, dtype_bytes=np.dtype(model.param_dtype).itemsize,
-            max_slots=cfg.batch, max_len=max_len, page_size=16,
-        ),
-        prefill_chunk=cfg.batch * cfg.prompt,
-        seed=cfg.seed,
-    )  # fmt: skip
-    return backend.VllmEngine(model, args)
+    shape = dict(max_slots=cfg.batch, max_len=cfg.prompt + cfg.new)
+    dtype_bytes = np.dtype(model.param_dtype).itemsize
+    kv_bytes = backend.kv_cache_bytes(model.config, dtype_bytes=dtype_bytes, page_size=16, **shape)
+    kw = dict(dtype=cfg.dtype, kv_cache_memory_bytes=kv_bytes, prefill_chunk=cfg.batch * cfg.prompt)
+    return backend.VllmEngine(model, backend.engine_args(model, seed=cfg.seed, **kw, **shape))
 
 
 def vllm_generate(engine: Any, prompts: list[list[int]], new: int, seed: int) -> int:
@@ -105,14 +88,9 @@ def run(cfg: Any) -> dict[str, Any]:
                 ),
                 "vllm": functools.partial(vllm_generate, engine, prompts, c.new, c.seed),
             }
-            progress.line(f"{dtype}: compiling and warming up both engines")
-            for fn in fns.values():
-                fn()
             before = os.getloadavg()[0]
-            walls, outs = interleaved_best(fns, c.repeats)
+            walls = timed_generate(fns, c.repeats, n_tokens)[0]
             load[dtype] = [before, os.getloadavg()[0]]
-            if sum(len(x.tokens) for x in outs["continuous"]) != n_tokens:
-                raise RuntimeError("continuous: wrong number of generated tokens")
             for name, wall in walls.items():
                 tps[name][dtype] = n_tokens / wall
             del engine

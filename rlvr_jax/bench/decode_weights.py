@@ -1,12 +1,7 @@
 """`rlvr-bench decode --weight-dtype D [--lora-rank R]`: the engine decoding from quantized (or
-bf16) weights against the same engine at the compute dtype, in interleaved rounds of `rlvr-bench
-decode`'s throughput workload, and what a LoRA push costs.
-
-Mismatch per generated token, engine against fp32 learner log-probs, as the trainer reports it
-(`kl_sampler_learner`: mean k3; |δ|; TIS weights outside [0.5, 2]). With LoRA: `push`, an
-adapters-only push against a whole-policy one, and `apply`, one decode step's projections
-merged against adapters applied in the step, with the break-even push interval (docs/lora.md).
-Roofline: FLOPs/s over the fp32 peak; a step's minimal bytes per second over the bandwidth."""
+bf16) weights against the same engine at the compute dtype on `rlvr-bench decode`'s throughput
+workload, with the sampler-learner mismatch it causes (`_mismatch`); with LoRA, what a push
+costs (`push`) and merged against applied adapters in a decode step (`apply`, docs/lora.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +15,12 @@ import numpy as np
 
 from rlvr_jax import models
 from rlvr_jax.bench import common, progress
-from rlvr_jax.bench.engine_timing import interleaved_best, profile_engine
+from rlvr_jax.bench.engine_timing import (
+    interleaved_best,
+    profile_engine,
+    roofline_fractions,
+    timed_generate,
+)
 from rlvr_jax.bench.roofline import best_roofline
 from rlvr_jax.losses.kl import kl_per_token
 from rlvr_jax.models import lora, quant
@@ -43,7 +43,8 @@ def _policy(cfg: Any, lora_rank: int) -> models.Model:
 
 
 def _mismatch(model: models.Model, prompts: list[list[int]], completions: list[Any]) -> dict:
-    """Per-token sampler vs learner log-prob figures (module docstring)."""
+    """Per generated token, the engine's log-probs against fp32 learner ones, as the trainer
+    reports them (`kl_sampler_learner`: mean k3; |δ|; TIS weights outside [0.5, 2])."""
     plain = dataclasses.replace(model, params=lora.merge(model.params, jnp.float32))
     rows = [p + c.tokens for p, c in zip(prompts, completions)]
     length = max(len(r) for r in rows)
@@ -84,21 +85,14 @@ def run(cfg: Any) -> dict:
     engines = {name: EngineCore(model, weight_dtype=name, **kw) for name in names}
     sample = dict(max_new_tokens=cfg.new, temperature=1.0, seed=cfg.seed)
     fns = {n: functools.partial(generate, e, prompts, **sample) for n, e in engines.items()}
-    progress.line("compiling and warming up")
-    for fn in fns.values():
-        fn()
-    walls, outs = interleaved_best(fns, cfg.repeats)
     n_tokens = cfg.batch * cfg.new
-    for name, out in outs.items():
-        if sum(len(c.tokens) for c in out) != n_tokens:
-            raise RuntimeError(f"{name}: wrong number of generated tokens")
+    walls, outs = timed_generate(fns, cfg.repeats, n_tokens)
     progress.line("mismatch: the learner's log-probs of the sampled tokens")
     mismatch = {n: _mismatch(model, prompts, outs[n]) for n in names}
     progress.line("profile: decode step")
     profile = {n: profile_engine(e, prompts, cfg.repeats) for n, e in engines.items()}
     roof = best_roofline(cfg.quick)
     arch = model.config
-    work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(arch, cfg.prompt + cfg.new / 2)
     memory_fraction = {
         n: common.step_bandwidth(
             arch, roof, profile[n]["decode_ms_per_step"] * 1e-3, slots=cfg.batch,
@@ -113,7 +107,7 @@ def run(cfg: Any) -> dict:
         "mismatch": mismatch,
         "decode_weight_bytes": {n: quant.nbytes(engines[n].params) for n in names},
         "profile": profile,
-        "roofline_fraction": {n: work / walls[n] / (roof["peak_gflops_fp32"] * 1e9) for n in names},
+        "roofline_fraction": roofline_fractions(arch, cfg, roof, walls),
         "decode_step_memory_fraction": memory_fraction,
         "roofline": roof,
     }

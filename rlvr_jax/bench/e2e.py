@@ -1,12 +1,8 @@
-"""`rlvr-bench e2e`: the demo RL setup in sync and in async mode for the same number of
-optimizer steps and batch shape, beside TRL's GRPOTrainer (where `trl` is installed) and, with
-vLLM installed (docs/vllm.md), our async trainer on `rollout.backend: vllm` and TRL generating
-with vLLM colocated (`peers.trl_vllm`; a peer's failure is reported in its row, never patched).
-
-The sides run in `--rounds` interleaved rounds (a load change hits them alike), each round's
-first `--warmup` steps left out and a side's rounds pooled (totals over totals). A step counts
-when its update has finished (`e2e_run.timed_window`), not when it was dispatched. Every run
-draws the same groups per step (active sampling off). docs/benchmarks.md lists the keys.
+"""`rlvr-bench e2e`: the demo RL setup in sync and in async mode for the same optimizer steps and
+batch, beside TRL's GRPOTrainer (where `trl` is installed) and, with vLLM installed, our async
+trainer on `rollout.backend: vllm` and TRL with vLLM (a peer's failure is reported in its row).
+The sides run in `--rounds` interleaved rounds, the first `--warmup` steps left out, a step
+counted when its update has finished (`e2e_run.timed_window`). docs/benchmarks.md lists the keys.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Engine timings shared by the benchmarks: best-of-rounds wall times measured in interleaved
-rounds, a workload of forced lengths through the scheduler, an engine's prefill and decode-step
-seconds, the host's share of a scheduled run, and the decode step op by op (`step_profile`:
-XLA's op names, e.g. `ynn_fusion.27` (a YNNPACK matmul on a CPU), as in an `--xla_dump_to`
-dump; a traced step is slower than a timed one, an event per op)."""
+"""Engine timings shared by the decode benchmarks: interleaved best-of-rounds wall times, forced
+lengths through the scheduler, prefill and decode-step seconds, the host's share of a scheduled
+run, and the decode step op by op (`step_profile`, XLA's op names as in an `--xla_dump_to` dump)."""
 
 from __future__ import annotations
 
@@ -39,6 +37,28 @@ def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[d
     return best, outputs
 
 
+def timed_generate(
+    fns: dict[str, Callable[[], Any]], repeats: int, n_tokens: int, warm: Any = None
+) -> tuple[dict, dict]:
+    """`fns` (those named in `warm`, default all) called once to compile and warm up, then
+    `interleaved_best`; every output that is a list of completions must hold `n_tokens` tokens."""
+    progress.line(f"compiling and warming up {', '.join(fns if warm is None else warm)}")
+    for name in fns if warm is None else warm:
+        fns[name]()
+    walls, outs = interleaved_best(fns, repeats)
+    for name, out in outs.items():
+        if isinstance(out, list) and sum(len(c.tokens) for c in out) != n_tokens:
+            raise RuntimeError(f"{name}: wrong number of generated tokens")
+    return walls, outs
+
+
+def roofline_fractions(arch: Any, cfg: Any, roof: dict, walls: dict[str, float]) -> dict:
+    """Model FLOPs of `cfg`'s throughput workload (`common.token_flops` at the mean context)
+    per wall second of each of `walls`, over `roof`'s fp32 matmul peak."""
+    work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(arch, cfg.prompt + cfg.new / 2)
+    return {k: work / wall / (roof["peak_gflops_fp32"] * 1e9) for k, wall in walls.items()}
+
+
 def run_lengths(core: EngineCore, prompts: list, lengths: list[int], batching: str) -> Any:
     """Every prompt decoded to its length (its own `max_new_tokens`, no stop token) through a
     `Scheduler` of `batching`; the scheduler's counters (`SchedulerStats`)."""
@@ -53,9 +73,8 @@ def run_lengths(core: EngineCore, prompts: list, lengths: list[int], batching: s
 
 
 class LiveSlots:
-    """`core` with every slot live on one prompt (its K/V written into every slot): `chunk()`
-    runs `core.chunk` decode steps and waits for them; `hlo()` compiles that program explicitly
-    (the chunks run it from then on) and returns its HLO text."""
+    """`core` with every slot live on one prompt: `chunk()` runs `core.chunk` decode steps and
+    waits; `hlo()` compiles that program (run by the chunks from then on), its HLO text."""
 
     def __init__(self, core: EngineCore, prompt: list[int]):
         self.core, slots, self.compiled = core, list(range(core.spec.max_slots)), None
@@ -80,10 +99,8 @@ class LiveSlots:
 
 
 def profile_engine(core: EngineCore, prompts: list[list[int]], repeats: int) -> dict:
-    """Seconds per prefill of one prompt (into one slot) and per decode step with every slot
-    live."""
-    dp = core.params
-    prefix, one = core.prefill(dp, prompts[0]), [SlotRequest(0, 0, 10**6)]
+    """Seconds per prefill of one prompt and per decode step with every slot live."""
+    prefix, one = core.prefill(core.params, prompts[0]), [SlotRequest(0, 0, 10**6)]
     holder = {"state": core.init_decode_state()}
 
     def prefill() -> Any:
@@ -123,10 +140,8 @@ def _part(line: str) -> str | None:
 
 
 def hlo_ops(hlo_text: str) -> dict[str, dict[str, str]]:
-    """Every instruction of a compiled module's HLO text: name -> {"opcode", "part", "what"} —
-    `part` the innermost `PARTS` scope of its op_name, else (a fusion whose own metadata names
-    none) the commonest among the instructions it calls, else "other"; `what` e.g. `dot
-    f32[32,512] x f32[512,5632] -> f32[32,5632]`."""
+    """Every instruction of a compiled module's HLO text: name -> {"opcode", "part" (`_part`,
+    or a fusion's commonest among its callees', else "other"), "what" (`dot f32[..] x ..`)}."""
     shapes, rows, called, computation = {}, [], {}, None
     for line in hlo_text.splitlines():
         if line.startswith(("%", "ENTRY")) and line.rstrip().endswith("{"):
@@ -156,10 +171,9 @@ def hlo_ops(hlo_text: str) -> dict[str, dict[str, str]]:
 
 
 def step_profile(live: LiveSlots, name: str, top: int = 12) -> tuple[dict, dict]:
-    """`live`'s decode chunk traced (`common.trace_op_times`), its ops labelled from the
-    compiled program (`hlo_ops`; control flow left out: its body's ops count). Returns
-    ({"op_ms_per_step", "parts": ms per step by `PARTS`, largest first}, the `top` ops by time
-    as {"<name> <op>": {"part", "ms_per_step", "share", "calls_per_step", "what"}})."""
+    """`live`'s decode chunk traced, its ops labelled by `hlo_ops` (control flow left out):
+    ({"op_ms_per_step", "parts": ms per step by `PARTS`}, the `top` ops by time, each keyed
+    "<name> <op>")."""
     ops, steps = hlo_ops(live.hlo()), live.core.chunk
     live.chunk()  # warm
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,11 +201,9 @@ DEVICE_CALLS = (
 
 
 def host_share(core: EngineCore, run: Callable[[], Any]) -> dict[str, float]:
-    """`run()` (a workload driving `core` through a `Scheduler`) with every device call of the
-    engine timed to its result: the host's seconds are the wall's rest — the scheduler's Python
-    between device calls (admission, page bookkeeping, bucket choice, collection). Each call
-    waits for its result here (on a CPU they mostly run on the caller's thread anyway), so this
-    measures the host's time, not how much of it a pipelined run would hide."""
+    """`run()` (driving `core` through a `Scheduler`) with every device call timed to its result:
+    the host's seconds are the wall's rest, the scheduler's Python between device calls (not
+    how much of it a pipelined run would hide)."""
     device = [0.0]
 
     def timed(fn: Callable) -> Callable:

@@ -1,11 +1,7 @@
-"""`rlvr-bench learner`: train-step tokens/s of the real learner and the FLOPs fraction it
-achieves against this machine's own measured matmul peak.
-
-Timed (best of `repeats`, compiled ahead of time): the trainer's step (the loss preset,
-`n_micro` accumulation, AdamW) on an RL batch of varied lengths (`inputs.synthetic_batch`),
-and the old-log-prob forward alone. `achieved_flops_fraction` = train FLOPs
-(`common.train_flops`; with LoRA the base's forward and activation backward plus 6·P_lora per
-token) / step seconds / the measured peak (`_peak_gflops`); `mfu` against the datasheet."""
+"""`rlvr-bench learner`: train-step tokens/s of the real learner (the loss preset, `n_micro`
+accumulation, AdamW; `inputs.synthetic_batch`) and of the old-log-prob forward, with the FLOPs
+fraction achieved (`common.train_flops`; LoRA: the base's forward and activation backward plus
+6·P_lora a token) against the measured peak (`_peak_gflops`), `mfu` against the datasheet."""
 
 from __future__ import annotations
 
@@ -166,9 +162,7 @@ def _profile_pieces(
     head, _ = common.compile_ahead(
         jax.value_and_grad(head_loss, argnums=argnums), head_params, hidden_BxTxD
     )
-    head_s = common.time_calls(
-        lambda: jax.block_until_ready(head(head_params, hidden_BxTxD)), cfg.repeats
-    )
+    head_s = common.time_calls(head, cfg.repeats, head_params, hidden_BxTxD)
 
     params = lora.split(params)[0]  # what the optimizer updates
     grads = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 1e-3), params)
@@ -181,9 +175,7 @@ def _profile_pieces(
         return optax.apply_updates(p, updates), s
 
     upd, _ = common.compile_ahead(update, grads, opt_state, params)
-    upd_s = common.time_calls(
-        lambda: jax.block_until_ready(upd(grads, opt_state, params)), cfg.repeats
-    )
+    upd_s = common.time_calls(upd, cfg.repeats, grads, opt_state, params)
     return {"lm_head_logsoftmax_fwd_bwd": head_s, "optimizer_update": upd_s}
 
 
@@ -218,7 +210,7 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     )
     params = holder["state"].params
     fwd, fwd_compile_s = common.compile_ahead(logprob_fn, params, batch)
-    fwd_s = common.time_calls(lambda: jax.block_until_ready(fwd(params, batch)), cfg.repeats)
+    fwd_s = common.time_calls(fwd, cfg.repeats, params, batch)
     return {
         "timings": {"train_step": train_s, "logprob_forward": fwd_s},
         "compile_s": {"train_step": train_compile_s, "logprob_forward": fwd_compile_s},

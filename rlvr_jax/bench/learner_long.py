@@ -1,12 +1,7 @@
-"""`rlvr-bench learner --workload long`: the learner on long-tailed RL lengths, packed rows
-against padded buckets, and the attention kernels' memory at 8K tokens per row.
-
-`completions` samples with OLMo 3's lengths (`OLMO3`) scaled to `cap`, on rows of the batch's
-length bucket T: padded (`collate`, `micro_rows` rows a micro-batch) against packed
-(`collate_packed`, `micro_rows` × (T + 1) tokens a micro-batch), the real train step timed in
-interleaved rounds: useful (non-pad) tokens/s. Then XLA's peak memory of a one-row micro-batch
-of `memory_seq` tokens per attention kernel here. A CPU's default cap is `CPU_CAP` (said in the
-output)."""
+"""`rlvr-bench learner --workload long`: the learner on long-tailed RL lengths (OLMo 3's,
+scaled to `cap`; `CPU_CAP` on a CPU), packed rows (`collate_packed`) against padded ones
+(`collate`) in interleaved rounds of the real train step (useful tokens/s), and the attention
+kernels' peak memory on a one-row micro-batch of `memory_seq` tokens."""
 
 from __future__ import annotations
 

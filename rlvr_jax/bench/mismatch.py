@@ -1,13 +1,10 @@
 """`rlvr-bench mismatch`: do the sampler and the learner compute the same function?
 
-The shipped demo model samples its own prompts (T = 1) with an in-flight weight update after
-`update_after` chunks (v0 → v1 = each weight + `noise` × its std × N(0, 1), KV cache kept); the
-completions are re-scored as the trainer does: `learner` (`rollout.exact: false`) by the
-learner's forward, `replay` (`rollout.exact: true`) through the exact engine's own prefill and
-decode (`rollout.rescore`). Tokens whose whole context came from one version are compared on
-policy (`before` / `after` the update); those sampled on a cache kept across it are policy lag
-(`lag`). Figures: `losses.mismatch_metrics`, per dtype × KV layout × one device or tensor-parallel
-(8 simulated devices, `TP_MESH`), and each setting's decode tokens/s, default vs exact engine.
+The shipped demo model samples its own prompts with an in-flight weight update after
+`update_after` chunks (KV cache kept); the completions are re-scored by the learner's forward
+(`learner`) and by the exact engine's replay (`replay`, `rollout.rescore`), on-policy tokens
+(`before` / `after` the update) apart from lagging ones (`lag`), per dtype × KV layout × one
+device or tensor-parallel (`TP_MESH`), with each engine's decode tokens/s.
 """
 
 from __future__ import annotations
@@ -180,7 +177,7 @@ def run_setting(model: Any, mesh: Any, layout: str, cfg: BenchConfig) -> dict:
     import jax
     import numpy as np
 
-    from rlvr_jax.bench.engine_timing import interleaved_best
+    from rlvr_jax.bench.engine_timing import timed_generate
     from rlvr_jax.rollout import EngineCore, generate, rescore
     from rlvr_jax.training import learner
 
@@ -222,10 +219,8 @@ def run_setting(model: Any, mesh: Any, layout: str, cfg: BenchConfig) -> dict:
         return lambda: generate(engine, prompts, max_new_tokens=cfg.new, num_samples=cfg.samples)
 
     runs = {"default": timed(engines["learner"]), "exact": timed(engines["replay"])}
-    for fn in runs.values():
-        fn()  # compile and warm up
-    best = interleaved_best(runs, cfg.repeats)[0]
     n = len(prompts) * cfg.samples * cfg.new
+    best = timed_generate(runs, cfg.repeats, n)[0]
     out["tokens_per_s"] = {k: n / s for k, s in best.items()}
     return out
 

@@ -129,13 +129,10 @@ def run(sizes: Any) -> dict:
     cfg = dataclasses.replace(cfg, **{n: getattr(sizes, n) for n in names if not sizes.quick})
     arch = cfg.arch()
     model = cfg.model(cfg.seed)
-    prompts = (
-        np.random.default_rng(cfg.seed)
-        .integers(cfg.vocab // cfg.turn_tokens, cfg.vocab, (cfg.episodes, cfg.prompt))
-        .tolist()
-    )
+    low, rng = cfg.vocab // cfg.turn_tokens, np.random.default_rng(cfg.seed)  # below: stop ids
+    prompts = rng.integers(low, cfg.vocab, (cfg.episodes, cfg.prompt)).tolist()
     core = EngineCore(model, max_slots=cfg.slots, max_len=cfg.prompt + cfg.budget,
-                      chunk=cfg.chunk, max_stop_ids=cfg.vocab // cfg.turn_tokens)  # fmt: skip
+                      chunk=cfg.chunk, max_stop_ids=low)  # fmt: skip
     sides = {"in_slot": run_in_slot, "reprefill": run_reprefill}
     progress.line("multiturn workload: compiling and warming up")
     for fn in sides.values():

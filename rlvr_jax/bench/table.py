@@ -51,8 +51,7 @@ SUBCOMMANDS: dict[str, str] = {
 
 @dataclasses.dataclass(frozen=True)
 class Bars:
-    """A bar panel: the numbers of the dict at `path` of a result (those in `keys` when given);
-    no panel when the result has none there (another workload's result)."""
+    """A bar panel of the numbers at `path` of a result (those in `keys` when given), if any."""
 
     title: str
     ylabel: str
@@ -182,8 +181,7 @@ def parse(name: str, argv: Sequence[str]) -> tuple[argparse.Namespace, Any]:
 
 def run(name: str, argv: Sequence[str]) -> dict[str, Any]:
     """`rlvr-bench NAME ARGV`: runs the benchmark, prints its headline figures, writes its JSON
-    and plot; the result, with where it ran (`machine`: `common.machine_info`, the load before and
-    after) and with what (`config`: the config's fields) beside its run function's figures."""
+    and plot; the result, with `machine` (`common.machine_info`) and `config` added."""
     args, cfg = parse(name, argv)
     b = bench(name)
     if args.json:  # a path that cannot be written fails now, not after the measurements
@@ -203,9 +201,7 @@ def run(name: str, argv: Sequence[str]) -> dict[str, Any]:
 
 
 def headline_figures(result: Mapping[str, Any], paths: Sequence[str]) -> dict[str, Any]:
-    """The leaves of `result` at each slash path in `paths`, or under it when it names a
-    sub-tree; scalars only (numbers, text, bools; None kept: a figure the benchmark could not
-    produce)."""
+    """The scalar leaves (None kept) of `result` at or under each slash path in `paths`."""
     flat = common.flatten(result)
     out: dict[str, Any] = {}
     for path in paths:
@@ -238,9 +234,8 @@ def format_result(
 
 
 def machine_line(result: Mapping[str, Any]) -> str:
-    """Where it ran: "machine: <CPU> (<ISA>, <n> cores, <device>); roofline fp32 <GFLOP/s>,
-    <GB/s>; load <before> -> <after>" ('?' for what a result lacks), and a NOT QUIET line when
-    the result says its load was too high (`quiet: false`)."""
+    """Where it ran (CPU, ISA, cores, device, roofline, load), and a NOT QUIET line when the
+    result says its load was too high (`quiet: false`)."""
     machine = result.get("machine") or {}
     roof = result.get("roofline") or (result if "matmul_gflops" in result else {})
     cpu = machine.get("cpu_model") or machine.get("processor", "?")

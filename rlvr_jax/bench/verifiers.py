@@ -1,10 +1,8 @@
-"""`rlvr-bench verifiers`: verifier throughput on this machine.
-
-Math: verifications/s on a seeded mix of answers (numbers, fractions, radicals, polynomials,
-intervals, choices, points, degrees; about half correct, ~30% needing SymPy, none repeated so
-that SymPy's cache cannot answer), by `verify` one at a time, on the SymPy cases alone, and
-through `RewardService`. Code: sandbox programs/s, sequential and threaded (skipped with a
-message where the sandbox cannot run)."""
+"""`rlvr-bench verifiers`: verifier throughput on this machine. Math: verifications/s on a seeded
+mix of answers (about half correct, ~30% needing SymPy, none repeated so that SymPy's cache
+cannot answer), one at a time, SymPy cases alone and through `RewardService`. Code: sandbox
+programs/s, sequential and threaded (skipped with a message where the sandbox cannot run).
+"""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""`rlvr-bench waste`: decode slot-steps wasted by static vs continuous batching.
-
-Waste = 1 − useful / total slot-steps (ALGORITHMS.md, Rollout system). (a) Simulated: exact
-slot-step counts of lengths ℓ = ⌈min(X, cap)⌉, X ~ LogNormal(μ, σ), μ fitted so that
-E[ℓ] = 14.7K of a 32K cap (OLMo 3's "up to 54%" static waste), swept over the slots B.
-(b) Measured: the same distribution scaled to a small cap on the real engine, each request
-forced to its length; the engine's counters (`SchedulerStats`) against the simulation of the
-same lengths, and the two modes' wall times.
+"""`rlvr-bench waste`: decode slot-steps wasted by static vs continuous batching (waste =
+1 − useful / total slot-steps, ALGORITHMS.md): simulated exactly on OLMo 3's clipped LogNormal
+lengths swept over the slots B, and measured on the real engine at a small cap, its counters
+(`SchedulerStats`) and wall times beside the simulation of the same lengths.
 """
 
 from __future__ import annotations
