@@ -153,7 +153,7 @@ def test_e2e_quick_figures_agree(all_quick):
 def test_rlvr_bench_stops_on_a_signal(tmp_path, sig):
     proc = C.Proc("rlvr-bench", ["decode", "--quick"], tmp_path)
     deadline = time.monotonic() + 600
-    while "throughput workload" not in proc.stderr():  # inside the work, past the imports
+    while "compiling and warming up" not in proc.stderr():  # inside the work, past the imports
         assert proc.alive(), proc.stderr()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.1)
