@@ -191,7 +191,10 @@ def run_main(
 ) -> dict[str, Any]:
     """Checks the common arguments, runs `exp` and prints its table; returns the results."""
     if args.merge:
-        results = merge(exp, [Path(d) for d in args.merge], Path(args.out))
+        try:
+            results = merge(exp, [Path(d) for d in args.merge], Path(args.out))
+        except ValueError as e:  # a missing, differing or overlapping run: exit 2 naming it
+            p.error(str(e))
         sys.stdout.write(report.markdown(results))
         return results
     names = [a.name for a in exp.arms]

@@ -62,7 +62,7 @@ def test_tool_stats_by_hand():
 
 
 @pytest.mark.slow
-def test_quick_run_of_every_arm(tmp_path):
+def test_quick_run_of_every_arm(tmp_path, capsys):
     from helpers_train import QUICK_RUNS
 
     out = tmp_path / "tool_use"
@@ -97,5 +97,7 @@ def test_quick_run_of_every_arm(tmp_path):
     assert set(both["summary"]["arms"]) == set(results["summary"]["arms"])
     page = (merged / "results.md").read_text()
     assert f"training seeds {seed}, 7" in page and "Run 2 (seeds 7): `the other run`" in page
-    with pytest.raises(ValueError, match="repeats seeds"):
-        exp.main(["--merge", str(out), str(out), "--out", str(tmp_path / "again")])
+    for dirs, says in (([out, out], "repeats seeds"), ([out, tmp_path / "nope"], "does not exist")):
+        with pytest.raises(SystemExit) as stop:
+            exp.main(["--merge", *map(str, dirs), "--out", str(tmp_path / "again")])
+        assert stop.value.code == 2 and says in capsys.readouterr().err
