@@ -186,11 +186,7 @@ def run_eval(cfg: Any, request: EvalRequest) -> dict[str, Any]:
         "seed": seed,
         "fewshot": fewshot,
         "skipped": skipped,
-        "truncated_fraction": sampled.truncated / (len(rows) * request.n),
-        "verifier": {"timeouts": sampled.verifier_timeouts, "errors": sampled.verifier_errors},
-        "generated_tokens": sampled.generated_tokens,
-        "generate_s": sampled.generate_s,
-        "verify_s": sampled.verify_s,
+        **sampled.stats(request.n),
     }
 
 

@@ -344,14 +344,7 @@ def filter_source(
             "top_p": 1.0,
             "max_new_tokens": cfg.rollout.max_new_tokens,
             "seed": seed,
-            "truncated_fraction": sampled.truncated / (len(rows) * num_samples),
-            "verifier": {
-                "timeouts": sampled.verifier_timeouts,
-                "errors": sampled.verifier_errors,
-            },
-            "generated_tokens": sampled.generated_tokens,
-            "generate_s": sampled.generate_s,
-            "verify_s": sampled.verify_s,
+            **sampled.stats(num_samples),
             "time_s": time.perf_counter() - t0,
         },
     )

@@ -1,15 +1,11 @@
 """Held-out evaluation: n samples per prompt, verified, summarised as pass@k per domain.
 
-Everything samples through a `rollout.Rollout` (`rollout.build_rollout`, the one path of
-training, evaluation and serving). `evaluate_rollout` is the trainer's in-loop evaluation (flat
-metric keys) on its own actor rollout; `evaluate_policy` does the same for a policy outside a
-run. The command-line tools (`rlvr-eval`, `rlvr-filter`) load a policy with `load_policy`, open
-the config's rollout for it (`open_rollout`), and count verified-correct samples per prompt
-with `sample_correct_counts`, which generates in chunks of prompts while the previous chunk is
-verified, seeding prompt i with `rollout.request_seed(seed, i)` whatever the chunking (so
-the samples are those of one `rollout.generate(..., seed=seed)` call over all prompts).
-`pass_at_k_report` and `format_pass_at_k_table` turn the counts into the nested JSON and the
-printed table of `rlvr-eval`.
+Everything samples through a `rollout.Rollout` (`rollout.build_rollout`). `evaluate_rollout` is
+the trainer's in-loop evaluation on its own actor rollout; `evaluate_policy` the same for a
+policy outside a run. `rlvr-eval` and `rlvr-filter` load a policy (`load_policy`), open its
+rollout (`open_rollout`) and count verified-correct samples per prompt
+(`sample_correct_counts`); prompt i is seeded with `rollout.request_seed(seed, i)` whatever the
+chunking, so the samples are those of one `rollout.generate(..., seed=seed)` over all prompts.
 """
 
 from __future__ import annotations
@@ -65,15 +61,13 @@ def correct_counts(
 def summarise(
     counts: np.ndarray, domains: Sequence[str], n: int, ks: Sequence[int], prefix: str = ""
 ) -> dict[str, float]:
-    """`<prefix>pass@k` over all prompts and `<prefix><domain>/pass@k` per domain."""
+    """`<prefix>pass@k` over all prompts and `<prefix><domain>/pass@k` per domain (k <= n)."""
+    report = pass_at_k_report(counts, domains, n, [k for k in ks if k <= n])
     out: dict[str, float] = {}
-    for k in ks:
-        if k > n:
-            continue
-        out[f"{prefix}pass@{k}"] = mean_pass_at_k(counts.tolist(), n, k)
-        for d in sorted(set(domains)):
-            sel = [c for c, dd in zip(counts.tolist(), domains) if dd == d]
-            out[f"{prefix}{d}/pass@{k}"] = mean_pass_at_k(sel, n, k)
+    for k, value in report["pass@k"].items():
+        out[f"{prefix}pass@{k}"] = value
+        for d, values in report["per_domain"].items():
+            out[f"{prefix}{d}/pass@{k}"] = values[k]
     return out
 
 
@@ -131,8 +125,6 @@ class SampledCounts:
     """int64[P]: samples per prompt whose verifier score is ≥ `CORRECT_THRESHOLD`."""
     domains: tuple[str, ...]
     """Domain of each prompt."""
-    num_samples: int
-    """n: samples per prompt."""
     generated_tokens: int
     """Tokens generated over all samples (stop tokens included)."""
     truncated: int
@@ -145,6 +137,17 @@ class SampledCounts:
     """Wall time spent generating."""
     verify_s: float
     """Time the reward service spent verifying (overlaps generation)."""
+
+    def stats(self, num_samples: int) -> dict[str, Any]:
+        """The JSON report keys `rlvr-eval` and `rlvr-filter` share: truncation, verifier
+        failures, tokens and times."""
+        return {
+            "truncated_fraction": self.truncated / (len(self.counts_P) * num_samples),
+            "verifier": {"timeouts": self.verifier_timeouts, "errors": self.verifier_errors},
+            "generated_tokens": self.generated_tokens,
+            "generate_s": self.generate_s,
+            "verify_s": self.verify_s,
+        }
 
 
 def resolve_config(
@@ -167,9 +170,7 @@ def resolve_config(
 
 
 def actor_mesh(cfg: Any) -> Any:
-    """The actor sub-mesh of `cfg.mesh` (`mesh.actor_devices`, `mesh.actor`) over the devices
-    a run uses (the first `mesh.num_devices`, as the trainer takes them), for a process that
-    only samples (`sharding.actor_mesh`)."""
+    """The actor sub-mesh of `cfg.mesh` over the devices a training run of `cfg` would use."""
     from rlvr_jax import sharding
 
     return sharding.actor_mesh(cfg.mesh)
@@ -298,7 +299,6 @@ def sample_correct_counts(
     return SampledCounts(
         counts_P=counts_P,
         domains=tuple(domains),
-        num_samples=num_samples,
         generated_tokens=int(totals["tokens"]),
         truncated=int(totals["truncated"]),
         verifier_timeouts=int(totals["rewards/timeouts"]),
@@ -379,6 +379,16 @@ def sample_rows(
 # -- held-out evaluation -------------------------------------------------------------------
 
 
+def _held_out_rows(cfg: Any, tokenizer: Any, rows: Sequence[Any] | None) -> list[Any]:
+    """`rows`, by default `data.eval_sources`'s, cut to `eval.max_prompts`."""
+    from rlvr_jax.data import load_eval_rows
+    from rlvr_jax.rewards import known_verifiers
+
+    if rows is None:
+        rows = load_eval_rows(cfg.data, tokenizer=tokenizer, known_verifiers=known_verifiers())
+    return list(rows)[: cfg.eval.max_prompts]
+
+
 def evaluate_rollout(
     rollout: Rollout,
     tokenizer: Any,
@@ -395,13 +405,9 @@ def evaluate_rollout(
     `rollout` (the trainer's own actor rollout: its mesh, KV budget, backend and stop
     strings), prompt i with `request_seed(seed, i)` (default `eval.seed`), every request
     pinned to policy `version` when given. `rlvr-eval` with the same seed samples the same."""
-    from rlvr_jax.data import load_eval_rows
-    from rlvr_jax.rewards import known_verifiers
     from rlvr_jax.rollout import SamplingParams
 
-    if rows is None:
-        rows = load_eval_rows(cfg.data, tokenizer=tokenizer, known_verifiers=known_verifiers())
-    rows = list(rows)[: cfg.eval.max_prompts]
+    rows = _held_out_rows(cfg, tokenizer, rows)
     if not rows:
         raise ValueError("evaluation: no held-out rows (set data.eval_sources)")
     rows, prompts, turns, runner = env_prompts(
@@ -444,12 +450,7 @@ def evaluate_policy(
 ) -> dict[str, float]:
     """`evaluate_rollout` of `model` (a policy outside a training run, e.g. a checkpoint)
     through the config's rollout on the model's mesh (`open_rollout`)."""
-    from rlvr_jax.data import load_eval_rows
-    from rlvr_jax.rewards import known_verifiers
-
-    if rows is None:
-        rows = load_eval_rows(cfg.data, tokenizer=tokenizer, known_verifiers=known_verifiers())
-    rows = list(rows)[: cfg.eval.max_prompts]
+    rows = _held_out_rows(cfg, tokenizer, rows)
     rows, prompts, _, runner = env_prompts(cfg, rows, tokenizer, _stop_ids(cfg, model, tokenizer))
     if runner is not None:
         runner.close()
