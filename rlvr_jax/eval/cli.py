@@ -6,17 +6,11 @@
         --fewshot 4 --fewshot-source data/demo/train.jsonl
     rlvr-eval --config my_run.yaml --split train --ks 1 8 --max-prompts 128
 
-Prompts: `--input FILE` (JSONL or Parquet), else the config's `data.eval_sources` (`--split
-eval`, the default) or `data.sources` (`--split train`: the training distribution, where a
-base model's pass@k predicts whether RL will help), in source then file order, the first
-`--max-prompts` of them. Each is sampled n = `--samples` times (default: the largest k) at
-`--temperature` (default `eval.temperature`), top-p 1, with the config's model, tokenizer,
-prompt template, `rollout.max_new_tokens` and verifier settings. `--fewshot N` prepends N
-solved examples from `--fewshot-source` (format and selection: `rlvr_jax.eval.fewshot`).
-
-Prints a table and, with `--json FILE`, writes `{"pass@k": {"1": ..}, "per_domain":
-{domain: {"1": ..}}, "n", "prompts", "model", "time_s", ...}`. Exit status 2 on bad
-arguments, config or input (the message names it).
+Prompts come from `--input`, else `data.eval_sources` (`--split eval`) or `data.sources`
+(`--split train`, where a base model's pass@k predicts whether RL will help); each is sampled n
+times at top-p 1 with the config's model, template, `rollout.max_new_tokens` and verifiers.
+Prints a table; `--json FILE` writes `{"pass@k": {"1": ..}, "per_domain": {domain: {"1": ..}},
+"n", "prompts", "model", "time_s", ...}`. Exit status 2 on bad arguments, config or input.
 """
 
 from __future__ import annotations
@@ -46,28 +40,22 @@ SPLITS = ("eval", "train")
 
 @dataclass(frozen=True)
 class EvalRequest:
-    """What one `rlvr-eval` run measures."""
+    """What one `rlvr-eval` run measures (the flags of the same names)."""
 
     ks: tuple[int, ...] = (1, 8, 32)
-    """k values of pass@k."""
     num_samples: int | None = None
     """n, samples per prompt; None = max(ks)."""
     input: str | None = None
     """Prompt file; None = the config's sources of `split`."""
     split: str = "eval"
-    """Which config sources when `input` is None: `eval` or `train`."""
     max_prompts: int | None = None
-    """Evaluate the first this many prompts; None = all."""
     temperature: float | None = None
-    """Sampling temperature; None = `eval.temperature`."""
+    """None = `eval.temperature`."""
     fewshot: int = 0
-    """Solved examples prepended to each prompt."""
     fewshot_source: str | None = None
-    """File the few-shot examples come from."""
     seed: int | None = None
     """Sampling and few-shot selection seed; None = the config's seed."""
     chunk_prompts: int = DEFAULT_CHUNK_PROMPTS
-    """Prompts generated per chunk."""
 
     @property
     def n(self) -> int:

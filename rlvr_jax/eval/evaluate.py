@@ -41,11 +41,8 @@ ENGINE_LEN_MULTIPLE = 64
 def correct_counts(
     rows: Sequence[Any], completions: Sequence[Any], texts: Sequence[str], reward_service
 ) -> tuple[np.ndarray, list[str], dict[str, float]]:
-    """Per-prompt counts of verified-correct samples (verifier score ≥ 0.5 counts as correct;
-    verifiers are binary except code 'fraction' and ifeval 'fraction' modes).
-
-    Completions may cover any subset of `rows` (`c.prompt_index` indexes `rows`); counts and
-    domains come in increasing prompt-index order, with the reward service's metrics."""
+    """Counts of verified-correct samples and the domain of each prompt that `completions`
+    cover (`c.prompt_index` indexes `rows`), in prompt-index order, and the service's metrics."""
     by_prompt: dict[int, list[int]] = defaultdict(list)
     for i, c in enumerate(completions):
         by_prompt[c.prompt_index].append(i)
@@ -196,13 +193,11 @@ def load_policy(cfg: Any) -> tuple[Any, Any]:
 
 
 def open_rollout(cfg: Any, model: Any, tokenizer: Any, longest_prompt: int) -> Rollout:
-    """The config's rollout (`rollout.build_rollout`) for `model` on its mesh, started, its
-    slots holding prompts of up to `longest_prompt` tokens plus `rollout.max_new_tokens`
-    (rounded up to a multiple of `ENGINE_LEN_MULTIPLE`).
+    """The config's rollout for `model` on its mesh, started, its slots holding
+    `longest_prompt` + `rollout.max_new_tokens` tokens (rounded up to `ENGINE_LEN_MULTIPLE`).
 
     Raises:
-      ValueError: the longest prompt plus the budget exceeds the model's
-        max_position_embeddings (the message gives both).
+      ValueError: that exceeds the model's max_position_embeddings.
     """
     from rlvr_jax.rollout import build_rollout
 
@@ -231,15 +226,13 @@ def sample_correct_counts(
     version: int | None = None,
     turns: Sequence[Any] | None = None,
 ) -> SampledCounts:
-    """Samples `num_samples` completions of each prompt through `rollout` and counts the
-    correct ones.
+    """Samples `num_samples` completions of each of `prompts` (token ids) through `rollout`
+    and counts those `rows[i]` verifies as correct.
 
-    `rows[i]` (a `PromptRow` or data-row dict) verifies the completions of `prompts[i]`
-    (token ids). Prompts are generated `chunk_prompts` at a time; chunk c+1 generates while
-    chunk c is verified. Prompt i samples with `rollout.request_seed(seed, i)` (so the
-    chunking changes nothing); `version` pins the requests to that policy version.
-    `sampling` is a `rollout.SamplingParams`. `turns[i]` (from `env_prompts`) runs prompt i's
-    samples as episodes of a multi-turn environment, verified on their final answers.
+    Chunk c+1 of `chunk_prompts` prompts generates while chunk c is verified; prompt i samples
+    with `rollout.request_seed(seed, i)`, so the chunking changes nothing. `version` pins the
+    requests to that policy version; `turns[i]` (from `env_prompts`) runs prompt i's samples as
+    multi-turn episodes, verified on their final answers.
     """
     from rlvr_jax.envs.episode import answer_text
     from rlvr_jax.rollout import sample_groups
@@ -400,11 +393,10 @@ def evaluate_rollout(
     seed: int | None = None,
     version: int | None = None,
 ) -> dict[str, float]:
-    """pass@k on the held-out rows (`data.eval_sources`, at most `eval.max_prompts`) with
-    `eval.num_samples` samples per prompt at `eval.temperature`, top-p 1, sampled through
-    `rollout` (the trainer's own actor rollout: its mesh, KV budget, backend and stop
-    strings), prompt i with `request_seed(seed, i)` (default `eval.seed`), every request
-    pinned to policy `version` when given. `rlvr-eval` with the same seed samples the same."""
+    """pass@k on the held-out rows (`data.eval_sources`, at most `eval.max_prompts`):
+    `eval.num_samples` samples per prompt at `eval.temperature`, top-p 1, through `rollout`
+    (the trainer's actor rollout), seeded by `seed` (default `eval.seed`) as `rlvr-eval` does,
+    pinned to policy `version` when given."""
     from rlvr_jax.rollout import SamplingParams
 
     rows = _held_out_rows(cfg, tokenizer, rows)

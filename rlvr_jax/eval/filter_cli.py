@@ -3,12 +3,9 @@
     rlvr-filter --config configs/demo.yaml --input data/demo/train.jsonl \\
         --output data/demo/train_filtered.jsonl --histogram hist.png --json stats.json
 
-Each prompt is sampled `--samples` times (8) at temperature 1, top-p 1; prompts with a pass
-rate above `--max-pass-rate` (0.625) are dropped and the others written to `--output` exactly
-as they are in the input. The model, tokenizer, prompt template, `rollout.max_new_tokens`,
-decode slots, `data.max_prompt_len` and verifier settings come from the config; `--model
-PATH` replaces `model.path`. Exit status 2 on bad arguments, config or input (the message
-names it). The logic lives in `rlvr_jax.eval.difficulty`.
+Prompts with a pass rate above `--max-pass-rate` over `--samples` samples are dropped, the rest
+written to `--output` as they are in the input (`rlvr_jax.eval.difficulty`). Exit status 2 on
+bad arguments, config or input.
 """
 
 from __future__ import annotations

@@ -4,22 +4,19 @@ rejected from a weak model.
     report = build_pairs(cfg, "prompts.jsonl", "pairs.jsonl", strong="runs/sft/final",
                          weak="runs/cache/demo_base", num_samples=4)
 
-Both models sample `num_samples` completions of every prompt of the input (a prompt source:
-rows with a verifier and ground truth), at `rollout.temperature`, top-p 1, with
-`rollout.max_new_tokens`, prompt i seeded with `rollout.request_seed(seed, i)` — the samples
-of one `rollout.generate(model, prompts, seed=seed)` call, through the config's rollout
-(`rollout.build_rollout`). The reward service (`cfg.rewards`) scores every sample. For each prompt:
+Both models sample `num_samples` completions of every input prompt through the config's
+rollout at `rollout.temperature`, top-p 1, prompt i seeded with `rollout.request_seed(seed, i)`;
+the reward service (`cfg.rewards`) scores every sample. For each prompt:
 
 - chosen: the strong model's first sample whose verifier score is ≥ 0.5 (verified correct);
 - rejected: the weak model's first sample scored < 0.5 (`rejected="incorrect"`, the default:
   the largest delta), or its first sample whatever its score (`"any"`: OLMo 3 keeps the weak
   model's responses unfiltered), different from the chosen text.
 
-Prompts without such a pair are counted by reason (`no_verified_chosen`, `no_rejected`) and
-not written. Each pair is a JSON line `{"prompt", "chosen", "rejected", ...}` that
-`algorithm: dpo` reads (`dpo.sources`), with the row's verifier, ground truth, domain and both
-scores kept beside it. A response is stored as the text after the prompt template's separator
-(`formatting.RESPONSE_SEPARATORS`), so that `encode_response` lays it out as it was sampled.
+Prompts without a pair are counted by reason. Each pair is a JSON line `{"prompt", "chosen",
+"rejected", ...}` (`dpo.sources`) with the row's fields and both scores; a response is stored
+without the template's separator (`formatting.RESPONSE_SEPARATORS`), so that `encode_response`
+lays it out as it was sampled.
 """
 
 from __future__ import annotations

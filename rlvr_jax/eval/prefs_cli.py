@@ -3,12 +3,9 @@
     rlvr-prefs --config configs/demo.yaml --strong runs/sft/final --weak runs/cache/demo_base \\
         --input data/demo/train.jsonl --output runs/pairs.jsonl --samples 4 --json stats.json
 
-Chosen: a verified-correct sample of `--strong`; rejected: a sample of `--weak` (by default
-one its verifier scores wrong; `--rejected any` takes its first sample). The prompt template,
-`rollout.max_new_tokens`, `rollout.temperature`, decode slots, `data.max_prompt_len` and the
-verifier settings come from the config. The pairs are JSON lines `algorithm: dpo` reads
-(`dpo.sources`). A progress bar per model on stderr; exit status 2 on bad arguments, config,
-models or input (the message names it). The logic lives in `rlvr_jax.eval.preference_pairs`.
+Chosen: a verified-correct sample of `--strong`; rejected: a sample of `--weak`
+(`rlvr_jax.eval.preference_pairs`). The pairs are JSON lines `algorithm: dpo` reads
+(`dpo.sources`). Exit status 2 on bad arguments, config, models or input.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """LLM-as-a-judge reward through any OpenAI-compatible chat-completions endpoint.
 
-OlmoRL scores chat prompts with a judge model (Qwen3-32B, thinking off) in two ways: against a
-reference answer, or open-ended without one; the judge's score is normalised to [0, 1]. This
-module holds those two prompts and the verifier entry points; `JudgeClient` is the shared
-`rlvr_jax.rewards.judge_client.ChatJudge` (transport, bounded concurrency, retries with
-backoff, score parsing, API-key handling: see there) with a reference/open-ended `score` API.
-
-A reply without a score scores 0 and counts as a parse failure; a request that finally fails
-scores 0, counts as an error and carries the reason in `JudgeResult.error`; the reward service
-reports both as `rewards/judge/{parse_failures,request_errors}`.
-
-`reward` and `score_batch` are the verifier entry points (`verifier: judge`); the ground truth
-is the reference answer, or None for open-ended scoring.
+OlmoRL scores chat prompts with a judge model (Qwen3-32B, thinking off) against a reference
+answer (the ground truth) or open-ended (ground truth None), normalised to [0, 1]. This module
+holds those two prompts and the entry points of `verifier: judge`; transport, retries, score
+parsing and the API key are `judge_client.ChatJudge`'s. A reply without a score, or a request
+that fails for good, scores 0 and is counted (`rewards/judge/{parse_failures,request_errors}`).
 """
 
 from __future__ import annotations
@@ -155,17 +148,8 @@ def _reference(ground_truth: Any) -> str | None:
 def score_batch(
     responses: Sequence[str], ground_truths: Sequence[str | None], **settings: Any
 ) -> list[float]:
-    """Judge rewards for a batch of responses.
-
-    Args:
-      responses: policy completions; anything up to the last `</think>` is dropped.
-      ground_truths: reference answers, or None for open-ended scoring, one per response.
-      settings: `score_rows`' keywords: `prompts` (one per response, default empty),
-        `base_url`, `model` and `JudgeClient` options (see `client_for`).
-
-    Returns:
-      One reward in [0, 1] per response (0 for an unparsable reply or a failed request).
-    """
+    """Judge rewards in [0, 1] of `responses` (anything up to the last `</think>` dropped)
+    against reference answers or None; `settings` are `score_rows`' keywords."""
     return score_rows(responses, ground_truths, **settings).scores
 
 

@@ -3,15 +3,12 @@
 The judge (`rlvr_jax.rewards.judge`) and the rubric (`rlvr_jax.rewards.rubric`) verifiers send
 their own prompts through it; both ask the model to end with `SCORE: <0-10>`.
 
-* Requests go to `{base_url}/chat/completions` (`base_url` ends in `/v1`, as for OpenAI
-  clients: vLLM, SGLang or our own `rlvr-serve`) from a thread pool of `max_concurrency`
-  workers (stdlib `urllib`, no extra dependency), so at most that many are in flight at once,
-  from any number of event loops. `timeout_s` bounds connecting and each wait for the server
-  (so it bounds the judge's generation time); timeouts, connection failures, HTTP 408/429 and
-  5xx are retried up to `max_retries` times after `backoff_s * 2**attempt` seconds; other HTTP
-  errors and malformed replies are not.
-* With `model=None` the model is the first one `GET {base_url}/models` lists (looked up once,
-  on the first request): what a single-model server such as `rlvr-serve` or vLLM serves.
+* Requests go to `{base_url}/chat/completions` (vLLM, SGLang or `rlvr-serve`) from a thread
+  pool of `max_concurrency` stdlib-`urllib` workers, so at most that many are in flight, from
+  any number of event loops. `timeout_s` bounds connecting and each wait for the server;
+  timeouts, connection failures, HTTP 408/429 and 5xx are retried up to `max_retries` times
+  after `backoff_s * 2**attempt` seconds; other HTTP errors and malformed replies are not.
+* With `model=None` the model is the first one `GET {base_url}/models` lists (looked up once).
 * The score is the last `SCORE: x` line after any `<think>` block, x / 10, or `SCORE: a/b` as
   a / b, clamped to [0, 1]. `judge(messages)` never raises: a reply without a score or a
   request that finally fails comes back with `parse_ok=False` (and `error` set for the latter)

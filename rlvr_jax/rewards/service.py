@@ -1,17 +1,13 @@
 """`RewardService`: scores a batch of completions with their rows' verifiers, concurrently.
 
-Each row (a `PromptRow`, or a mapping in the data-row form) names its verifier (a registered
-name or "module:function") and ground truth. Verifier calls run in a pool of killable worker
-processes (`timeout.WorkerPool`) sized to the machine, each under the configured timeout and a
-4 GiB address-space limit: a verifier that raises, hangs, exhausts memory or kills its process
-costs that one sample a reward of 0 (counted in `rewards/errors` or `rewards/timeouts`), never
-the run. The code sandbox starts its own processes from inside a worker; they die with it. Rows
-of the I/O-bound LLM judges (`BATCHED`: "judge", "rubric") go to their module's batch API
-(`score_rows`, one call per distinct settings) on a thread instead; their failed rows keep the
-status and reason the module gives, and their batch counters become
-`rewards/<verifier>/<counter>` metrics. If a judge batch as a whole raises, its rows fall back
-to per-row calls in the pool; a rubric batch's rows become errors (its cache lives in this
-process).
+Each row (a `PromptRow`, or a mapping in the data-row form) names its verifier and ground
+truth. Verifier calls run in killable worker processes (`timeout.WorkerPool`) under the
+configured timeout and a 4 GiB address-space limit: a verifier that raises, hangs, exhausts
+memory or kills its process costs that one sample a reward of 0 (counted in `rewards/errors` or
+`rewards/timeouts`), never the run. Rows of the I/O-bound LLM judges (`BATCHED`) go to their
+module's `score_rows` on a thread instead (one call per distinct settings); a judge batch that
+raises falls back to per-row calls in the pool, a rubric batch's rows become errors (its cache
+lives in this process).
 
 The reward of sample i is
 
@@ -72,9 +68,8 @@ class ScoreResult:
     """Sample index → what went wrong, for every sample whose status is not "ok"."""
     metrics: dict[str, float] = field(default_factory=dict)
     """`reward/mean`, `reward/<domain>`, `rewards/<verifier>/{mean,count,timeouts,errors}`,
-    `rewards/timeouts`, `rewards/errors`, `rewards/format/mean`, `rewards/overlong/{mean,
-    fraction}`, `rewards/judge/{parse_failures,request_errors}`, `rewards/rubric/<counter>`
-    (`rlvr_jax.rewards.rubric.COUNTERS`), `time/reward_s`."""
+    `rewards/{timeouts,errors}`, `rewards/format/mean`, `rewards/overlong/{mean,fraction}`,
+    `rewards/<judge|rubric>/<counter>` (their `COUNTERS`), `time/reward_s`."""
 
 
 @dataclass(frozen=True)
@@ -185,15 +180,9 @@ class RewardService:
         timeout_s: float | None = None,
         overlong_buffer: int = 0,
     ):
-        """Starts the worker pool.
-
-        Args:
-          config: weights, pool size, timeout and verifier settings (default `RewardsConfig()`).
-          workers: overrides `config.workers` (0 or None there = one per CPU core).
-          timeout_s: overrides `config.timeout_s`, the hard limit per verifier call.
-          overlong_buffer: L_c of DAPO's soft overlong punishment (`filter.soft_overlong_buffer`;
-            0 = off).
-        """
+        """Starts the worker pool. `workers` and `timeout_s` override `config`'s (default
+        `RewardsConfig()`; 0 workers = one per CPU core); `overlong_buffer` is L_c of DAPO's
+        soft overlong punishment (`filter.soft_overlong_buffer`; 0 = off)."""
         self.config = config if config is not None else RewardsConfig()
         n = workers if workers is not None else (self.config.workers or default_workers())
         self.timeout_s = float(timeout_s if timeout_s is not None else self.config.timeout_s)
@@ -234,12 +223,10 @@ class RewardService:
     ) -> ScoreResult:
         """Rewards for `responses[i]` judged against `rows[i]` (see module docstring).
 
-        Args:
-          rows: `PromptRow`s (validated when loaded), or mappings with `verifier`,
-            `ground_truth` and optional `domain`, `verifier_kwargs`, `prompt` (the judges').
-          responses: completion texts, one per row.
-          lengths: completion lengths in tokens, for the overlong penalty.
-          max_len: the generation budget L_max, for the overlong penalty.
+        `rows` are `PromptRow`s or mappings with `verifier`, `ground_truth` and optional
+        `domain`, `verifier_kwargs`, `prompt`; `lengths` (tokens) and `max_len` (L_max) feed
+        the overlong penalty.
+
         Raises:
           ValueError: mismatched lengths, or a row without a known verifier (naming the row).
         """

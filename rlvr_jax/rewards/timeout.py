@@ -1,19 +1,14 @@
 """Hard, killable time limits for verifier calls: a pool of long-lived worker processes.
 
 A signal alarm cannot interrupt SymPy inside a C loop and does not work off the main thread, so
-every bounded call runs in a worker process. The parent sends `(target, args, kwargs)` over a
-socket and waits with a deadline; on timeout it kills the worker's whole process group (SIGKILL)
-and starts a fresh one, so a hung verifier costs one call, never the caller.
+every bounded call runs in a worker process; on timeout the parent SIGKILLs the worker's process
+group and starts a fresh one, so a hung verifier costs one call, never the caller.
 
-Workers are fresh Python interpreters (spawn semantics: `subprocess` fork+exec, safe with JAX
-threads in the parent, unlike a bare fork) that import only what they run. Unlike
-`multiprocessing`'s spawn and forkserver they do not re-import the caller's `__main__`, so a
-script without an `if __name__ == "__main__"` guard works. Each worker runs in its own session
-(process group) and exits when its parent dies.
-
-`target` is a "module:function" string, resolved inside the worker, so the callable need not be
-picklable and each worker imports a verifier module once. Code already running inside a worker
-(`in_worker()`) calls targets directly: the outer call is already bounded.
+Workers are fresh interpreters (`subprocess` fork+exec: safe with JAX threads in the parent,
+and unlike `multiprocessing`'s spawn they do not re-import the caller's `__main__`), each in its
+own session, exiting when the parent dies. `target` is a "module:function" string resolved in
+the worker, so it need not be picklable. Code already inside a worker (`in_worker()`) calls
+targets directly: the outer call is already bounded.
 """
 
 from __future__ import annotations
@@ -57,9 +52,8 @@ class CallResult:
     """Outcome of one bounded call."""
 
     status: Status
-    """"ok" (value holds the return value), "timeout" (the worker was killed) or "error"."""
+    """"ok" (`value` holds the return value), "timeout" (the worker was killed) or "error"."""
     value: Any = None
-    """The target's return value when status is "ok"."""
     error: str = ""
     """A one-line description of the failure ("" when ok)."""
     elapsed_s: float = 0.0
@@ -212,15 +206,10 @@ class WorkerPool:
         preload: Sequence[str] = (),
         memory_mb: int | None = None,
     ):
-        """Starts the workers (without waiting for them).
-
-        Args:
-          num_workers: processes in the pool; None = `default_workers()`.
-          preload: modules each worker imports before its first call (e.g. a verifier that
-            imports SymPy), so that import time never counts against a call's timeout.
-          memory_mb: address-space limit of each worker (a call exceeding it fails with
-            MemoryError instead of exhausting the machine); None = unlimited.
-        """
+        """Starts `num_workers` workers (None = `default_workers()`) without waiting for them.
+        Each imports the `preload` modules before its first call (so SymPy's import time never
+        counts against a timeout) and runs under an address-space limit of `memory_mb` (a
+        call exceeding it fails with MemoryError; None = unlimited)."""
         n = default_workers() if num_workers is None else int(num_workers)
         if n < 1:
             raise ValueError(f"WorkerPool needs num_workers >= 1, got {num_workers}")
@@ -236,8 +225,6 @@ class WorkerPool:
         self.num_workers = n
         self.timeouts = 0
         """Calls that ran out of time (their worker was killed)."""
-        self.crashes = 0
-        """Calls whose worker died or could not start."""
         for _ in range(n):
             self._idle.put(self._spawn())
         _LIVE_POOLS.add(self)
@@ -278,7 +265,6 @@ class WorkerPool:
         try:
             startup_error = worker.wait_ready(_STARTUP_TIMEOUT_S)
             if startup_error is not None:
-                self.crashes += 1
                 worker = self._replace(worker)
                 return CallResult("error", error=startup_error)
             start = time.perf_counter()
@@ -293,7 +279,6 @@ class WorkerPool:
                     )
                 tag, payload = worker.conn.recv()
             except (EOFError, OSError) as e:
-                self.crashes += 1
                 try:
                     code = worker.process.wait(1.0)
                 except subprocess.TimeoutExpired:

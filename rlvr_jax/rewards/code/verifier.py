@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr_jax.rewards.code.cases import TestCase, parse_tests
+from rlvr_jax.rewards.code.cases import parse_tests
 from rlvr_jax.rewards.code.program import extract_program
 from rlvr_jax.rewards.code.sandbox import Isolation, SandboxLimits, TestOutcome, run_sandboxed
 
@@ -44,12 +44,7 @@ def check_program(
     isolation: Isolation = "strict",
 ) -> list[TestResult]:
     """Runs `program` on every test in the sandbox; one TestResult per test."""
-    return _check_cases(program, parse_tests(tests), limits, isolation)
-
-
-def _check_cases(
-    program: str, cases: Sequence[TestCase], limits: SandboxLimits | None, isolation: Isolation
-) -> list[TestResult]:
+    cases = parse_tests(tests)
     outcomes = run_sandboxed(
         program, [case.request() for case in cases], limits=limits, isolation=isolation
     )
@@ -92,16 +87,13 @@ def reward(
     """
     tests, row_mode = parse_ground_truth(ground_truth)
     chosen_mode = row_mode or mode or "fraction"
-    score = _score_mode(chosen_mode)
-    cases = parse_tests(tests)
-    if not isinstance(response, str):
-        return 0.0
-    program = extract_program(response)
+    _score_mode(chosen_mode)
+    parse_tests(tests)  # a malformed ground truth raises, whatever the response
+    program = extract_program(response) if isinstance(response, str) else ""
     if not program.strip():
         return 0.0
-    limits = SandboxLimits(timeout_s=timeout_s, memory_mb=memory_mb)
-    results = _check_cases(program, cases, limits, isolation)
-    return score([result.passed for result in results])
+    limits = {"timeout_s": timeout_s, "memory_mb": memory_mb, "isolation": isolation}
+    return run_tests(program, tests, mode=chosen_mode, **limits)
 
 
 def parse_ground_truth(ground_truth: Any) -> tuple[list[Any], str | None]:
