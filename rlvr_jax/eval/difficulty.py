@@ -1,12 +1,10 @@
 """Offline difficulty filtering (OLMo 3; ALGORITHMS.md, sampling-side techniques).
 
 Each prompt is sampled n times (8) from the starting policy at temperature 1, top-p 1; its
-pass rate is k/n, k the samples its verifier scores correct (≥ 0.5). Prompts the policy
-already solves too often (pass rate > `max_pass_rate`, 62.5% = 5/8) teach it little and are
-dropped; the rest are written back exactly as they were in the input (a JSONL line is
-copied byte for byte; a Parquet row becomes the JSON object of its values), so the output is
-a prompt source like the input. Rows the loader skips (bad JSON, missing fields, prompts
-over `data.max_prompt_len` tokens) are counted and not written.
+pass rate is k/n, k the samples its verifier scores correct (≥ 0.5). Prompts solved too often
+(pass rate > `max_pass_rate`, 5/8) teach little and are dropped; the rest are written back as
+they were (a JSONL line byte for byte, a Parquet row as the JSON object of its values). Rows
+the loader skips are counted and not written.
 
     mask_P = keep_mask(counts_P, n=8, max_pass_rate=0.625)  # 6/8 dropped, 5/8 kept
     hist = pass_histogram(counts_P, n=8)                    # prompts with k = 0..8 correct
@@ -294,12 +292,8 @@ def filter_source(
     seed: int = 0,
     chunk_prompts: int = DEFAULT_CHUNK_PROMPTS,
 ) -> FilterReport:
-    """Filters the prompts of `input_path` by the pass rate of the policy `cfg.model` and
-    writes the kept rows, in input order, to `output_path` (JSONL).
-
-    Prompts are formatted with `cfg.data.prompt_template` (rows over `data.max_prompt_len`
-    tokens are skipped), sampled `num_samples` times at temperature 1, top-p 1 with
-    `rollout.max_new_tokens`, and verified by the reward service of `cfg.rewards`. Prompt i
+    """Filters the prompts of `input_path` by the pass rate of the policy `cfg.model` (module
+    docstring) and writes the kept rows, in input order, to `output_path` (JSONL). Prompt i
     samples with `rollout.request_seed(seed, i)`, i its position among the scored rows.
 
     Raises:

@@ -7,21 +7,14 @@ or Parquet rows in DESIGN.md's data-row convention that also carry a solution, e
      "ground_truth": "7", "domain": "arithmetic",
      "solution": "3 + 4 = 7\\nThe answer is \\boxed{7}."}
 
-A row's demonstration is its `solution` field, else its `response` field (non-empty strings),
-else, for rows of the synthetic family (`rlvr_jax.data.synthetic`: domain `arithmetic` with
-its `expression`, `ifeval` with its `topic`), `synthetic.reference_response(row)`, so the
-synthetic `train.jsonl` serves as it is. Rows without one, or that the row loader rejects,
-are skipped and counted by reason.
+A row's demonstration is its non-empty `solution`, else `response`, else for synthetic rows
+`synthetic.reference_response(row)` (so the synthetic `train.jsonl` serves as it is); other
+rows are skipped and counted by reason. The pool is permuted by the seed; each prompt takes
+the first N examples of its own domain, then of the others, never its own prompt.
 
-Selection is deterministic: the pool is ordered by a permutation keyed by the seed, and each
-prompt takes the first N examples in that order from its own domain, then (when its domain
-has too few) from the other domains; never an example whose prompt is the prompt itself.
-
-Rendering: each example becomes two chat turns (user: its prompt, assistant: its solution)
-ahead of the prompt's own turns; the prompt's system messages stay first and the examples'
-system messages are dropped. The prompt template then renders the turns: `plain` joins them
-with blank lines (Q1, A1, ..., QN, AN, Q), `r1` writes `User:`/`Assistant:` lines after its
-instruction, `chat` goes through the tokenizer's chat template.
+Rendering: each example becomes two chat turns (user: prompt, assistant: solution) after the
+prompt's system messages and before its own turns (the examples' system messages are dropped);
+the prompt template then renders the turns as usual.
 """
 
 from __future__ import annotations

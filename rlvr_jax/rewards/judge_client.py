@@ -159,16 +159,11 @@ class ChatJudge:
         max_tokens: int = 512,
         extra_body: Mapping[str, Any] | None = None,
     ):
-        """Create a client; nothing is sent until the first request.
+        """Create a client (settings: module docstring); nothing is sent until the first request.
 
         Args:
-          base_url: e.g. "http://judge:8000/v1"; requests go to `{base_url}/chat/completions`.
-          model: the model name the endpoint serves; None = the first of `{base_url}/models`.
+          base_url: e.g. "http://judge:8000/v1".
           api_key_env: environment variable holding the API key (read now; may be unset).
-          max_concurrency: requests in flight at once.
-          timeout_s: bound on connecting and on each wait for the server, per attempt.
-          max_retries: further attempts after a retryable failure.
-          backoff_s: sleep before retry k (0-based) is `backoff_s * 2**k`.
           max_tokens: length limit of the judge's reply.
           extra_body: merged into each request body, e.g.
             `{"chat_template_kwargs": {"enable_thinking": False}}` for Qwen3 on vLLM.

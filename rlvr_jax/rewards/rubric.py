@@ -220,10 +220,6 @@ class ScoreCache:
                 self._scores.popitem(last=False)
 
 
-def _failure_reason(result: JudgeResult) -> str:
-    return result.error or f"reply has no SCORE line: {result.raw[:160]!r}"
-
-
 class RubricScorer:
     """Scores responses against rubrics with one judge and one cache (module doc)."""
 
@@ -301,7 +297,8 @@ def _outcome(
     if not failed:
         return RubricOutcome(rubric_score(item.criteria, scores), scores, "ok")
     first = failed[0]
-    reason = _failure_reason(results[keys[first]])
+    result = results[keys[first]]
+    reason = result.error or f"reply has no SCORE line: {result.raw[:160]!r}"
     more = f" ({len(failed) - 1} more criteria failed)" if len(failed) > 1 else ""
     timed_out = any(results[keys[k]].timed_out for k in failed)
     return RubricOutcome(
@@ -330,14 +327,9 @@ def score_rows(
     model: str | None = None,
     **options: Any,
 ) -> RowScores:
-    """Rubric scores of a batch for the reward service (`RowScores`: failed rows are "error" or
-    "timeout" with their reason, and the batch's `COUNTERS`).
-
-    Args:
-      responses: policy completions; anything up to the last `</think>` is dropped.
-      ground_truths: one rubric per response (see `parse_rubric`).
-      prompts: the prompts, one per response (default: empty).
-      base_url, model, options: `RubricScorer` settings (see `scorer_for`).
+    """Rubric scores of `responses` (anything up to the last `</think>` dropped) against one
+    rubric each, for the reward service: failed rows are "error" or "timeout" with their
+    reason; `base_url`, `model` and `options` are `RubricScorer` settings.
 
     Raises:
       ValueError: mismatched lengths, or a bad rubric (naming its position in the batch).

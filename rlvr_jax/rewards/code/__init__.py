@@ -1,13 +1,8 @@
 """Code verifier: runs untrusted programs against tests in an isolated, bounded sandbox.
 
-Public API:
-  `reward(response, ground_truth, **verifier_kwargs)` -> float, the registry entry ("code");
-  `run_tests(program, tests, *, timeout_s, memory_mb, mode, isolation)` -> float;
-  `check_program(program, tests, *, limits, isolation)` -> per-test `TestResult`s;
-  `extract_program(response)`, `SandboxLimits`, `SandboxUnavailableError`, `SandboxError`.
-
-Modules: `verifier` (scoring), `cases` (test kinds), `program` (extraction), `sandbox` (parent
-side), and, run inside the sandbox as bare scripts, `launcher`, `harness`, `plain`, `linux`.
+`reward(response, ground_truth, **verifier_kwargs)` is the registry entry ("code"). Modules:
+`verifier` (scoring), `cases` (test kinds), `program` (extraction), `sandbox` (parent side),
+and, run inside the sandbox as bare scripts, `launcher`, `harness`, `plain`, `linux`.
 Importing this package loads the standard library only.
 """
 

@@ -8,18 +8,10 @@ A ground truth is `{"instruction_id": [...], "kwargs": [...]}` (the IFEval field
 `instruction_id_list` is accepted too), as a dict or a JSON string; `kwargs[i]` holds the
 arguments of `instruction_id[i]` (None values count as absent).
 
-Where this differs from the reference, and why:
-
-* Arguments: the reference fills a missing, falsy or out-of-range argument with a random
-  value; here every argument is required and validated (ValueError naming the instruction),
-  and 0 is taken literally (`args`).
-* Sentences and words: the reference needs NLTK's downloaded Punkt model; `text` re-implements
-  Punkt's decision procedure and the Treebank word tokenizer with built-in parameters, and
-  documents where it may split differently from the trained model.
-* Language: langdetect with a fixed seed (`language`), where the reference runs it unseeded.
-* Inputs on which the reference crashes (an invalid regular expression in a keyword, JSON
-  nested too deeply) get an answer instead (`checkers`), and the placeholder, bullet and
-  title patterns are scanned in linear time (`scan`), with the same results.
+Where this differs from the reference, and why: every argument is required and validated
+instead of filled at random (`args`); sentences and words are split without NLTK's downloaded
+Punkt model (`text`); langdetect is seeded (`language`); inputs the reference crashes on get
+an answer (`checkers`); three backtracking patterns are scanned in linear time (`scan`).
 """
 
 from __future__ import annotations
@@ -51,15 +43,9 @@ def check(
     instruction_ids: Sequence[str],
     kwargs: Sequence[Mapping[str, Any] | None],
 ) -> list[bool]:
-    """Whether `response` follows each instruction (the reference's strict evaluation).
-
-    Args:
-      response: the model's text.
-      instruction_ids: IFEval ids such as "length_constraints:number_paragraphs".
-      kwargs: one argument dict (or None, for instructions without arguments) per id.
-
-    Returns:
-      One bool per instruction, in order; all False for a blank response.
+    """Whether `response` follows each of `instruction_ids` (IFEval ids such as
+    "length_constraints:number_paragraphs"), given one argument dict (or None) per id; all
+    False for a blank response.
 
     Raises:
       ValueError: an unknown instruction id, a length mismatch, or bad arguments (the message
@@ -124,15 +110,8 @@ def reward(
     *,
     mode: Literal["all", "fraction"] = "all",
 ) -> float:
-    """IFEval reward: 1.0 if every instruction is followed ("all"), or the fraction followed.
-
-    Args:
-      response: the model's text (a blank one scores 0).
-      ground_truth: `{"instruction_id": [...], "kwargs": [...]}`, or its JSON string.
-      mode: "all" (the OlmoRL default, `rewards.ifeval_mode`) or "fraction".
-
-    Returns:
-      A reward in [0, 1].
+    """IFEval reward: 1.0 if every instruction is followed (`mode="all"`, the OlmoRL default,
+    `rewards.ifeval_mode`), or the fraction followed (`"fraction"`); a blank response scores 0.
 
     Raises:
       ValueError: a malformed ground truth or an unknown mode; never for the response text.
