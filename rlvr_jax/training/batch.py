@@ -350,17 +350,12 @@ def collate_packed(
     return full, np.asarray(slots, np.int64)
 
 
-def _groups_per_part(rows: int, group_size: int, updates: int) -> int:
-    """Groups one of `updates` mini-batches of `rows` completions holds (packed: its row cap)."""
-    return rows // group_size // updates
-
-
 def packed_row_counts(
     rows: int, *, group_size: int, updates: int = 1, row_multiple: int = 1
 ) -> tuple[int, ...]:
     """Every row count of a batch `collate_shared(..., pack=True)` lays out for `rows`
     completions (each mini-batch alike): what the learner compiles with the first batch."""
-    cap = _groups_per_part(rows, group_size, updates)
+    cap = rows // group_size // updates  # groups (packed: rows) of a mini-batch at most
     return tuple(c * updates for c in pack_groups_row_counts(cap, row_multiple))
 
 
@@ -414,7 +409,7 @@ def collate_shared(
     parts = [range(u * per, (u + 1) * per) for u in range(updates)]
     layouts = []
     if pack and not max_tokens:  # (group k of the part, row, offset, completions, its slot)
-        cap = _groups_per_part(rows, g, updates)
+        cap = rows // g // updates
         packed = [
             pack_groups(
                 [(len(groups[i][0].prompt_tokens), [len(x.tokens) for x in groups[i]])
@@ -490,14 +485,13 @@ def collate_sft(
     seq_len: int,
     pad_id: int,
     pack: bool = False,
-    layout: Layout | None = None,
     max_tokens: int = 0,
     row_multiple: int = 1,
 ) -> TokenBatch:
     """The SFT batch of prompt/response pairs, each array [rows, seq_len − 1] (one example per
     row, unused rows all padding and masked). With `pack`, examples share rows in order
     (`packing.pack_examples`): example k of a row has segment id k + 1 and positions 0, 1, ...
-    from its first token; with a `layout` (`packing.pack_tokens`), they go where it says; with
+    from its first token; with
     `max_tokens` (`train.max_tokens_per_micro_batch`), packed to that token budget per
     micro-batch by `packing.pack_tokens` (the RL batches' packer), rows and micro-batches a
     multiple of `row_multiple`, the batch carrying its micro-batch count.
@@ -520,18 +514,18 @@ def collate_sft(
     if too_long and not pack:
         i = too_long[0]
         raise ValueError(f"collate_sft: example {i} has {lengths[i]} tokens > {seq_len}")
-    if layout is None and max_tokens:
+    if max_tokens:
         layout = pack_tokens(
             lengths, row_len=seq_len, max_tokens=max_tokens, row_multiple=row_multiple,
             what="SFT example",
         )  # fmt: skip
-    if layout is None and pack:
+    elif pack:
         layout = in_order(lengths, rows=rows, seq_len=seq_len)
         if len(layout.places) < len(lengths):
             raise ValueError(
                 f"collate_sft: {len(lengths)} examples do not fit packed into {rows} rows"
             )
-    elif layout is None:
+    else:
         layout = one_per_row(len(lengths), rows, "examples")
     return _lay_out(
         prompt_ids_list, response_ids_list, [True] * len(lengths), layout,

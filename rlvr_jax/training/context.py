@@ -76,6 +76,15 @@ class Context:
         t = self.cfg.train
         return math.lcm(t.attn_chunk or 1, t.logits_chunk or 1)
 
+    def actor_rollout(self, params: Any, version: int, **kwargs: Any) -> Any:
+        """An actor rollout (`rollout.build_rollout` on the actor mesh) from `params`."""
+        from rlvr_jax.rollout import build_rollout
+
+        return build_rollout(
+            self.cfg.rollout, self.model, self.actor_mesh, self.tokenizer, max_len=self.seq_len,
+            params=params, version=version, **kwargs,
+        )  # fmt: skip
+
     def batch_sharding(self, shape: tuple[int, ...]) -> jax.sharding.NamedSharding:
         """Where a batch array of `shape` lives on the learner mesh (rows by the `batch` rule)."""
         return sharding.batch_sharding(self.learner_mesh, sharding.LEARNER_RULES, shape)

@@ -92,38 +92,24 @@ class Critic:
     def shared(self) -> bool:
         return self.cfg.kind == "shared"
 
-    def values(
-        self, params: Any, tokens: TokenBatch, *, policy_hidden_RxTxD: jax.Array | None = None
-    ) -> jax.Array:
+    def hidden(self, trunk: Any, tokens: TokenBatch) -> jax.Array:
+        """The final-norm hidden states [R, T, D] of the rows `tokens` under `trunk`."""
+        return learner.hidden_states(
+            trunk, self.arch, tokens, compute_dtype=self.compute_dtype, memory=self.memory
+        )
+
+    def values(self, params: Any, tokens: TokenBatch, policy_hidden_RxTxD: jax.Array) -> jax.Array:
         """V(s_t) [R, T] of every position of the (packed) rows `tokens`: on the policy's
-        hidden states (`shared`, passed in) or on the separate trunk's."""
-        if self.shared:
-            if policy_hidden_RxTxD is None:
-                raise ValueError("a shared critic needs the policy's hidden states")
-            hidden_RxTxD = policy_hidden_RxTxD
-        else:
-            hidden_RxTxD = learner.hidden_states(
-                params["trunk"],
-                self.arch,
-                tokens,
-                compute_dtype=self.compute_dtype,
-                memory=self.memory,
-            )
+        hidden states (`shared`) or on the separate trunk's."""
+        shared = self.shared
+        hidden_RxTxD = policy_hidden_RxTxD if shared else self.hidden(params["trunk"], tokens)
         return head_values(params["head"], hidden_RxTxD)
 
     def slot_values(self, policy_params: Any, params: Any, batch: RLBatch) -> jax.Array:
         """V(s_t) [B, T] per completion slot of a batch (or one micro-batch of it): the
         critic's forward over the packed rows, seen through `gather_BxT`."""
-        hidden = None
-        if self.shared:
-            hidden = learner.hidden_states(
-                policy_params,
-                self.arch,
-                batch.tokens,
-                compute_dtype=self.compute_dtype,
-                memory=self.memory,
-            )
-        values_RxT = self.values(params, batch.tokens, policy_hidden_RxTxD=hidden)
+        trunk = policy_params if self.shared else params["trunk"]
+        values_RxT = head_values(params["head"], self.hidden(trunk, batch.tokens))
         return sequence_view(values_RxT, batch.gather_BxT)
 
 
@@ -273,7 +259,7 @@ def make_ppo_step(
                 policy_params, arch, hidden_RxTxD, mb, temperature=temperature, memory=memory
             )
             policy_loss, _ = objective(logp_BxT, mb)
-            values_RxT = critic.values(critic_params, mb.tokens, policy_hidden_RxTxD=hidden_RxTxD)
+            values_RxT = critic.values(critic_params, mb.tokens, hidden_RxTxD)
             values_BxT = sequence_view(values_RxT, mb.gather_BxT)
             v_loss, _ = value_term(values_BxT, mb)
             aux = {

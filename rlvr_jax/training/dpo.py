@@ -18,6 +18,7 @@ Letters: B rows, T positions, P pairs of the batch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ from rlvr_jax.training.batch import TokenBatch, collate_sft, vars_of
 from rlvr_jax.training.learner import NO_MEMORY_SAVING, MemoryOptions, token_logprobs
 from rlvr_jax.training.update import TrainState, gradient_step, summed
 
-__all__ = ["PreferenceBatch", "collate_pairs", "dpo_objective", "make_dpo_step", "sequence_sums"]
+__all__ = ["PreferenceBatch", "collate_pairs", "make_dpo_step", "sequence_sums"]
 
 
 @flax.struct.dataclass
@@ -138,53 +139,6 @@ def present_pairs(batch: PreferenceBatch, pairs: int) -> jax.Array:
     return ((len_w > 0) & (len_l > 0)).astype(jnp.float32)
 
 
-def dpo_objective(
-    arch: models.ArchConfig,
-    *,
-    pairs: int,
-    variant: str | Callable[..., Any] = "dpo",
-    beta: float = 0.1,
-    variant_kwargs: dict[str, Any] | None = None,
-    compute_dtype: Any = jnp.float32,
-    memory: MemoryOptions = NO_MEMORY_SAVING,
-) -> Callable[[PreferenceBatch], Callable]:
-    """`for_batch(batch) -> loss_fn(params, micro_batch)`: `losses.preference_loss` of the pairs
-    of a micro-batch, over the pair count of the whole `batch` (computed once here)."""
-    kwargs = dict(variant_kwargs or {})
-
-    def for_batch(batch: PreferenceBatch):
-        denominator = jnp.sum(present_pairs(batch, pairs))
-
-        def loss_fn(params, mb: PreferenceBatch):
-            logp_BxT = token_logprobs(
-                params, arch, mb, compute_dtype=compute_dtype, temperature=1.0, memory=memory
-            )
-            logp_w, logp_l = sequence_sums(logp_BxT, mb, pairs)
-            len_w, len_l = pair_lengths(mb, pairs)
-            if mb.ref_logp_BxT is None:
-                ref_w = ref_l = jnp.zeros_like(logp_w)
-            else:
-                ref_w, ref_l = sequence_sums(mb.ref_logp_BxT, mb, pairs)
-            loss, metrics = losses.preference_loss(
-                variant,
-                chosen_logp=logp_w,
-                rejected_logp=logp_l,
-                ref_chosen_logp=ref_w,
-                ref_rejected_logp=ref_l,
-                beta=beta,
-                chosen_len=len_w,
-                rejected_len=len_l,
-                mask=(len_w > 0) & (len_l > 0),
-                loss_denominator=denominator,
-                **kwargs,
-            )
-            return loss, {"loss": loss, **metrics}
-
-        return loss_fn
-
-    return for_batch
-
-
 def make_dpo_step(
     arch: models.ArchConfig,
     optimizer: optax.GradientTransformation,
@@ -206,20 +160,38 @@ def make_dpo_step(
         raise ValueError(f"make_dpo_step: n_micro must be >= 1, got {n_micro}")
     if pairs < 1:
         raise ValueError(f"make_dpo_step: pairs must be >= 1, got {pairs}")
-    objective = dpo_objective(
-        arch,
-        pairs=pairs,
-        variant=variant,
-        beta=beta,
-        variant_kwargs=variant_kwargs,
-        compute_dtype=compute_dtype,
-        memory=memory,
-    )
+    kwargs = dict(variant_kwargs or {})
+
+    def loss_fn(params: Any, mb: PreferenceBatch, denominator: jax.Array):
+        """`losses.preference_loss` of a micro-batch's pairs over the whole batch's count."""
+        logp_BxT = token_logprobs(
+            params, arch, mb, compute_dtype=compute_dtype, temperature=1.0, memory=memory
+        )
+        logp_w, logp_l = sequence_sums(logp_BxT, mb, pairs)
+        len_w, len_l = pair_lengths(mb, pairs)
+        if mb.ref_logp_BxT is None:
+            ref_w = ref_l = jnp.zeros_like(logp_w)
+        else:
+            ref_w, ref_l = sequence_sums(mb.ref_logp_BxT, mb, pairs)
+        loss, metrics = losses.preference_loss(
+            variant,
+            chosen_logp=logp_w,
+            rejected_logp=logp_l,
+            ref_chosen_logp=ref_w,
+            ref_rejected_logp=ref_l,
+            beta=beta,
+            chosen_len=len_w,
+            rejected_len=len_l,
+            mask=(len_w > 0) & (len_l > 0),
+            loss_denominator=denominator,
+            **kwargs,
+        )
+        return loss, {"loss": loss, **metrics}
 
     def step(state: TrainState, batch: PreferenceBatch):
-        loss_fn = objective(batch)
-        new_state, metrics, sums_M = gradient_step(state, loss_fn, batch, optimizer, n_micro)
         present = jnp.sum(present_pairs(batch, pairs))
+        objective = functools.partial(loss_fn, denominator=present)
+        new_state, metrics, sums_M = gradient_step(state, objective, batch, optimizer, n_micro)
         return new_state, {**summed(sums_M), **metrics, "dpo/pairs": present}
 
     return step

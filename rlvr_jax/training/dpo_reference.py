@@ -82,9 +82,6 @@ class ReferenceCache:
                 self.values = dict(zip((bytes(k) for k in f["keys"]), f["values"].tolist()))
             self.loaded = len(self.values)
 
-    def __contains__(self, key: bytes) -> bool:
-        return key in self.values
-
     def __len__(self) -> int:
         return len(self.values)
 

@@ -129,7 +129,8 @@ class Trainer:
             restored = self.checkpointer.restore_latest(ckpt.abstract_like(_saved(self.state)))
             if restored is not None:
                 step, saved, meta = restored
-                self.state = saved.replace(params=lora.combine(saved.params, self._frozen()))
+                frozen = lora.split(self.state.params)[1]  # the LoRA base (None without)
+                self.state = saved.replace(params=lora.combine(saved.params, frozen))
                 self.start_step, self.version = int(meta["step"]), int(meta["version"])
                 source_state, settled = meta["source"], meta.get("ledger")
                 log.info("resumed from checkpoint %d (policy version %d)", step, self.version)
@@ -329,18 +330,8 @@ class Trainer:
         """An actor rollout for the evaluations of an algorithm that samples nothing itself
         (sft, dpo): built on the actor mesh at the first evaluation, then sent each newer
         policy."""
-        from rlvr_jax.rollout import build_rollout
-
         if self._eval_rollout is None:
-            self._eval_rollout = build_rollout(
-                self.cfg.rollout,
-                self.ctx.model,
-                self.ctx.actor_mesh,
-                self.ctx.tokenizer,
-                max_len=self.ctx.seq_len,
-                params=self.state.params,
-                version=self.version,
-            )
+            self._eval_rollout = self.ctx.actor_rollout(self.state.params, self.version)
             if jax.process_count() == 1:
                 self._eval_rollout.start()
         elif self._eval_rollout.version != self.version:
@@ -395,10 +386,6 @@ class Trainer:
                 closer()
             except Exception:  # keep closing the rest
                 log.exception("while closing")
-
-    def _frozen(self) -> Any:
-        """The frozen part of the policy's params (the LoRA base; None without LoRA)."""
-        return lora.split(self.state.params)[1]
 
 
 def _saved(state: Any) -> Any:

@@ -6,9 +6,8 @@ service, pushes the learner's weights to the actors (and submits the push's prob
 the exact-resume bookkeeping: a checkpoint stores the mixture's state before the oldest request
 not yet settled (trained on, filtered or dropped as stale: consumed), plus the ids consumed after
 it, so a restart re-issues exactly the unsettled prompts — request id k is the mixture's draw k,
-which the prompt ledger (`training.ledger`) records. `build_rollouts` makes
-it from the run's `Context`, over `rollout_stream` (the `rollout.backend` engine). The sources
-over it are `algorithms.rl.RolloutSource` and `algorithms.expert_iteration.
+which the prompt ledger (`training.ledger`) records. `build_rollouts` makes it from the run's
+`Context`. The sources over it are `algorithms.rl.RolloutSource` and `algorithms.expert_iteration.
 ExpertIterationSource`.
 
 Single-process runs drive the stream from its own thread; multi-process runs step it on the
@@ -47,7 +46,7 @@ class Rollouts:
     """Prompts in, scored groups out, over a rollout stream (our engine or vLLM).
 
     Args:
-      stream: the `Rollout` (`rollout_stream`): `submit(..., meta=row)`, `get`, `step`,
+      stream: the actor `Rollout`: `submit(..., meta=row)`, `get`, `step`,
         `update_weights`, `start`, `stop`.
       prompts: the `PromptIterator` of `data.sources` (rows carry their `prompt_ids`).
       rewards: the `RewardService`.
@@ -73,12 +72,8 @@ class Rollouts:
         env: Any = None,
         max_prompt_len: int = 0,
     ) -> None:
-        self.stream, self.prompts, self.rewards, self.tokenizer = (
-            stream,
-            prompts,
-            rewards,
-            tokenizer,
-        )
+        self.stream, self.prompts, self.rewards = stream, prompts, rewards
+        self.tokenizer = tokenizer
         self.num_samples, self.seed, self.max_new_tokens = num_samples, seed, max_new_tokens
         self.threaded, self.stop = threaded, stop
         self.env, self.max_prompt_len = env, max_prompt_len
@@ -171,10 +166,6 @@ class Rollouts:
 
     def score(self, groups: list[Any]) -> tuple[list[ScoredGroup], dict[str, float]]:
         return score_groups(groups, self.rewards, self.tokenizer, max_len=self.max_new_tokens)
-
-    def kv_metrics(self) -> dict[str, float]:
-        """The rollout's KV metrics since the previous call (`RolloutStream.kv_metrics`)."""
-        return self.stream.kv_metrics()
 
     def consume(self, request_ids: list[int]) -> None:
         """Marks requests as settled (they leave the in-flight bookkeeping)."""
@@ -289,27 +280,9 @@ def merge_service_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -> Rollout:
-    """The run's actor rollout (`rollout.build_rollout` on the actor mesh), from `params`."""
-    from rlvr_jax.rollout import build_rollout
-
-    return build_rollout(
-        ctx.cfg.rollout,
-        ctx.model,
-        ctx.actor_mesh,
-        ctx.tokenizer,
-        max_len=ctx.seq_len,
-        params=params,
-        version=version,
-        max_pending_groups=in_flight + 1,
-        max_ready_groups=in_flight + 1,
-        timeline=ctx.timeline,
-        turns=ctx.turns,
-    )
-
-
 def build_rollouts(ctx: Context, params: Any, version: int, *, in_flight: int) -> Rollouts:
-    """The run's `Rollouts`: `data.sources`, the reward service and `rollout_stream`."""
+    """The run's `Rollouts`: `data.sources`, the reward service and the actor rollout (the
+    `rollout.backend` engine), with room for `in_flight` groups."""
     from rlvr_jax.data import build_prompt_iterator
     from rlvr_jax.rewards import RewardService, known_verifiers
 
@@ -319,7 +292,10 @@ def build_rollouts(ctx: Context, params: Any, version: int, *, in_flight: int) -
     )
     rewards = RewardService(cfg.rewards, overlong_buffer=cfg.filter.soft_overlong_buffer)
     try:
-        stream = rollout_stream(ctx, params, version, in_flight=in_flight)
+        stream = ctx.actor_rollout(
+            params, version, max_pending_groups=in_flight + 1, max_ready_groups=in_flight + 1,
+            timeline=ctx.timeline, turns=ctx.turns,
+        )  # fmt: skip
     except BaseException:
         rewards.close()
         raise

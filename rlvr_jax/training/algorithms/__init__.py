@@ -38,15 +38,15 @@ class Algorithm:
 
 
 def _rl_update(ctx: Context) -> Update:
-    return ppo.update(ctx) if ctx.settings.uses_critic else rl.update(ctx)
+    return ppo.PPOUpdate(ctx) if ctx.settings.uses_critic else rl.RLUpdate(ctx)
 
 
 ALGORITHMS: dict[str, Algorithm] = {
     "rl": Algorithm(rl.source, _rl_update),
     "sft": Algorithm(sft.source, sft.update),
     "expert_iteration": Algorithm(expert_iteration.source, expert_iteration.update),
-    "rl_sft_parallel": Algorithm(rl_sft_parallel.source, rl_sft_parallel.update),
-    "dpo": Algorithm(dpo.source, dpo.update),
+    "rl_sft_parallel": Algorithm(rl_sft_parallel.source, rl_sft_parallel.ParallelUpdate),
+    "dpo": Algorithm(dpo.source, dpo.DPOUpdate),
 }
 """The source and the learner update of each `algorithm`."""
 

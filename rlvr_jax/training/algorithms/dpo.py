@@ -227,7 +227,3 @@ def source(ctx: Context, params: Any, version: int) -> PreferenceSource:
     if d.reference == "cache" and needs_reference(d.variant):
         cache = reference_cache(ctx, sources, rows=2 * d.batch_size)
     return PreferenceSource(ctx, PromptIterator(sources, seed=cfg.data.seed), cache)
-
-
-def update(ctx: Context) -> DPOUpdate:
-    return DPOUpdate(ctx)

@@ -104,7 +104,7 @@ class ExpertIterationSource(GeneratingSource):
             **metrics,
             **asm.metrics(),
             **expert_metrics(groups, min_score=self.min_score),
-            **r.kv_metrics(),
+            **r.stream.kv_metrics(),
         }
         metrics["staleness/mean"] = 0.0
         metrics["time/rollout_s"] = time.perf_counter() - t0

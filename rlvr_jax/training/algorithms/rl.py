@@ -146,7 +146,7 @@ class RolloutSource(GeneratingSource):
                 **self.packing,
             )
         merged = merge_service_metrics(service)
-        metrics = {**merged, **asm.metrics(), **r.kv_metrics()}
+        metrics = {**merged, **asm.metrics(), **r.stream.kv_metrics()}
         metrics.update(r.ledger_metrics())
         metrics["staleness/mean"] = (
             float(np.mean([policy_version - g.version for g in kept])) if kept else 0.0
@@ -388,7 +388,3 @@ def kl_advantages(
     )
     adv_N = losses.advantages(settings.advantage, penalised_N.reshape(-1, group_size))
     return jnp.zeros(rl.mask_BxT.shape[:1], jnp.float32).at[slots_N].set(adv_N.reshape(-1))
-
-
-def update(ctx: Context) -> RLUpdate:
-    return RLUpdate(ctx)

@@ -211,7 +211,3 @@ class ParallelUpdate(rl_algorithm.RLUpdate):
 
     def _parts(self, arrays: ParallelBatch) -> tuple[RLBatch, TokenBatch]:
         return arrays.rl, arrays.sft
-
-
-def update(ctx: Context) -> ParallelUpdate:
-    return ParallelUpdate(ctx)
