@@ -9,21 +9,15 @@ final-norm hidden states h_t [B, T, D]:
 - `critic.kind: shared`: the head sits on the policy's trunk; the value loss then trains the
   trunk too, weighted by `critic.value_coef`.
 
-Either way the critic's parameters and AdamW state live in `TrainState.critic` (checkpointed
-with the policy: resume is exact), and one step minimises policy loss + c_V · value loss with
-two optimizers: the policy's over the policy's parameters, the critic's (`critic.learning_rate`)
-over the critic's. A non-finite loss or gradient skips both.
+The critic's parameters and AdamW state live in `TrainState.critic` (checkpointed with the
+policy); one step minimises policy loss + c_V · value loss, each optimizer over its own
+parameters (the critic's at `critic.learning_rate`); a non-finite loss or gradient skips both.
 
-Per rollout batch, before the first update (like θ_old's log-probs), `make_prepare_fn` runs
-the critic over the rollout tokens and turns the rewards at the completions' last tokens
-(minus β·KL per token with `loss.kl_mode: reward`) into GAE advantages and value targets
-(`losses.gae`), whitened over the batch's completion tokens when `critic.whiten_advantages`.
-
-Packed batches (`RLBatch`): the critic, like the policy, reads the packed rows [R, T] (one
-micro-batch's rows at a time when they are packed for several); its values are seen per
-completion slot [B, T] through `batch.sequence_view`, where the rewards, the mask, GAE and the
-value loss live, each slot one episode. So advantages, returns, the value loss (divided by the
-whole batch's token count) and every metric are the same however the rows are packed.
+Per rollout batch, before the first update, `make_prepare_fn` turns the rewards at the
+completions' last tokens (minus β·KL per token with `loss.kl_mode: reward`) into GAE
+advantages and value targets (`losses.gae`). The critic reads the packed rows [R, T]; its
+values are seen per completion slot [B, T] (`batch.sequence_view`), each slot one episode, so
+every result is the same however the rows are packed.
 """
 
 from __future__ import annotations
@@ -123,8 +117,8 @@ def warn_if_unused(cfg: Config, settings: losses.LossSettings) -> None:
 
 
 class CriticBuilder:
-    """Builds the critic of a run: loads the separate trunk (on the learner mesh), makes the
-    critic's optimizer and, from the policy's parameters, its initial state."""
+    """The critic of a run: its separate trunk (loaded on the learner mesh), its optimizer and
+    its initial state."""
 
     def __init__(
         self, cfg: Config, policy: models.Model, mesh: Any, memory: learner.MemoryOptions
@@ -164,11 +158,10 @@ class CriticBuilder:
 
 def make_prepare_fn(critic: Critic, settings: losses.LossSettings) -> Callable:
     """`prepare(policy_params, critic_params, batch) -> (batch, metrics)` (jitted): the batch
-    with `values_BxT`, `advantages_BxT` and `returns_BxT` of its rollout tokens, per completion
-    slot (see the module docstring); metrics `value/explained_variance` (of the rollout-time
-    values against the returns), `value/return_mean`, `value/gae_mean`, `value/gae_std`
-    (before whitening), all over the whole batch. With `loss.kl_mode: reward` the batch must
-    carry old and reference log-probs."""
+    with `values_BxT`, `advantages_BxT` (whitened with `critic.whiten_advantages`) and
+    `returns_BxT`; metrics `value/explained_variance`, `value/return_mean`, `value/gae_mean`,
+    `value/gae_std` (before whitening) over the whole batch. With `loss.kl_mode: reward` the
+    batch must carry old and reference log-probs."""
     cfg = critic.cfg
 
     def prepare(policy_params: Any, critic_params: Any, batch: RLBatch):
@@ -228,12 +221,11 @@ def make_ppo_step(
     temperature: float = 1.0,
     memory: learner.MemoryOptions = learner.NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The pure PPO step (un-jitted): `accumulate_grads` of policy loss + c_V · value loss over
-    (policy params, critic params) in `n_micro` micro-batches (a packed batch's own count when
-    it has one; default 1), then each optimizer on its own gradients. The batch holds
-    `advantages_BxT`, `returns_BxT` and `values_BxT` (`make_prepare_fn`). Metrics, over the
-    whole batch: the policy loss's, `value/*` (value_loss's), `policy_loss`, `loss` (the sum
-    minimised), `grad_norm`, `value/grad_norm`, `step_ok`."""
+    """The pure PPO step (un-jitted) over a batch from `make_prepare_fn`: `accumulate_grads` of
+    policy loss + c_V · value loss over (policy, critic) params in `n_micro` micro-batches (a
+    packed batch's own count), then each optimizer on its own gradients. Metrics, over the
+    whole batch: the policy loss's, `value/*`, `policy_loss`, `loss` (the sum minimised),
+    `grad_norm`, `value/grad_norm`, `step_ok`."""
     coef, clip = critic.cfg.value_coef, critic.cfg.value_clip
 
     def step(state: TrainState, batch: RLBatch):

@@ -10,13 +10,10 @@ stream, one line per prompt, in the order they were settled:
   assembled), or `pending` (drawn — in flight, queued, or scored and waiting for a batch — when
   the run ended after `step`); `version`: the oldest policy version among its tokens.
 
-Every draw has exactly one line, across any number of kills and resumes: lines are appended when
-the loop takes a step's batch (flushed and fsync'ed, before that step's checkpoint can be
-written), and the checkpoint stores how many there are. A resume from checkpoint c keeps the
-lines of steps <= c and drops the rest — outcomes of steps that will be recomputed, the
-`pending` lines of the previous end, a torn last line — exactly the prompts the checkpoint's
-source state (`Rollouts.state`) will draw again. Only the sources that sample write it (`rl`,
-`expert_iteration`, `rl_sft_parallel`).
+Every draw has exactly one line across kills and resumes: lines are appended (fsync'ed) when
+the loop takes a step's batch, before its checkpoint, which stores their count; a resume from
+checkpoint c keeps the lines of steps <= c (not `pending`) and drops the rest, exactly the
+prompts its source state will draw again. Only the sources that sample write it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Generation for the sources that train on it: prompts → the rollout engine → rewards.
 
 `Rollouts` draws prompts from the resumable mixture, submits them to the rollout stream (the row
-rides along as the request's `meta`), takes completed groups, scores them with the reward
-service, pushes the learner's weights to the actors (and submits the push's probe), and keeps
-the exact-resume bookkeeping: a checkpoint stores the mixture's state before the oldest request
-not yet settled (trained on, filtered or dropped as stale: consumed), plus the ids consumed after
-it, so a restart re-issues exactly the unsettled prompts — request id k is the mixture's draw k,
-which the prompt ledger (`training.ledger`) records. `build_rollouts` makes it from the run's
-`Context`. The sources over it are `algorithms.rl.RolloutSource` and `algorithms.expert_iteration.
-ExpertIterationSource`.
-
-Single-process runs drive the stream from its own thread; multi-process runs step it on the
-caller's thread, so that every process issues the same device computations in one order.
-
-With a multi-turn environment (`env.name`), each request carries its `envs.EnvGroup`: the
-environment renders the prompt (rows whose rendering exceeds `data.max_prompt_len` are
-skipped) and its turns run inside the engine's slots.
+as the request's `meta`; with `env.name`, the environment renders the prompt and its turns run
+in the engine's slots), scores completed groups, pushes weights, and keeps the exact-resume
+bookkeeping: a checkpoint stores the mixture's state before the oldest unsettled request plus
+the ids settled after it, so a restart re-issues exactly the unsettled prompts (request id k is
+the mixture's draw k, as the ledger records). Single-process runs drive the stream from its own
+thread; multi-process runs step it on the caller's, so every process issues the same device
+computations in one order.
 """
 
 from __future__ import annotations
@@ -43,18 +35,12 @@ MAX_SKIPS_IN_A_ROW = 1000
 
 
 class Rollouts:
-    """Prompts in, scored groups out, over a rollout stream (our engine or vLLM).
+    """Prompts in, scored groups out, over an actor `Rollout` (our engine or vLLM).
 
-    Args:
-      stream: the actor `Rollout`: `submit(..., meta=row)`, `get`, `step`,
-        `update_weights`, `start`, `stop`.
-      prompts: the `PromptIterator` of `data.sources` (rows carry their `prompt_ids`).
-      rewards: the `RewardService`.
-      num_samples, seed, max_new_tokens: G, the run's seed, the generation budget.
-      threaded: drive the stream from its thread (single process) or on the caller's.
-      stop: truthy when the run must stop (checked while waiting).
-      env: the `envs.EnvRunner` of a multi-turn environment (None: one turn).
-      max_prompt_len: the longest prompt an environment may render.
+    `prompts`: the `PromptIterator` of `data.sources`; `threaded`: drive the stream from its
+    thread (single process) or on the caller's; `stop`: truthy when the run must stop;
+    `env`: the `envs.EnvRunner` of a multi-turn environment (None: one turn), whose prompts
+    may have `max_prompt_len` tokens.
     """
 
     def __init__(
@@ -175,10 +161,9 @@ class Rollouts:
             self._consumed.add(rid)
 
     def pending(self) -> list[dict]:
-        """Ledger records (`pending`) of the requests drawn and not consumed: in flight,
-        queued, or completed and waiting for a batch — and, after a restart, those between
-        the draw cursor and the last request consumed before it (drawn then, not re-drawn
-        yet: replayed from the data iterator, whose position is left as it was)."""
+        """Ledger records (`pending`) of the requests drawn and not consumed, and, after a
+        restart, those between the draw cursor and the last request consumed before it
+        (replayed from the data iterator, whose position is left as it was)."""
         out = [ledger.entry(rid, row, "pending") for rid, row in sorted(self._rows.items())]
         if self._skip:
             saved, rid = self.prompts.state(), self.next_request
@@ -195,10 +180,8 @@ class Rollouts:
         return {"ledger/drawn": float(self.next_request), "ledger/pending": float(len(self._rows))}
 
     def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> CompletedGroup | None:
-        """One sample of `prompt` by the actors at policy `version` (pinned: it waits for that
-        version, ahead of the queue; no budget forcing), for `training.push`; None when the
-        stream is stepped on the caller's thread (multi-process), where nothing else would
-        step it."""
+        """One sample of `prompt` by the actors at policy `version` (pinned, ahead of the
+        queue), for `training.push`; None when the stream is stepped on the caller's thread."""
         if not self.threaded:
             return None
         future = self.stream.submit(
@@ -236,8 +219,7 @@ class Rollouts:
 
 
 class GeneratingSource:
-    """The loop's interface of a source over `Rollouts` (`self.rollouts`): `RolloutSource`,
-    `ExpertIterationSource`."""
+    """The loop's interface of a source over `Rollouts` (`self.rollouts`)."""
 
     rollouts: Rollouts
     on_policy: bool = True
@@ -266,8 +248,8 @@ class GeneratingSource:
 
 
 def merge_service_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
-    """The reward service's metrics over several calls: counts summed, the rest averaged.
-    `reward/*` are left to the batch assembler (over every drawn group, once)."""
+    """The reward service's metrics over several calls: counts summed, the rest averaged
+    (`reward/*` are the batch assembler's)."""
     keys = {k for m in calls for k in m if not k.startswith("reward/")}
     out = {}
     for k in sorted(keys):
