@@ -1,18 +1,15 @@
-"""Orbax checkpoints in `<output_dir>/checkpoints/<step>/`: train state (params, optimizer,
-step, skipped-step count) as arrays, and a JSON side-car (data-iterator state, RNG seed state,
-policy version, anything else the loop needs to resume exactly).
+"""Orbax checkpoints in `<output_dir>/checkpoints/<step>/`: the train state as arrays and a JSON
+side-car (source state, policy version, what else the loop needs to resume exactly).
 
-Saves are asynchronous: orbax copies the arrays to the host, writes them in its own threads
-into `<step>.orbax-checkpoint-tmp` and renames that to `<step>` when complete; a thread of ours
-then writes each process's file manifest (`checkpoint_files`) and deletes the checkpoints
-beyond keep-last-N — only after a save that succeeded, so a failed save never costs the last
-good checkpoint. A failed save (full disk, I/O error) is raised as `CheckpointError` on the
-next `save`/`wait`/`close`, naming the step and the OS error; its partial directory is removed.
+Saves are asynchronous (orbax writes `<step>.orbax-checkpoint-tmp`, renamed to `<step>` when
+complete); a thread of ours then writes each process's file manifest (`checkpoint_files`) and
+deletes the checkpoints beyond keep-last-N, only after a save that succeeded. A failed save is
+raised as `CheckpointError` on the next `save`/`wait`/`close`, naming the step and the OS
+error; its partial directory is removed.
 
-`restore_latest` restores the newest checkpoint whose files match their manifest and that
-orbax can read; a damaged one is named (with its damaged files), moved aside to
-`<step>.damaged` (never deleted; orbax no longer lists it) and the next older one is tried.
-With several processes, each verifies its own files and all agree on the step restored.
+`restore_latest` restores the newest checkpoint whose files match their manifest and that orbax
+can read; a damaged one is named, moved aside to `<step>.damaged` (never deleted) and the next
+older one tried. With several processes, each verifies its own files and all agree.
 """
 
 from __future__ import annotations
@@ -48,9 +45,8 @@ class Checkpointer:
         async_save: bool = True,
         verify: str = "checksum",
     ):
-        """`verify`: "checksum" (a CRC-32 of every file, written after each save in the
-        background and checked before a restore), "size" (file sizes only: catches truncated
-        and missing files, reads nothing) or "off"."""
+        """`verify`: "checksum" (a CRC-32 of every file, checked before a restore), "size"
+        (truncated and missing files only) or "off"."""
         if verify not in files.VERIFY_MODES:
             raise ValueError(
                 f"checkpoint.verify: expected one of {files.VERIFY_MODES}, got {verify!r}"
@@ -208,9 +204,8 @@ class Checkpointer:
 
     # -- restoring ---------------------------------------------------------------------
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-        """Restores checkpoint `step` as it is (no file check, no fallback) into the
-        shardings and dtypes of `abstract_state` (a pytree of `jax.ShapeDtypeStruct` with
-        `.sharding`, e.g. from `jax.eval_shape` or `abstract_like`)."""
+        """Restores checkpoint `step` (no file check, no fallback) into the shardings and dtypes
+        of `abstract_state` (`jax.ShapeDtypeStruct`s with `.sharding`, e.g. `abstract_like`)."""
         ocp = self._ocp
         out = self._mngr.restore(
             step,

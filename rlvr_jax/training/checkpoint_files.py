@@ -1,15 +1,10 @@
-"""File-level integrity of an orbax checkpoint directory: a per-process manifest of every file
-the process wrote (relative path → size and CRC-32), written after orbax has finalised the
-checkpoint and verified before it is restored.
+"""File-level integrity of an orbax checkpoint: a per-process manifest of every file the process
+wrote (relative path → size and CRC-32), written after orbax finalised it and verified before a
+restore. Orbax checks nothing itself: a damaged data file fails deep in TensorStore without
+naming the file, or restores silently into wrong numbers.
 
-Orbax itself checks nothing: a data file overwritten in part either fails deep inside
-TensorStore (`ZSTD_decompressStream() failed`) without naming the file, or — when the damage
-leaves a valid zstd frame — restores silently into wrong numbers. The manifest names the file.
-
-Ownership follows orbax's layout: process i writes `…/ocdbt.process_i/…` and
-`…/array_metadatas/process_i`; the primary process (0) writes everything else (the merged
-OCDBT root, `_METADATA`, `_sharding`, the JSON side-car, `_CHECKPOINT_METADATA`). Each process
-hashes and verifies only its own files, so the cost is spread over the hosts.
+Process i owns `…/ocdbt.process_i/…` and `…/array_metadatas/process_i`; process 0 everything
+else. Each process hashes and verifies only its own files.
 """
 
 from __future__ import annotations

@@ -2,16 +2,10 @@
 DPO train step.
 
 A pair (prompt x, chosen y_w, rejected y_l) is two sequences, x + y_w and x + y_l, laid out by
-the one collation every algorithm uses (`batch.collate_sft`: one sequence per row, or packed
-with `pack=True` — each sequence its own segment with positions from 0). The `PreferenceBatch`
-adds, per target token, the pair it belongs to (`pair_BxT`), whether it is a chosen-response
-token (`chosen_BxT`; the rejected ones are `mask − chosen`), and the reference log-probs
-(`ref_logp_BxT`). The step sums log π_θ over each response's tokens (a segment sum by pair,
+`batch.collate_sft`. The step sums log π_θ over each response's tokens (a segment sum by pair,
 whatever the layout), feeds the [P] sums to `losses.preference_loss`, and divides by the pair
-count of the **whole optimizer batch** (as the RL loss divides by the global token count), so
-accumulating micro-batch gradients gives exactly the full-batch gradient. A pair's two sequences
-always sit in the same micro-batch: `collate_pairs(..., groups=n_micro)` lays out each
-micro-batch's pairs in its own rows.
+count of the **whole optimizer batch**, so micro-batch gradients sum to the full-batch one. A
+pair's two sequences share a micro-batch (`collate_pairs(..., groups=n_micro)`).
 
 Letters: B rows, T positions, P pairs of the batch.
 """
@@ -63,15 +57,13 @@ def collate_pairs(
     ref_chosen: Sequence[float] | None = None,
     ref_rejected: Sequence[float] | None = None,
 ) -> PreferenceBatch:
-    """The batch of P pairs (numpy arrays [rows, seq_len − 1]).
-
-    Pairs are split into `groups` consecutive groups of P / groups (the micro-batches), each laid
-    out by `collate_sft` in its own rows / groups rows: chosen then rejected sequence of each
-    pair, one per row, or packed (`pack`). `ref_chosen` / `ref_rejected` ([P] summed reference
-    log-probs, e.g. from the cache) go on each response's first token of `ref_logp_BxT`.
+    """The batch of P pairs (numpy arrays [rows, seq_len − 1]): `groups` consecutive groups of
+    pairs (the micro-batches), each laid out by `collate_sft` in its own rows / groups rows,
+    chosen then rejected. `ref_chosen` / `ref_rejected` ([P] summed reference log-probs, e.g.
+    from the cache) go on each response's first token of `ref_logp_BxT`.
 
     Raises ValueError naming the problem: lists of different lengths, P or rows not divisible by
-    `groups`, and `collate_sft`'s errors (empty or too long sequences, not fitting).
+    `groups`, and `collate_sft`'s errors.
     """
     P = len(prompts)
     if not P or len(chosen) != P or len(rejected) != P:
@@ -151,11 +143,10 @@ def make_dpo_step(
     compute_dtype: Any = jnp.float32,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, PreferenceBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The pure DPO step `(state, batch) -> (state, metrics)` (un-jitted; `update.jit_train_step`
-    jits it with shardings and donation): one optimizer step over the `pairs` pairs of `batch`,
-    gradients accumulated over `n_micro` micro-batches against the whole batch's pair count; a
-    non-finite loss or gradient skips the step (`state.skipped`). Metrics: `loss`, `grad_norm`,
-    `step_ok`, `dpo/pairs` and `preference_loss`'s `dpo/...`."""
+    """The pure DPO step `(state, batch) -> (state, metrics)` (un-jitted): one optimizer step
+    over the `pairs` pairs of `batch`, gradients accumulated over `n_micro` micro-batches
+    against the whole batch's pair count; a non-finite step is skipped. Metrics: `loss`,
+    `grad_norm`, `step_ok`, `dpo/pairs` and `preference_loss`'s `dpo/...`."""
     if n_micro < 1:
         raise ValueError(f"make_dpo_step: n_micro must be >= 1, got {n_micro}")
     if pairs < 1:

@@ -11,10 +11,8 @@ base: one jitted program per batch shape).
 | `rl_sft_parallel` | `rl_sft_parallel.py` | `PairingSource` → `ParallelUpdate` |
 | `dpo` | `dpo.py` | `PreferenceSource` → `DPOUpdate`: one DPO step |
 
-What each algorithm needs of the config alone is checked by `rlvr_jax.config.load`
-(`rlvr_jax.config.algorithm_checks`: errors name the key and the file), so a bad combination
-fails before anything is built. Checks that need the model or the data run when the update or
-the source is built.
+The checks of the config alone run at load (`rlvr_jax.config.algorithm_checks`); those that
+need the model or the data run when the update or the source is built.
 """
 
 from __future__ import annotations

@@ -3,19 +3,14 @@
     rlvr-train --config F algorithm=dpo dpo.sources='[{path: pairs.jsonl}]' dpo.beta=0.1
 
 `PreferenceSource` draws `dpo.batch_size` pairs per step from the seeded, resumable mixture of
-`dpo.sources` (its iterator state is what a checkpoint stores: a resumed run sees exactly the
-pairs it would have seen) and lays them out with `dpo.collate_pairs`, each micro-batch's pairs
-in its own rows, the row length bucketed like the RL batches' (`train.bucket_min_len`).
+`dpo.sources` and lays them out with `dpo.collate_pairs`, the row length bucketed like the RL
+batches'.
 
 Reference log-probs come from the frozen starting policy (`model.path`, also on resume):
-- `dpo.reference: cache` (default): computed once before the first step for every pair of the
-  sources and kept on disk (`training.dpo_reference.ReferenceCache`, keyed by the model's files
-  and the tokens); each batch carries its pairs' cached sums. No reference forward pass per
-  step and a cache reused by later runs on the same model and data; the price is one forward
-  pass over the whole dataset up front, which a run that sees every pair at least once pays
-  anyway.
-- `dpo.reference: on_the_fly`: the update runs the reference forward on each batch (the
-  reference weights stay on the learner): for datasets much larger than what a run will see.
+- `dpo.reference: cache` (default): computed once up front for every pair and kept on disk
+  (`training.dpo_reference.ReferenceCache`), reused by later runs on the same model and data;
+- `dpo.reference: on_the_fly`: a reference forward on each batch, for datasets much larger
+  than a run will see.
 A reference-free variant (`simpo`) computes neither.
 """
 

@@ -4,11 +4,9 @@
     rlvr-train --config F algorithm=expert_iteration    # data.sources, verified samples
 
 Each step is one on-policy round: `train.prompts_per_batch` prompts × `rollout.num_samples`
-samples, every completion verified, and the kept ones trained on by `sft.expert_sft_steps` SFT
-steps (`sft.SFTUpdate`). A completion is kept when its *verifier* score (`ScoredGroup.scores_G`)
-— before domain weights, the format term and length penalties, which shape RL rewards but say
-nothing about correctness — is at least `sft.expert_min_score`. It is trained on exactly as
-sampled (prompt ids, then the completion ids with the stop token that ended it).
+samples, the completions whose *verifier* score (`ScoredGroup.scores_G`, before the reward
+shaping terms) is at least `sft.expert_min_score` trained on exactly as sampled by
+`sft.expert_sft_steps` SFT steps.
 """
 
 from __future__ import annotations
@@ -70,12 +68,9 @@ def expert_metrics(groups: Sequence[ScoredGroup], *, min_score: float) -> dict[s
 
 
 class ExpertIterationSource(GeneratingSource):
-    """`algorithm: expert_iteration`: each step is one on-policy round — `prompts_per_batch`
-        prompts issued after the previous update reached the engine, every completion verified, the
-        completions whose verifier score is at least `min_score` laid out as an SFT batch of
-        prompts × samples rows (rows not filled are masked; a round that keeps nothing makes no
-        update). No group is filtered; the ledger records a prompt with no completion kept as
-    `filtered`. Extra metrics: `expert/*`."""
+    """`algorithm: expert_iteration`: one on-policy round per step (module docstring), the kept
+    completions as an SFT batch of prompts × samples rows (a round that keeps nothing makes no
+    update; the ledger records its prompts as `filtered`). Extra metrics: `expert/*`."""
 
     def __init__(self, ctx: Context, rollouts: Rollouts) -> None:
         cfg = ctx.cfg
