@@ -97,7 +97,7 @@ class Checkpointer:
         """Starts saving checkpoint `step` (returns once the arrays are copied to the host).
         Raises `CheckpointError` for a previous save that failed, or for this one when it
         fails before returning; a step already on disk is not saved again."""
-        self._settle()
+        self.wait()
         ocp = self._ocp
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         try:
@@ -116,11 +116,11 @@ class Checkpointer:
             self._worker.start()
         else:
             self._complete(step)
-            self._settle()
+            self.wait()
 
     def _complete(self, step: int) -> None:
         """Waits for orbax to finish `step`, then writes the manifest and collects garbage
-        (in its own thread when saving asynchronously). Records a failure for `_settle`."""
+        (in its own thread when saving asynchronously). Records a failure for `wait`."""
         try:
             self._mngr.wait_until_finished()
         except Exception as e:
@@ -177,7 +177,7 @@ class Checkpointer:
                 shutil.rmtree(p, ignore_errors=True)
                 log.warning("removed %s, left by an interrupted save or deletion", p)
 
-    def _settle(self) -> None:
+    def wait(self) -> None:
         """Joins the background save; raises its failure (once), with a fresh manager."""
         if self._worker is not None:
             self._worker.join()
@@ -189,15 +189,12 @@ class Checkpointer:
             failure, self._failure = self._failure, None
             raise failure
 
-    def wait(self) -> None:
-        self._settle()
-
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            self._settle()
+            self.wait()
         finally:
             with contextlib.suppress(Exception):
                 self._mngr.close()
@@ -220,7 +217,7 @@ class Checkpointer:
         is no checkpoint at all. Damaged ones are named, moved aside and skipped; raises
         `CheckpointError` when none is intact, or when the newest intact one does not fit
         `abstract_state` (another model or optimizer: nothing is moved then)."""
-        self._settle()
+        self.wait()
         self._mngr.reload()
         earlier = sorted(p.name for p in self.dir.glob("*.damaged*")) if self.dir.is_dir() else []
         damaged: list[str] = []

@@ -184,22 +184,13 @@ def sequence_logprobs(
             with_entropy=with_entropy, memory=memory,
         )  # fmt: skip
     out = token_logprobs(
-        params,
-        arch,
-        batch.tokens,
-        compute_dtype=compute_dtype,
-        temperature=temperature,
-        return_logits=with_entropy,
-        memory=memory,
-    )
+        params, arch, batch.tokens, compute_dtype=compute_dtype, temperature=temperature,
+        return_logits=with_entropy, memory=memory,
+    )  # fmt: skip
     if with_entropy:
         logp_RxT, logits_RxTxV = out
-        entropy_RxT = jax.lax.stop_gradient(losses.token_entropy(logits_RxTxV))
-        return (
-            sequence_view(logp_RxT, batch.gather_BxT),
-            sequence_view(entropy_RxT, batch.gather_BxT),
-        )
-    return sequence_view(out, batch.gather_BxT)
+        out = (logp_RxT, jax.lax.stop_gradient(losses.token_entropy(logits_RxTxV)))
+    return jax.tree.map(lambda x_RxT: sequence_view(x_RxT, batch.gather_BxT), out)
 
 
 def slot_logprobs_of_hidden(

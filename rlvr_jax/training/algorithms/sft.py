@@ -106,9 +106,9 @@ def encode_example(row: PromptRow, tokenizer: Any, template: str) -> tuple[list[
 
 
 @dataclass(frozen=True)
-class SFTBatcher:
-    """Draws `rows` examples per batch and lays them out one per row, or packed to a token
-    budget per micro-batch (`collate_sft`)."""
+class SFTSource(StaticWeights):
+    """`algorithm: sft`: `rows` examples per step from the seeded, resumable mixture of
+    `sft.sources`, one per row or packed to a token budget per micro-batch (`collate_sft`)."""
 
     examples: PromptIterator
     """SFT rows (`build_sft_iterator`); its state is what a checkpoint stores."""
@@ -142,35 +142,26 @@ class SFTBatcher:
             row_multiple=self.row_multiple,
         )
 
-
-class SFTSource(StaticWeights):
-    """`algorithm: sft`: `sft.batch_size` examples per step from the seeded, resumable mixture
-    of `sft.sources` (`SFTBatcher`)."""
-
-    def __init__(self, batcher: SFTBatcher) -> None:
-        self.batcher = batcher
-
     def next(self, policy_version: int) -> Batch:
         del policy_version
         t0 = time.perf_counter()
-        arrays = self.batcher.next_arrays()
+        arrays = self.next_arrays()
         metrics = {"time/data_s": time.perf_counter() - t0}
         return Batch(arrays, metrics=metrics, tokens=int(arrays.mask_BxT.sum()))
 
     def state(self) -> dict:
-        return {"sft": self.batcher.examples.state()}
+        return {"sft": self.examples.state()}
 
     def restore(self, state: dict) -> None:
-        self.batcher.examples.restore(state["sft"])
+        self.examples.restore(state["sft"])
 
 
 def sft_batches(ctx: Context, *, seed: int, packed: bool = False) -> SFTSource:
     """The SFT examples of the run in batches of `sft.batch_size`, drawn with `seed`; `packed`:
     to `train.max_tokens_per_micro_batch` tokens per micro-batch."""
     cfg = ctx.cfg
-    examples = build_sft_iterator(cfg, ctx.tokenizer, seed=seed)
-    batcher = SFTBatcher(
-        examples,
+    return SFTSource(
+        build_sft_iterator(cfg, ctx.tokenizer, seed=seed),
         ctx.tokenizer,
         cfg.data.prompt_template,
         rows=cfg.sft.batch_size,
@@ -179,7 +170,6 @@ def sft_batches(ctx: Context, *, seed: int, packed: bool = False) -> SFTSource:
         max_tokens=cfg.train.max_tokens_per_micro_batch if packed else 0,
         row_multiple=ctx.row_multiple,
     )
-    return SFTSource(batcher)
 
 
 def source(ctx: Context, params: Any, version: int) -> SFTSource:
