@@ -158,8 +158,7 @@ def take_rows(batch: Any, start: int, stop: int) -> Any:
 
 
 def mini_batch(batch: Any, u: int, updates: int) -> Any:
-    """Part u of `updates` equal parts along every leading axis (rows and completion slots);
-    a packed batch's micro-batch count is split with it."""
+    """Part u of `updates` equal parts along every leading axis (and of its `n_micro`)."""
 
     def part(x: Any) -> Any:
         n = x.shape[0] // updates
@@ -277,8 +276,7 @@ def collate(
 def _completion_arrays(
     samples: Sequence[Sample], tokens: TokenBatch, B: int, T: int, *, targets: bool = False
 ) -> RLBatch:
-    """An `RLBatch` over `tokens` whose per-completion arrays [B, T] are zeros (`lag_BxT`
-    only when some sample has lag values; `targets_BxT` with `targets`)."""
+    """An `RLBatch` over `tokens` with zero per-completion arrays [B, T]."""
     lag = any(s.lag is not None for s in samples)
     return RLBatch(
         tokens=tokens,

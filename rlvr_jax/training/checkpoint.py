@@ -119,8 +119,8 @@ class Checkpointer:
             self.wait()
 
     def _complete(self, step: int) -> None:
-        """Waits for orbax to finish `step`, then writes the manifest and collects garbage
-        (in its own thread when saving asynchronously). Records a failure for `wait`."""
+        """Waits for orbax to finish `step`, writes the manifest and collects garbage; a failure
+        is kept for `wait`."""
         try:
             self._mngr.wait_until_finished()
         except Exception as e:

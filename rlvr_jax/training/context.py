@@ -102,8 +102,7 @@ class Context:
         return jax.tree.map(one, tree)
 
     def abstract(self, tree: Any) -> Any:
-        """`put(tree)`'s shapes, dtypes and shardings, without the data (`tree` may itself be
-        abstract)."""
+        """`put(tree)`'s shapes, dtypes and shardings, without the data."""
         return jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.batch_sharding(x.shape)),
             tree,
@@ -128,21 +127,18 @@ class Context:
         return jax.tree.map(stacked, *parts)
 
     def _bucket(self, lengths: Any, *, full: int, multiple: int) -> int:
-        """The longest of `lengths` (1 for none) rounded up to a length bucket
-        (`train.bucket_min_len`, `batch.bucket_length`) of at most `full` positions."""
+        """The longest of `lengths` (1 for none) bucketed (`batch.bucket_length`), ≤ `full`."""
         min_len = self.cfg.train.bucket_min_len
         return bucket_length(max(lengths, default=1), full=full, min_len=min_len, multiple=multiple)
 
     def batch_length(self, groups: list[Any]) -> int:
-        """Learner positions T of a batch of scored groups: its longest prompt + completion,
-        bucketed."""
+        """Learner positions T of a batch of scored groups: its longest sequence, bucketed."""
         lengths = (len(g.prompt_tokens) + len(c.tokens) for g in groups for c in g.completions)
         return self._bucket(lengths, full=self.seq_len, multiple=self.length_multiple)
 
     @functools.cached_property
     def shares_prompts(self) -> bool:
-        """Whether RL batches lay each group's prompt out once (`train.share_prompts`, where
-        it applies)."""
+        """Whether RL batches lay each group's prompt out once (`train.share_prompts`)."""
         from rlvr_jax.models.attention import resolve_impl
 
         t, arch = self.cfg.train, self.model.config
@@ -161,15 +157,13 @@ class Context:
         return kernel in ("blockwise", "xla")
 
     def completion_length(self, groups: list[Any]) -> int:
-        """Positions of a completion slot of shared-prompt rows: the batch's longest completion,
-        bucketed."""
+        """Positions of a shared-prompt completion slot: the longest completion, bucketed."""
         lengths = (len(c.tokens) for g in groups for c in g.completions)
         full, multiple = self.cfg.rollout.max_new_tokens, self.cfg.train.logits_chunk or 1
         return self._bucket(lengths, full=full, multiple=multiple)
 
     def group_length(self, groups: list[Any]) -> int:
-        """Positions of a shared-prompt row (`shares_prompts`) of a batch of scored groups: its
-        longest group (prompt + G completions), bucketed."""
+        """Positions of a shared-prompt row: the longest prompt + G completions, bucketed."""
         lengths = (len(g.prompt_tokens) + sum(len(c.tokens) for c in g.completions) for g in groups)
         r = self.cfg.rollout
         full = self.cfg.data.max_prompt_len + r.num_samples * r.max_new_tokens

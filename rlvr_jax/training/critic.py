@@ -1,13 +1,10 @@
-"""PPO's learned critic (`loss.advantage: gae`): the value model, its place in the train state,
-the per-batch GAE preparation and the PPO step.
+"""PPO's learned critic (`loss.advantage: gae`): the value model, the per-batch GAE preparation
+and the PPO step.
 
 The value model is a scalar head V(s_t) = h_t · w + b (fp32, zero-initialised) on a trunk's
-final-norm hidden states h_t [B, T, D]:
-
-- `critic.kind: separate`: the trunk is its own model (`critic.path`, default the policy's
-  starting checkpoint; its LM head is dropped), trained only by the value loss;
-- `critic.kind: shared`: the head sits on the policy's trunk; the value loss then trains the
-  trunk too, weighted by `critic.value_coef`.
+final-norm hidden states h_t [B, T, D]: its own model with `critic.kind: separate`
+(`critic.path`, default the policy's starting checkpoint, LM head dropped), or the policy's
+trunk with `shared` (the value loss, weighted by `critic.value_coef`, then trains it too).
 
 The critic's parameters and AdamW state live in `TrainState.critic` (checkpointed with the
 policy); one step minimises policy loss + c_V · value loss, each optimizer over its own
@@ -117,8 +114,7 @@ def warn_if_unused(cfg: Config, settings: losses.LossSettings) -> None:
 
 
 class CriticBuilder:
-    """The critic of a run: its separate trunk (loaded on the learner mesh), its optimizer and
-    its initial state."""
+    """The critic of a run: its separate trunk, its optimizer and its initial state."""
 
     def __init__(
         self, cfg: Config, policy: models.Model, mesh: Any, memory: learner.MemoryOptions

@@ -102,8 +102,7 @@ def _check_is_checkpoint(path: str | Path) -> None:
 
 
 def _restore_params(checkpoint: Path, like: Any) -> Any:
-    """The `params` of the checkpoint's train state, shaped like `like`, as numpy arrays (the
-    optimizer state is not read)."""
+    """The `params` of the checkpoint's train state, shaped like `like`, as numpy arrays."""
     import jax
     import numpy as np
     import orbax.checkpoint as ocp

@@ -173,8 +173,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ):
-    """`token_logprobs` of an RL batch's packed rows per completion slot [B, T] (and,
-    `with_entropy`, the entropy per token [B, T])."""
+    """`token_logprobs` of an RL batch per completion slot [B, T] (and the entropies)."""
     if batch.targets_BxT is not None:
         hidden_RxTxD = hidden_states(
             params, arch, batch.tokens, compute_dtype=compute_dtype, memory=memory
@@ -342,8 +341,8 @@ def make_train_step(
     with_entropy: bool = False,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The pure RL step (un-jitted) over `n_micro` micro-batches (a packed batch's own count).
-    Metrics: the policy loss's over the whole batch, `loss`, `grad_norm`, `step_ok`."""
+    """The pure RL step (un-jitted) over `n_micro` micro-batches (a packed batch's own count);
+    metrics: the policy loss's, `loss`, `grad_norm`, `step_ok`."""
     objective = rl_objective(
         arch,
         settings,

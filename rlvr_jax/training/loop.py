@@ -187,8 +187,7 @@ class Trainer:
         self._finish(step)
 
     def _dispatch(self, step: int, batch: Any) -> _Pending:
-        """Compiles (outside the lock), dispatches the update (under it) and sends the weights
-        on; returns the step's pending metrics."""
+        """Compiles, dispatches the update (under the lock), sends the weights; returns metrics."""
         self._wait_push()  # the previous weights are on their way: the state may be donated
         self.update.compile(self.state, batch)
         turns = self.ctx.turns  # shared devices, async: the update runs alone (`_watch` ends it)
@@ -240,8 +239,7 @@ class Trainer:
         self._pusher.start()
 
     def _push(self, params: Any, version: int, pending: _Pending) -> None:
-        """Pushes (the adapters alone with LoRA) and probes (`WeightPusher`); the `push/*`
-        metrics join the step's row."""
+        """Pushes and probes (`WeightPusher`); the `push/*` metrics join the step's row."""
         try:
             pending.host.update(self.pusher.push(self.source, params, version, _pushed(params)))
         except PushTimeoutError:
@@ -397,8 +395,7 @@ def _compilation_cache(path: str | None) -> None:
 
 
 def _device_turns(cfg: Config) -> dispatch.DeviceTurns | None:
-    """Turns on the devices when actors and learner share them in async mode, in one process
-    (multi-process runs step the rollout on the loop's thread already)."""
+    """Turns on the devices when actors and learner share them in async mode, in one process."""
     shared = cfg.mesh.actor_devices == 0 and cfg.rollout.mode == "async"
     return dispatch.DeviceTurns() if shared and jax.process_count() == 1 else None
 

@@ -49,8 +49,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def truncate_after(
     path: str | Path, last_step: int, keep: Callable[[dict], bool] = lambda row: True
 ) -> int:
-    """Keeps the rows with `step` ≤ last_step (and `keep(row)`), atomically; returns how many
-    were kept."""
+    """Keeps the rows with `step` ≤ last_step and `keep(row)`, atomically; returns their count."""
     p = Path(path)
     if not p.exists():
         return 0

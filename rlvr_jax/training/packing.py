@@ -217,8 +217,7 @@ def pack_groups(
 def _place_groups(
     groups: Sequence[tuple[int, Sequence[int]]], sizes: list[int], row_len: int, rows: int
 ) -> list[Piece] | None:
-    """`pack_groups`' placement into exactly `rows` rows; None when some completion finds no
-    row with room for it and a prompt."""
+    """`pack_groups`' placement into exactly `rows` rows; None when a completion finds no room."""
     free = [row_len] * rows
     pieces: list[Piece] = []
     for i in sorted(range(len(groups)), key=lambda i: (-sizes[i], i)):

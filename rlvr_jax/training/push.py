@@ -38,8 +38,7 @@ PROBE_TEXT = "The weights were pushed; 1 + 1 = 2, and 2 + 2 ="
 
 
 class WeightPusher:
-    """Pushes the learner's params to a source's actors within `rollout.push_timeout_s` and
-    probes them (see the module docstring); `push` returns the `push/*` metrics."""
+    """Pushes the learner's params to a source's actors and probes them (module docstring)."""
 
     def __init__(self, ctx: Context) -> None:
         r = ctx.cfg.rollout

@@ -73,11 +73,6 @@ class Rollouts:
         self._skip: set[int] = set()  # settled before the restart, not re-drawn yet
 
     # -- requests -------------------------------------------------------------------------
-    @property
-    def in_flight(self) -> int:
-        """Requests submitted and not completed yet."""
-        return len(self._generating)
-
     def submit_one(self) -> None:
         """Draws the next unseen prompt and submits it for G samples."""
         skipped = 0
@@ -128,12 +123,11 @@ class Rollouts:
 
     def fill(self, target: int) -> None:
         """Submits prompts until `target` requests are in flight."""
-        while self.in_flight < target:
+        while len(self._generating) < target:
             self.submit_one()
 
     def completed(self) -> list[Any]:
-        """At least one completed group (all that are ready), or [] when asked to stop.
-        The groups stay in the resume bookkeeping until `consume`d."""
+        """The completed groups (at least one), or [] when asked to stop; kept until `consume`d."""
         done: list[Any] = []
         while not done and not self.stop():
             if not self.threaded:  # groups an evaluation's stepping completed wait in `get`
@@ -175,8 +169,7 @@ class Rollouts:
         return out
 
     def ledger_metrics(self) -> dict[str, float]:
-        """`ledger/drawn` (prompts drawn from the data so far) and `ledger/pending` (drawn and
-        not settled yet)."""
+        """`ledger/drawn` (prompts drawn so far) and `ledger/pending` (drawn, not settled)."""
         return {"ledger/drawn": float(self.next_request), "ledger/pending": float(len(self._rows))}
 
     def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> CompletedGroup | None:

@@ -48,8 +48,7 @@ class Batch:
 
 
 class StaticWeights:
-    """Mixin for sources that generate nothing (the learner's weights are not needed) and hold
-    nothing to release."""
+    """Mixin for sources that generate nothing (no weights needed) and hold nothing to release."""
 
     on_policy = False
     rollouts = None

@@ -30,8 +30,7 @@ class TrainState:
     skipped: jax.Array
     """Steps skipped because the loss or the gradient was not finite."""
     critic: Any = None
-    """PPO's value model and its optimizer state (`training.critic.CriticState`); None
-    without a critic."""
+    """PPO's `training.critic.CriticState`; None without a critic."""
 
 
 def init_state(params: Any, optimizer: optax.GradientTransformation, mesh=None) -> TrainState:

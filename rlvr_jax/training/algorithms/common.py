@@ -34,8 +34,7 @@ def step_micro_batches(cfg: Config, rows: int, what: str) -> int | None:
 
 
 class Update:
-    """The learner updates' shared part (module docstring); a subclass gives the pure program
-    (`step`) and, when it lays out more than `Batch.arrays`, its `inputs`."""
+    """The learner updates' shared part; a subclass gives `step` and, if need be, `inputs`."""
 
     needs_ref = False
     """Whether the program reads the frozen reference policy (`reference`)."""
@@ -123,8 +122,7 @@ class Update:
         ]
 
     def steps(self, state: Any, n: int, one: Callable[[Any, Any], tuple]) -> tuple[Any, list]:
-        """`n` optimizer steps `one(state, u) -> (state, metrics)`, u = 0..n−1 (a `lax.scan` when
-        n > 1, the state kept in its shardings)."""
+        """`n` optimizer steps `one(state, u) -> (state, metrics)` (a `lax.scan` when n > 1)."""
         if n == 1:
             state, metrics = one(state, 0)
             return state, [metrics]

@@ -111,8 +111,7 @@ def full_length(cfg: Config) -> int:
 
 
 class DPOUpdate(Update):
-    """One DPO optimizer step per batch (`dpo.make_dpo_step`), after the reference log-probs
-    when `dpo.reference: on_the_fly`."""
+    """One DPO step per batch, after the reference log-probs with `dpo.reference: on_the_fly`."""
 
     def __init__(self, ctx: Context) -> None:
         cfg = ctx.cfg
@@ -206,8 +205,7 @@ def reference_cache(ctx: Context, sources: list[Any], *, rows: int) -> Reference
 
 
 def source(ctx: Context, params: Any, version: int) -> PreferenceSource:
-    """`algorithm: dpo`'s source (the learner's params and version are not needed: the pairs
-    are fixed data and the reference is the starting policy)."""
+    """`algorithm: dpo`'s source (fixed data: the params and version are not needed)."""
     del params, version
     cfg = ctx.cfg
     d = cfg.dpo

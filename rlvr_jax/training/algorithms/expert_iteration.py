@@ -41,8 +41,7 @@ def kept_mask(group: ScoredGroup, *, min_score: float) -> np.ndarray:
 def expert_examples(
     groups: Sequence[ScoredGroup], *, min_score: float
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt ids, completion ids) of every kept completion (`kept_mask`), in (group,
-    sample) order."""
+    """(prompt ids, completion ids) of every kept completion, in (group, sample) order."""
     prompts, responses = [], []
     for g in groups:
         for completion, keep in zip(g.completions, kept_mask(g, min_score=min_score)):

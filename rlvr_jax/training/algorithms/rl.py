@@ -286,8 +286,7 @@ class RLUpdate(Update):
         super()._compile(state, inputs)
 
     def step(self, state: Any, inputs: tuple, reference: Any) -> tuple[Any, list[dict]]:
-        """The program: the batch's log-probs and advantages (`prepare`), then `updates`
-        optimizer steps on its mini-batches."""
+        """The program: `prepare`, then `updates` optimizer steps on mini-batches."""
         rl, *rest = inputs
         rl, before = self.prepare(state, rl, reference)
         args = (rl, *rest)
@@ -339,8 +338,7 @@ class RLUpdate(Update):
         return old_BxT
 
     def _save(self, state: Any, scored: Any, batch: Batch) -> None:
-        """`train.save_batch`: the prepared batch as a loss-lab file (`rlvr-bench losses
-        --batch`)."""
+        """`train.save_batch`: the prepared batch for `rlvr-bench losses --batch`."""
         from rlvr_jax.losses.batch_file import save_batch
 
         old = scored.old_logp_BxT

@@ -174,8 +174,7 @@ def source(ctx: Context, params: Any, version: int) -> PairingSource:
 
 
 class ParallelUpdate(rl_algorithm.RLUpdate):
-    """`rl.RLUpdate` whose every step is the parallel-averaging step with the SFT rows of its
-    mini-batch."""
+    """`rl.RLUpdate` whose steps are parallel-averaging steps with their mini-batch's SFT rows."""
 
     def _make_step(
         self, ctx: Context, optimizer: Any, n_micro: int | None, options: dict[str, Any]

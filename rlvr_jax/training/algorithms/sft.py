@@ -178,8 +178,8 @@ def source(ctx: Context, params: Any, version: int) -> SFTSource:
 
 
 class SFTUpdate(Update):
-    """`repeat` SFT optimizer steps on each batch of `rows` rows (1 for `sft`,
-    `sft.expert_sft_steps` for expert iteration)."""
+    """`repeat` SFT steps on each batch of `rows` rows (`sft.expert_sft_steps` for expert
+    iteration)."""
 
     def __init__(self, ctx: Context, *, rows: int, repeat: int) -> None:
         cfg = ctx.cfg
