@@ -91,13 +91,11 @@ class RLBatch:
     advantages_B: Any = None
     """One advantage per completion slot; 0 on empty slots."""
     old_logp_BxT: Any = None
-    """log π_θold(target) recomputed by the learner (several updates per batch, TIS mask
-    mode, reward-KL); None: the step uses stop_gradient(logp)."""
+    """log π_θold(target) recomputed by the learner; None: the step uses stop_gradient(logp)."""
     ref_logp_BxT: Any = None
     """log π_ref(target) under the frozen reference policy (KL on); None otherwise."""
     rewards_BxT: Any = None
-    """PPO (`loss.advantage: gae`): completion b's reward at its last token, 0 elsewhere;
-    None otherwise (per completion slot, like `mask_BxT`)."""
+    """PPO: completion b's reward at its last token, 0 elsewhere; None otherwise."""
     values_BxT: Any = None
     """PPO: the critic's V(s_t) before the first update (the value clipping's anchor)."""
     advantages_BxT: Any = None
@@ -138,8 +136,7 @@ class Sample:
     reward: float = 0.0
     """The completion's reward (placed at its last token in `RLBatch.rewards_BxT`)."""
     sampled: Sequence[bool] | None = None
-    """Per completion token: False masks that token out of the loss (tokens the engine
-    inserted, budget forcing); None = every token trained on."""
+    """Per completion token: False masks it out (tokens budget forcing inserted); None: all in."""
     lag: Sequence[int] | None = None
     """Per completion token: its `RLBatch.lag_BxT` (`groups.token_lag`); None = unknown."""
 
@@ -196,8 +193,7 @@ def _lay_out(
     seq_len: int,
     pad_id: int,
 ) -> TokenBatch:
-    """The packed rows of `layout` (shifted grid of T = seq_len − 1); `trained[i]` masks
-    response i: a bool, or one float per response token."""
+    """The rows of `layout`; `trained[i]` masks response i (a bool, or one float per token)."""
     rows = layout.rows
     ids_BxS = np.full((rows, seq_len), pad_id, np.int32)
     seg_BxS = np.zeros((rows, seq_len), np.int32)
@@ -333,8 +329,7 @@ def collate_packed(
 def packed_row_counts(
     rows: int, *, group_size: int, updates: int = 1, row_multiple: int = 1
 ) -> tuple[int, ...]:
-    """Every row count `collate_shared(..., pack=True)` may lay `rows` completions out in (what
-    the learner compiles with the first batch)."""
+    """Every row count `collate_shared(..., pack=True)` may lay `rows` completions out in."""
     cap = rows // group_size // updates  # groups (packed: rows) of a mini-batch at most
     return tuple(c * updates for c in pack_groups_row_counts(cap, row_multiple))
 

@@ -45,8 +45,7 @@ class Checkpointer:
         async_save: bool = True,
         verify: str = "checksum",
     ):
-        """`verify`: "checksum" (a CRC-32 of every file, checked before a restore), "size"
-        (truncated and missing files only) or "off"."""
+        """`verify`: "checksum" (CRC-32 of every file), "size" (sizes only) or "off"."""
         if verify not in files.VERIFY_MODES:
             raise ValueError(
                 f"checkpoint.verify: expected one of {files.VERIFY_MODES}, got {verify!r}"
@@ -82,8 +81,7 @@ class Checkpointer:
 
     # -- listing -----------------------------------------------------------------------
     def steps(self) -> list[int]:
-        """Finished checkpoints on disk (orbax renames a directory to its step when complete;
-        damaged, partial and half-deleted ones have other names)."""
+        """Finished checkpoints on disk (damaged, partial and half-deleted ones are named else)."""
         if not self.dir.is_dir():
             return []
         return sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit() and p.is_dir())
@@ -119,8 +117,7 @@ class Checkpointer:
             self.wait()
 
     def _complete(self, step: int) -> None:
-        """Waits for orbax to finish `step`, writes the manifest and collects garbage; a failure
-        is kept for `wait`."""
+        """Waits for orbax to finish `step`, writes the manifest, collects garbage."""
         try:
             self._mngr.wait_until_finished()
         except Exception as e:
@@ -146,8 +143,7 @@ class Checkpointer:
             self._failure.__cause__ = e
 
     def _abandon(self, step: int) -> None:
-        """After a failed save: drop the manager (it would raise the same error again) and
-        remove the partial directory, so that it neither fills the disk nor blocks a retry."""
+        """After a failed save: drops the manager (it would raise again) and the partial dir."""
         with contextlib.suppress(Exception):
             self._mngr.close()
         self._broken = True

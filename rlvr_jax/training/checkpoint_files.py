@@ -64,8 +64,7 @@ def _threads() -> int:
 
 
 def write_manifest(step_dir: Path, process: int, *, checksum: bool) -> tuple[int, int, float]:
-    """Writes `process`'s manifest into `step_dir` (atomically: a temporary file, then a
-    rename); returns (files, bytes, seconds)."""
+    """Writes `process`'s manifest into `step_dir` atomically; returns (files, bytes, seconds)."""
     t0 = time.perf_counter()
     rels = own_files(step_dir, process)
     if checksum:
@@ -91,8 +90,7 @@ class Verification:
     """What `verify` found in one process's files of one checkpoint."""
 
     status: str
-    """"intact" (every file has its size and checksum), "unchecked" (no manifest, or sizes
-    only, or verification off) or "damaged"."""
+    """"intact" (sizes and checksums match), "unchecked" (not checked by checksum) or "damaged"."""
     problems: list[str] = dataclasses.field(default_factory=list)
     """One entry per damaged file, naming it (relative to the step directory)."""
     note: str = ""
@@ -103,8 +101,7 @@ class Verification:
 
 
 def verify(step_dir: Path, process: int, *, mode: str) -> Verification:
-    """Checks `process`'s files of `step_dir` against its manifest (`mode`: "checksum" reads
-    every byte; "size" only stats; "off" checks nothing)."""
+    """Checks `process`'s files of `step_dir` against its manifest (`mode`: `VERIFY_MODES`)."""
     if mode == "off":
         return Verification("unchecked", note="verification is off")
     path = step_dir / MANIFEST.format(process)

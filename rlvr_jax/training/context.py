@@ -1,5 +1,4 @@
-"""`Context`: what the run's sources and learner updates are built from (the loop builds it once):
-sizes derived from the config, and how a batch lies on the learner mesh."""
+"""`Context`: what the run's sources and updates are built from: sizes and batch layout."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ class Context:
     stop: Callable[[], bool]
     timeline: Any = None
     turns: Any = None
-    """`dispatch.DeviceTurns` when actors and learner share devices in async mode (else None):
-    the rollout decodes in the learner's gaps instead of beside its updates."""
+    """`dispatch.DeviceTurns` when actors and learner share devices in async mode, else None."""
 
     @property
     def seq_len(self) -> int:
@@ -115,8 +113,7 @@ class Context:
         )
 
     def mini_batches(self, tree: Any, n: int) -> Any:
-        """A batch pytree, in a jitted program, as its `n` mini-batches (`batch.mini_batch`)
-        stacked on a new leading axis, each laid out as `put` lays out a batch."""
+        """A batch pytree, in a jitted program, as its `n` mini-batches stacked, each laid out."""
         parts = [mini_batch(tree, u, n) for u in range(n)]
 
         def stacked(*xs: jax.Array) -> jax.Array:

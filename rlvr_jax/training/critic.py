@@ -90,15 +90,13 @@ class Critic:
         )
 
     def values(self, params: Any, tokens: TokenBatch, policy_hidden_RxTxD: jax.Array) -> jax.Array:
-        """V(s_t) [R, T] of every position of the (packed) rows `tokens`: on the policy's
-        hidden states (`shared`) or on the separate trunk's."""
+        """V(s_t) [R, T] of the rows `tokens`: on the policy's (`shared`) or the trunk's hidden."""
         shared = self.shared
         hidden_RxTxD = policy_hidden_RxTxD if shared else self.hidden(params["trunk"], tokens)
         return head_values(params["head"], hidden_RxTxD)
 
     def slot_values(self, policy_params: Any, params: Any, batch: RLBatch) -> jax.Array:
-        """V(s_t) [B, T] per completion slot of a batch (or one micro-batch of it): the
-        critic's forward over the packed rows, seen through `gather_BxT`."""
+        """V(s_t) [B, T] per completion slot of a batch (or one micro-batch of it)."""
         trunk = policy_params if self.shared else params["trunk"]
         values_RxT = head_values(params["head"], self.hidden(trunk, batch.tokens))
         return sequence_view(values_RxT, batch.gather_BxT)

@@ -53,8 +53,7 @@ def write_run_config(cfg: Config, output_dir: str | Path) -> Path:
 def checkpoint_config(
     checkpoint: str | Path, config: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> Config:
-    """The config `checkpoint` was trained with: `config` when given, else the run's
-    run_config.yaml (FileNotFoundError naming it when absent)."""
+    """The config `checkpoint` was trained with: `config`, else the run's run_config.yaml."""
     from rlvr_jax.config import load
 
     _check_is_checkpoint(checkpoint)
@@ -68,8 +67,7 @@ def checkpoint_config(
 
 
 def load_checkpoint(checkpoint: str | Path, cfg: Config) -> Any:
-    """The policy of `checkpoint` as a `models.Model` on the host: the base of `cfg.model`
-    with the checkpoint's params (LoRA adapters merged)."""
+    """The policy of `checkpoint` as a host `models.Model` (LoRA adapters merged)."""
     import jax
     import numpy as np
 

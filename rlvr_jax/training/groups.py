@@ -109,8 +109,7 @@ class BatchAssembler:
     interrupted: list[bool] = field(default_factory=list)
     """Per drawn completion made with budget forcing on: whether it was interrupted."""
     settled: list[tuple[ScoredGroup, str]] = field(default_factory=list)
-    """Each group offered and what became of it: `trained` (kept), `filtered`, `stale`, or
-    `full` (offered to a full batch: drawn, not kept)."""
+    """Each group offered and its outcome: `trained`, `filtered`, `stale` or `full`."""
     episodes: list[Any] = field(default_factory=list)
     """The episode records of the drawn multi-turn completions (`env/*` metrics)."""
 

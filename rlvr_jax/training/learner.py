@@ -136,8 +136,7 @@ def logprobs_of_hidden(
     temperature: float,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> jax.Array:
-    """log π(target_t) [B, T] from the trunk's hidden states, `memory.logits_chunk` positions
-    at a time when set (each chunk rematerialised in the backward pass)."""
+    """log π(target_t) [B, T] of hidden states, `memory.logits_chunk` positions at a time."""
     B, T, D = hidden_BxTxD.shape
     chunk = memory.logits_chunk
     if not _chunked(chunk, T):

@@ -69,8 +69,7 @@ class _Pending:
 
 
 class Trainer:
-    """Builds the meshes, the policy, the source and the update of `cfg.algorithm`, resumes
-    from the newest intact checkpoint, and runs the loop (`run`); `close` releases it all."""
+    """Builds what `cfg.algorithm` runs, resumes from the newest intact checkpoint, runs."""
 
     def __init__(
         self, cfg: Config, *, stop: SignalStop | None = None, timeline: Timeline | None = None
@@ -214,8 +213,7 @@ class Trainer:
         return pending
 
     def _watch(self, pending: _Pending, arrays: Any, push: tuple[Any, int] | None) -> None:
-        """A thread that waits for the step's results (no sync on the loop's thread), records
-        when they were ready, and pushes the weights then when asked."""
+        """A thread that waits for the step's results, times them, and pushes when asked."""
 
         def wait() -> None:
             try:
@@ -316,8 +314,7 @@ class Trainer:
             )
 
     def _evaluation_rollout(self) -> Rollout:
-        """The evaluations' actor rollout for an algorithm that samples nothing (sft, dpo):
-        built at the first evaluation, then sent each newer policy."""
+        """The evaluations' actor rollout for an algorithm that samples nothing (sft, dpo)."""
         if self._eval_rollout is None:
             self._eval_rollout = self.ctx.actor_rollout(self.state.params, self.version)
             if jax.process_count() == 1:
@@ -387,8 +384,7 @@ def _pushed(params: Any) -> Any:
 
 
 def _compilation_cache(path: str | None) -> None:
-    """Turns on JAX's persistent compilation cache at `path` (`train.compilation_cache_dir`)
-    unless it is off or already on."""
+    """Turns on JAX's persistent compilation cache at `path` unless it is off or already on."""
     if not path or jax.config.jax_compilation_cache_dir:
         return
     jax.config.update("jax_compilation_cache_dir", str(Path(path).expanduser()))

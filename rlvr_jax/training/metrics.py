@@ -113,8 +113,7 @@ class MetricsWriter:
                     self._tb.add_scalar(k, v, step)
 
     def sample(self, step: int, index: int, record: Mapping[str, Any]) -> None:
-        """One sample record (`training.step_log.sample_records`) as a line of samples.jsonl
-        (`{"step", "index", **record}`) and as TensorBoard text (`samples/<index>`)."""
+        """A sample record as a samples.jsonl line and as TensorBoard text (`samples/<index>`)."""
         if not self.enabled:
             return
         line = {"step": int(step), "index": index, **record}

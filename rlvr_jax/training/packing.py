@@ -55,8 +55,7 @@ class Layout:
 
 
 def one_per_row(n: int, rows: int, what: str = "sequences") -> Layout:
-    """Sequence i alone at the start of row i (rows ≥ n; the rest empty); ValueError naming
-    `what` (the sequences) when they do not fit."""
+    """Sequence i alone in row i; ValueError naming `what` when they do not fit."""
     if n > rows:
         raise ValueError(f"{n} {what} do not fit one per row in {rows} rows")
     return Layout(1, rows, rows, tuple((0, i, 0, i) for i in range(n)), packed=False)
@@ -246,8 +245,7 @@ def _place_groups(
 def pack_alike(
     lengths: Sequence[Sequence[int]], *, what: str = "sequence", **kwargs: int
 ) -> list[Layout]:
-    """`pack_tokens` of each list of `lengths` (its keyword arguments in `kwargs`), all given
-    one shape (the most micro-batches and slots of any): the mini-batches of one batch."""
+    """`pack_tokens` of each list of `lengths` (a batch's mini-batches), all given one shape."""
     first = [pack_tokens(n, what=what, **kwargs) for n in lengths]
     n_micro = max(x.n_micro for x in first)
     most = max(x.seqs_per_micro for x in first)

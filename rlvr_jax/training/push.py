@@ -90,8 +90,7 @@ class WeightPusher:
         return out
 
     def _check(self, params: Any, version: int, group: Any) -> float:
-        """The probe's largest |Δ log p| between the actors and the learner; raises
-        `StaleWeightsError` when it exceeds the tolerance or a token is of another version."""
+        """The probe's largest |Δ log p|; `StaleWeightsError` past the tolerance or version."""
         (c,) = group.completions
         versions = sorted(set(c.policy_versions))
         if versions != [version]:

@@ -241,8 +241,7 @@ class GeneratingSource:
 
 
 def merge_service_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
-    """The reward service's metrics over several calls: counts summed, the rest averaged
-    (`reward/*` are the batch assembler's)."""
+    """The reward service's metrics over calls: counts summed, the rest averaged, no `reward/*`."""
     keys = {k for m in calls for k in m if not k.startswith("reward/")}
     out = {}
     for k in sorted(keys):
@@ -256,8 +255,7 @@ def merge_service_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
 
 
 def build_rollouts(ctx: Context, params: Any, version: int, *, in_flight: int) -> Rollouts:
-    """The run's `Rollouts`: `data.sources`, the reward service and the actor rollout (the
-    `rollout.backend` engine), with room for `in_flight` groups."""
+    """The run's `Rollouts` over `data.sources`, with room for `in_flight` groups."""
     from rlvr_jax.data import build_prompt_iterator
     from rlvr_jax.rewards import RewardService, known_verifiers
 

@@ -31,20 +31,17 @@ class Batch:
     tokens: int = 0
     """Tokens generated (rollouts) or trained on (SFT), for throughput."""
     rewards_B: Any = None
-    """The rewards of an RL batch's completions (row order), for `loss.kl_mode: reward`'s
-    advantages on the learner and `train.save_batch`."""
+    """An RL batch's rewards (row order), for `loss.kl_mode: reward` and `train.save_batch`."""
     group_size: int = 0
     """G of an RL batch (its completions are grouped by prompt, G at a time)."""
     slots: Any = None
     """Each completion's slot in an RL batch's per-completion arrays (packing reorders)."""
     sequences: Any = None
-    """An RL batch's completions as (prompt tokens, completion tokens), in row order: what
-    `rollout.exact` replays through the engine."""
+    """An RL batch's (prompt, completion) tokens in row order, for `rollout.exact`."""
     settled: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     """The ledger records (`training.ledger.entry`) of the prompts this batch settled."""
     row_counts: tuple[int, ...] = ()
-    """The packed-row counts this source's batches may take: the update compiles them all with
-    the first batch (`Update.compile`)."""
+    """The packed-row counts this source's batches may take (`Update.compile`)."""
 
 
 class StaticWeights:

@@ -19,8 +19,7 @@ EMPTY_STEPS_WARN = 3
 
 
 def sample_records(settled: Sequence[tuple[Any, str]], tokenizer: Any, n: int) -> list[dict]:
-    """Up to `n` records of the completions of `settled` ((ScoredGroup, outcome) pairs; stale
-    groups are left out): kept groups first, one completion of each group in turn."""
+    """Up to `n` records of `settled`'s non-stale completions, kept groups first, round-robin."""
     groups = [(g, o) for g, o in settled if o == "trained"]
     groups += [(g, o) for g, o in settled if o not in ("trained", "stale")]
     width = max((len(g.completions) for g, _ in groups), default=0)
@@ -94,8 +93,7 @@ def _unreadable_math(groups: Sequence[Any], tokenizer: Any) -> float | None:
 
 
 class EmptySteps:
-    """Warns for each step that trained nothing, and after `warn_after` in a row says what to
-    try (once per streak)."""
+    """Warns for each step that trained nothing; after `warn_after` in a row, what to try."""
 
     def __init__(self, warn_after: int = EMPTY_STEPS_WARN) -> None:
         self.warn_after = warn_after

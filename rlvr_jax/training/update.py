@@ -34,8 +34,7 @@ class TrainState:
 
 
 def init_state(params: Any, optimizer: optax.GradientTransformation, mesh=None) -> TrainState:
-    """A fresh state; with a `mesh`, wholly on it (moments as the params, scalars replicated).
-    A frozen LoRA base is not copied."""
+    """A fresh state, wholly on `mesh` when given; a frozen LoRA base is not copied."""
     trainable, frozen = lora.split(params)
     if mesh is None:
         return TrainState(
@@ -71,8 +70,7 @@ def split_micro(batch: Any, n_micro: int) -> Any:
 
 
 def micro_count(batch: Any, n_micro: int | None) -> int:
-    """Micro-batches to split `batch` into: the count its rows were packed for, else `n_micro`
-    (default 1); both given and different is an error."""
+    """Micro-batches of `batch`: its packed count, else `n_micro` (1); a conflict is an error."""
     packed = getattr(batch, "n_micro", 0)
     if packed and n_micro is not None and n_micro != packed:
         raise ValueError(f"the batch is packed for {packed} micro-batches, not {n_micro}")
@@ -80,8 +78,7 @@ def micro_count(batch: Any, n_micro: int | None) -> int:
 
 
 def per_micro_batch(fn: Callable[[Any], jax.Array], batch: Any) -> jax.Array:
-    """`fn(batch)` [B, ...] computed one micro-batch at a time (`lax.map`) when the batch's rows
-    are packed for several (each micro-batch's indices point into its own rows)."""
+    """`fn(batch)` [B, ...], one micro-batch at a time when the rows are packed for several."""
     n = micro_count(batch, None)
     if n == 1:
         return fn(batch)

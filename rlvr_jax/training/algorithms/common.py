@@ -27,8 +27,7 @@ from rlvr_jax.training.update import init_state, jit_train_step
 
 
 def step_micro_batches(cfg: Config, rows: int, what: str) -> int | None:
-    """`micro_batches` of a step over `rows` rows; None with `train.max_tokens_per_micro_batch`
-    (packed batches carry their own micro-batch count)."""
+    """`micro_batches` of a step over `rows` rows; None when packed (batches carry their own)."""
     n_micro = micro_batches(rows, cfg.train.micro_batch_size, what)
     return None if cfg.train.max_tokens_per_micro_batch else n_micro
 

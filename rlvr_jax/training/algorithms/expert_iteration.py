@@ -28,8 +28,7 @@ from rlvr_jax.training.step_log import empty_reason, sample_records
 
 
 def kept_mask(group: ScoredGroup, *, min_score: float) -> np.ndarray:
-    """bool[G]: the completions of `group` kept as SFT examples (verifier score ≥ `min_score`
-    and at least one token)."""
+    """bool[G]: the completions kept as SFT examples (verifier score ≥ `min_score`, non-empty)."""
     if len(group.scores_G) != len(group.completions):
         raise ValueError(
             f"group of {len(group.completions)} completions has {len(group.scores_G)} scores"

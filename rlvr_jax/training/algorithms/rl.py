@@ -41,8 +41,7 @@ from rlvr_jax.training.step_log import empty_reason, sample_records
 log = logging.getLogger("rlvr_jax.train")
 
 STALE_WARN_SHARE = 0.2
-"""Async: the share of the generated groups dropped as stale (over `STALE_WARN_BATCHES`
-batches once drops can happen) past which the run warns, once."""
+"""Async: the share of generated groups dropped as stale past which the run warns, once."""
 STALE_WARN_BATCHES = 5
 
 
@@ -262,8 +261,7 @@ class RLUpdate(Update):
         return (arrays,)
 
     def _given(self, state: Any, inputs: tuple, batch: Batch) -> tuple:
-        """`inputs` on the mesh, with θ_old's log-probs replayed (`rollout.exact`) and, with
-        `kl_rewards`, `_prepare`'s batch with the penalised rewards' advantages."""
+        """`inputs` on the mesh, with θ_old's replayed log-probs and the KL-penalised advantages."""
         rl, *rest = inputs
         if self.exact:
             rl = rl.replace(old_logp_BxT=self._replayed(state, rl, batch))
@@ -318,8 +316,7 @@ class RLUpdate(Update):
         return rl, {}
 
     def _replayed(self, state: Any, rl: Any, batch: Batch) -> np.ndarray:
-        """`rollout.exact`: θ_old's log-probs [B, T] replayed through an engine like the actors'
-        (`rollout.rescore`)."""
+        """`rollout.exact`: θ_old's log-probs [B, T] replayed through an engine (`rescore`)."""
         from rlvr_jax.rollout import build_engine, rescore, sampling_params
 
         ctx, cfg = self.ctx, self.ctx.cfg

@@ -63,8 +63,7 @@ def init_parallel_state(
     *,
     mesh: Any = None,
 ) -> TrainState:
-    """A fresh state whose `opt_state` is `pair_optimizer`'s (`.rl`, `.sft`: each half's own
-    moments); with a `mesh`, laid out as `update.init_state` lays out its state."""
+    """`update.init_state` with `pair_optimizer`'s state (`.rl`, `.sft`: each half's moments)."""
     return init_state(params, pair_optimizer(rl_optimizer, sft_optimizer), mesh=mesh)
 
 
@@ -140,8 +139,7 @@ class ParallelBatch:
 
 
 class PairingSource(GeneratingSource):
-    """Each RL batch (`self.rl`) paired with the next `train.updates_per_batch` SFT batches;
-    both positions are checkpointed."""
+    """Each RL batch paired with the next `train.updates_per_batch` SFT batches."""
 
     def __init__(self, rl: Any, sft: sft_algorithm.SFTSource, *, updates_per_batch: int) -> None:
         self.rl, self.sft, self.updates = rl, sft, updates_per_batch

@@ -121,8 +121,7 @@ class SFTSource(StaticWeights):
     """Tokens per row before the shift (the arrays have `seq_len − 1` positions)."""
     pad_id: int
     max_tokens: int = 0
-    """`train.max_tokens_per_micro_batch`: pack the examples to this many tokens per
-    micro-batch (0 = one example per row)."""
+    """`train.max_tokens_per_micro_batch` to pack to (0 = one example per row)."""
     row_multiple: int = 1
     """Devices the rows are split over (packed micro-batches hold a multiple of it)."""
 
@@ -157,8 +156,7 @@ class SFTSource(StaticWeights):
 
 
 def sft_batches(ctx: Context, *, seed: int, packed: bool = False) -> SFTSource:
-    """The SFT examples of the run in batches of `sft.batch_size`, drawn with `seed`; `packed`:
-    to `train.max_tokens_per_micro_batch` tokens per micro-batch."""
+    """The run's SFT examples in batches of `sft.batch_size`, drawn with `seed`."""
     cfg = ctx.cfg
     return SFTSource(
         build_sft_iterator(cfg, ctx.tokenizer, seed=seed),
@@ -178,8 +176,7 @@ def source(ctx: Context, params: Any, version: int) -> SFTSource:
 
 
 class SFTUpdate(Update):
-    """`repeat` SFT steps on each batch of `rows` rows (`sft.expert_sft_steps` for expert
-    iteration)."""
+    """`repeat` SFT steps on each batch of `rows` rows."""
 
     def __init__(self, ctx: Context, *, rows: int, repeat: int) -> None:
         cfg = ctx.cfg
