@@ -27,7 +27,7 @@ from rlvr_jax.training import run
 from rlvr_jax.training.algorithms.expert_iteration import expert_examples, expert_metrics
 from rlvr_jax.training.algorithms.rl_sft_parallel import init_parallel_state, make_parallel_step
 from rlvr_jax.training.algorithms.sft import (
-    SFTBatcher,
+    SFTSource,
     build_sft_iterator,
     encode_response,
     response_reader,
@@ -287,7 +287,7 @@ def test_sft_iterator_and_batcher_with_synthetic_references(tiny):
         assert len(encode_response(r.response, tokenizer, "plain")) <= 40
     assert 0 < len(src.rows) < len(data) and set(src.skipped) <= {"too_long"}
 
-    batcher = SFTBatcher(
+    batcher = SFTSource(
         examples, tokenizer, "plain", rows=3, seq_len=cfg.data.max_prompt_len + 41, pad_id=2
     )
     arrays = batcher.next_arrays()

@@ -1,17 +1,11 @@
-"""The learner's typed batches and the one collation that lays sequences out in them.
+"""The learner's typed batches and the collation that lays sequences (prompt + completion or
+response) out in them, over a `packing.Layout`.
 
-A sequence is a prompt followed by a completion (RL) or a response (SFT). Rows hold S tokens
-before the shift; the learner predicts token t+1 from positions ≤ t, so the arrays live on the
-shifted grid of T = S − 1: `input_ids[t] = row[t]`, `target_ids[t] = row[t+1]`; `mask[t] = 1`
-where `target_ids[t]` is a trained completion/response token (the stop token included).
-`segment_ids` number the sequences of a row from 1 (0 = padding) and `positions` restart at 0
-for each, so tokens attend only within their own sequence. Rows beyond the real ones (an
-under-filled batch) are all padding and all-masked: they contribute nothing to the loss or to
-its denominator.
-
-`collate` (RL samples → `RLBatch`) and `collate_sft` (prompt/response pairs → `TokenBatch`)
-share one layout function over a `packing.Layout` (one sequence per row, packed in order, or
-packed to a token budget per micro-batch).
+Rows hold S tokens; the arrays live on the shifted grid of T = S − 1: `input_ids[t] = row[t]`,
+`target_ids[t] = row[t+1]`, `mask[t] = 1` where `target_ids[t]` is a trained token (the stop
+token included). `segment_ids` number a row's sequences from 1 (0 = padding) and `positions`
+restart at 0 for each, so tokens attend within their own sequence. Unused rows are all padding
+and all-masked: nothing in the loss or its denominator.
 
 Letters: B rows, T positions (S − 1).
 """
@@ -62,7 +56,7 @@ class TokenBatch:
     positions_BxT: Any
     segment_ids_BxT: Any
     mask_BxT: Any
-    """1.0 where `target_ids_BxT` is trained on (float32)."""
+    """float32: 1 where `target_ids_BxT` is trained on."""
     n_micro: int = flax.struct.field(pytree_node=False, default=0)
     """Micro-batches the rows are laid out for (token-budget packing); 0 = any split."""
     branches: int = flax.struct.field(pytree_node=False, default=1)
@@ -80,19 +74,16 @@ class TokenBatch:
 
 @flax.struct.dataclass
 class RLBatch:
-    """A policy-gradient batch: the packed rows the model reads (`tokens`, R rows), and the
-    per-completion arrays the loss reads as if each completion had a row of its own (B slots:
-    `mask_BxT` etc. are exactly an unpacked batch's). `gather_BxT` maps completion slot b's
-    position t to its place in the packed rows (flat index r·T + t', counted within the
-    whole batch; any equal split of the rows — a mini- or micro-batch — reads its own through
-    `sequence_view`'s modulo), so every aggregation, TIS and KL mode keeps its exact
-    per-sequence meaning and global denominator however the rows are packed."""
+    """A policy-gradient batch: the packed rows the model reads (`tokens`, R rows) and the
+    per-completion arrays the loss reads as if each completion had a row of its own (B slots,
+    exactly an unpacked batch's), so every aggregation, TIS and KL mode keeps its per-sequence
+    meaning and global denominator however the rows are packed."""
 
     tokens: TokenBatch
     """The model's input, [R, T] (several completions per row when packed)."""
     gather_BxT: Any
     """int32 [B, T]: where completion b's position t sits in the packed rows (r·T + t' over
-    the whole batch's rows; `sequence_view` takes it modulo a part's positions)."""
+    the whole batch; `sequence_view` takes it modulo a mini- or micro-batch's positions)."""
     mask_BxT: Any = None
     """1.0 on completion b's trained tokens (the stop token included)."""
     sampler_logp_BxT: Any = None
@@ -100,26 +91,21 @@ class RLBatch:
     advantages_B: Any = None
     """One advantage per completion slot; 0 on empty slots."""
     old_logp_BxT: Any = None
-    """log π_θold(target) recomputed by the learner (several updates per batch, TIS mask
-    mode, reward-KL); None: the step uses stop_gradient(logp)."""
+    """log π_θold(target) recomputed by the learner; None: the step uses stop_gradient(logp)."""
     ref_logp_BxT: Any = None
     """log π_ref(target) under the frozen reference policy (KL on); None otherwise."""
     rewards_BxT: Any = None
-    """PPO (`loss.advantage: gae`): completion b's reward at its last token, 0 elsewhere;
-    None otherwise (per completion slot, like `mask_BxT`)."""
+    """PPO: completion b's reward at its last token, 0 elsewhere; None otherwise."""
     values_BxT: Any = None
-    """PPO: the critic's V(s_t) at rollout time (computed by the learner over the packed rows
-    before the first update, seen per slot through `gather_BxT`; the value clipping's
-    anchor); None otherwise."""
+    """PPO: the critic's V(s_t) before the first update (the value clipping's anchor)."""
     advantages_BxT: Any = None
     """PPO: per-token GAE advantages (used instead of `advantages_B`); None otherwise."""
     returns_BxT: Any = None
     """PPO: the critic's regression targets (GAE advantages + values); None otherwise."""
     lag_BxT: Any = None
-    """int32 per completion token: policy versions between the params the learner scores the
-    batch with and the oldest params that computed the token's context (prompt prefill, earlier
-    tokens, itself); 0 = sampled by the learner's own params (the `mismatch/*` metrics), > 0 =
-    policy lag (`lag/kl`); None = unknown (no such metrics)."""
+    """int32 per completion token: policy versions between the learner's params and the oldest
+    that computed the token's context (`groups.token_lag`); 0 feeds `mismatch/*`, > 0
+    `lag/kl`; None = unknown (no such metrics)."""
     targets_BxT: Any = None
     """Shared-prompt rows (`collate_shared`): completion slot b's next token at each position
     (its own, where the row continues with another completion); None: the rows' targets."""
@@ -130,9 +116,8 @@ class RLBatch:
 
 
 def sequence_view(x_RxT: Any, gather_BxT: Any) -> Any:
-    """Per-token values of packed rows [R, T] (or [R, T, V]) as completion slots [B, T] (or
-    [B, T, V]); `gather_BxT` indices are taken modulo the R·T positions given, so a part of
-    the batch made of equal splits of its rows (a mini- or micro-batch) reads its own rows."""
+    """Per-token values of packed rows [R, T, ...] as completion slots [B, T, ...]; indices are
+    taken modulo R·T, so a mini- or micro-batch (equal splits of the rows) reads its own."""
     R, T = x_RxT.shape[:2]
     flat = x_RxT.reshape(R * T, *x_RxT.shape[2:])
     return flat[gather_BxT % (R * T)]
@@ -151,8 +136,7 @@ class Sample:
     reward: float = 0.0
     """The completion's reward (placed at its last token in `RLBatch.rewards_BxT`)."""
     sampled: Sequence[bool] | None = None
-    """Per completion token: False masks that token out of the loss (tokens the engine
-    inserted, budget forcing); None = every token trained on."""
+    """Per completion token: False masks it out (tokens budget forcing inserted); None: all in."""
     lag: Sequence[int] | None = None
     """Per completion token: its `RLBatch.lag_BxT` (`groups.token_lag`); None = unknown."""
 
@@ -171,8 +155,7 @@ def take_rows(batch: Any, start: int, stop: int) -> Any:
 
 
 def mini_batch(batch: Any, u: int, updates: int) -> Any:
-    """Part u of `updates` equal parts along every leading axis (rows and completion slots);
-    a packed batch's micro-batch count is split with it."""
+    """Part u of `updates` equal parts along every leading axis (and of its `n_micro`)."""
 
     def part(x: Any) -> Any:
         n = x.shape[0] // updates
@@ -187,10 +170,9 @@ def mini_batch(batch: Any, u: int, updates: int) -> Any:
 
 
 def bucket_length(longest: int, *, full: int, min_len: int, multiple: int = 1) -> int:
-    """Learner positions T for a batch whose longest prompt + completion has `longest` tokens:
-    the smallest min_len·2^k ≥ `longest`, rounded up to `multiple`, capped at `full` (the
-    fixed length, also used when `min_len` is 0). A handful of shapes, so a handful of
-    compiles, instead of always paying for the longest possible row."""
+    """Learner positions T for a batch whose longest sequence has `longest` tokens: the
+    smallest min_len·2^k ≥ `longest`, rounded up to `multiple`, capped at `full` (also the
+    length when `min_len` is 0): a handful of compiled shapes."""
     if longest > full:
         raise ValueError(f"bucket_length: a row of {longest} tokens exceeds the full length {full}")
     if min_len <= 0:
@@ -211,8 +193,7 @@ def _lay_out(
     seq_len: int,
     pad_id: int,
 ) -> TokenBatch:
-    """The packed rows of `layout` (shifted grid of T = seq_len − 1); `trained[i]` masks
-    response i: a bool, or one float per response token."""
+    """The rows of `layout`; `trained[i]` masks response i (a bool, or one float per token)."""
     rows = layout.rows
     ids_BxS = np.full((rows, seq_len), pad_id, np.int32)
     seg_BxS = np.zeros((rows, seq_len), np.int32)
@@ -245,11 +226,10 @@ def collate(
     pad_id: int,
     layout: Layout | None = None,
 ) -> RLBatch:
-    """The RL batch of `samples` (numpy): packed rows by `layout` (default `one_per_row` in
-    `rows` rows) and the per-completion arrays [slots, seq_len − 1].
-
-    Raises ValueError naming the sample when its prompt is empty, its log-probs do not match
-    its tokens, or it does not fit."""
+    """The RL batch of `samples` (numpy): rows by `layout` (default `one_per_row` in `rows`
+    rows) and the per-completion arrays [slots, seq_len − 1]. Raises ValueError naming the
+    sample when its prompt is empty, its per-token lists do not match its tokens, or it does
+    not fit."""
     for i, s in enumerate(samples):
         if len(s.prompt_tokens) == 0:
             raise ValueError(f"collate: sample {i} has an empty prompt")
@@ -292,8 +272,7 @@ def collate(
 def _completion_arrays(
     samples: Sequence[Sample], tokens: TokenBatch, B: int, T: int, *, targets: bool = False
 ) -> RLBatch:
-    """An `RLBatch` over `tokens` whose per-completion arrays [B, T] are zeros (`lag_BxT`
-    only when some sample has lag values; `targets_BxT` with `targets`)."""
+    """An `RLBatch` over `tokens` with zero per-completion arrays [B, T]."""
     lag = any(s.lag is not None for s in samples)
     return RLBatch(
         tokens=tokens,
@@ -308,9 +287,7 @@ def _completion_arrays(
 
 
 def _place_completion(batch: RLBatch, b: int, first: int, s: Sample) -> None:
-    """Writes sample `s`'s mask, sampler log-probs, lag, reward (at its last token) and
-    advantage into slot `b` of `batch`'s per-completion arrays, its tokens from index
-    `first`."""
+    """Writes sample `s` into slot `b` of the per-completion arrays, its tokens from `first`."""
     end = first + len(s.tokens)
     batch.mask_BxT[b, first:end] = s.token_mask()
     batch.sampler_logp_BxT[b, first:end] = s.sampler_logp
@@ -331,10 +308,9 @@ def collate_packed(
     updates: int = 1,
     row_multiple: int = 1,
 ) -> tuple[RLBatch, np.ndarray]:
-    """`collate` with the completions packed to a token budget per micro-batch
-    (`packing.pack_tokens`, rows of `seq_len`), separately for each of `updates` mini-batches
-    of `rows // updates` samples (in sample order), all given one shape. Returns the batch and
-    each sample's completion slot."""
+    """`collate` packed to `max_tokens` per micro-batch (`packing.pack_tokens`), separately for
+    each of `updates` mini-batches of `rows // updates` samples, all one shape. Returns the
+    batch and each sample's completion slot."""
     mini = rows // updates
     parts = [samples[u * mini : (u + 1) * mini] for u in range(updates)]
     lengths = [[len(s.prompt_tokens) + len(s.tokens) for s in part] for part in parts]
@@ -350,17 +326,11 @@ def collate_packed(
     return full, np.asarray(slots, np.int64)
 
 
-def _groups_per_part(rows: int, group_size: int, updates: int) -> int:
-    """Groups one of `updates` mini-batches of `rows` completions holds (packed: its row cap)."""
-    return rows // group_size // updates
-
-
 def packed_row_counts(
     rows: int, *, group_size: int, updates: int = 1, row_multiple: int = 1
 ) -> tuple[int, ...]:
-    """Every row count of a batch `collate_shared(..., pack=True)` lays out for `rows`
-    completions (each mini-batch alike): what the learner compiles with the first batch."""
-    cap = _groups_per_part(rows, group_size, updates)
+    """Every row count `collate_shared(..., pack=True)` may lay `rows` completions out in."""
+    cap = rows // group_size // updates  # groups (packed: rows) of a mini-batch at most
     return tuple(c * updates for c in pack_groups_row_counts(cap, row_multiple))
 
 
@@ -378,23 +348,18 @@ def collate_shared(
     pack: bool = False,
 ) -> tuple[RLBatch, np.ndarray]:
     """The RL batch of `samples` (groups of `group_size` consecutive samples with one prompt)
-    with each group's prompt laid out once, followed by its G completions: a group takes
-    `len(prompt) + Σ len(completion)` tokens of a row instead of G · len(prompt) more. Rows of
-    `row_len`: one per group of a batch of `rows` completions (`max_tokens` = 0; missing groups
-    are empty rows), with `pack` (a step of one micro-batch) several groups to a row in the
-    fewest rows, a group's completions split over rows after copies of its prompt where that
-    saves a row (`packing.pack_groups`: a handful of row counts), or groups packed to
-    `max_tokens` per micro-batch; separately for each of `updates` mini-batches (whole groups
-    each, every mini-batch the same number of rows). Completion
-    j of a group is branch j + 1 of its segment (`TokenBatch.branches` = G + 1): it sees the
-    prompt and itself (`models.layers.same_segment`), at the positions it would have alone.
+    with each group's prompt laid out once, then its G completions. Rows of `row_len`: one per
+    group (`max_tokens` = 0), or with `pack` (a step of one micro-batch) the fewest rows, a
+    group split over rows after copies of its prompt where that saves one
+    (`packing.pack_groups`), or packed to `max_tokens` per micro-batch; separately for each of
+    `updates` mini-batches, all the same shape. Completion j is branch j + 1 of its group's
+    segment (`TokenBatch.branches` = G + 1): it sees the prompt and itself
+    (`models.layers.same_segment`) at the positions it would have alone.
 
-    The per-completion arrays [slots, `slot_len`] hold each completion's own tokens only (index
-    t: its token t, predicted from its prompt and its tokens before t; `slot_len` ≥ the longest
-    completion): `collate`'s arrays without the prompt positions, which the loss never reads,
-    so the LM head runs over completion tokens alone. `gather_BxT` points at the row position
-    whose prefix predicts token t (the prompt's last token for t = 0), and `targets_BxT`
-    carries the tokens. Returns the batch and each sample's slot (the samples' order).
+    The per-completion arrays [slots, `slot_len`] hold each completion's own tokens only (the
+    loss never reads prompt positions, so the LM head runs over completions alone):
+    `gather_BxT` points at the row position whose prefix predicts token t (the prompt's last
+    for t = 0), `targets_BxT` carries the tokens. Returns the batch and each sample's slot.
     """
     g = group_size
     if len(samples) % (g * updates) or rows % (g * updates) or len(samples) > rows:
@@ -414,7 +379,7 @@ def collate_shared(
     parts = [range(u * per, (u + 1) * per) for u in range(updates)]
     layouts = []
     if pack and not max_tokens:  # (group k of the part, row, offset, completions, its slot)
-        cap = _groups_per_part(rows, g, updates)
+        cap = rows // g // updates
         packed = [
             pack_groups(
                 [(len(groups[i][0].prompt_tokens), [len(x.tokens) for x in groups[i]])
@@ -490,20 +455,17 @@ def collate_sft(
     seq_len: int,
     pad_id: int,
     pack: bool = False,
-    layout: Layout | None = None,
     max_tokens: int = 0,
     row_multiple: int = 1,
 ) -> TokenBatch:
-    """The SFT batch of prompt/response pairs, each array [rows, seq_len − 1] (one example per
-    row, unused rows all padding and masked). With `pack`, examples share rows in order
-    (`packing.pack_examples`): example k of a row has segment id k + 1 and positions 0, 1, ...
-    from its first token; with a `layout` (`packing.pack_tokens`), they go where it says; with
-    `max_tokens` (`train.max_tokens_per_micro_batch`), packed to that token budget per
-    micro-batch by `packing.pack_tokens` (the RL batches' packer), rows and micro-batches a
-    multiple of `row_multiple`, the batch carrying its micro-batch count.
+    """The SFT batch of prompt/response pairs, each array [rows, seq_len − 1]: one example per
+    row; with `pack`, sharing rows in order (`packing.pack_examples`); with `max_tokens`
+    (`train.max_tokens_per_micro_batch`), packed to that budget per micro-batch by
+    `packing.pack_tokens`, rows a multiple of `row_multiple`, the batch carrying its
+    micro-batch count.
 
-    Raises ValueError naming the example when a prompt is empty, a response is empty, the lists
-    differ in length, or the examples do not fit.
+    Raises ValueError naming the example when a prompt or response is empty, the lists differ
+    in length, or the examples do not fit.
     """
     if len(prompt_ids_list) != len(response_ids_list):
         raise ValueError(
@@ -520,18 +482,18 @@ def collate_sft(
     if too_long and not pack:
         i = too_long[0]
         raise ValueError(f"collate_sft: example {i} has {lengths[i]} tokens > {seq_len}")
-    if layout is None and max_tokens:
+    if max_tokens:
         layout = pack_tokens(
             lengths, row_len=seq_len, max_tokens=max_tokens, row_multiple=row_multiple,
             what="SFT example",
         )  # fmt: skip
-    if layout is None and pack:
+    elif pack:
         layout = in_order(lengths, rows=rows, seq_len=seq_len)
         if len(layout.places) < len(lengths):
             raise ValueError(
                 f"collate_sft: {len(lengths)} examples do not fit packed into {rows} rows"
             )
-    elif layout is None:
+    else:
         layout = one_per_row(len(lengths), rows, "examples")
     return _lay_out(
         prompt_ids_list, response_ids_list, [True] * len(lengths), layout,

@@ -1,18 +1,15 @@
-"""Orbax checkpoints in `<output_dir>/checkpoints/<step>/`: train state (params, optimizer,
-step, skipped-step count) as arrays, and a JSON side-car (data-iterator state, RNG seed state,
-policy version, anything else the loop needs to resume exactly).
+"""Orbax checkpoints in `<output_dir>/checkpoints/<step>/`: the train state as arrays and a JSON
+side-car (source state, policy version, what else the loop needs to resume exactly).
 
-Saves are asynchronous: orbax copies the arrays to the host, writes them in its own threads
-into `<step>.orbax-checkpoint-tmp` and renames that to `<step>` when complete; a thread of ours
-then writes each process's file manifest (`checkpoint_files`) and deletes the checkpoints
-beyond keep-last-N — only after a save that succeeded, so a failed save never costs the last
-good checkpoint. A failed save (full disk, I/O error) is raised as `CheckpointError` on the
-next `save`/`wait`/`close`, naming the step and the OS error; its partial directory is removed.
+Saves are asynchronous (orbax writes `<step>.orbax-checkpoint-tmp`, renamed to `<step>` when
+complete); a thread of ours then writes each process's file manifest (`checkpoint_files`) and
+deletes the checkpoints beyond keep-last-N, only after a save that succeeded. A failed save is
+raised as `CheckpointError` on the next `save`/`wait`/`close`, naming the step and the OS
+error; its partial directory is removed.
 
-`restore_latest` restores the newest checkpoint whose files match their manifest and that
-orbax can read; a damaged one is named (with its damaged files), moved aside to
-`<step>.damaged` (never deleted; orbax no longer lists it) and the next older one is tried.
-With several processes, each verifies its own files and all agree on the step restored.
+`restore_latest` restores the newest checkpoint whose files match their manifest and that orbax
+can read; a damaged one is named, moved aside to `<step>.damaged` (never deleted) and the next
+older one tried. With several processes, each verifies its own files and all agree.
 """
 
 from __future__ import annotations
@@ -48,9 +45,7 @@ class Checkpointer:
         async_save: bool = True,
         verify: str = "checksum",
     ):
-        """`verify`: "checksum" (a CRC-32 of every file, written after each save in the
-        background and checked before a restore), "size" (file sizes only: catches truncated
-        and missing files, reads nothing) or "off"."""
+        """`verify`: "checksum" (CRC-32 of every file), "size" (sizes only) or "off"."""
         if verify not in files.VERIFY_MODES:
             raise ValueError(
                 f"checkpoint.verify: expected one of {files.VERIFY_MODES}, got {verify!r}"
@@ -86,8 +81,7 @@ class Checkpointer:
 
     # -- listing -----------------------------------------------------------------------
     def steps(self) -> list[int]:
-        """Finished checkpoints on disk (orbax renames a directory to its step when complete;
-        damaged, partial and half-deleted ones have other names)."""
+        """Finished checkpoints on disk (damaged, partial and half-deleted ones are named else)."""
         if not self.dir.is_dir():
             return []
         return sorted(int(p.name) for p in self.dir.iterdir() if p.name.isdigit() and p.is_dir())
@@ -101,7 +95,7 @@ class Checkpointer:
         """Starts saving checkpoint `step` (returns once the arrays are copied to the host).
         Raises `CheckpointError` for a previous save that failed, or for this one when it
         fails before returning; a step already on disk is not saved again."""
-        self._settle()
+        self.wait()
         ocp = self._ocp
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
         try:
@@ -120,11 +114,10 @@ class Checkpointer:
             self._worker.start()
         else:
             self._complete(step)
-            self._settle()
+            self.wait()
 
     def _complete(self, step: int) -> None:
-        """Waits for orbax to finish `step`, then writes the manifest and collects garbage
-        (in its own thread when saving asynchronously). Records a failure for `_settle`."""
+        """Waits for orbax to finish `step`, writes the manifest, collects garbage."""
         try:
             self._mngr.wait_until_finished()
         except Exception as e:
@@ -150,8 +143,7 @@ class Checkpointer:
             self._failure.__cause__ = e
 
     def _abandon(self, step: int) -> None:
-        """After a failed save: drop the manager (it would raise the same error again) and
-        remove the partial directory, so that it neither fills the disk nor blocks a retry."""
+        """After a failed save: drops the manager (it would raise again) and the partial dir."""
         with contextlib.suppress(Exception):
             self._mngr.close()
         self._broken = True
@@ -181,7 +173,7 @@ class Checkpointer:
                 shutil.rmtree(p, ignore_errors=True)
                 log.warning("removed %s, left by an interrupted save or deletion", p)
 
-    def _settle(self) -> None:
+    def wait(self) -> None:
         """Joins the background save; raises its failure (once), with a fresh manager."""
         if self._worker is not None:
             self._worker.join()
@@ -193,24 +185,20 @@ class Checkpointer:
             failure, self._failure = self._failure, None
             raise failure
 
-    def wait(self) -> None:
-        self._settle()
-
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
         try:
-            self._settle()
+            self.wait()
         finally:
             with contextlib.suppress(Exception):
                 self._mngr.close()
 
     # -- restoring ---------------------------------------------------------------------
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-        """Restores checkpoint `step` as it is (no file check, no fallback) into the
-        shardings and dtypes of `abstract_state` (a pytree of `jax.ShapeDtypeStruct` with
-        `.sharding`, e.g. from `jax.eval_shape` or `abstract_like`)."""
+        """Restores checkpoint `step` (no file check, no fallback) into the shardings and dtypes
+        of `abstract_state` (`jax.ShapeDtypeStruct`s with `.sharding`, e.g. `abstract_like`)."""
         ocp = self._ocp
         out = self._mngr.restore(
             step,
@@ -225,7 +213,7 @@ class Checkpointer:
         is no checkpoint at all. Damaged ones are named, moved aside and skipped; raises
         `CheckpointError` when none is intact, or when the newest intact one does not fit
         `abstract_state` (another model or optimizer: nothing is moved then)."""
-        self._settle()
+        self.wait()
         self._mngr.reload()
         earlier = sorted(p.name for p in self.dir.glob("*.damaged*")) if self.dir.is_dir() else []
         damaged: list[str] = []

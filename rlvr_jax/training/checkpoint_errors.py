@@ -77,8 +77,7 @@ def mismatch(on_disk: Any, abstract_state: Any) -> str:
 
 
 def agree(code: int, message: str) -> tuple[int, str]:
-    """The largest `code` over all processes, with the messages of those that reported it
-    (prefixed by the process index when there are several processes)."""
+    """The largest `code` over all processes, with the messages of those that reported it."""
     if jax.process_count() == 1:
         return code, message
     from jax.experimental import multihost_utils
@@ -137,8 +136,7 @@ class _OrbaxTracebacks(logging.Filter):
 
 
 def _called_from_orbax() -> bool:
-    """Whether the logging call being filtered was made by orbax (absl's records carry absl's
-    own file as their path name, so look at the calling frames)."""
+    """Whether orbax made the logging call being filtered (by the calling frames: absl's)."""
     frame, marker = sys._getframe(1), f"{os.sep}orbax{os.sep}"
     for _ in range(12):
         if frame is None:

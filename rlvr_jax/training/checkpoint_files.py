@@ -1,15 +1,10 @@
-"""File-level integrity of an orbax checkpoint directory: a per-process manifest of every file
-the process wrote (relative path → size and CRC-32), written after orbax has finalised the
-checkpoint and verified before it is restored.
+"""File-level integrity of an orbax checkpoint: a per-process manifest of every file the process
+wrote (relative path → size and CRC-32), written after orbax finalised it and verified before a
+restore. Orbax checks nothing itself: a damaged data file fails deep in TensorStore without
+naming the file, or restores silently into wrong numbers.
 
-Orbax itself checks nothing: a data file overwritten in part either fails deep inside
-TensorStore (`ZSTD_decompressStream() failed`) without naming the file, or — when the damage
-leaves a valid zstd frame — restores silently into wrong numbers. The manifest names the file.
-
-Ownership follows orbax's layout: process i writes `…/ocdbt.process_i/…` and
-`…/array_metadatas/process_i`; the primary process (0) writes everything else (the merged
-OCDBT root, `_METADATA`, `_sharding`, the JSON side-car, `_CHECKPOINT_METADATA`). Each process
-hashes and verifies only its own files, so the cost is spread over the hosts.
+Process i owns `…/ocdbt.process_i/…` and `…/array_metadatas/process_i`; process 0 everything
+else. Each process hashes and verifies only its own files.
 """
 
 from __future__ import annotations
@@ -69,8 +64,7 @@ def _threads() -> int:
 
 
 def write_manifest(step_dir: Path, process: int, *, checksum: bool) -> tuple[int, int, float]:
-    """Writes `process`'s manifest into `step_dir` (atomically: a temporary file, then a
-    rename); returns (files, bytes, seconds)."""
+    """Writes `process`'s manifest into `step_dir` atomically; returns (files, bytes, seconds)."""
     t0 = time.perf_counter()
     rels = own_files(step_dir, process)
     if checksum:
@@ -96,8 +90,7 @@ class Verification:
     """What `verify` found in one process's files of one checkpoint."""
 
     status: str
-    """"intact" (every file has its size and checksum), "unchecked" (no manifest, or sizes
-    only, or verification off) or "damaged"."""
+    """"intact" (sizes and checksums match), "unchecked" (not checked by checksum) or "damaged"."""
     problems: list[str] = dataclasses.field(default_factory=list)
     """One entry per damaged file, naming it (relative to the step directory)."""
     note: str = ""
@@ -108,8 +101,7 @@ class Verification:
 
 
 def verify(step_dir: Path, process: int, *, mode: str) -> Verification:
-    """Checks `process`'s files of `step_dir` against its manifest (`mode`: "checksum" reads
-    every byte; "size" only stats; "off" checks nothing)."""
+    """Checks `process`'s files of `step_dir` against its manifest (`mode`: `VERIFY_MODES`)."""
     if mode == "off":
         return Verification("unchecked", note="verification is off")
     path = step_dir / MANIFEST.format(process)

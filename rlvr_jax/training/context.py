@@ -1,5 +1,4 @@
-"""`Context`: what the run's sources and learner updates are built from (the loop builds it once):
-sizes derived from the config, and how a batch lies on the learner mesh."""
+"""`Context`: what the run's sources and updates are built from: sizes and batch layout."""
 
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ class Context:
     stop: Callable[[], bool]
     timeline: Any = None
     turns: Any = None
-    """`dispatch.DeviceTurns` when actors and learner share devices in async mode (else None):
-    the rollout decodes in the learner's gaps instead of beside its updates."""
+    """`dispatch.DeviceTurns` when actors and learner share devices in async mode, else None."""
 
     @property
     def seq_len(self) -> int:
@@ -76,6 +74,15 @@ class Context:
         t = self.cfg.train
         return math.lcm(t.attn_chunk or 1, t.logits_chunk or 1)
 
+    def actor_rollout(self, params: Any, version: int, **kwargs: Any) -> Any:
+        """An actor rollout (`rollout.build_rollout` on the actor mesh) from `params`."""
+        from rlvr_jax.rollout import build_rollout
+
+        return build_rollout(
+            self.cfg.rollout, self.model, self.actor_mesh, self.tokenizer, max_len=self.seq_len,
+            params=params, version=version, **kwargs,
+        )  # fmt: skip
+
     def batch_sharding(self, shape: tuple[int, ...]) -> jax.sharding.NamedSharding:
         """Where a batch array of `shape` lives on the learner mesh (rows by the `batch` rule)."""
         return sharding.batch_sharding(self.learner_mesh, sharding.LEARNER_RULES, shape)
@@ -93,8 +100,7 @@ class Context:
         return jax.tree.map(one, tree)
 
     def abstract(self, tree: Any) -> Any:
-        """`put(tree)`'s shapes, dtypes and shardings, without the data (`tree` may itself be
-        abstract)."""
+        """`put(tree)`'s shapes, dtypes and shardings, without the data."""
         return jax.tree.map(
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self.batch_sharding(x.shape)),
             tree,
@@ -107,8 +113,7 @@ class Context:
         )
 
     def mini_batches(self, tree: Any, n: int) -> Any:
-        """A batch pytree, in a jitted program, as its `n` mini-batches (`batch.mini_batch`)
-        stacked on a new leading axis, each laid out as `put` lays out a batch."""
+        """A batch pytree, in a jitted program, as its `n` mini-batches stacked, each laid out."""
         parts = [mini_batch(tree, u, n) for u in range(n)]
 
         def stacked(*xs: jax.Array) -> jax.Array:
@@ -119,21 +124,18 @@ class Context:
         return jax.tree.map(stacked, *parts)
 
     def _bucket(self, lengths: Any, *, full: int, multiple: int) -> int:
-        """The longest of `lengths` (1 for none) rounded up to a length bucket
-        (`train.bucket_min_len`, `batch.bucket_length`) of at most `full` positions."""
+        """The longest of `lengths` (1 for none) bucketed (`batch.bucket_length`), ≤ `full`."""
         min_len = self.cfg.train.bucket_min_len
         return bucket_length(max(lengths, default=1), full=full, min_len=min_len, multiple=multiple)
 
     def batch_length(self, groups: list[Any]) -> int:
-        """Learner positions T of a batch of scored groups: its longest prompt + completion,
-        bucketed."""
+        """Learner positions T of a batch of scored groups: its longest sequence, bucketed."""
         lengths = (len(g.prompt_tokens) + len(c.tokens) for g in groups for c in g.completions)
         return self._bucket(lengths, full=self.seq_len, multiple=self.length_multiple)
 
     @functools.cached_property
     def shares_prompts(self) -> bool:
-        """Whether RL batches lay each group's prompt out once (`train.share_prompts`, where
-        it applies)."""
+        """Whether RL batches lay each group's prompt out once (`train.share_prompts`)."""
         from rlvr_jax.models.attention import resolve_impl
 
         t, arch = self.cfg.train, self.model.config
@@ -152,15 +154,13 @@ class Context:
         return kernel in ("blockwise", "xla")
 
     def completion_length(self, groups: list[Any]) -> int:
-        """Positions of a completion slot of shared-prompt rows: the batch's longest completion,
-        bucketed."""
+        """Positions of a shared-prompt completion slot: the longest completion, bucketed."""
         lengths = (len(c.tokens) for g in groups for c in g.completions)
         full, multiple = self.cfg.rollout.max_new_tokens, self.cfg.train.logits_chunk or 1
         return self._bucket(lengths, full=full, multiple=multiple)
 
     def group_length(self, groups: list[Any]) -> int:
-        """Positions of a shared-prompt row (`shares_prompts`) of a batch of scored groups: its
-        longest group (prompt + G completions), bucketed."""
+        """Positions of a shared-prompt row: the longest prompt + G completions, bucketed."""
         lengths = (len(g.prompt_tokens) + sum(len(c.tokens) for c in g.completions) for g in groups)
         r = self.cfg.rollout
         full = self.cfg.data.max_prompt_len + r.num_samples * r.max_new_tokens

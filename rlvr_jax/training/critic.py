@@ -1,29 +1,20 @@
-"""PPO's learned critic (`loss.advantage: gae`): the value model, its place in the train state,
-the per-batch GAE preparation and the PPO step.
+"""PPO's learned critic (`loss.advantage: gae`): the value model, the per-batch GAE preparation
+and the PPO step.
 
 The value model is a scalar head V(s_t) = h_t · w + b (fp32, zero-initialised) on a trunk's
-final-norm hidden states h_t [B, T, D]:
+final-norm hidden states h_t [B, T, D]: its own model with `critic.kind: separate`
+(`critic.path`, default the policy's starting checkpoint, LM head dropped), or the policy's
+trunk with `shared` (the value loss, weighted by `critic.value_coef`, then trains it too).
 
-- `critic.kind: separate`: the trunk is its own model (`critic.path`, default the policy's
-  starting checkpoint; its LM head is dropped), trained only by the value loss;
-- `critic.kind: shared`: the head sits on the policy's trunk; the value loss then trains the
-  trunk too, weighted by `critic.value_coef`.
+The critic's parameters and AdamW state live in `TrainState.critic` (checkpointed with the
+policy); one step minimises policy loss + c_V · value loss, each optimizer over its own
+parameters (the critic's at `critic.learning_rate`); a non-finite loss or gradient skips both.
 
-Either way the critic's parameters and AdamW state live in `TrainState.critic` (checkpointed
-with the policy: resume is exact), and one step minimises policy loss + c_V · value loss with
-two optimizers: the policy's over the policy's parameters, the critic's (`critic.learning_rate`)
-over the critic's. A non-finite loss or gradient skips both.
-
-Per rollout batch, before the first update (like θ_old's log-probs), `make_prepare_fn` runs
-the critic over the rollout tokens and turns the rewards at the completions' last tokens
-(minus β·KL per token with `loss.kl_mode: reward`) into GAE advantages and value targets
-(`losses.gae`), whitened over the batch's completion tokens when `critic.whiten_advantages`.
-
-Packed batches (`RLBatch`): the critic, like the policy, reads the packed rows [R, T] (one
-micro-batch's rows at a time when they are packed for several); its values are seen per
-completion slot [B, T] through `batch.sequence_view`, where the rewards, the mask, GAE and the
-value loss live, each slot one episode. So advantages, returns, the value loss (divided by the
-whole batch's token count) and every metric are the same however the rows are packed.
+Per rollout batch, before the first update, `make_prepare_fn` turns the rewards at the
+completions' last tokens (minus β·KL per token with `loss.kl_mode: reward`) into GAE
+advantages and value targets (`losses.gae`). The critic reads the packed rows [R, T]; its
+values are seen per completion slot [B, T] (`batch.sequence_view`), each slot one episode, so
+every result is the same however the rows are packed.
 """
 
 from __future__ import annotations
@@ -92,38 +83,22 @@ class Critic:
     def shared(self) -> bool:
         return self.cfg.kind == "shared"
 
-    def values(
-        self, params: Any, tokens: TokenBatch, *, policy_hidden_RxTxD: jax.Array | None = None
-    ) -> jax.Array:
-        """V(s_t) [R, T] of every position of the (packed) rows `tokens`: on the policy's
-        hidden states (`shared`, passed in) or on the separate trunk's."""
-        if self.shared:
-            if policy_hidden_RxTxD is None:
-                raise ValueError("a shared critic needs the policy's hidden states")
-            hidden_RxTxD = policy_hidden_RxTxD
-        else:
-            hidden_RxTxD = learner.hidden_states(
-                params["trunk"],
-                self.arch,
-                tokens,
-                compute_dtype=self.compute_dtype,
-                memory=self.memory,
-            )
+    def hidden(self, trunk: Any, tokens: TokenBatch) -> jax.Array:
+        """The final-norm hidden states [R, T, D] of the rows `tokens` under `trunk`."""
+        return learner.hidden_states(
+            trunk, self.arch, tokens, compute_dtype=self.compute_dtype, memory=self.memory
+        )
+
+    def values(self, params: Any, tokens: TokenBatch, policy_hidden_RxTxD: jax.Array) -> jax.Array:
+        """V(s_t) [R, T] of the rows `tokens`: on the policy's (`shared`) or the trunk's hidden."""
+        shared = self.shared
+        hidden_RxTxD = policy_hidden_RxTxD if shared else self.hidden(params["trunk"], tokens)
         return head_values(params["head"], hidden_RxTxD)
 
     def slot_values(self, policy_params: Any, params: Any, batch: RLBatch) -> jax.Array:
-        """V(s_t) [B, T] per completion slot of a batch (or one micro-batch of it): the
-        critic's forward over the packed rows, seen through `gather_BxT`."""
-        hidden = None
-        if self.shared:
-            hidden = learner.hidden_states(
-                policy_params,
-                self.arch,
-                batch.tokens,
-                compute_dtype=self.compute_dtype,
-                memory=self.memory,
-            )
-        values_RxT = self.values(params, batch.tokens, policy_hidden_RxTxD=hidden)
+        """V(s_t) [B, T] per completion slot of a batch (or one micro-batch of it)."""
+        trunk = policy_params if self.shared else params["trunk"]
+        values_RxT = head_values(params["head"], self.hidden(trunk, batch.tokens))
         return sequence_view(values_RxT, batch.gather_BxT)
 
 
@@ -137,8 +112,7 @@ def warn_if_unused(cfg: Config, settings: losses.LossSettings) -> None:
 
 
 class CriticBuilder:
-    """Builds the critic of a run: loads the separate trunk (on the learner mesh), makes the
-    critic's optimizer and, from the policy's parameters, its initial state."""
+    """The critic of a run: its separate trunk, its optimizer and its initial state."""
 
     def __init__(
         self, cfg: Config, policy: models.Model, mesh: Any, memory: learner.MemoryOptions
@@ -178,11 +152,10 @@ class CriticBuilder:
 
 def make_prepare_fn(critic: Critic, settings: losses.LossSettings) -> Callable:
     """`prepare(policy_params, critic_params, batch) -> (batch, metrics)` (jitted): the batch
-    with `values_BxT`, `advantages_BxT` and `returns_BxT` of its rollout tokens, per completion
-    slot (see the module docstring); metrics `value/explained_variance` (of the rollout-time
-    values against the returns), `value/return_mean`, `value/gae_mean`, `value/gae_std`
-    (before whitening), all over the whole batch. With `loss.kl_mode: reward` the batch must
-    carry old and reference log-probs."""
+    with `values_BxT`, `advantages_BxT` (whitened with `critic.whiten_advantages`) and
+    `returns_BxT`; metrics `value/explained_variance`, `value/return_mean`, `value/gae_mean`,
+    `value/gae_std` (before whitening) over the whole batch. With `loss.kl_mode: reward` the
+    batch must carry old and reference log-probs."""
     cfg = critic.cfg
 
     def prepare(policy_params: Any, critic_params: Any, batch: RLBatch):
@@ -242,12 +215,11 @@ def make_ppo_step(
     temperature: float = 1.0,
     memory: learner.MemoryOptions = learner.NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The pure PPO step (un-jitted): `accumulate_grads` of policy loss + c_V · value loss over
-    (policy params, critic params) in `n_micro` micro-batches (a packed batch's own count when
-    it has one; default 1), then each optimizer on its own gradients. The batch holds
-    `advantages_BxT`, `returns_BxT` and `values_BxT` (`make_prepare_fn`). Metrics, over the
-    whole batch: the policy loss's, `value/*` (value_loss's), `policy_loss`, `loss` (the sum
-    minimised), `grad_norm`, `value/grad_norm`, `step_ok`."""
+    """The pure PPO step (un-jitted) over a batch from `make_prepare_fn`: `accumulate_grads` of
+    policy loss + c_V · value loss over (policy, critic) params in `n_micro` micro-batches (a
+    packed batch's own count), then each optimizer on its own gradients. Metrics, over the
+    whole batch: the policy loss's, `value/*`, `policy_loss`, `loss` (the sum minimised),
+    `grad_norm`, `value/grad_norm`, `step_ok`."""
     coef, clip = critic.cfg.value_coef, critic.cfg.value_clip
 
     def step(state: TrainState, batch: RLBatch):
@@ -273,7 +245,7 @@ def make_ppo_step(
                 policy_params, arch, hidden_RxTxD, mb, temperature=temperature, memory=memory
             )
             policy_loss, _ = objective(logp_BxT, mb)
-            values_RxT = critic.values(critic_params, mb.tokens, policy_hidden_RxTxD=hidden_RxTxD)
+            values_RxT = critic.values(critic_params, mb.tokens, hidden_RxTxD)
             values_BxT = sequence_view(values_RxT, mb.gather_BxT)
             v_loss, _ = value_term(values_BxT, mb)
             aux = {

@@ -13,8 +13,7 @@ from rlvr_jax.config.schema import DistributedConfig
 
 
 def init_distributed(cfg: DistributedConfig) -> bool:
-    """`jax.distributed.initialize` from `cfg` (unset fields come from the environment, e.g.
-    the TPU/SLURM variables JAX reads). Returns whether it initialised."""
+    """`jax.distributed.initialize` from `cfg` (unset: from the environment); whether it ran."""
     if not cfg.initialize:
         return False
     # CPU collectives between processes go through gloo (inert on GPU/TPU backends); must be
@@ -36,8 +35,7 @@ def init_distributed(cfg: DistributedConfig) -> bool:
 
 
 def global_array(x: np.ndarray, sharding: jax.sharding.Sharding) -> jax.Array:
-    """A global array from the full host value that every process holds (each process
-    fills only its addressable shards)."""
+    """A global array from the host value every process holds (each fills its own shards)."""
     x = np.asarray(x)
     return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx], dtype=x.dtype)
 

@@ -2,22 +2,17 @@
 DPO train step.
 
 A pair (prompt x, chosen y_w, rejected y_l) is two sequences, x + y_w and x + y_l, laid out by
-the one collation every algorithm uses (`batch.collate_sft`: one sequence per row, or packed
-with `pack=True` — each sequence its own segment with positions from 0). The `PreferenceBatch`
-adds, per target token, the pair it belongs to (`pair_BxT`), whether it is a chosen-response
-token (`chosen_BxT`; the rejected ones are `mask − chosen`), and the reference log-probs
-(`ref_logp_BxT`). The step sums log π_θ over each response's tokens (a segment sum by pair,
+`batch.collate_sft`. The step sums log π_θ over each response's tokens (a segment sum by pair,
 whatever the layout), feeds the [P] sums to `losses.preference_loss`, and divides by the pair
-count of the **whole optimizer batch** (as the RL loss divides by the global token count), so
-accumulating micro-batch gradients gives exactly the full-batch gradient. A pair's two sequences
-always sit in the same micro-batch: `collate_pairs(..., groups=n_micro)` lays out each
-micro-batch's pairs in its own rows.
+count of the **whole optimizer batch**, so micro-batch gradients sum to the full-batch one. A
+pair's two sequences share a micro-batch (`collate_pairs(..., groups=n_micro)`).
 
 Letters: B rows, T positions, P pairs of the batch.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,7 +27,7 @@ from rlvr_jax.training.batch import TokenBatch, collate_sft, vars_of
 from rlvr_jax.training.learner import NO_MEMORY_SAVING, MemoryOptions, token_logprobs
 from rlvr_jax.training.update import TrainState, gradient_step, summed
 
-__all__ = ["PreferenceBatch", "collate_pairs", "dpo_objective", "make_dpo_step", "sequence_sums"]
+__all__ = ["PreferenceBatch", "collate_pairs", "make_dpo_step", "sequence_sums"]
 
 
 @flax.struct.dataclass
@@ -62,15 +57,13 @@ def collate_pairs(
     ref_chosen: Sequence[float] | None = None,
     ref_rejected: Sequence[float] | None = None,
 ) -> PreferenceBatch:
-    """The batch of P pairs (numpy arrays [rows, seq_len − 1]).
-
-    Pairs are split into `groups` consecutive groups of P / groups (the micro-batches), each laid
-    out by `collate_sft` in its own rows / groups rows: chosen then rejected sequence of each
-    pair, one per row, or packed (`pack`). `ref_chosen` / `ref_rejected` ([P] summed reference
-    log-probs, e.g. from the cache) go on each response's first token of `ref_logp_BxT`.
+    """The batch of P pairs (numpy arrays [rows, seq_len − 1]): `groups` consecutive groups of
+    pairs (the micro-batches), each laid out by `collate_sft` in its own rows / groups rows,
+    chosen then rejected. `ref_chosen` / `ref_rejected` ([P] summed reference log-probs, e.g.
+    from the cache) go on each response's first token of `ref_logp_BxT`.
 
     Raises ValueError naming the problem: lists of different lengths, P or rows not divisible by
-    `groups`, and `collate_sft`'s errors (empty or too long sequences, not fitting).
+    `groups`, and `collate_sft`'s errors.
     """
     P = len(prompts)
     if not P or len(chosen) != P or len(rejected) != P:
@@ -138,53 +131,6 @@ def present_pairs(batch: PreferenceBatch, pairs: int) -> jax.Array:
     return ((len_w > 0) & (len_l > 0)).astype(jnp.float32)
 
 
-def dpo_objective(
-    arch: models.ArchConfig,
-    *,
-    pairs: int,
-    variant: str | Callable[..., Any] = "dpo",
-    beta: float = 0.1,
-    variant_kwargs: dict[str, Any] | None = None,
-    compute_dtype: Any = jnp.float32,
-    memory: MemoryOptions = NO_MEMORY_SAVING,
-) -> Callable[[PreferenceBatch], Callable]:
-    """`for_batch(batch) -> loss_fn(params, micro_batch)`: `losses.preference_loss` of the pairs
-    of a micro-batch, over the pair count of the whole `batch` (computed once here)."""
-    kwargs = dict(variant_kwargs or {})
-
-    def for_batch(batch: PreferenceBatch):
-        denominator = jnp.sum(present_pairs(batch, pairs))
-
-        def loss_fn(params, mb: PreferenceBatch):
-            logp_BxT = token_logprobs(
-                params, arch, mb, compute_dtype=compute_dtype, temperature=1.0, memory=memory
-            )
-            logp_w, logp_l = sequence_sums(logp_BxT, mb, pairs)
-            len_w, len_l = pair_lengths(mb, pairs)
-            if mb.ref_logp_BxT is None:
-                ref_w = ref_l = jnp.zeros_like(logp_w)
-            else:
-                ref_w, ref_l = sequence_sums(mb.ref_logp_BxT, mb, pairs)
-            loss, metrics = losses.preference_loss(
-                variant,
-                chosen_logp=logp_w,
-                rejected_logp=logp_l,
-                ref_chosen_logp=ref_w,
-                ref_rejected_logp=ref_l,
-                beta=beta,
-                chosen_len=len_w,
-                rejected_len=len_l,
-                mask=(len_w > 0) & (len_l > 0),
-                loss_denominator=denominator,
-                **kwargs,
-            )
-            return loss, {"loss": loss, **metrics}
-
-        return loss_fn
-
-    return for_batch
-
-
 def make_dpo_step(
     arch: models.ArchConfig,
     optimizer: optax.GradientTransformation,
@@ -197,29 +143,46 @@ def make_dpo_step(
     compute_dtype: Any = jnp.float32,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, PreferenceBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The pure DPO step `(state, batch) -> (state, metrics)` (un-jitted; `update.jit_train_step`
-    jits it with shardings and donation): one optimizer step over the `pairs` pairs of `batch`,
-    gradients accumulated over `n_micro` micro-batches against the whole batch's pair count; a
-    non-finite loss or gradient skips the step (`state.skipped`). Metrics: `loss`, `grad_norm`,
-    `step_ok`, `dpo/pairs` and `preference_loss`'s `dpo/...`."""
+    """The pure DPO step `(state, batch) -> (state, metrics)` (un-jitted): one optimizer step
+    over the `pairs` pairs of `batch`, gradients accumulated over `n_micro` micro-batches
+    against the whole batch's pair count; a non-finite step is skipped. Metrics: `loss`,
+    `grad_norm`, `step_ok`, `dpo/pairs` and `preference_loss`'s `dpo/...`."""
     if n_micro < 1:
         raise ValueError(f"make_dpo_step: n_micro must be >= 1, got {n_micro}")
     if pairs < 1:
         raise ValueError(f"make_dpo_step: pairs must be >= 1, got {pairs}")
-    objective = dpo_objective(
-        arch,
-        pairs=pairs,
-        variant=variant,
-        beta=beta,
-        variant_kwargs=variant_kwargs,
-        compute_dtype=compute_dtype,
-        memory=memory,
-    )
+    kwargs = dict(variant_kwargs or {})
+
+    def loss_fn(params: Any, mb: PreferenceBatch, denominator: jax.Array):
+        """`losses.preference_loss` of a micro-batch's pairs over the whole batch's count."""
+        logp_BxT = token_logprobs(
+            params, arch, mb, compute_dtype=compute_dtype, temperature=1.0, memory=memory
+        )
+        logp_w, logp_l = sequence_sums(logp_BxT, mb, pairs)
+        len_w, len_l = pair_lengths(mb, pairs)
+        if mb.ref_logp_BxT is None:
+            ref_w = ref_l = jnp.zeros_like(logp_w)
+        else:
+            ref_w, ref_l = sequence_sums(mb.ref_logp_BxT, mb, pairs)
+        loss, metrics = losses.preference_loss(
+            variant,
+            chosen_logp=logp_w,
+            rejected_logp=logp_l,
+            ref_chosen_logp=ref_w,
+            ref_rejected_logp=ref_l,
+            beta=beta,
+            chosen_len=len_w,
+            rejected_len=len_l,
+            mask=(len_w > 0) & (len_l > 0),
+            loss_denominator=denominator,
+            **kwargs,
+        )
+        return loss, {"loss": loss, **metrics}
 
     def step(state: TrainState, batch: PreferenceBatch):
-        loss_fn = objective(batch)
-        new_state, metrics, sums_M = gradient_step(state, loss_fn, batch, optimizer, n_micro)
         present = jnp.sum(present_pairs(batch, pairs))
+        objective = functools.partial(loss_fn, denominator=present)
+        new_state, metrics, sums_M = gradient_step(state, objective, batch, optimizer, n_micro)
         return new_state, {**summed(sums_M), **metrics, "dpo/pairs": present}
 
     return step

@@ -1,16 +1,11 @@
 """The DPO reference log-probs, computed once by the frozen starting policy and cached on disk.
 
-log π_ref(y | x) summed over a response's tokens is a property of (reference model, prompt
-tokens, response tokens): the cache is one file per reference model, named by a fingerprint
-of the model's files (config, weights, tokenizer: their contents, with the param and compute
-dtypes), holding one float per (prompt ids, response ids) — a 16-byte hash of the tokens. The
-data, template and tokenizer are thus all part of the key, through the tokens themselves: a
-new dataset, another template or a changed model misses and is computed; a resumed or
-repeated run, or another run on the same model and data, hits. Missing sums are computed in
-batches on the learner mesh before training starts (`fill`), the file is written atomically
-(`save`, by process 0), and a run then needs no reference forward pass per step. With several
-processes, `dpo.reference_cache_dir` must be on storage they share (each decides what to
-compute from the file, and they compute together).
+log π_ref(y | x) summed over a response's tokens depends on (reference model, prompt tokens,
+response tokens): the cache is one file per model fingerprint (its files' contents and the
+dtypes) holding one float per 16-byte hash of the tokens, so data, template and tokenizer are
+part of the key. Missing sums are computed on the learner mesh before training (`fill`) and the
+file written atomically by process 0 (`save`); with several processes,
+`dpo.reference_cache_dir` must be on storage they share.
 """
 
 from __future__ import annotations
@@ -82,9 +77,6 @@ class ReferenceCache:
                 self.values = dict(zip((bytes(k) for k in f["keys"]), f["values"].tolist()))
             self.loaded = len(self.values)
 
-    def __contains__(self, key: bytes) -> bool:
-        return key in self.values
-
     def __len__(self) -> int:
         return len(self.values)
 
@@ -120,10 +112,9 @@ class ReferenceCache:
         multiple: int,
         pad_id: int,
     ) -> int:
-        """Computes the sums of the `(prompt ids, response ids)` not cached yet, `rows` at a
-        time (`logprob(token_batch) -> logp_BxT`, the learner's forward under the reference),
-        each batch's length bucketed like the training batches'. Returns how many were computed
-        (`save` writes them)."""
+        """Computes the sums of the `(prompt ids, response ids)` not cached yet, `rows` at a time
+        (`logprob(token_batch) -> logp_BxT`), lengths bucketed like the training batches'.
+        Returns how many were computed (`save` writes them)."""
         todo: dict[bytes, tuple[Sequence[int], Sequence[int]]] = {}
         for p, r in sequences:
             key = sequence_key(p, r)

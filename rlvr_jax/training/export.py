@@ -1,13 +1,11 @@
 """A training checkpoint as a policy: `rlvr-export CHECKPOINT OUT` writes its HF export, and
 `rlvr-eval --model` / `rlvr-serve --model` take a checkpoint directory as they take an HF one.
 
-Imports only the standard library at the top (`rlvr-eval --help` stays quick). A checkpoint
-directory is `<train.output_dir>/checkpoints/<step>` (`training.checkpoint`); the
-run's resolved config, which `rlvr-train` writes to `<train.output_dir>/run_config.yaml`
-(`RUN_CONFIG`), says what it holds: the base model (`model.path`), the param dtype and LoRA.
-Only the policy's params are restored (not the optimizer state); with LoRA the checkpoint holds
-the adapters alone, which are merged into the base's kernels. The export is a plain HF
-directory with the tokenizer files of the run's tokenizer, as `<output_dir>/final` is.
+A checkpoint directory is `<train.output_dir>/checkpoints/<step>`; the run's resolved config
+(`<train.output_dir>/run_config.yaml`) says what it holds. Only the policy's params are
+restored (LoRA adapters merged into the base); the export is a plain HF directory with the
+run's tokenizer, as `<output_dir>/final` is. Only the standard library is imported at the top
+(`rlvr-eval --help` stays quick).
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ from rlvr_jax.config.schema import Config
 log = logging.getLogger("rlvr_jax")
 
 RUN_CONFIG = "run_config.yaml"
-"""The run's resolved config, in `train.output_dir` (written by the trainer at its start; a
-name of its own, so that a user's `config.yaml` kept there is never overwritten)."""
+"""The run's resolved config in `train.output_dir` (its own name: a user's `config.yaml` there
+is never overwritten)."""
 
 
 def is_checkpoint(path: str | Path) -> bool:
@@ -55,8 +53,7 @@ def write_run_config(cfg: Config, output_dir: str | Path) -> Path:
 def checkpoint_config(
     checkpoint: str | Path, config: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> Config:
-    """The config `checkpoint` was trained with: `config` when given, else the run's
-    run_config.yaml (FileNotFoundError naming it when absent)."""
+    """The config `checkpoint` was trained with: `config`, else the run's run_config.yaml."""
     from rlvr_jax.config import load
 
     _check_is_checkpoint(checkpoint)
@@ -70,8 +67,7 @@ def checkpoint_config(
 
 
 def load_checkpoint(checkpoint: str | Path, cfg: Config) -> Any:
-    """The policy of `checkpoint` as a `models.Model` on the host: the base of `cfg.model`
-    with the checkpoint's params (LoRA adapters merged)."""
+    """The policy of `checkpoint` as a host `models.Model` (LoRA adapters merged)."""
     import jax
     import numpy as np
 
@@ -104,8 +100,7 @@ def _check_is_checkpoint(path: str | Path) -> None:
 
 
 def _restore_params(checkpoint: Path, like: Any) -> Any:
-    """The `params` of the checkpoint's train state, shaped like `like`, as numpy arrays (the
-    optimizer state is not read)."""
+    """The `params` of the checkpoint's train state, shaped like `like`, as numpy arrays."""
     import jax
     import numpy as np
     import orbax.checkpoint as ocp
@@ -144,9 +139,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, cfg: Config) -> P
 def policy_directory(
     path: str | None, config: str | None = None, overrides: Sequence[str] = ()
 ) -> Iterator[tuple[str | None, str | None]]:
-    """(an HF directory of the policy at `path`, the config to run it with): `path` and
-    `config` themselves, unless `path` is a training checkpoint: then its export in a
-    temporary directory (removed on exit) and `config`, else the run's run_config.yaml."""
+    """(an HF directory of the policy at `path`, its config): `path` and `config`, unless `path`
+    is a training checkpoint: its export in a temporary directory and `config` or the run's."""
     if path is None or not is_checkpoint(path):
         yield path, config
         return

@@ -1,10 +1,6 @@
-"""From completed rollout groups to the learner's batch: rewards (and verifier scores),
-staleness, zero-variance filtering, active sampling (fill accounting), advantages, overlong
-masking.
-
-Host-side and model-free: a group is the G completions of one prompt; the learner batch is
-`prompts_per_batch` kept groups (ALGORITHMS.md, Sampling-side techniques). Advantages are
-computed once, here, where the batch is built.
+"""From completed rollout groups (the G completions of one prompt) to the learner's batch:
+rewards and verifier scores, staleness, zero-variance filtering, fill accounting, advantages,
+overlong masking (ALGORITHMS.md, Sampling-side techniques). Host-side and model-free.
 """
 
 from __future__ import annotations
@@ -53,11 +49,9 @@ class ScoredGroup:
 def score_groups(
     groups: Sequence[Any], service: Any, tokenizer: Any, *, max_len: int
 ) -> tuple[list[ScoredGroup], dict[str, float]]:
-    """Scores every completion of `groups` (`rollout.CompletedGroup`s whose `meta` is the
-    prompt's `PromptRow`) in one call to the reward service; returns the scored groups and the
-    service's metrics. A multi-turn episode (`Completion.episode`) is scored on its final
-    answer, its environment's reward contributions added; its text (`ScoredGroup.texts`) is
-    the whole conversation after the prompt (turns, tool calls, tool responses)."""
+    """(scored groups, the service's metrics) of `groups` (`rollout.CompletedGroup`s whose
+    `meta` is the `PromptRow`), in one reward-service call. A multi-turn episode is scored on
+    its final answer plus its environment's rewards; its text is the whole conversation."""
     from rlvr_jax.envs.episode import answer_text
 
     rows, texts, lengths, spans, shown, extra = [], [], [], [], [], []
@@ -115,8 +109,7 @@ class BatchAssembler:
     interrupted: list[bool] = field(default_factory=list)
     """Per drawn completion made with budget forcing on: whether it was interrupted."""
     settled: list[tuple[ScoredGroup, str]] = field(default_factory=list)
-    """Each group offered and what became of it: `trained` (kept), `filtered`, `stale`, or
-    `full` (offered to a full batch: drawn, not kept)."""
+    """Each group offered and its outcome: `trained`, `filtered`, `stale` or `full`."""
     episodes: list[Any] = field(default_factory=list)
     """The episode records of the drawn multi-turn completions (`env/*` metrics)."""
 
@@ -174,10 +167,9 @@ class BatchAssembler:
 
 
 def token_lag(completion: Any, version: int) -> list[int]:
-    """Per token of `completion`: how many policy versions the params that computed its
-    context — the prompt's prefill, the earlier tokens and itself (a KV cache kept across an
-    in-flight update is context from older params) — are away from `version` (the learner's)
-    at most; 0 = all of it computed by the learner's own params."""
+    """Per token of `completion`: the most policy versions between `version` (the learner's)
+    and the params that computed its context (prompt prefill, earlier tokens, itself: a KV
+    cache kept across an update is older context); 0 = all the learner's own."""
     versions = np.asarray(completion.policy_versions, np.int64)
     oldest, newest = np.minimum.accumulate(versions), np.maximum.accumulate(versions)
     if completion.prompt_version is not None:
@@ -202,18 +194,13 @@ def build_batch(
     completion_len: int = 0,
     pack_groups: bool = False,
 ) -> tuple[RLBatch, np.ndarray]:
-    """The learner batch of the kept `groups` (numpy) and each completion's slot in it: each
+    """The learner batch of the kept `groups` (numpy) and each completion's slot in it, each
     completion with its group's advantage (`settings.advantage` over the rewards [P, G]),
-    overlong completions masked out when asked; one completion per row, or packed to
-    `max_tokens` per micro-batch (`batch.collate_packed`); with `shared_row_len`, each group's
-    prompt once in rows of that length, the completions' own `completion_len` positions per
-    slot (`batch.collate_shared`; with `pack_groups`, a step of one micro-batch, several groups
-    to a row). With `loss.kl_mode: reward` the
-    advantages need the learner's log-probs and are completed on the learner; here they
-    are 0. With `loss.advantage: gae` (PPO) the batch carries each completion's reward at its
-    last token (`rewards_BxT`) and the learner computes per-token advantages with its critic;
-    `advantages_B` is 0. `version`: the learner's policy version, which each token's
-    `lag_BxT` counts from (`token_lag`; None = no lag, no mismatch metrics)."""
+    overlong ones masked when asked. Laid out one per row, packed to `max_tokens` per
+    micro-batch (`batch.collate_packed`), or with `shared_row_len` each prompt once
+    (`batch.collate_shared`, slots of `completion_len`, `pack_groups`). The advantages are 0
+    here when the learner makes them: `loss.kl_mode: reward` (they need its log-probs) and PPO
+    (its critic reads `rewards_BxT`). `version`: what `lag_BxT` counts from (None: no lag)."""
     sizes = {len(g.rewards_G) for g in groups}
     if len(sizes) > 1:
         raise ValueError(f"groups of different sizes {sorted(sizes)} in one batch")

@@ -1,17 +1,12 @@
 """The RL learner: per-token log-probs of a batch under the policy, and the pure RL train step.
 
-`make_train_step(...)` returns `step(state, batch) -> (state, metrics)`: one optimizer step
-over an `RLBatch`, composed of `update.accumulate_grads` (micro-batches, each divided by the
-denominator of the whole batch: token count, row count or rows × max_len by aggregation mode,
-computed once over the global batch, so the accumulated gradient equals the full-batch
-gradient — ALGORITHMS.md, Aggregation) and `update.apply_update`. Jit it with
-`update.jit_train_step` (explicit shardings, state donated).
+`make_train_step` is one optimizer step over an `RLBatch`: `update.accumulate_grads` over
+micro-batches, each divided by the whole batch's denominator (so the accumulated gradient is
+the full-batch one: ALGORITHMS.md, Aggregation), then `update.apply_update`.
 
-Old log-probs (θ_old): the batch's `old_logp_BxT` when the caller computed them before the
-first update (`make_logprob_fn`: several updates per batch, TIS mask mode, reward-KL), else
-stop_gradient(logp) — exact with one update per batch, and no extra forward. Which log-probs
-the ratio divides by (`loss.ratio_denominator`: old or sampler) is chosen once, in
-`losses.policy_loss`.
+θ_old's log-probs are the batch's `old_logp_BxT` when computed before the first update
+(`make_logprob_fn`), else stop_gradient(logp): exact with one update per batch, no extra
+forward.
 """
 
 from __future__ import annotations
@@ -54,7 +49,7 @@ __all__ = [
 @dataclasses.dataclass(frozen=True)
 class MemoryOptions:
     """How the learner trades compute for memory (`train.remat/attn_chunk/logits_chunk`,
-    `model.attention_impl`), and the batches' row layout the attention kernel may rely on."""
+    `model.attention_impl`), and the row layout the attention kernel may rely on."""
 
     remat: bool = False
     attn_chunk: int = 0
@@ -79,11 +74,9 @@ def token_logprobs(
     return_logits: bool = False,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ):
-    """log π(target_t | inputs_≤t) [B, T] in fp32, as log-softmax(logits / τ) over the full
-    vocabulary (with `return_logits`, also the logits / τ [B, T, V]).
-
-    With `memory.logits_chunk` (and no logits asked for) the LM head and log-softmax run a
-    chunk of positions at a time, each chunk rematerialised in the backward pass."""
+    """log π(target_t | inputs_≤t) [B, T] in fp32, log-softmax(logits / τ) over the full
+    vocabulary (with `return_logits`, also the logits / τ [B, T, V]); `memory.logits_chunk`
+    positions at a time when set and no logits are asked for."""
     if not return_logits and _chunked(memory.logits_chunk, batch.target_ids_BxT.shape[1]):
         h_BxTxD = hidden_states(params, arch, batch, compute_dtype=compute_dtype, memory=memory)
         return logprobs_of_hidden(
@@ -143,9 +136,7 @@ def logprobs_of_hidden(
     temperature: float,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> jax.Array:
-    """log π(target_t) [B, T] from the trunk's hidden states: the LM head and log-softmax,
-    `memory.logits_chunk` positions at a time (each chunk rematerialised in the backward pass)
-    when set."""
+    """log π(target_t) [B, T] of hidden states, `memory.logits_chunk` positions at a time."""
     B, T, D = hidden_BxTxD.shape
     chunk = memory.logits_chunk
     if not _chunked(chunk, T):
@@ -181,9 +172,7 @@ def sequence_logprobs(
     with_entropy: bool = False,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ):
-    """`token_logprobs` of an RL batch's packed rows, seen per completion slot [B, T] (and,
-    `with_entropy`, the sampling distribution's entropy per token [B, T]). Shared-prompt rows
-    (`batch.targets_BxT`) go through `slot_logprobs_of_hidden`."""
+    """`token_logprobs` of an RL batch per completion slot [B, T] (and the entropies)."""
     if batch.targets_BxT is not None:
         hidden_RxTxD = hidden_states(
             params, arch, batch.tokens, compute_dtype=compute_dtype, memory=memory
@@ -193,22 +182,13 @@ def sequence_logprobs(
             with_entropy=with_entropy, memory=memory,
         )  # fmt: skip
     out = token_logprobs(
-        params,
-        arch,
-        batch.tokens,
-        compute_dtype=compute_dtype,
-        temperature=temperature,
-        return_logits=with_entropy,
-        memory=memory,
-    )
+        params, arch, batch.tokens, compute_dtype=compute_dtype, temperature=temperature,
+        return_logits=with_entropy, memory=memory,
+    )  # fmt: skip
     if with_entropy:
         logp_RxT, logits_RxTxV = out
-        entropy_RxT = jax.lax.stop_gradient(losses.token_entropy(logits_RxTxV))
-        return (
-            sequence_view(logp_RxT, batch.gather_BxT),
-            sequence_view(entropy_RxT, batch.gather_BxT),
-        )
-    return sequence_view(out, batch.gather_BxT)
+        out = (logp_RxT, jax.lax.stop_gradient(losses.token_entropy(logits_RxTxV)))
+    return jax.tree.map(lambda x_RxT: sequence_view(x_RxT, batch.gather_BxT), out)
 
 
 def slot_logprobs_of_hidden(
@@ -221,11 +201,10 @@ def slot_logprobs_of_hidden(
     with_entropy: bool = False,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ):
-    """log π of each completion slot's tokens [B, T] from the trunk's hidden states of the
-    rows (and, `with_entropy`, the entropy per token). Rows with one target per position
-    take the LM head over the rows, then each slot's view; shared-prompt rows, where a
-    prompt's last position is followed by G different tokens, take each slot's view of the
-    hidden states first (`gather_BxT`) and the slot's own next tokens (`targets_BxT`)."""
+    """log π of each completion slot's tokens [B, T] from the rows' hidden states (and,
+    `with_entropy`, the entropy per token). Shared-prompt rows, where a prompt's last position
+    precedes G different tokens, take each slot's view of the hidden states first and its own
+    targets (`targets_BxT`)."""
     if batch.targets_BxT is None:
         if with_entropy:
             raise ValueError("entropies of rows need the logits: use sequence_logprobs")
@@ -249,10 +228,9 @@ def slot_logprobs_of_hidden(
 def make_logprob_fn(
     arch, *, compute_dtype, temperature: float, memory: MemoryOptions = NO_MEMORY_SAVING
 ) -> Callable:
-    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs for a whole
-    batch, one micro-batch at a time (`lax.map`) when its rows are packed for several. An
-    `RLBatch` gives them per completion slot (`sequence_logprobs`), any other `TokenBatch`
-    (SFT, DPO) per row."""
+    """`fn(params, batch) -> logp_BxT` (jitted): old or reference log-probs of a whole batch,
+    per micro-batch when packed for several; per completion slot for an `RLBatch`, per row for
+    any other `TokenBatch`."""
 
     def one(params, mb):
         kwargs = dict(compute_dtype=compute_dtype, temperature=temperature, memory=memory)
@@ -276,12 +254,9 @@ def rl_objective(
     with_entropy: bool = False,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> Callable[[RLBatch], tuple[Callable, Callable]]:
-    """`for_batch(batch) -> (loss_fn, metrics_fn)`.
-
-    `loss_fn(params, micro_batch)`: the policy loss of a micro-batch of `batch`, divided by the
-    denominator of the whole `batch` (computed once here); its aux is the micro-batch's
-    log-probs (and entropies). `metrics_fn(aux_M)`: the policy loss's metrics over the whole
-    batch from those, so they are exact whatever the micro-batches and the packing."""
+    """`for_batch(batch) -> (loss_fn, metrics_fn)`: `loss_fn(params, micro_batch)` is the
+    policy loss of a micro-batch over the whole `batch`'s denominator, its aux the log-probs
+    (and entropies); `metrics_fn(aux_M)` the loss's metrics over the whole batch from those."""
 
     def for_batch(batch: RLBatch):
         objective = batch_objective(settings, batch, max_len=max_len)
@@ -317,11 +292,9 @@ def rl_objective(
 
 
 def batch_objective(settings: losses.LossSettings, batch: RLBatch, *, max_len: int) -> Callable:
-    """`objective(logp_BxT, b) -> (loss, metrics)`: the policy loss of `b` (the whole `batch`
-    or one of its micro-batches) divided by the denominator of the whole `batch` (computed
-    once here). Advantages: the batch's per-token ones when it has them (PPO), else per
-    completion. With the batch's `lag_BxT`, the metrics also split `kl/sampler_learner` by
-    policy version (`losses.mismatch_metrics`)."""
+    """`objective(logp_BxT, b) -> (loss, metrics)`: the policy loss of `b` (`batch` or a
+    micro-batch of it) over `batch`'s denominator; per-token advantages when given (PPO).
+    With `lag_BxT`, also `losses.mismatch_metrics`."""
     if settings.tis_mode == "mask" and batch.old_logp_BxT is None:
         raise ValueError(
             "TIS mask mode counts kept tokens over the whole batch: the batch needs "
@@ -367,9 +340,8 @@ def make_train_step(
     with_entropy: bool = False,
     memory: MemoryOptions = NO_MEMORY_SAVING,
 ) -> Callable[[TrainState, RLBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The pure RL step (un-jitted): `accumulate_grads` of `rl_objective` then `apply_update`,
-    over `n_micro` micro-batches (a packed batch's own count when it has one; default 1).
-    Metrics: the policy loss's over the whole batch, `loss`, `grad_norm`, `step_ok`."""
+    """The pure RL step (un-jitted) over `n_micro` micro-batches (a packed batch's own count);
+    metrics: the policy loss's, `loss`, `grad_norm`, `step_ok`."""
     objective = rl_objective(
         arch,
         settings,

@@ -3,20 +3,16 @@ stream, one line per prompt, in the order they were settled:
 
     {"step": 7, "request": 41, "source": "train", "index": 12, "outcome": "trained", "version": 6}
 
-- `request`: the prompt's draw number in the data order (the mixture's draw k, from 0; also its
-  rollout request id and the offset of its sampling seed); `source` and `index`: its row;
-- `outcome`: `trained` (in batch `step`), `filtered` (zero reward variance; expert iteration: no
-  completion kept), `stale` (dropped as older than `rollout.max_staleness` when batch `step` was
-  assembled), or `pending` (drawn — in flight, queued, or scored and waiting for a batch — when
-  the run ended after `step`); `version`: the oldest policy version among its tokens.
+`request` is the prompt's draw number (also its rollout request id and sampling-seed offset);
+`source` and `index` its row; `outcome` is `trained` (in batch `step`), `filtered` (zero reward
+variance; expert iteration: no completion kept), `stale` (older than `rollout.max_staleness`),
+or `pending` (drawn and unsettled when the run ended); `version` the oldest policy version among
+its tokens.
 
-Every draw has exactly one line, across any number of kills and resumes: lines are appended when
-the loop takes a step's batch (flushed and fsync'ed, before that step's checkpoint can be
-written), and the checkpoint stores how many there are. A resume from checkpoint c keeps the
-lines of steps <= c and drops the rest — outcomes of steps that will be recomputed, the
-`pending` lines of the previous end, a torn last line — exactly the prompts the checkpoint's
-source state (`Rollouts.state`) will draw again. Only the sources that sample write it (`rl`,
-`expert_iteration`, `rl_sft_parallel`).
+Every draw has exactly one line across kills and resumes: lines are appended (fsync'ed) when
+the loop takes a step's batch, before its checkpoint, which stores their count; a resume from
+checkpoint c keeps the lines of steps <= c (not `pending`) and drops the rest, exactly the
+prompts its source state will draw again. Only the sources that sample write it.
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ OUTCOMES = ("trained", "filtered", "stale", "pending")
 
 
 def entry(request_id: int, row: Any, outcome: str, version: int | None = None) -> dict[str, Any]:
-    """One ledger record, without its step (the loop adds it): request `request_id` of the
-    data row `row` (a `PromptRow`) settled as `outcome`."""
+    """The ledger record of request `request_id` (row `row`) settled as `outcome`, no step."""
     if outcome not in OUTCOMES:
         raise ValueError(f"ledger outcome must be one of {OUTCOMES}, got {outcome!r}")
     out = {"request": int(request_id), "source": row.source, "index": int(row.index)}

@@ -1,24 +1,18 @@
-"""The training loop, one for every algorithm (`algorithm` picks the source and the update from
-`algorithms.ALGORITHMS`).
+"""The training loop, one for every algorithm (`algorithms.ALGORITHMS` gives the source and
+the update).
 
-Each step: take the next batch from the source (host work: rollouts, rewards, filtering,
-collation), record the prompts it settled in the prompt ledger (`training.ledger`), compile
-what its shapes need outside the dispatch lock, dispatch the update (the device trains while the
-host goes on), write step N−1's metrics (fetched now: step N is already queued), push the new
-weights to the actors (`training.push`: bounded in time, probed), checkpoint `{train state,
-source.state(), ledger count}` every `checkpoint.every_steps`, evaluate every `eval.every_steps`,
-stop on SIGINT/SIGTERM (`shutdown.SignalStop`). The policy version (optimizer updates
-dispatched) is counted on the host: no device sync per step.
+Each step: the source's next batch (host work), its settled prompts to the ledger, compiles
+outside the dispatch lock, the update dispatched (the device trains while the host goes on),
+step N−1's metrics written (fetched now: step N is queued), the new weights pushed to the actors
+(`training.push`), a checkpoint `{train state, source.state(), ledger count}` every
+`checkpoint.every_steps`, an evaluation every `eval.every_steps`, a stop on SIGINT/SIGTERM. The
+policy version (updates dispatched) is counted on the host: no device sync per step.
 
-Weights reach the actors right after the update is dispatched when the source is on-policy (sync
-mode, expert iteration: the next batch must come from them), and otherwise once the update has
-completed (async mode: the actors keep decoding with the previous weights meanwhile, and swap
-at the next chunk boundary — in-flight updates, KV cache kept).
-
-LoRA (`model.lora.rank` > 0, `rlvr_jax.models.lora`): the policy is the base with adapters;
-only the adapters train, are pushed (the actors hold the base) and are checkpointed (with the
-optimizer state); the final export is the merged HF checkpoint plus a PEFT adapter directory.
-Each push records `push/bytes` (what moved) and `push/seconds` (until the actors hold it).
+Weights are pushed right after the dispatch when the source is on-policy (sync, expert
+iteration), else once the update has completed (async: the actors decode with the previous
+weights meanwhile and swap at a chunk boundary, KV cache kept). With LoRA only the adapters
+train, are pushed and are checkpointed; the final export is the merged HF checkpoint plus a
+PEFT adapter directory.
 """
 
 from __future__ import annotations
@@ -75,16 +69,14 @@ class _Pending:
 
 
 class Trainer:
-    """Builds the meshes, the policy, the source and the update of `cfg.algorithm`, resumes
-    from the newest intact checkpoint, and runs the loop (`run`); `close` releases it all."""
+    """Builds what `cfg.algorithm` runs, resumes from the newest intact checkpoint, runs."""
 
     def __init__(
         self, cfg: Config, *, stop: SignalStop | None = None, timeline: Timeline | None = None
     ):
-        """`stop`: set (SIGINT/SIGTERM) to end the run after this step, checkpointed. `timeline`:
-        when given, each optimizer update is recorded as a "train" span (from dispatch to
-        completion), the rollout driver's decode chunks as "rollout" spans, and the end of
-        every step as a "step" mark (`rlvr-bench e2e`)."""
+        """`stop`: set (SIGINT/SIGTERM) to end the run after this step, checkpointed. `timeline`
+        (`rlvr-bench e2e`): records each update as a "train" span, the decode chunks as
+        "rollout" spans and each step's end as a "step" mark."""
         from rlvr_jax.data import load_tokenizer
 
         check(cfg)  # a Config built in Python, not loaded, is checked too: before anything is built
@@ -129,7 +121,8 @@ class Trainer:
             restored = self.checkpointer.restore_latest(ckpt.abstract_like(_saved(self.state)))
             if restored is not None:
                 step, saved, meta = restored
-                self.state = saved.replace(params=lora.combine(saved.params, self._frozen()))
+                frozen = lora.split(self.state.params)[1]  # the LoRA base (None without)
+                self.state = saved.replace(params=lora.combine(saved.params, frozen))
                 self.start_step, self.version = int(meta["step"]), int(meta["version"])
                 source_state, settled = meta["source"], meta.get("ledger")
                 log.info("resumed from checkpoint %d (policy version %d)", step, self.version)
@@ -193,8 +186,7 @@ class Trainer:
         self._finish(step)
 
     def _dispatch(self, step: int, batch: Any) -> _Pending:
-        """Compiles (outside the lock), dispatches the update (under it), and sends the new
-        weights to the actors; returns the step's pending metrics."""
+        """Compiles, dispatches the update (under the lock), sends the weights; returns metrics."""
         self._wait_push()  # the previous weights are on their way: the state may be donated
         self.update.compile(self.state, batch)
         turns = self.ctx.turns  # shared devices, async: the update runs alone (`_watch` ends it)
@@ -221,8 +213,7 @@ class Trainer:
         return pending
 
     def _watch(self, pending: _Pending, arrays: Any, push: tuple[Any, int] | None) -> None:
-        """A thread that waits for the step's results (no sync on the loop's thread), records
-        when they were ready, and pushes the weights then when asked."""
+        """A thread that waits for the step's results, times them, and pushes when asked."""
 
         def wait() -> None:
             try:
@@ -246,8 +237,7 @@ class Trainer:
         self._pusher.start()
 
     def _push(self, params: Any, version: int, pending: _Pending) -> None:
-        """Pushes (the adapters alone with LoRA) and probes (`WeightPusher`); the `push/*`
-        metrics join the step's row."""
+        """Pushes and probes (`WeightPusher`); the `push/*` metrics join the step's row."""
         try:
             pending.host.update(self.pusher.push(self.source, params, version, _pushed(params)))
         except PushTimeoutError:
@@ -302,10 +292,8 @@ class Trainer:
         self._saved = step
 
     def evaluate(self) -> dict[str, float]:
-        """Held-out pass@k of the current policy (keys `eval/pass@k`, `eval/<domain>/pass@k`),
-        sampled by the run's own actor rollout (its mesh, KV budget, backend and stop strings)
-        with every request pinned to the current policy version: the actors swap in no newer
-        weights while it runs, and it waits for this version to reach them."""
+        """Held-out pass@k of the current policy (`eval/pass@k`, `eval/<domain>/pass@k`), sampled
+        by the run's actor rollout with every request pinned to the current policy version."""
         from rlvr_jax.eval.evaluate import evaluate_rollout
         from rlvr_jax.rewards import RewardService
 
@@ -326,21 +314,9 @@ class Trainer:
             )
 
     def _evaluation_rollout(self) -> Rollout:
-        """An actor rollout for the evaluations of an algorithm that samples nothing itself
-        (sft, dpo): built on the actor mesh at the first evaluation, then sent each newer
-        policy."""
-        from rlvr_jax.rollout import build_rollout
-
+        """The evaluations' actor rollout for an algorithm that samples nothing (sft, dpo)."""
         if self._eval_rollout is None:
-            self._eval_rollout = build_rollout(
-                self.cfg.rollout,
-                self.ctx.model,
-                self.ctx.actor_mesh,
-                self.ctx.tokenizer,
-                max_len=self.ctx.seq_len,
-                params=self.state.params,
-                version=self.version,
-            )
+            self._eval_rollout = self.ctx.actor_rollout(self.state.params, self.version)
             if jax.process_count() == 1:
                 self._eval_rollout.start()
         elif self._eval_rollout.version != self.version:
@@ -396,14 +372,9 @@ class Trainer:
             except Exception:  # keep closing the rest
                 log.exception("while closing")
 
-    def _frozen(self) -> Any:
-        """The frozen part of the policy's params (the LoRA base; None without LoRA)."""
-        return lora.split(self.state.params)[1]
-
 
 def _saved(state: Any) -> Any:
-    """What a checkpoint holds of the train state: with LoRA, the adapters (and the optimizer
-    state, the counters) — the frozen base is the model's, reloaded at resume."""
+    """The train state a checkpoint holds: with LoRA, without the frozen base (reloaded)."""
     return state.replace(params=lora.split(state.params)[0])
 
 
@@ -413,23 +384,20 @@ def _pushed(params: Any) -> Any:
 
 
 def _compilation_cache(path: str | None) -> None:
-    """Turns on JAX's persistent compilation cache at `path` (`train.compilation_cache_dir`)
-    unless it is off or already on (`JAX_COMPILATION_CACHE_DIR`, or set by the caller)."""
+    """Turns on JAX's persistent compilation cache at `path` unless it is off or already on."""
     if not path or jax.config.jax_compilation_cache_dir:
         return
     jax.config.update("jax_compilation_cache_dir", str(Path(path).expanduser()))
 
 
 def _device_turns(cfg: Config) -> dispatch.DeviceTurns | None:
-    """Turns on the devices when actors and learner share them in async mode, in one process
-    (multi-process runs step the rollout on the loop's thread already)."""
+    """Turns on the devices when actors and learner share them in async mode, in one process."""
     shared = cfg.mesh.actor_devices == 0 and cfg.rollout.mode == "async"
     return dispatch.DeviceTurns() if shared and jax.process_count() == 1 else None
 
 
 def _postfix(row: dict[str, Any]) -> dict[str, str]:
-    """The progress bar's figure of a written step: its mean reward, else (SFT, DPO) its loss;
-    nothing when the step has neither (a step that trained nothing and sampled nothing)."""
+    """The progress bar's figure of a step: its mean reward, else its loss, else nothing."""
     for key, name in (("reward/mean", "reward"), ("loss", "loss")):
         value = row.get(key)
         if isinstance(value, int | float) and math.isfinite(value):

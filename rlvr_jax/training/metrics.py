@@ -49,8 +49,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
 def truncate_after(
     path: str | Path, last_step: int, keep: Callable[[dict], bool] = lambda row: True
 ) -> int:
-    """Keeps the rows with `step` ≤ last_step (and `keep(row)`), atomically; returns how many
-    were kept."""
+    """Keeps the rows with `step` ≤ last_step and `keep(row)`, atomically; returns their count."""
     p = Path(path)
     if not p.exists():
         return 0
@@ -114,8 +113,7 @@ class MetricsWriter:
                     self._tb.add_scalar(k, v, step)
 
     def sample(self, step: int, index: int, record: Mapping[str, Any]) -> None:
-        """One sample record (`training.step_log.sample_records`) as a line of samples.jsonl
-        (`{"step", "index", **record}`) and as TensorBoard text (`samples/<index>`)."""
+        """A sample record as a samples.jsonl line and as TensorBoard text (`samples/<index>`)."""
         if not self.enabled:
             return
         line = {"step": int(step), "index": index, **record}

@@ -31,9 +31,8 @@ def learning_rate_schedule(cfg: TrainConfig) -> optax.Schedule:
 def make_optimizer(
     cfg: TrainConfig, learning_rate: float | None = None
 ) -> optax.GradientTransformation:
-    """AdamW (+ global-norm clipping when `max_grad_norm` > 0) from the train config.
-
-    `learning_rate` overrides the peak rate (the SFT half of parallel averaging has its own)."""
+    """AdamW (+ global-norm clipping when `max_grad_norm` > 0); `learning_rate` overrides the
+    peak rate (the SFT half of parallel averaging has its own)."""
     if learning_rate is not None:
         cfg = dataclasses.replace(cfg, learning_rate=learning_rate)
     adamw = optax.adamw(

@@ -1,25 +1,18 @@
 """Where each sequence of a batch goes: packed rows and token-budget micro-batches.
 
-A `Layout` places sequences (prompt + completion, or prompt + response) on rows of `row_len`
-tokens, several per row, and groups the rows into `n_micro` micro-batches of `rows_per_micro`
-rows each: sequence i goes to micro-batch m, row r of it, offset o, and is the s-th of the
-`seqs_per_micro` sequence slots of that micro-batch. Every micro-batch has the same shapes, so
-one compiled step serves them all, and a sequence never straddles rows or micro-batches.
+A `Layout` places sequences on rows of `row_len` tokens and groups the rows into `n_micro`
+micro-batches of equal shape (one compiled step serves them all); a sequence never straddles
+rows or micro-batches.
 
-- `one_per_row`: today's unpacked layout (sequence i alone in row i; one micro-batch shape
-  decided later by `train.micro_batch_size`).
-- `pack_tokens`: first-fit-decreasing bin packing into rows of the batch's length bucket (at
-  most `MAX_SEQS_PER_ROW` sequences a row: the bound the learner declares to cuDNN's packed
-  attention, `learner.MemoryOptions.max_segments`), and as many rows per micro-batch as
-  `train.max_tokens_per_micro_batch` allows; the number of micro-batches follows the batch's
-  tokens, rounded up on a short ladder (1, 2, 3, 4, 6, 8, 12, 16, ...: a few compiled shapes,
-  at most a third of a micro-batch of padding rows).
-- `pack_groups`: an RL batch's shared-prompt groups (a prompt and its completions) in the
-  fewest rows of one micro-batch, several to a row, a group's completions split over rows
-  (the prompt copied) where that saves a row; the row count exact up to `EXACT_ROWS`, on the
-  same ladder above (the learner compiles every count with the first batch).
-- `pack_examples`: the in-order packing `scripts/pretrain_tiny.py` uses (next-fit), kept for
-  the shipped base model's bit-identical recipe.
+- `one_per_row`: the unpacked layout (sequence i alone in row i).
+- `pack_tokens`: first-fit-decreasing into rows (at most `MAX_SEQS_PER_ROW` a row: the bound
+  declared to cuDNN's packed attention), as many rows per micro-batch as
+  `train.max_tokens_per_micro_batch` allows, the micro-batch count rounded up on the `ladder`
+  (a few compiled shapes, at most a third of a micro-batch of padding rows).
+- `pack_groups`: shared-prompt groups in the fewest rows of one micro-batch, a group split
+  over rows (its prompt copied) where that saves a row.
+- `pack_examples`: the in-order next-fit packing of `scripts/pretrain_tiny.py`, kept for the
+  shipped base model's bit-identical recipe.
 """
 
 from __future__ import annotations
@@ -62,8 +55,7 @@ class Layout:
 
 
 def one_per_row(n: int, rows: int, what: str = "sequences") -> Layout:
-    """Sequence i alone at the start of row i (rows ≥ n; the rest empty); ValueError naming
-    `what` (the sequences) when they do not fit."""
+    """Sequence i alone in row i; ValueError naming `what` when they do not fit."""
     if n > rows:
         raise ValueError(f"{n} {what} do not fit one per row in {rows} rows")
     return Layout(1, rows, rows, tuple((0, i, 0, i) for i in range(n)), packed=False)
@@ -85,13 +77,12 @@ MAX_SEQS_PER_ROW = 32
 
 def max_segments(max_tokens_per_micro_batch: int) -> int:
     """Sequences a learner row holds at most: `MAX_SEQS_PER_ROW` when batches are packed
-    (`train.max_tokens_per_micro_batch` > 0), else 1 (one sequence per row, right-padded)."""
+    (`train.max_tokens_per_micro_batch` > 0), else 1."""
     return MAX_SEQS_PER_ROW if max_tokens_per_micro_batch else 1
 
 
 def _ffd_rows(lengths: Sequence[int], row_len: int) -> list[list[int]]:
-    """First-fit-decreasing bin packing of sequences into rows of `row_len` tokens, at most
-    `MAX_SEQS_PER_ROW` to a row."""
+    """First-fit-decreasing packing into rows of `row_len`, `MAX_SEQS_PER_ROW` a row at most."""
     rows: list[list[int]] = []
     free: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
@@ -108,9 +99,8 @@ def _ffd_rows(lengths: Sequence[int], row_len: int) -> list[list[int]]:
 
 
 def budget_rows(max_tokens: int, *, row_len: int, row_multiple: int = 1) -> int:
-    """Rows of `row_len` tokens a micro-batch of `max_tokens` holds, a multiple of
-    `row_multiple` (the devices its rows are split over). Raises ValueError naming the key
-    when that is none."""
+    """Rows of `row_len` a micro-batch of `max_tokens` holds, a multiple of `row_multiple` (the
+    devices its rows are split over); ValueError naming the key when none."""
     rows = (max_tokens // row_len) // row_multiple * row_multiple
     if rows < 1:
         raise ValueError(
@@ -131,11 +121,9 @@ def pack_tokens(
     seqs_per_micro: int = 1,
 ) -> Layout:
     """Sequences of `lengths` tokens packed into rows of `row_len`, micro-batches of at most
-    `max_tokens` tokens (rows × row_len), rows per micro-batch and slots a multiple of
-    `row_multiple` (the devices a batch's rows are split over); at least `n_micro`
+    `max_tokens` tokens, rows and slots a multiple of `row_multiple`; at least `n_micro`
     micro-batches of at least `seqs_per_micro` slots (to give several layouts one shape).
-    Raises ValueError naming a sequence longer than a row or than the budget, and the key to
-    raise."""
+    Raises ValueError naming a sequence that does not fit, and the key to raise."""
     for i, n in enumerate(lengths):
         if n > row_len or n > max_tokens:
             raise ValueError(
@@ -183,9 +171,9 @@ laid out together (`pack_groups`)."""
 
 
 EXACT_ROWS = 8
-"""`pack_groups` uses the exact row count up to this many rows (each count a compiled shape,
-all compiled with the first batch: `Update.compile`), the `ladder` above: the demo's 8 groups
-fill ~4.2 rows of 512, and 6 rows (the ladder's next) computed a sixth more than 5."""
+"""`pack_groups` uses the exact row count up to this many rows (each compiled with the first
+batch), the `ladder` above: the demo's 8 groups fill ~4.2 rows of 512, and the ladder's 6
+rows would compute a sixth more than 5."""
 
 
 def _group_rows(n: int) -> int:
@@ -205,12 +193,11 @@ def pack_groups(
     rows: int,
     row_multiple: int = 1,
 ) -> tuple[int, list[Piece]]:
-    """Shared-prompt groups, (prompt length, completion lengths) each, laid out in the fewest
-    rows of `row_len` of one micro-batch: whole where they fit (first fit, longest first),
-    else their completions spread over the rows with the most room, each part after its own
-    copy of the prompt. The row count comes from the total tokens (`_group_rows`: a few
-    compiled shapes), a multiple of `row_multiple`, at most `rows` (which must hold one group
-    a row); a count that leaves a group no room takes the next. Returns (rows used, pieces)."""
+    """Shared-prompt groups, (prompt length, completion lengths) each, in the fewest rows of
+    `row_len`: whole where they fit (first fit, longest first), else their completions spread
+    over the rows with the most room, each part after its own copy of the prompt. The row
+    count follows the total tokens (`_group_rows`), a multiple of `row_multiple`, at most
+    `rows`; a count that leaves a group no room takes the next. Returns (rows used, pieces)."""
     if len(groups) > rows:
         raise ValueError(f"pack_groups: {len(groups)} groups for {rows} rows")
     sizes = [p + sum(cs) for p, cs in groups]
@@ -229,8 +216,7 @@ def pack_groups(
 def _place_groups(
     groups: Sequence[tuple[int, Sequence[int]]], sizes: list[int], row_len: int, rows: int
 ) -> list[Piece] | None:
-    """`pack_groups`' placement into exactly `rows` rows; None when some completion finds no
-    row with room for it and a prompt."""
+    """`pack_groups`' placement into exactly `rows` rows; None when a completion finds no room."""
     free = [row_len] * rows
     pieces: list[Piece] = []
     for i in sorted(range(len(groups)), key=lambda i: (-sizes[i], i)):
@@ -259,8 +245,7 @@ def _place_groups(
 def pack_alike(
     lengths: Sequence[Sequence[int]], *, what: str = "sequence", **kwargs: int
 ) -> list[Layout]:
-    """`pack_tokens` of each list of `lengths` (its keyword arguments in `kwargs`), all given
-    one shape (the most micro-batches and slots of any): the mini-batches of one batch."""
+    """`pack_tokens` of each list of `lengths` (a batch's mini-batches), all given one shape."""
     first = [pack_tokens(n, what=what, **kwargs) for n in lengths]
     n_micro = max(x.n_micro for x in first)
     most = max(x.seqs_per_micro for x in first)
@@ -269,9 +254,8 @@ def pack_alike(
 
 def pack_examples(lengths: Sequence[int], *, rows: int, seq_len: int) -> list[tuple[int, int]]:
     """(row, offset) of each example of the longest prefix of `lengths` that fits `rows` rows
-    of `seq_len` tokens, filling rows in order: an example goes after the previous one when it
-    fits there, else at the start of the next row. Raises ValueError for an example longer than
-    `seq_len` or shorter than 2 tokens (nothing to predict)."""
+    of `seq_len`, next-fit in order. Raises ValueError for an example longer than `seq_len` or
+    shorter than 2 tokens (nothing to predict)."""
     placements: list[tuple[int, int]] = []
     row, offset = 0, 0
     for i, n in enumerate(lengths):

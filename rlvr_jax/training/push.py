@@ -1,24 +1,17 @@
-"""The learner's side of a weight push (`rlvr_jax.rollout.push` is the actors' contract): each
-push is bounded in time and verified by a probe.
+"""The learner's side of a weight push (`rlvr_jax.rollout.push` is the actors' contract).
 
 `WeightPusher.push(source, params, version)`:
-1. hands the params to the source's actors (`source.push_weights`; the actors refuse an
-   out-of-order or partial push). Not under `dispatch.LOCK`: the actors take it only to enqueue
-   the re-lay of the params and wait for it outside, so their driver keeps enqueuing decode
-   chunks meanwhile (`RolloutStream.update_weights`);
-2. probes: a fixed prompt, `rollout.push_probe_tokens` tokens sampled by the actors on a request
-   pinned to `version` and admitted ahead of the queue (so it waits for the swap and runs on the
-   new weights), re-scored by the learner with `params`: the largest |Δ log p| over them is
-   `push/probe_max_abs_logp`; above `rollout.push_probe_tolerance`, or with a token of another
-   version, the run stops with `StaleWeightsError`;
-3. reports `push/seconds` (from the start of the push to the probe's result, i.e. until the
-   actors are seen holding the weights; without a probe, the hand-over only) and `push/bytes`
-   (`rollout.push.tree_bytes` of what was pushed).
+1. hands the params to the source's actors (`source.push_weights`, not under `dispatch.LOCK`:
+   the actors take it only to enqueue the re-lay, so decode chunks keep flowing);
+2. probes: `rollout.push_probe_tokens` tokens of a fixed prompt sampled by the actors on a
+   request pinned to `version` (it waits for the swap), re-scored by the learner: the largest
+   |Δ log p| is `push/probe_max_abs_logp`; above `rollout.push_probe_tolerance`, or with a token
+   of another version, the run stops with `StaleWeightsError`. Multi-process runs (streams
+   stepped on the main thread) are not probed;
+3. reports `push/seconds` (until the probe's result) and `push/bytes`.
 
-All of it runs in a worker thread joined with `rollout.push_timeout_s`: a push still running
-then raises `PushTimeoutError` (the worker, stuck in a transfer or a swap, is abandoned). The
-probe needs the stream's driver thread: multi-process runs, which step their streams in
-lockstep on the main thread, are not probed.
+It runs in a worker thread joined with `rollout.push_timeout_s`; past it, `PushTimeoutError`
+(the worker is abandoned).
 """
 
 from __future__ import annotations
@@ -45,8 +38,7 @@ PROBE_TEXT = "The weights were pushed; 1 + 1 = 2, and 2 + 2 ="
 
 
 class WeightPusher:
-    """Pushes the learner's params to a source's actors within `rollout.push_timeout_s` and
-    probes them (see the module docstring); `push` returns the `push/*` metrics."""
+    """Pushes the learner's params to a source's actors and probes them (module docstring)."""
 
     def __init__(self, ctx: Context) -> None:
         r = ctx.cfg.rollout
@@ -64,10 +56,9 @@ class WeightPusher:
         self._compiled: dict[Any, Any] = {}
 
     def push(self, source: Any, params: Any, version: int, sent: Any = None) -> dict[str, float]:
-        """Pushes `sent` (default `params`; LoRA: the adapters alone) of policy `version`
-        (`params`) to `source`'s actors and probes them with `params`; raises
-        `PushTimeoutError` past `rollout.push_timeout_s`, the actors' refusal
-        (`OutOfOrderPushError`, `PartialPushError`), or `StaleWeightsError`."""
+        """Pushes `sent` (default `params`; LoRA: the adapters alone) of policy `version` to
+        `source`'s actors and probes them with `params`; raises `PushTimeoutError`, the actors'
+        refusal (`OutOfOrderPushError`, `PartialPushError`) or `StaleWeightsError`."""
         if isinstance(source, StaticWeights):  # no actors: nothing to push
             return {}
         out: dict[str, Any] = {}
@@ -99,8 +90,7 @@ class WeightPusher:
         return out
 
     def _check(self, params: Any, version: int, group: Any) -> float:
-        """The probe's largest |Δ log p| between the actors and the learner; raises
-        `StaleWeightsError` when it exceeds the tolerance or a token is of another version."""
+        """The probe's largest |Δ log p|; `StaleWeightsError` past the tolerance or version."""
         (c,) = group.completions
         versions = sorted(set(c.policy_versions))
         if versions != [version]:

@@ -1,22 +1,13 @@
 """Generation for the sources that train on it: prompts → the rollout engine → rewards.
 
 `Rollouts` draws prompts from the resumable mixture, submits them to the rollout stream (the row
-rides along as the request's `meta`), takes completed groups, scores them with the reward
-service, pushes the learner's weights to the actors (and submits the push's probe), and keeps
-the exact-resume bookkeeping: a checkpoint stores the mixture's state before the oldest request
-not yet settled (trained on, filtered or dropped as stale: consumed), plus the ids consumed after
-it, so a restart re-issues exactly the unsettled prompts — request id k is the mixture's draw k,
-which the prompt ledger (`training.ledger`) records. `build_rollouts` makes
-it from the run's `Context`, over `rollout_stream` (the `rollout.backend` engine). The sources
-over it are `algorithms.rl.RolloutSource` and `algorithms.expert_iteration.
-ExpertIterationSource`.
-
-Single-process runs drive the stream from its own thread; multi-process runs step it on the
-caller's thread, so that every process issues the same device computations in one order.
-
-With a multi-turn environment (`env.name`), each request carries its `envs.EnvGroup`: the
-environment renders the prompt (rows whose rendering exceeds `data.max_prompt_len` are
-skipped) and its turns run inside the engine's slots.
+as the request's `meta`; with `env.name`, the environment renders the prompt and its turns run
+in the engine's slots), scores completed groups, pushes weights, and keeps the exact-resume
+bookkeeping: a checkpoint stores the mixture's state before the oldest unsettled request plus
+the ids settled after it, so a restart re-issues exactly the unsettled prompts (request id k is
+the mixture's draw k, as the ledger records). Single-process runs drive the stream from its own
+thread; multi-process runs step it on the caller's, so every process issues the same device
+computations in one order.
 """
 
 from __future__ import annotations
@@ -44,18 +35,12 @@ MAX_SKIPS_IN_A_ROW = 1000
 
 
 class Rollouts:
-    """Prompts in, scored groups out, over a rollout stream (our engine or vLLM).
+    """Prompts in, scored groups out, over an actor `Rollout` (our engine or vLLM).
 
-    Args:
-      stream: the `Rollout` (`rollout_stream`): `submit(..., meta=row)`, `get`, `step`,
-        `update_weights`, `start`, `stop`.
-      prompts: the `PromptIterator` of `data.sources` (rows carry their `prompt_ids`).
-      rewards: the `RewardService`.
-      num_samples, seed, max_new_tokens: G, the run's seed, the generation budget.
-      threaded: drive the stream from its thread (single process) or on the caller's.
-      stop: truthy when the run must stop (checked while waiting).
-      env: the `envs.EnvRunner` of a multi-turn environment (None: one turn).
-      max_prompt_len: the longest prompt an environment may render.
+    `prompts`: the `PromptIterator` of `data.sources`; `threaded`: drive the stream from its
+    thread (single process) or on the caller's; `stop`: truthy when the run must stop;
+    `env`: the `envs.EnvRunner` of a multi-turn environment (None: one turn), whose prompts
+    may have `max_prompt_len` tokens.
     """
 
     def __init__(
@@ -73,12 +58,8 @@ class Rollouts:
         env: Any = None,
         max_prompt_len: int = 0,
     ) -> None:
-        self.stream, self.prompts, self.rewards, self.tokenizer = (
-            stream,
-            prompts,
-            rewards,
-            tokenizer,
-        )
+        self.stream, self.prompts, self.rewards = stream, prompts, rewards
+        self.tokenizer = tokenizer
         self.num_samples, self.seed, self.max_new_tokens = num_samples, seed, max_new_tokens
         self.threaded, self.stop = threaded, stop
         self.env, self.max_prompt_len = env, max_prompt_len
@@ -92,11 +73,6 @@ class Rollouts:
         self._skip: set[int] = set()  # settled before the restart, not re-drawn yet
 
     # -- requests -------------------------------------------------------------------------
-    @property
-    def in_flight(self) -> int:
-        """Requests submitted and not completed yet."""
-        return len(self._generating)
-
     def submit_one(self) -> None:
         """Draws the next unseen prompt and submits it for G samples."""
         skipped = 0
@@ -147,12 +123,11 @@ class Rollouts:
 
     def fill(self, target: int) -> None:
         """Submits prompts until `target` requests are in flight."""
-        while self.in_flight < target:
+        while len(self._generating) < target:
             self.submit_one()
 
     def completed(self) -> list[Any]:
-        """At least one completed group (all that are ready), or [] when asked to stop.
-        The groups stay in the resume bookkeeping until `consume`d."""
+        """The completed groups (at least one), or [] when asked to stop; kept until `consume`d."""
         done: list[Any] = []
         while not done and not self.stop():
             if not self.threaded:  # groups an evaluation's stepping completed wait in `get`
@@ -172,10 +147,6 @@ class Rollouts:
     def score(self, groups: list[Any]) -> tuple[list[ScoredGroup], dict[str, float]]:
         return score_groups(groups, self.rewards, self.tokenizer, max_len=self.max_new_tokens)
 
-    def kv_metrics(self) -> dict[str, float]:
-        """The rollout's KV metrics since the previous call (`RolloutStream.kv_metrics`)."""
-        return self.stream.kv_metrics()
-
     def consume(self, request_ids: list[int]) -> None:
         """Marks requests as settled (they leave the in-flight bookkeeping)."""
         for rid in request_ids:
@@ -184,10 +155,9 @@ class Rollouts:
             self._consumed.add(rid)
 
     def pending(self) -> list[dict]:
-        """Ledger records (`pending`) of the requests drawn and not consumed: in flight,
-        queued, or completed and waiting for a batch — and, after a restart, those between
-        the draw cursor and the last request consumed before it (drawn then, not re-drawn
-        yet: replayed from the data iterator, whose position is left as it was)."""
+        """Ledger records (`pending`) of the requests drawn and not consumed, and, after a
+        restart, those between the draw cursor and the last request consumed before it
+        (replayed from the data iterator, whose position is left as it was)."""
         out = [ledger.entry(rid, row, "pending") for rid, row in sorted(self._rows.items())]
         if self._skip:
             saved, rid = self.prompts.state(), self.next_request
@@ -199,15 +169,12 @@ class Rollouts:
         return out
 
     def ledger_metrics(self) -> dict[str, float]:
-        """`ledger/drawn` (prompts drawn from the data so far) and `ledger/pending` (drawn and
-        not settled yet)."""
+        """`ledger/drawn` (prompts drawn so far) and `ledger/pending` (drawn, not settled)."""
         return {"ledger/drawn": float(self.next_request), "ledger/pending": float(len(self._rows))}
 
     def probe(self, version: int, prompt: list[int], max_new_tokens: int) -> CompletedGroup | None:
-        """One sample of `prompt` by the actors at policy `version` (pinned: it waits for that
-        version, ahead of the queue; no budget forcing), for `training.push`; None when the
-        stream is stepped on the caller's thread (multi-process), where nothing else would
-        step it."""
+        """One sample of `prompt` by the actors at policy `version` (pinned, ahead of the
+        queue), for `training.push`; None when the stream is stepped on the caller's thread."""
         if not self.threaded:
             return None
         future = self.stream.submit(
@@ -245,8 +212,7 @@ class Rollouts:
 
 
 class GeneratingSource:
-    """The loop's interface of a source over `Rollouts` (`self.rollouts`): `RolloutSource`,
-    `ExpertIterationSource`."""
+    """The loop's interface of a source over `Rollouts` (`self.rollouts`)."""
 
     rollouts: Rollouts
     on_policy: bool = True
@@ -275,8 +241,7 @@ class GeneratingSource:
 
 
 def merge_service_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
-    """The reward service's metrics over several calls: counts summed, the rest averaged.
-    `reward/*` are left to the batch assembler (over every drawn group, once)."""
+    """The reward service's metrics over calls: counts summed, the rest averaged, no `reward/*`."""
     keys = {k for m in calls for k in m if not k.startswith("reward/")}
     out = {}
     for k in sorted(keys):
@@ -289,27 +254,8 @@ def merge_service_metrics(calls: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
-def rollout_stream(ctx: Context, params: Any, version: int, *, in_flight: int) -> Rollout:
-    """The run's actor rollout (`rollout.build_rollout` on the actor mesh), from `params`."""
-    from rlvr_jax.rollout import build_rollout
-
-    return build_rollout(
-        ctx.cfg.rollout,
-        ctx.model,
-        ctx.actor_mesh,
-        ctx.tokenizer,
-        max_len=ctx.seq_len,
-        params=params,
-        version=version,
-        max_pending_groups=in_flight + 1,
-        max_ready_groups=in_flight + 1,
-        timeline=ctx.timeline,
-        turns=ctx.turns,
-    )
-
-
 def build_rollouts(ctx: Context, params: Any, version: int, *, in_flight: int) -> Rollouts:
-    """The run's `Rollouts`: `data.sources`, the reward service and `rollout_stream`."""
+    """The run's `Rollouts` over `data.sources`, with room for `in_flight` groups."""
     from rlvr_jax.data import build_prompt_iterator
     from rlvr_jax.rewards import RewardService, known_verifiers
 
@@ -319,7 +265,10 @@ def build_rollouts(ctx: Context, params: Any, version: int, *, in_flight: int) -
     )
     rewards = RewardService(cfg.rewards, overlong_buffer=cfg.filter.soft_overlong_buffer)
     try:
-        stream = rollout_stream(ctx, params, version, in_flight=in_flight)
+        stream = ctx.actor_rollout(
+            params, version, max_pending_groups=in_flight + 1, max_ready_groups=in_flight + 1,
+            timeline=ctx.timeline, turns=ctx.turns,
+        )  # fmt: skip
     except BaseException:
         rewards.close()
         raise

@@ -12,8 +12,7 @@ from rlvr_jax.training.loop import Trainer
 
 
 def train(cfg: Config, *, stop: SignalStop | None = None) -> None:
-    """Builds the trainer of `cfg.algorithm`, runs it to `train.max_steps` (or until `stop` is
-    set), and closes it."""
+    """Runs the trainer of `cfg.algorithm` to `train.max_steps` (or `stop`), then closes it."""
     trainer = Trainer(cfg, stop=stop)
     try:
         trainer.run()

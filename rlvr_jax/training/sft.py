@@ -1,16 +1,10 @@
 """SFT: the next-token loss on response tokens only, and its pure train step.
 
-The batch is a `TokenBatch` laid out by `rlvr_jax.training.batch.collate_sft` (one packer for
-every algorithm): an example is prompt + response on a row of S tokens, on the shifted grid of
-T = S − 1, `mask[t] = 1` where `target_ids[t]` is a response token. The loss is the token mean
-of −log π(target) over the mask, with the denominator (the response token count) taken over
-the **whole optimizer batch**, exactly as the RL loss's `token-mean` aggregation: micro-batch
-losses and gradients then sum to the full-batch ones.
-
-`collate_sft(..., pack=True)` places several examples on one row (each its own segment, its
-positions restarting at 0; tokens attend within their segment only), which is how
-`scripts/pretrain_tiny.py` pretrains: a document is a one-token "prompt" and a response that
-is the rest of it, so the mask covers every token but the first.
+The batch is a `TokenBatch` from `batch.collate_sft` (`mask` on the response tokens). The loss
+is the token mean of −log π(target) over the mask, its denominator taken over the **whole
+optimizer batch** (the RL loss's `token-mean`), so micro-batch losses and gradients sum to the
+full-batch ones. `scripts/pretrain_tiny.py` pretrains with `collate_sft(..., pack=True)`, a
+document as a one-token "prompt" and the rest as its response.
 """
 
 from __future__ import annotations
@@ -41,13 +35,9 @@ def sft_loss(
     compute_dtype: Any = jnp.float32,
     loss_denominator: jax.Array | float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Σ_{b,t} mask·(−log π(target_ids | input_ids≤t)) / D, and metrics.
-
-    D is `loss_denominator` (the whole optimizer batch's response-token count when this batch
-    is one micro-batch of it) or, when None, this batch's own token count. The metric
-    `sft/token_accuracy` (the target is the argmax) is also divided by D, so that micro-batch
-    values sum to the full batch's.
-    """
+    """Σ_{b,t} mask·(−log π(target_ids | input_ids≤t)) / D and `sft/token_accuracy` (argmax
+    hits / D): D is `loss_denominator` (the whole batch's response tokens when this is a
+    micro-batch of it), else this batch's own token count."""
     mask_BxT = batch.mask_BxT.astype(jnp.float32)
     if loss_denominator is None:
         loss_denominator = losses.loss_denominator(SFT_AGGREGATION, mask_BxT)
@@ -67,15 +57,10 @@ def make_sft_step(
     compute_dtype: Any = jnp.float32,
     n_micro: int | None = None,
 ) -> Callable[[TrainState, TokenBatch], tuple[TrainState, dict[str, jax.Array]]]:
-    """The pure SFT step `(state, batch) -> (state, metrics)` (un-jitted; jit it, or use
-    `learner.jit_train_step` for shardings and donation).
-
-    One call is one optimizer step over `batch`, accumulating gradients over `n_micro`
-    micro-batches (a `lax.scan`) against the denominator of the whole batch. A step whose loss
-    or gradient is not finite leaves params and optimizer state unchanged and counts in
-    `state.skipped`. Metrics: `loss`, `grad_norm`, `step_ok`, `sft/tokens` and the summed
-    `sft_loss` metrics.
-    """
+    """The pure SFT step `(state, batch) -> (state, metrics)` (un-jitted): one optimizer step,
+    gradients accumulated over `n_micro` micro-batches against the whole batch's denominator; a
+    non-finite step is skipped (`state.skipped`). Metrics: `loss`, `grad_norm`, `step_ok`,
+    `sft/tokens` and `sft/token_accuracy`."""
     if n_micro is not None and n_micro < 1:
         raise ValueError(f"make_sft_step: n_micro must be >= 1, got {n_micro}")
 

@@ -1,14 +1,12 @@
-"""Batch sources: where each training step's batch comes from.
+"""Batch sources: where each training step's batch comes from (each algorithm's is in its file
+of `training.algorithms`).
 
 A source is started (`start()`), hands the loop one `Batch` per step (`next(policy_version)`;
-None: stopped first), reports and restores its position (`state()` / `restore(state)`, stored in
-every checkpoint beside the train state, so a resumed run sees exactly the data it would have
-seen), receives the learner's weights when it generates (`push_weights`, then `probe` for the
-push check; `on_policy`: the next batch needs them at once), lists the prompts drawn and not
-settled when the run ends (`pending`, for the prompt ledger), and is closed at the end. Its
-`rollouts` (`training.rollouts.Rollouts`, None when it samples nothing: `StaticWeights`) are what
-the in-loop evaluation samples and scores with. Each algorithm's source is in its own file of
-`rlvr_jax.training.algorithms` (the table there).
+None: stopped first), saves and restores its position with each checkpoint (`state()` /
+`restore(state)`: a resumed run sees exactly the data it would have seen), takes the learner's
+weights when it generates (`push_weights`, `probe`; `on_policy`: the next batch needs them at
+once), lists the prompts drawn and unsettled at the end (`pending`, for the ledger), and is
+closed. Its `rollouts` (None for `StaticWeights`) are what the in-loop evaluation uses.
 """
 
 from __future__ import annotations
@@ -27,34 +25,27 @@ class Batch:
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     """Host metrics of producing it (rewards, filtering, timing)."""
     samples: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """Records for `samples.jsonl` (`training.step_log.sample_records`: prompt, completion,
-    reward, verifier score, ground truth, ...); the loop writes `log.sample_completions`."""
+    """Records for `samples.jsonl` (`training.step_log.sample_records`)."""
     empty_reason: str = ""
     """Why the batch trains nothing (`arrays` None), for the step's warning."""
     tokens: int = 0
     """Tokens generated (rollouts) or trained on (SFT), for throughput."""
     rewards_B: Any = None
-    """The rewards of an RL batch's real rows (its completions, in row order): what the
-    learner completes the advantages from with `loss.kl_mode: reward` (the KL penalty needs
-    its log-probs), and what `train.save_batch` stores."""
+    """An RL batch's rewards (row order), for `loss.kl_mode: reward` and `train.save_batch`."""
     group_size: int = 0
     """G of an RL batch (its completions are grouped by prompt, G at a time)."""
     slots: Any = None
     """Each completion's slot in an RL batch's per-completion arrays (packing reorders)."""
     sequences: Any = None
-    """An RL batch's completions as (prompt tokens, completion tokens), in row order (`slots`
-    says where each sits): what `rollout.exact` replays through the engine."""
+    """An RL batch's (prompt, completion) tokens in row order, for `rollout.exact`."""
     settled: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """The prompt ledger's records of the prompts this batch settled (`training.ledger.entry`:
-    trained, filtered, stale), without their step: the loop writes them as this step's."""
+    """The ledger records (`training.ledger.entry`) of the prompts this batch settled."""
     row_counts: tuple[int, ...] = ()
-    """The packed-row counts (`arrays.tokens`) this source's batches may take (a few: the
-    packing ladder): the update compiles them all with the first batch (`Update.compile`)."""
+    """The packed-row counts this source's batches may take (`Update.compile`)."""
 
 
 class StaticWeights:
-    """Mixin for sources that generate nothing (the learner's weights are not needed) and hold
-    nothing to release."""
+    """Mixin for sources that generate nothing (no weights needed) and hold nothing to release."""
 
     on_policy = False
     rollouts = None

@@ -1,17 +1,6 @@
-"""What a step's logs say beyond its metrics: the sample records of `samples.jsonl`, and why a
-step trained nothing.
-
-`sample_records` picks `log.sample_completions` completions of a batch's groups (the kept
-groups first, then those filtered out, one completion of each group in turn) as JSON-able
-records: the prompt as the model saw it, the completion (a multi-turn episode's whole
-conversation after the prompt: turns, tool calls and tool responses), its reward and
-verifier score, the ground truth, the verifier, the domain, the finish reason and what became
-of its group (`trained`, `filtered`, `full`).
-
-`empty_reason` says why a batch kept no group: how many groups had all-equal rewards (and
-which value), were stale, and what the completions show (cut at the budget, no answer the
-math verifier can read, verifier errors). `EmptySteps` logs it for each such step and, after
-`EMPTY_STEPS_WARN` in a row, what to try.
+"""What a step's logs say beyond its metrics: the records of `samples.jsonl` (`sample_records`)
+and why a step trained nothing (`empty_reason`, logged by `EmptySteps`, which after
+`EMPTY_STEPS_WARN` such steps in a row says what to try).
 """
 
 from __future__ import annotations
@@ -30,8 +19,7 @@ EMPTY_STEPS_WARN = 3
 
 
 def sample_records(settled: Sequence[tuple[Any, str]], tokenizer: Any, n: int) -> list[dict]:
-    """Up to `n` records of the completions of `settled` ((ScoredGroup, outcome) pairs; stale
-    groups are left out): kept groups first, one completion of each group in turn."""
+    """Up to `n` records of `settled`'s non-stale completions, kept groups first, round-robin."""
     groups = [(g, o) for g, o in settled if o == "trained"]
     groups += [(g, o) for g, o in settled if o not in ("trained", "stale")]
     width = max((len(g.completions) for g, _ in groups), default=0)
@@ -105,8 +93,7 @@ def _unreadable_math(groups: Sequence[Any], tokenizer: Any) -> float | None:
 
 
 class EmptySteps:
-    """Warns for each step that trained nothing, and after `warn_after` in a row says what to
-    try (once per streak)."""
+    """Warns for each step that trained nothing; after `warn_after` in a row, what to try."""
 
     def __init__(self, warn_after: int = EMPTY_STEPS_WARN) -> None:
         self.warn_after = warn_after

@@ -1,11 +1,7 @@
-"""The parts every train step is made of (nanodo style): a train state, gradient accumulation
-over micro-batches against the whole batch's loss denominator, and the optimizer update that
-skips non-finite steps. The RL, SFT and parallel-averaging steps are short compositions of
-`accumulate_grads` and `apply_update`, jitted once per batch shape by `jit_train_step`.
-
-With LoRA adapters in the params (`rlvr_jax.models.lora`) only the adapters train: gradients,
-the optimizer's state and its update cover `lora.split(params)[0]`; the frozen base is a
-constant of the loss (no weight gradient is computed for it).
+"""The parts every train step is made of: a train state, gradient accumulation over
+micro-batches against the whole batch's loss denominator, and an optimizer update that skips
+non-finite steps. With LoRA only the adapters (`lora.split(params)[0]`) get gradients and
+optimizer state; the frozen base is a constant of the loss.
 """
 
 from __future__ import annotations
@@ -34,15 +30,11 @@ class TrainState:
     skipped: jax.Array
     """Steps skipped because the loss or the gradient was not finite."""
     critic: Any = None
-    """PPO's value model and its optimizer state (`training.critic.CriticState`); None
-    without a critic."""
+    """PPO's `training.critic.CriticState`; None without a critic."""
 
 
 def init_state(params: Any, optimizer: optax.GradientTransformation, mesh=None) -> TrainState:
-    """A fresh state. With a `mesh`, the optimizer moments follow the params' shardings and
-    the scalars are replicated over the mesh, so that the whole state lives on it. A frozen
-    LoRA base is not copied: the state holds `params`' own base arrays (the step donates
-    them)."""
+    """A fresh state, wholly on `mesh` when given; a frozen LoRA base is not copied."""
     trainable, frozen = lora.split(params)
     if mesh is None:
         return TrainState(
@@ -78,9 +70,7 @@ def split_micro(batch: Any, n_micro: int) -> Any:
 
 
 def micro_count(batch: Any, n_micro: int | None) -> int:
-    """Micro-batches to split `batch` into: the count its rows were packed for (token-budget
-    layouts carry it, static), else `n_micro` (default 1). Both given and different is an
-    error: a packed micro-batch's completions live in its own rows."""
+    """Micro-batches of `batch`: its packed count, else `n_micro` (1); a conflict is an error."""
     packed = getattr(batch, "n_micro", 0)
     if packed and n_micro is not None and n_micro != packed:
         raise ValueError(f"the batch is packed for {packed} micro-batches, not {n_micro}")
@@ -88,8 +78,7 @@ def micro_count(batch: Any, n_micro: int | None) -> int:
 
 
 def per_micro_batch(fn: Callable[[Any], jax.Array], batch: Any) -> jax.Array:
-    """`fn(batch)` [B, ...] computed one micro-batch at a time (`lax.map`) when the batch's rows
-    are packed for several (each micro-batch's indices point into its own rows)."""
+    """`fn(batch)` [B, ...], one micro-batch at a time when the rows are packed for several."""
     n = micro_count(batch, None)
     if n == 1:
         return fn(batch)
@@ -100,10 +89,9 @@ def per_micro_batch(fn: Callable[[Any], jax.Array], batch: Any) -> jax.Array:
 def accumulate_grads(
     loss_fn: LossFn, params: Any, batch: Any, n_micro: int, rng: jax.Array | None = None
 ) -> tuple[Any, jax.Array, dict[str, jax.Array]]:
-    """(Σ gradients of the trainable params (`lora.split`), Σ losses, per-micro-batch metrics
-    [n_micro]) of `loss_fn` over `batch` split into `n_micro` micro-batches (a `lax.scan`: one
-    micro-batch's activations live at a time). `rng` (a raw [2] key) seeds LoRA dropout, a
-    fresh key per micro-batch; without it no dropout applies."""
+    """(Σ gradients of the trainable params, Σ losses, per-micro-batch metrics [n_micro]) of
+    `loss_fn` over `n_micro` micro-batches (a `lax.scan`: one micro-batch's activations live
+    at a time). `rng` (a raw [2] key) seeds LoRA dropout per micro-batch; None: no dropout."""
     if n_micro < 1:
         raise ValueError(f"n_micro must be >= 1, got {n_micro}")
     trainable, frozen = lora.split(params)
@@ -131,9 +119,8 @@ def accumulate_grads(
 def apply_update(
     state: TrainState, grads: Any, optimizer: optax.GradientTransformation, *, finite: Any = True
 ) -> tuple[TrainState, jax.Array]:
-    """One optimizer update of `state` by `grads`, unless the gradient (or `finite`, e.g. the
-    loss's finiteness) is not finite: then params and optimizer state are kept and the step is
-    counted in `skipped`. Returns (new state, ok). `grads` are those of the trainable params."""
+    """(state after one update by the trainable params' `grads`, ok); when the gradient or
+    `finite` is not finite, params and optimizer state are kept and `skipped` counts it."""
     ok = jnp.isfinite(optax.global_norm(grads)) & finite
     trainable, frozen = lora.split(state.params)
     trainable, opt_state = optimizer_step(trainable, state.opt_state, grads, optimizer, ok)
@@ -151,10 +138,9 @@ def apply_update(
 def gradient_step(
     state: TrainState, loss_fn: LossFn, batch: Any, optimizer: Any, n_micro: int | None
 ) -> tuple[TrainState, dict[str, jax.Array], Any]:
-    """One optimizer step of `loss_fn` over `batch` (`micro_count(batch, n_micro)` micro-batches,
-    `accumulate_grads`, then `apply_update`). Returns (new state, {`loss`, `grad_norm`,
-    `step_ok`}, the per-micro-batch aux of `loss_fn`). LoRA dropout, when the adapters have
-    it, is keyed by the step."""
+    """One optimizer step of `loss_fn` over `batch` (`accumulate_grads`, `apply_update`):
+    (new state, {`loss`, `grad_norm`, `step_ok`}, the per-micro-batch aux). LoRA dropout is
+    keyed by the step."""
     n = micro_count(batch, n_micro)
     rng = None
     if lora.dropout_rate(state.params) > 0:
@@ -232,8 +218,7 @@ def update_geometry(d_a: Any, d_b: Any) -> tuple[jax.Array, jax.Array, jax.Array
 
 
 def jit_train_step(step: Callable, state_shardings: Any, *shardings: Any) -> Callable:
-    """The step jitted with explicit shardings: the state's in and out (the old state donated),
-    and those of its other arguments when given (None: as the argument is laid out; none
-    given: all inferred)."""
+    """The step jitted with the state's shardings in and out (donated), and its other
+    arguments' when given (None: as laid out; none given: all inferred)."""
     kwargs = {"in_shardings": (state_shardings, *shardings)} if shardings else {}
     return jax.jit(step, out_shardings=(state_shardings, None), donate_argnums=(0,), **kwargs)

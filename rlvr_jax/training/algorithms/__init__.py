@@ -11,10 +11,8 @@ base: one jitted program per batch shape).
 | `rl_sft_parallel` | `rl_sft_parallel.py` | `PairingSource` → `ParallelUpdate` |
 | `dpo` | `dpo.py` | `PreferenceSource` → `DPOUpdate`: one DPO step |
 
-What each algorithm needs of the config alone is checked by `rlvr_jax.config.load`
-(`rlvr_jax.config.algorithm_checks`: errors name the key and the file), so a bad combination
-fails before anything is built. Checks that need the model or the data run when the update or
-the source is built.
+The checks of the config alone run at load (`rlvr_jax.config.algorithm_checks`); those that
+need the model or the data run when the update or the source is built.
 """
 
 from __future__ import annotations
@@ -38,15 +36,15 @@ class Algorithm:
 
 
 def _rl_update(ctx: Context) -> Update:
-    return ppo.update(ctx) if ctx.settings.uses_critic else rl.update(ctx)
+    return ppo.PPOUpdate(ctx) if ctx.settings.uses_critic else rl.RLUpdate(ctx)
 
 
 ALGORITHMS: dict[str, Algorithm] = {
     "rl": Algorithm(rl.source, _rl_update),
     "sft": Algorithm(sft.source, sft.update),
     "expert_iteration": Algorithm(expert_iteration.source, expert_iteration.update),
-    "rl_sft_parallel": Algorithm(rl_sft_parallel.source, rl_sft_parallel.update),
-    "dpo": Algorithm(dpo.source, dpo.update),
+    "rl_sft_parallel": Algorithm(rl_sft_parallel.source, rl_sft_parallel.ParallelUpdate),
+    "dpo": Algorithm(dpo.source, dpo.DPOUpdate),
 }
 """The source and the learner update of each `algorithm`."""
 

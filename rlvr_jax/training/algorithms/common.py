@@ -1,13 +1,11 @@
-"""The `Update` base every algorithm's learner update is built on, and the micro-batch checks.
+"""The `Update` base every algorithm's learner update is built on.
 
 An update is one pure program `step(state, inputs, reference) -> (state, [metrics] * n)` (the
-batch's log-probs, advantages and all `n` optimizer steps), jitted once per input shape with the
-state's shardings explicit and the state donated (nanodo style). `init_state(params)` makes the
-state and the program; `inputs(batch)` is its input on the host (put on the mesh in one `put`);
-`update(state, batch) -> (state, [metrics], n)` dispatches it (under `rlvr_jax.dispatch.LOCK`,
-by the loop), its metrics unfetched; `compile(state, batch)` compiles it ahead of the lock (a
-compile under it would stall the rollout thread) for the batch's shapes and its other
-packed-row counts.
+batch's log-probs, advantages and all `n` optimizer steps), jitted once per input shape with
+explicit state shardings, the state donated. `init_state(params)` makes the state and the
+program; `inputs(batch)` is its host input; `update(state, batch) -> (state, [metrics], n)`
+dispatches it (the loop holds `dispatch.LOCK`), metrics unfetched; `compile(state, batch)`
+compiles it before the lock (a compile under it would stall the rollout thread).
 """
 
 from __future__ import annotations
@@ -29,15 +27,13 @@ from rlvr_jax.training.update import init_state, jit_train_step
 
 
 def step_micro_batches(cfg: Config, rows: int, what: str) -> int | None:
-    """`micro_batches` of a step over `rows` rows; None with `train.max_tokens_per_micro_batch`
-    (packed batches carry their own micro-batch count)."""
+    """`micro_batches` of a step over `rows` rows; None when packed (batches carry their own)."""
     n_micro = micro_batches(rows, cfg.train.micro_batch_size, what)
     return None if cfg.train.max_tokens_per_micro_batch else n_micro
 
 
 class Update:
-    """The learner updates' shared part (module docstring); a subclass gives the pure program
-    (`step`) and, when it lays out more than `Batch.arrays`, its `inputs`."""
+    """The learner updates' shared part; a subclass gives `step` and, if need be, `inputs`."""
 
     needs_ref = False
     """Whether the program reads the frozen reference policy (`reference`)."""
@@ -90,11 +86,9 @@ class Update:
         return self.ctx.put(inputs)
 
     def compile(self, state: Any, batch: Batch) -> None:
-        """Compiles the program `update(state, batch)` runs, without running it, and (once per
-        row length) those of the batch at the other packed-row counts its source may hand over
-        (`Batch.row_counts`): the packing ladder's shapes compile with the first batch instead
-        of one by one in the steps that first meet them. JAX finds the executables when the
-        calls come."""
+        """Compiles, without running, the program `update(state, batch)` runs and (once per row
+        length) those of the batch's other packed-row counts (`Batch.row_counts`), so the
+        ladder's shapes compile with the first batch."""
         for one in (batch, *self._row_variants(batch)):
             inputs = self.inputs(one)
             if inputs is not None:
@@ -127,8 +121,7 @@ class Update:
         ]
 
     def steps(self, state: Any, n: int, one: Callable[[Any, Any], tuple]) -> tuple[Any, list]:
-        """`n` optimizer steps in the program: `one(state, u) -> (state, metrics)` for u = 0..n−1
-        (a `lax.scan` when n > 1: one step compiled, the state kept in its shardings)."""
+        """`n` optimizer steps `one(state, u) -> (state, metrics)` (a `lax.scan` when n > 1)."""
         if n == 1:
             state, metrics = one(state, 0)
             return state, [metrics]

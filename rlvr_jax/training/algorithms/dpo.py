@@ -3,19 +3,14 @@
     rlvr-train --config F algorithm=dpo dpo.sources='[{path: pairs.jsonl}]' dpo.beta=0.1
 
 `PreferenceSource` draws `dpo.batch_size` pairs per step from the seeded, resumable mixture of
-`dpo.sources` (its iterator state is what a checkpoint stores: a resumed run sees exactly the
-pairs it would have seen) and lays them out with `dpo.collate_pairs`, each micro-batch's pairs
-in its own rows, the row length bucketed like the RL batches' (`train.bucket_min_len`).
+`dpo.sources` and lays them out with `dpo.collate_pairs`, the row length bucketed like the RL
+batches'.
 
 Reference log-probs come from the frozen starting policy (`model.path`, also on resume):
-- `dpo.reference: cache` (default): computed once before the first step for every pair of the
-  sources and kept on disk (`training.dpo_reference.ReferenceCache`, keyed by the model's files
-  and the tokens); each batch carries its pairs' cached sums. No reference forward pass per
-  step and a cache reused by later runs on the same model and data; the price is one forward
-  pass over the whole dataset up front, which a run that sees every pair at least once pays
-  anyway.
-- `dpo.reference: on_the_fly`: the update runs the reference forward on each batch (the
-  reference weights stay on the learner): for datasets much larger than what a run will see.
+- `dpo.reference: cache` (default): computed once up front for every pair and kept on disk
+  (`training.dpo_reference.ReferenceCache`), reused by later runs on the same model and data;
+- `dpo.reference: on_the_fly`: a reference forward on each batch, for datasets much larger
+  than a run will see.
 A reference-free variant (`simpo`) computes neither.
 """
 
@@ -116,8 +111,7 @@ def full_length(cfg: Config) -> int:
 
 
 class DPOUpdate(Update):
-    """One DPO optimizer step per batch (`dpo.make_dpo_step`), after the reference log-probs
-    when `dpo.reference: on_the_fly`."""
+    """One DPO step per batch, after the reference log-probs with `dpo.reference: on_the_fly`."""
 
     def __init__(self, ctx: Context) -> None:
         cfg = ctx.cfg
@@ -211,8 +205,7 @@ def reference_cache(ctx: Context, sources: list[Any], *, rows: int) -> Reference
 
 
 def source(ctx: Context, params: Any, version: int) -> PreferenceSource:
-    """`algorithm: dpo`'s source (the learner's params and version are not needed: the pairs
-    are fixed data and the reference is the starting policy)."""
+    """`algorithm: dpo`'s source (fixed data: the params and version are not needed)."""
     del params, version
     cfg = ctx.cfg
     d = cfg.dpo
@@ -227,7 +220,3 @@ def source(ctx: Context, params: Any, version: int) -> PreferenceSource:
     if d.reference == "cache" and needs_reference(d.variant):
         cache = reference_cache(ctx, sources, rows=2 * d.batch_size)
     return PreferenceSource(ctx, PromptIterator(sources, seed=cfg.data.seed), cache)
-
-
-def update(ctx: Context) -> DPOUpdate:
-    return DPOUpdate(ctx)

@@ -4,11 +4,9 @@
     rlvr-train --config F algorithm=expert_iteration    # data.sources, verified samples
 
 Each step is one on-policy round: `train.prompts_per_batch` prompts × `rollout.num_samples`
-samples, every completion verified, and the kept ones trained on by `sft.expert_sft_steps` SFT
-steps (`sft.SFTUpdate`). A completion is kept when its *verifier* score (`ScoredGroup.scores_G`)
-— before domain weights, the format term and length penalties, which shape RL rewards but say
-nothing about correctness — is at least `sft.expert_min_score`. It is trained on exactly as
-sampled (prompt ids, then the completion ids with the stop token that ended it).
+samples, the completions whose *verifier* score (`ScoredGroup.scores_G`, before the reward
+shaping terms) is at least `sft.expert_min_score` trained on exactly as sampled by
+`sft.expert_sft_steps` SFT steps.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ from rlvr_jax.training.step_log import empty_reason, sample_records
 
 
 def kept_mask(group: ScoredGroup, *, min_score: float) -> np.ndarray:
-    """bool[G]: the completions of `group` kept as SFT examples (verifier score ≥ `min_score`
-    and at least one token)."""
+    """bool[G]: the completions kept as SFT examples (verifier score ≥ `min_score`, non-empty)."""
     if len(group.scores_G) != len(group.completions):
         raise ValueError(
             f"group of {len(group.completions)} completions has {len(group.scores_G)} scores"
@@ -43,8 +40,7 @@ def kept_mask(group: ScoredGroup, *, min_score: float) -> np.ndarray:
 def expert_examples(
     groups: Sequence[ScoredGroup], *, min_score: float
 ) -> tuple[list[list[int]], list[list[int]]]:
-    """(prompt ids, completion ids) of every kept completion (`kept_mask`), in (group,
-    sample) order."""
+    """(prompt ids, completion ids) of every kept completion, in (group, sample) order."""
     prompts, responses = [], []
     for g in groups:
         for completion, keep in zip(g.completions, kept_mask(g, min_score=min_score)):
@@ -70,12 +66,9 @@ def expert_metrics(groups: Sequence[ScoredGroup], *, min_score: float) -> dict[s
 
 
 class ExpertIterationSource(GeneratingSource):
-    """`algorithm: expert_iteration`: each step is one on-policy round — `prompts_per_batch`
-        prompts issued after the previous update reached the engine, every completion verified, the
-        completions whose verifier score is at least `min_score` laid out as an SFT batch of
-        prompts × samples rows (rows not filled are masked; a round that keeps nothing makes no
-        update). No group is filtered; the ledger records a prompt with no completion kept as
-    `filtered`. Extra metrics: `expert/*`."""
+    """`algorithm: expert_iteration`: one on-policy round per step (module docstring), the kept
+    completions as an SFT batch of prompts × samples rows (a round that keeps nothing makes no
+    update; the ledger records its prompts as `filtered`). Extra metrics: `expert/*`."""
 
     def __init__(self, ctx: Context, rollouts: Rollouts) -> None:
         cfg = ctx.cfg
@@ -104,7 +97,7 @@ class ExpertIterationSource(GeneratingSource):
             **metrics,
             **asm.metrics(),
             **expert_metrics(groups, min_score=self.min_score),
-            **r.kv_metrics(),
+            **r.stream.kv_metrics(),
         }
         metrics["staleness/mean"] = 0.0
         metrics["time/rollout_s"] = time.perf_counter() - t0

@@ -41,7 +41,3 @@ class PPOUpdate(RLUpdate):
     def _advantages(self, state: Any, rl: Any) -> tuple[Any, dict[str, Any]]:
         """GAE from the critic's values of the rollout tokens (`loss.kl_mode: reward` included)."""
         return self.gae(state.params, state.critic.params, rl)
-
-
-def update(ctx: Context) -> PPOUpdate:
-    return PPOUpdate(ctx)

@@ -1,15 +1,12 @@
 """`algorithm: rl`: GRPO-family RL on the actors' rollouts (PPO with a critic is `ppo.py`).
 
-Source, `RolloutSource`: batches of `train.prompts_per_batch` kept groups from `Rollouts` —
-zero-variance filtering, active sampling, the staleness bound (async), advantages → `RLBatch`.
-Async mode keeps `rollout.queue_size` batches of requests in flight, topped up before returning
-each batch so the actors generate the next one while the learner trains on this one; groups
-that complete once the batch is full wait for the next one (none is dropped unsettled). Each
-batch lists what became of every group it settled (`Batch.settled`, the prompt ledger).
+`RolloutSource`: batches of `train.prompts_per_batch` kept groups (zero-variance filtering,
+active sampling, the async staleness bound). Async mode keeps `rollout.queue_size` batches of
+requests in flight, topped up before each batch is returned; groups completing once a batch is
+full wait for the next (none is dropped unsettled).
 
-Update, `RLUpdate`, one jitted program: the log-probs the loss needs from the learner first —
-θ_old's (several updates per batch, TIS mask mode, reward-KL), the reference policy's (KL on) —
-then `train.updates_per_batch` optimizer steps on mini-batches of the batch.
+`RLUpdate`, one jitted program: θ_old's and the reference's log-probs where the loss needs
+them, then `train.updates_per_batch` optimizer steps on mini-batches.
 """
 
 from __future__ import annotations
@@ -44,16 +41,13 @@ from rlvr_jax.training.step_log import empty_reason, sample_records
 log = logging.getLogger("rlvr_jax.train")
 
 STALE_WARN_SHARE = 0.2
-"""Async: the share of the generated groups dropped as stale (over `STALE_WARN_BATCHES`
-batches once drops can happen) past which the run warns, once."""
+"""Async: the share of generated groups dropped as stale past which the run warns, once."""
 STALE_WARN_BATCHES = 5
 
 
 def stale_warning(stale: int, drawn: int, *, max_staleness: int, queue_size: int) -> str | None:
     """The warning for `stale` of `stale + drawn` generated groups dropped as stale, or None
-    below `STALE_WARN_SHARE`. Dropped groups were decoded in full (the late, long ones: their
-    loss also biases a batch to short completions); the actors run `queue_size` batches ahead,
-    so a bound below it drops groups routinely."""
+    below `STALE_WARN_SHARE` (dropped groups were decoded in full, and are the long ones)."""
     total = stale + drawn
     if not total or stale / total <= STALE_WARN_SHARE:
         return None
@@ -146,7 +140,7 @@ class RolloutSource(GeneratingSource):
                 **self.packing,
             )
         merged = merge_service_metrics(service)
-        metrics = {**merged, **asm.metrics(), **r.kv_metrics()}
+        metrics = {**merged, **asm.metrics(), **r.stream.kv_metrics()}
         metrics.update(r.ledger_metrics())
         metrics["staleness/mean"] = (
             float(np.mean([policy_version - g.version for g in kept])) if kept else 0.0
@@ -205,9 +199,9 @@ def source(ctx: Context, params: Any, version: int) -> RolloutSource:
 
 
 class RLUpdate(Update):
-    """`train.updates_per_batch` optimizer steps on mini-batches of each RL batch, one program
-    (module docstring). Subclasses make another step (`_make_step`), prepare the advantages
-    another way (`_advantages`), or give the step more batches (`_parts`)."""
+    """`train.updates_per_batch` optimizer steps on mini-batches of each RL batch, one program.
+    Subclasses make another step (`_make_step`), advantages (`_advantages`) or inputs
+    (`_parts`)."""
 
     def __init__(self, ctx: Context) -> None:
         cfg, settings = ctx.cfg, ctx.settings
@@ -246,7 +240,6 @@ class RLUpdate(Update):
     def _make_step(
         self, ctx: Context, optimizer: Any, n_micro: int | None, options: dict[str, Any]
     ) -> tuple[Callable, Any]:
-        """(the pure optimizer step, its optimizer)."""
         warn_if_unused(ctx.cfg, ctx.settings)
         step = learner.make_train_step(
             ctx.model.config, optimizer, ctx.settings, n_micro=n_micro, **options
@@ -254,8 +247,8 @@ class RLUpdate(Update):
         return step, optimizer
 
     def inputs(self, batch: Batch) -> tuple | None:
-        """(the RL batch, what else the step takes: `_parts`); with `rollout.exact`, zeros of
-        their shape for θ_old's log-probs, replayed on the host (`_given`)."""
+        """(the RL batch, `_parts`' rest); with `rollout.exact`, zeros for θ_old's log-probs
+        (`_given` replays them)."""
         if batch.arrays is None:
             return None
         rl, *rest = self._parts(batch.arrays)
@@ -268,9 +261,7 @@ class RLUpdate(Update):
         return (arrays,)
 
     def _given(self, state: Any, inputs: tuple, batch: Batch) -> tuple:
-        """`inputs` on the mesh with what is made before the program: θ_old's log-probs replayed
-        through an engine (`rollout.exact`, host work); with `kl_rewards`, `_prepare`'s batch
-        with the penalised rewards' advantages (`kl_advantages`, per count of kept groups)."""
+        """`inputs` on the mesh, with θ_old's replayed log-probs and the KL-penalised advantages."""
         rl, *rest = inputs
         if self.exact:
             rl = rl.replace(old_logp_BxT=self._replayed(state, rl, batch))
@@ -293,8 +284,7 @@ class RLUpdate(Update):
         super()._compile(state, inputs)
 
     def step(self, state: Any, inputs: tuple, reference: Any) -> tuple[Any, list[dict]]:
-        """The program: the batch's log-probs and advantages (`prepare`), then `updates`
-        optimizer steps on its mini-batches."""
+        """The program: `prepare`, then `updates` optimizer steps on mini-batches."""
         rl, *rest = inputs
         rl, before = self.prepare(state, rl, reference)
         args = (rl, *rest)
@@ -312,8 +302,7 @@ class RLUpdate(Update):
         return self.steps(state, self.updates, one)
 
     def prepare(self, state: Any, rl: Any, reference: Any) -> tuple[Any, dict[str, Any]]:
-        """(the RL batch with θ_old's and the reference's log-probs where the loss needs them
-        and they are not given, and the advantages the loss uses; metrics of making them)."""
+        """(the RL batch with the log-probs the loss needs and its advantages, their metrics)."""
         if self.needs_old and rl.old_logp_BxT is None:
             rl = rl.replace(old_logp_BxT=self.logprob(state.params, rl))
         if self.needs_ref and rl.ref_logp_BxT is None:
@@ -327,8 +316,7 @@ class RLUpdate(Update):
         return rl, {}
 
     def _replayed(self, state: Any, rl: Any, batch: Batch) -> np.ndarray:
-        """`rollout.exact`: the old log-probs [B, T] of the batch's completions replayed with
-        the learner's params through an engine like the actors' (`rollout.rescore`)."""
+        """`rollout.exact`: θ_old's log-probs [B, T] replayed through an engine (`rescore`)."""
         from rlvr_jax.rollout import build_engine, rescore, sampling_params
 
         ctx, cfg = self.ctx, self.ctx.cfg
@@ -347,8 +335,7 @@ class RLUpdate(Update):
         return old_BxT
 
     def _save(self, state: Any, scored: Any, batch: Batch) -> None:
-        """`train.save_batch`: the batch as a loss-lab file (`rlvr-bench losses --batch`), with
-        the log-probs and advantages the program makes (`prepare`)."""
+        """`train.save_batch`: the prepared batch for `rlvr-bench losses --batch`."""
         from rlvr_jax.losses.batch_file import save_batch
 
         old = scored.old_logp_BxT
@@ -375,9 +362,8 @@ class RLUpdate(Update):
 def kl_advantages(
     rl: RLBatch, slots_N: Any, rewards_N: Any, *, settings: losses.LossSettings, group_size: int
 ) -> jax.Array:
-    """`loss.kl_mode: reward`: advantages [B] of the KL-penalised rewards of the completions
-    at `slots_N` (groups of `group_size`; the penalty needs the batch's old and reference
-    log-probs), 0 on padding rows."""
+    """`loss.kl_mode: reward`: advantages [B] of the KL-penalised rewards of the completions at
+    `slots_N` (groups of `group_size`), 0 on padding rows."""
     penalised_N = losses.kl_reward_penalty(
         rewards_N,
         logp=rl.old_logp_BxT[slots_N],
@@ -388,7 +374,3 @@ def kl_advantages(
     )
     adv_N = losses.advantages(settings.advantage, penalised_N.reshape(-1, group_size))
     return jnp.zeros(rl.mask_BxT.shape[:1], jnp.float32).at[slots_N].set(adv_N.reshape(-1))
-
-
-def update(ctx: Context) -> RLUpdate:
-    return RLUpdate(ctx)

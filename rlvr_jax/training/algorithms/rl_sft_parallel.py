@@ -9,14 +9,10 @@ Figure 8; ALGORITHMS.md):
     (Δ_SFT, s_SFT) ← OptUpdate(g_SFT, s_SFT, η_SFT)
     θ ← θ̄ + ½(Δ_RL + Δ_SFT)
 
-`make_parallel_step` is that update as one pure function `(state, rl_batch, sft_batch) ->
-(state, metrics)`: the two gradients by `update.accumulate_grads` of the RL and SFT objectives
-(every loss variant, TIS, global loss denominators, micro-batching), then `update.apply_update`
-with `update.pair_optimizer(rl, sft)` — a real optax transformation over the gradient pair,
-whose state holds both optimizers' states.
-
-The source pairs each RL batch (`rl.RolloutSource`) with one SFT batch (`sft.SFTSource`) per RL
-mini-batch; the update is `rl.RLUpdate` with that step (`loss.advantage: gae` is not supported).
+`make_parallel_step` is that update as one pure function: both gradients by
+`update.accumulate_grads`, then `update.apply_update` with `update.pair_optimizer(rl, sft)`.
+The source pairs each RL batch with one SFT batch per RL mini-batch; the update is
+`rl.RLUpdate` with that step (`loss.advantage: gae` is not supported).
 """
 
 from __future__ import annotations
@@ -67,8 +63,7 @@ def init_parallel_state(
     *,
     mesh: Any = None,
 ) -> TrainState:
-    """A fresh state whose `opt_state` is `pair_optimizer`'s (`.rl`, `.sft`: each half's own
-    moments); with a `mesh`, laid out as `update.init_state` lays out its state."""
+    """`update.init_state` with `pair_optimizer`'s state (`.rl`, `.sft`: each half's moments)."""
     return init_state(params, pair_optimizer(rl_optimizer, sft_optimizer), mesh=mesh)
 
 
@@ -86,17 +81,10 @@ def make_parallel_step(
     memory: learner.MemoryOptions = learner.NO_MEMORY_SAVING,
 ) -> ParallelStep:
     """The pure parallel-averaging step `(state, rl_batch, sft_batch) -> (state, metrics)`
-    (un-jitted; jit it with the state donated), over a state from `init_parallel_state`.
-
-    `rl_batch` is an `RLBatch` over `n_micro_rl` micro-batches; `sft_batch` a `TokenBatch`
-    (`collate_sft`) over `n_micro_sft`. Each optimizer sees only its own gradient and keeps its
-    own state (with `train.max_grad_norm`, each clips its own gradient). When either loss or
-    gradient is not finite the whole update is skipped (params and both states kept).
-
-    Metrics: the RL step's (`loss`, `grad_norm`, `clip_fraction`, ...), the SFT step's under
-    `sft/` (`sft/loss`, `sft/grad_norm`, `sft/token_accuracy`, `sft/tokens`), `step_ok`, and
-    `parallel/rl_update_norm`, `parallel/sft_update_norm`, `parallel/update_cosine`.
-    """
+    (un-jitted) over a state from `init_parallel_state`, each batch over its own micro-batch
+    count. Each optimizer sees (and clips) only its own gradient; a non-finite loss or gradient
+    skips the whole update. Metrics: the RL step's, the SFT step's under `sft/`, `step_ok`,
+    `parallel/rl_update_norm`, `parallel/sft_update_norm`, `parallel/update_cosine`."""
     optimizer = pair_optimizer(rl_optimizer, sft_optimizer)
     rl_for = learner.rl_objective(
         arch,
@@ -133,12 +121,10 @@ def make_parallel_step(
 
 
 def after(x: Any, *deps: Any) -> Any:
-    """`x` (a pytree), available only once every array of `deps` is computed.
-
-    The step chains the two backward passes this way: they are otherwise independent, and the
-    compiler may run them concurrently and in any order. Chained, their collectives run in one
-    order on every device (XLA:CPU's in-process collectives over simulated devices rely on
-    that) and the two backward passes' activations are never live at the same time."""
+    """`x` (a pytree), available only once every array of `deps` is computed: chains the two
+    otherwise independent backward passes, so their collectives run in one order on every
+    device (XLA:CPU's simulated devices rely on it) and their activations are never live at
+    once."""
     x, _ = jax.lax.optimization_barrier((x, deps))
     return x
 
@@ -153,9 +139,7 @@ class ParallelBatch:
 
 
 class PairingSource(GeneratingSource):
-    """`algorithm: rl_sft_parallel`: each RL batch (`RolloutSource`, `self.rl`, whose
-    `Rollouts` the loop's interface goes to) paired with the next `train.updates_per_batch` SFT
-    batches (`SFTSource`); both positions are checkpointed."""
+    """Each RL batch paired with the next `train.updates_per_batch` SFT batches."""
 
     def __init__(self, rl: Any, sft: sft_algorithm.SFTSource, *, updates_per_batch: int) -> None:
         self.rl, self.sft, self.updates = rl, sft, updates_per_batch
@@ -188,8 +172,7 @@ def source(ctx: Context, params: Any, version: int) -> PairingSource:
 
 
 class ParallelUpdate(rl_algorithm.RLUpdate):
-    """`rl.RLUpdate` whose every step is the parallel-averaging step with the SFT rows of its
-    mini-batch."""
+    """`rl.RLUpdate` whose steps are parallel-averaging steps with their mini-batch's SFT rows."""
 
     def _make_step(
         self, ctx: Context, optimizer: Any, n_micro: int | None, options: dict[str, Any]
@@ -211,7 +194,3 @@ class ParallelUpdate(rl_algorithm.RLUpdate):
 
     def _parts(self, arrays: ParallelBatch) -> tuple[RLBatch, TokenBatch]:
         return arrays.rl, arrays.sft
-
-
-def update(ctx: Context) -> ParallelUpdate:
-    return ParallelUpdate(ctx)

@@ -1,21 +1,13 @@
 """`algorithm: sft`: supervised fine-tuning on examples with a response; its data, source and
-update (the SFT step itself is `training/sft.py`). Expert iteration and RL + SFT parallel
-averaging reuse the update and the batches.
+update (the step is `training/sft.py`). Expert iteration and parallel averaging reuse them.
 
     rlvr-train --config F algorithm=sft        # sft.sources (or data.sources)
 
-Examples are prompt rows that also carry a target response, from `sft.sources` (default:
-`data.sources`) in DESIGN.md's data-row form. A row's response is its `sft.response_field`;
-with `sft.synthetic_reference`, a row without that field gets the synthetic task's reference
-solution (`rlvr_jax.data.synthetic.reference_response`, which needs the synthetic rows'
-`expression` / `topic` fields). A response is trained on as the policy writes it after the
-prompt — the template's separator, the text, then EOS (`rlvr_jax.data.formatting.
-encode_response`) — and must fit the generation budget `rollout.max_new_tokens`, as the prompt
-must fit `data.max_prompt_len`: rows that do not fit, or have no response, are skipped and
-counted when the sources load (the first few are logged with their file and line).
-
-Examples are drawn by the seeded, resumable mixture the RL prompts use (`PromptIterator`), so
-an SFT run resumes exactly from the iterator state stored in its checkpoint.
+Examples are prompt rows whose response is their `sft.response_field` (or, with
+`sft.synthetic_reference`, the synthetic task's reference solution), trained on as the policy
+writes it after the prompt (`data.formatting.encode_response`). Rows without a response or
+over the budgets (`data.max_prompt_len`, `rollout.max_new_tokens`) are skipped and counted at
+load. Examples are drawn by the seeded, resumable `PromptIterator`, so a run resumes exactly.
 """
 
 from __future__ import annotations
@@ -48,12 +40,10 @@ def response_reader(
     length: Callable[[str], int] | None = None,
     max_tokens: int | None = None,
 ) -> Callable[[Mapping[str, Any]], str]:
-    """`record -> response text` for `rows.row_from_record(..., response=...)`.
-
-    The text is `record[cfg.response_field]`, else (with `cfg.synthetic_reference`) the
-    synthetic reference solution. Raises BadRow — the row is skipped and counted — when there
-    is none, or when `length(text)` (its token count) exceeds `max_tokens`.
-    """
+    """`record -> response text` for `rows.row_from_record(..., response=...)`:
+    `record[cfg.response_field]`, else (with `cfg.synthetic_reference`) the synthetic reference
+    solution. Raises BadRow (the row is skipped and counted) when there is none, or when
+    `length(text)` exceeds `max_tokens`."""
     field = cfg.response_field
 
     def read(record: Mapping[str, Any]) -> str:
@@ -83,12 +73,8 @@ def response_reader(
 
 
 def build_sft_iterator(cfg: Config, tokenizer: Any, *, seed: int) -> PromptIterator:
-    """The SFT examples of `cfg` (rows with a response, each fitting the prompt and response
-    budgets) in a seeded, resumable mixture.
-
-    Raises DataError when neither `sft.sources` nor `data.sources` names a source, or when a
-    source has no usable example (the message counts the skipped rows by reason).
-    """
+    """The SFT examples of `cfg` in a seeded, resumable mixture. Raises DataError when no
+    source is named or one has no usable example (counting the skipped rows by reason)."""
     from rlvr_jax.rewards import known_verifiers
 
     sources = cfg.sft.sources or cfg.data.sources
@@ -120,14 +106,13 @@ def encode_example(row: PromptRow, tokenizer: Any, template: str) -> tuple[list[
 
 
 @dataclass(frozen=True)
-class SFTBatcher:
-    """Draws `rows` examples per batch and lays them out one per row, or packed to a token
-    budget per micro-batch (`collate_sft`)."""
+class SFTSource(StaticWeights):
+    """`algorithm: sft`: `rows` examples per step from the seeded, resumable mixture of
+    `sft.sources`, one per row or packed to a token budget per micro-batch (`collate_sft`)."""
 
     examples: PromptIterator
     """SFT rows (`build_sft_iterator`); its state is what a checkpoint stores."""
     tokenizer: Any
-    """The policy's tokenizer."""
     template: str
     """`data.prompt_template`."""
     rows: int
@@ -135,10 +120,8 @@ class SFTBatcher:
     seq_len: int
     """Tokens per row before the shift (the arrays have `seq_len − 1` positions)."""
     pad_id: int
-    """Token id of padding."""
     max_tokens: int = 0
-    """`train.max_tokens_per_micro_batch`: pack the examples to this many tokens per
-    micro-batch (0 = one example per row)."""
+    """`train.max_tokens_per_micro_batch` to pack to (0 = one example per row)."""
     row_multiple: int = 1
     """Devices the rows are split over (packed micro-batches hold a multiple of it)."""
 
@@ -158,35 +141,25 @@ class SFTBatcher:
             row_multiple=self.row_multiple,
         )
 
-
-class SFTSource(StaticWeights):
-    """`algorithm: sft`: `sft.batch_size` examples per step from the seeded, resumable mixture
-    of `sft.sources` (`SFTBatcher`)."""
-
-    def __init__(self, batcher: SFTBatcher) -> None:
-        self.batcher = batcher
-
     def next(self, policy_version: int) -> Batch:
         del policy_version
         t0 = time.perf_counter()
-        arrays = self.batcher.next_arrays()
+        arrays = self.next_arrays()
         metrics = {"time/data_s": time.perf_counter() - t0}
         return Batch(arrays, metrics=metrics, tokens=int(arrays.mask_BxT.sum()))
 
     def state(self) -> dict:
-        return {"sft": self.batcher.examples.state()}
+        return {"sft": self.examples.state()}
 
     def restore(self, state: dict) -> None:
-        self.batcher.examples.restore(state["sft"])
+        self.examples.restore(state["sft"])
 
 
 def sft_batches(ctx: Context, *, seed: int, packed: bool = False) -> SFTSource:
-    """The SFT examples of the run in batches of `sft.batch_size`, drawn with `seed`; `packed`:
-    to `train.max_tokens_per_micro_batch` tokens per micro-batch."""
+    """The run's SFT examples in batches of `sft.batch_size`, drawn with `seed`."""
     cfg = ctx.cfg
-    examples = build_sft_iterator(cfg, ctx.tokenizer, seed=seed)
-    batcher = SFTBatcher(
-        examples,
+    return SFTSource(
+        build_sft_iterator(cfg, ctx.tokenizer, seed=seed),
         ctx.tokenizer,
         cfg.data.prompt_template,
         rows=cfg.sft.batch_size,
@@ -195,7 +168,6 @@ def sft_batches(ctx: Context, *, seed: int, packed: bool = False) -> SFTSource:
         max_tokens=cfg.train.max_tokens_per_micro_batch if packed else 0,
         row_multiple=ctx.row_multiple,
     )
-    return SFTSource(batcher)
 
 
 def source(ctx: Context, params: Any, version: int) -> SFTSource:
@@ -204,8 +176,7 @@ def source(ctx: Context, params: Any, version: int) -> SFTSource:
 
 
 class SFTUpdate(Update):
-    """`repeat` SFT optimizer steps on each batch of `rows` rows (1 for `sft`,
-    `sft.expert_sft_steps` for expert iteration)."""
+    """`repeat` SFT steps on each batch of `rows` rows."""
 
     def __init__(self, ctx: Context, *, rows: int, repeat: int) -> None:
         cfg = ctx.cfg
