@@ -1,14 +1,9 @@
-"""What a sampler is asked and gives back: the request and result types, the errors, the
-`Rollout` protocol every backend offers (`RolloutStream` over our engine or over vLLM), and what
-each backend honours (`BACKENDS`). Budget forcing (`Interrupt`, `rollout.interrupt`) and
-multi-turn requests (`TurnHook`) are described in docs/recipes.md and docs/envs.md.
-
-The capability table is the one the config checks, the builder and the docs read: every backend
-declares the settings it cannot honour (`Backend.refuses`: a key, when it is "set", and why);
-`refused(cfg)` names the first one a config sets, and `config.checks` refuses it at load
-("<key> ... is not supported by rollout.backend: <name> (...)"). The engine keys a backend does
-honour are listed in `Backend.honours` (key → what it becomes there), and its builder
-(`Backend.build`, "module:function") reads them all.
+"""What a sampler is asked and gives back: request and result types, errors, the `Rollout`
+protocol every backend offers, and the capability table `BACKENDS` (read by the config checks,
+the builder and the docs): each backend's honoured keys (`Backend.honours`), the settings it
+refuses (`Backend.refuses`; `refused(cfg)` names the first one a config sets, and
+`config.checks` refuses it at load) and its builder. Budget forcing (`Interrupt`) and multi-turn
+requests (`TurnHook`): docs/recipes.md, docs/envs.md.
 """
 
 from __future__ import annotations
@@ -58,23 +53,20 @@ class TurnHook(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Replay:
-    """Teacher forcing through the decode step: the slot feeds `tokens` (a completion sampled
-    before) instead of drawing and reports each one's log-prob as sampling does (`rescore`), on
-    budget forcing's device arrays (`budget` = `REPLAY`)."""
+    """Teacher forcing (`rescore`): the slot feeds `tokens` instead of drawing and reports their
+    log-probs as sampling does, on budget forcing's device arrays (`budget` = `REPLAY`)."""
 
     tokens: tuple[int, ...]
     budget: int = REPLAY
 
     def max_new_tokens(self, max_new_tokens: int) -> int:
-        """The slot's budget: the replayed tokens (RequestError past `max_new_tokens`)."""
         if not 0 < len(self.tokens) <= max_new_tokens:
             raise RequestError(
                 f"a replay of {len(self.tokens)} tokens needs 1..max_new_tokens={max_new_tokens}"
             )
         return len(self.tokens)
 
-    def sampled(self, n_tokens: int) -> None:
-        """Replayed tokens count as sampled (no flags)."""
+    def sampled(self, n_tokens: int) -> None:  # replayed tokens count as sampled
         del n_tokens
 
 
@@ -105,8 +97,7 @@ class Interrupt:
         return self.budget + len(self.tokens) + self.answer_budget
 
     def max_new_tokens(self, max_new_tokens: int) -> int:
-        """The slot's generation budget for a request of `max_new_tokens`: `total`, which
-        must fit in it (RequestError otherwise)."""
+        """The slot's budget, `total` (RequestError past `max_new_tokens`)."""
         if self.total > max_new_tokens:
             raise RequestError(
                 f"budget forcing needs {self.budget} thinking + {len(self.tokens)} inserted + "

@@ -213,7 +213,7 @@ def engine_class() -> type:
         @property
         def max_concurrent_decodes(self) -> int:
             """Decode slots (paged engines: those the static page assignment serves)."""
-            return self.core.spec.kv_layout.static_slots(self.core.spec)
+            return self.core.static_slots
 
         @property
         def samples_per_slot(self) -> int:

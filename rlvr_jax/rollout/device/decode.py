@@ -32,7 +32,6 @@ from rlvr_jax.rollout.device.state import (
     constrain,
     named,
     replicated,
-    start_slots,
     state_shardings,
     with_kv,
 )
@@ -275,10 +274,14 @@ def activate(
     *,
     spec: EngineSpec,
 ) -> DecodeState:
-    """`state` (donated) with slots `settings.slots_B` (B = unused) starting, or resuming,
-    their requests: next input `token_B`, at position `position_B` (its K/V not cached yet;
-    every earlier position is in the slot's pages)."""
-    state = start_slots(state, settings, token_B, position_B)
+    """`state` (donated) with slots `settings.slots_B` (B = unused) starting, or resuming, their
+    requests: next input `token_B` at `position_B` (every earlier position in the slot's pages)."""
+    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    values |= {"tokens_B": token_B, "positions_B": position_B, "active_B": True}
+    slots_B = values.pop("slots_B")
+    state = state.replace(
+        **{f: getattr(state, f).at[slots_B].set(x, mode="drop") for f, x in values.items()}
+    )
     return constrain(state, state_shardings(spec))
 
 
