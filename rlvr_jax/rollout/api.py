@@ -298,8 +298,7 @@ _OUR_KEYS = (
 )  # fmt: skip
 
 JETSTREAM = Backend(
-    name="jetstream",
-    honours={f"rollout.{k}": "our engine (docs/engine.md)" for k in _OUR_KEYS},
+    name="jetstream", honours={f"rollout.{k}": "our engine (docs/engine.md)" for k in _OUR_KEYS}
 )
 
 VLLM = Backend(

@@ -278,22 +278,15 @@ class EngineCore:
     ) -> tuple[DecodeState, ChunkOutput]:
         """Up to `n_steps` (default `chunk`) decode steps of every live slot (`state` donated;
         `device.decode.generate`). Paged: without `work`, the static assignment is read whole."""
-        n_steps = self.chunk if n_steps is None else n_steps
-        exit_after = self.spec.max_slots + 1 if exit_after is None else exit_after
+        spec, n_steps = self.spec, self.chunk if n_steps is None else n_steps
+        exit_after = np.int32(spec.max_slots + 1 if exit_after is None else exit_after)
         if work is None:
-            work = self.spec.kv_layout.default_work(self.spec)
-        if rows is not None and rows not in self.spec.row_buckets:
-            raise ValueError(f"rows must be one of {self.spec.row_buckets}, got {rows}")
-        rows = None if rows == self.spec.max_slots else rows
+            work = spec.kv_layout.default_work(spec)
+        if rows is not None and rows not in spec.row_buckets:
+            raise ValueError(f"rows must be one of {spec.row_buckets}, got {rows}")
+        rows = None if rows == spec.max_slots else rows
         return core.generate(
-            dp,
-            state,
-            np.int32(exit_after),
-            work,
-            spec=self.spec,
-            n_steps=n_steps,
-            mode=mode,
-            rows=rows,
+            dp, state, exit_after, work, spec=spec, n_steps=n_steps, mode=mode, rows=rows
         )
 
     def compile_ahead(self, modes: Sequence[SamplerMode] = (UNFILTERED,)) -> int:

@@ -74,15 +74,8 @@ class RolloutStream:
         self.interrupt = interrupt
         self.max_pending_groups = max_pending_groups
         self.max_ready_groups = max_ready_groups
-        if scheduler is None:
-            scheduler = Scheduler(
-                core_of(engine),
-                batching=batching,
-                num_slots=num_slots,
-                version=version,
-                on_push=on_push,
-            )
-        self.scheduler = scheduler
+        ours = dict(batching=batching, num_slots=num_slots, version=version, on_push=on_push)
+        self.scheduler = Scheduler(core_of(engine), **ours) if scheduler is None else scheduler
         self._cond = threading.Condition()
         self._incoming: deque[GroupRequest] = deque()
         self._ready: deque[CompletedGroup] = deque()

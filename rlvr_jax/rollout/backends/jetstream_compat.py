@@ -39,9 +39,7 @@ class SurfacingThread(threading.Thread):
             super().run()
         except BaseException as e:
             logger.error(
-                "JetStream thread %s failed:\n%s",
-                self.name,
-                "".join(traceback.format_exception(e)),
+                "JetStream thread %s failed:\n%s", self.name, "".join(traceback.format_exception(e))
             )
             with _lock:
                 _errors.append((self.name, e))

@@ -89,10 +89,7 @@ def decode_param_shardings(spec: EngineSpec, dp: kernel.DecodeParams) -> Any:
     if spec.mesh is None:
         return None
     return jax.tree.map(
-        lambda axes, x: named(spec, axes, x.shape),
-        decode_param_axes(dp),
-        dp,
-        is_leaf=is_axes,
+        lambda axes, x: named(spec, axes, x.shape), decode_param_axes(dp), dp, is_leaf=is_axes
     )
 
 
@@ -195,15 +192,10 @@ def generate(
     for `n_steps` more tokens); `rows` (a `spec.row_buckets` entry) decodes slots [0, rows) only
     (the host packs live slots there), the output having `rows` rows."""
     if rows is not None and rows < spec.max_slots:
-        head = {f: getattr(state, f)[:rows] for f in _SLOT_FIELDS}
+        head = state.replace(**{f: getattr(state, f)[:rows] for f in _SLOT_FIELDS})
+        work = work.replace(table_BxM=work.table_BxM[:rows])
         sub, out = generate.__wrapped__(
-            dp,
-            state.replace(**head),
-            exit_after,
-            work.replace(table_BxM=work.table_BxM[:rows]),
-            spec=spec,
-            n_steps=n_steps,
-            mode=mode,
+            dp, head, exit_after, work, spec=spec, n_steps=n_steps, mode=mode
         )
         merged = {f: getattr(state, f).at[:rows].set(getattr(sub, f)) for f in _SLOT_FIELDS}
         return constrain(sub.replace(**merged), state_shardings(spec)), constrain(

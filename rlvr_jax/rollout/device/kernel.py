@@ -364,12 +364,8 @@ def decode_logits(
             attn_BxNxH = jax.lax.switch(which, [reads(m) for m in range(1, len(ends) + 1)], *args)
         return attn_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (k_segments, v_segments)
 
+    caches = tuple(zip(k_cache, v_cache))
     x_Bx1xD, kv = run_layers(
-        dp,
-        config,
-        tokens_B[:, None],
-        positions_B[:, None],
-        tuple(zip(k_cache, v_cache)),
-        contiguous,
+        dp, config, tokens_B[:, None], positions_B[:, None], caches, contiguous
     )
     return logits(dp, config, x_Bx1xD[:, 0]), tuple(k for k, _ in kv), tuple(v for _, v in kv)

@@ -19,11 +19,7 @@ from rlvr_jax.models.config import SLIDING
 from rlvr_jax.rollout.device import attention as paged_attention
 from rlvr_jax.rollout.device import kernel
 from rlvr_jax.rollout.device.attention import PageGeometry
-from rlvr_jax.rollout.device.state import (
-    EngineSpec,
-    shard_index,
-    shard_map,
-)
+from rlvr_jax.rollout.device.state import EngineSpec, shard_index, shard_map
 
 
 class PageError(RuntimeError):
@@ -85,23 +81,12 @@ def _decode_local(
     k_pages, v_pages = paged_attention.write_tokens(
         k_pages, v_pages, k_BxKxH, v_BxKxH, page_B, offset_B
     )
-    g = spec.geometry
+    g, args = spec.geometry, (q_BxNxH, k_pages, v_pages, positions_B, table_BxM)
     if impl != "xla":  # decode_pallas_tpu or decode_pallas_gpu
-        decode = getattr(paged_attention, f"decode_{impl}")
-        out = decode(q_BxNxH, k_pages, v_pages, positions_B, table_BxM, geometry=g)
+        out = getattr(paged_attention, f"decode_{impl}")(*args, geometry=g)
     else:
-        out = paged_attention.decode_xla(
-            q_BxNxH,
-            k_pages,
-            v_pages,
-            positions_B,
-            table_BxM,
-            slot_SxR[0],
-            block_SxR[0],
-            count_S[0],
-            geometry=g,
-            window=window,
-        )
+        lists = (slot_SxR[0], block_SxR[0], count_S[0])
+        out = paged_attention.decode_xla(*args, *lists, geometry=g, window=window)
     return out, k_pages, v_pages
 
 
@@ -143,13 +128,9 @@ def decode_logits(
         )
         return out_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (kp, vp)
 
+    caches = tuple(zip(k_pages, v_pages))
     x_Bx1xD, kv = kernel.run_layers(
-        dp,
-        spec.config,
-        tokens_B[:, None],
-        positions_B[:, None],
-        tuple(zip(k_pages, v_pages)),
-        attention,
+        dp, spec.config, tokens_B[:, None], positions_B[:, None], caches, attention
     )
     logits_BxV = kernel.logits(dp, spec.config, x_Bx1xD[:, 0])
     return logits_BxV, tuple(k for k, _ in kv), tuple(v for _, v in kv)
@@ -177,16 +158,9 @@ def _extend_local(
     k_pages, v_pages = paged_attention.write_tokens(
         k_pages, v_pages, k_TxKxH, v_TxKxH, page_T, offset_T
     )
+    g = spec.geometry
     out = paged_attention.context_attention(
-        q_TxNxH,
-        k_pages,
-        v_pages,
-        positions_T,
-        table_M,
-        first,
-        end,
-        geometry=spec.geometry,
-        window=window,
+        q_TxNxH, k_pages, v_pages, positions_T, table_M, first, end, geometry=g, window=window
     )
     if spec.mesh is not None and spec.slot_spec is not None:
         out = jax.lax.psum(jnp.where(mine, out, 0.0), spec.slot_spec)
