@@ -191,8 +191,7 @@ class Completion:
     """A multi-turn sample's episode record (`TurnHook.episode`); None for one turn."""
 
     @property
-    def interrupted(self) -> bool:
-        """Whether budget forcing inserted tokens."""
+    def interrupted(self) -> bool:  # by budget forcing
         return self.episode is None and self.sampled is not None and not all(self.sampled)
 
     @property
@@ -230,8 +229,7 @@ class Rollout(Protocol):
         *,
         future: bool = False,
         **options: Any,
-    ) -> concurrent.futures.Future | None:
-        """Queues a request (`RolloutStream.submit` lists the options)."""
+    ) -> concurrent.futures.Future | None: ...  # options: `RolloutStream.submit`
 
     def get(self, timeout: float | None = None) -> CompletedGroup: ...
     def wait(self, futures: Sequence[concurrent.futures.Future]) -> list[CompletedGroup]: ...
@@ -276,8 +274,7 @@ class Backend:
     refuses: tuple[Refusal, ...] = ()
     package: str | None = None
     """A package it needs on the machine that runs it (`config.checks.check_runtime`)."""
-    install: str = ""
-    """How to install `package`."""
+    install: str = ""  # how to install `package`
     build: str | None = None
     """"module:function" building the scheduler `build_rollout`'s stream drives, as
     `fn(cfg.rollout, model, mesh, *, max_len, version)`; None = our engine's `Scheduler`."""
@@ -356,8 +353,7 @@ VLLM = Backend(
     plan="rlvr_jax.plan:vllm_kv_plan",
 )
 
-BACKENDS = {b.name: b for b in (JETSTREAM, VLLM)}
-"""`rollout.backend` → its capabilities."""
+BACKENDS = {b.name: b for b in (JETSTREAM, VLLM)}  # `rollout.backend` → its capabilities
 
 
 def backend(name: str) -> Backend:

@@ -114,10 +114,8 @@ class EngineCore:
         self.spec = spec
         self.chunk = chunk
         self.model = model
-        self.base: dict | None = None
-        """The LoRA base on the actor devices (held from the first adapted params on)."""
+        self.base: dict | None = None  # the LoRA base, from the first adapted params on
         self.params = self.prepare(model.params)
-        """The model's params in decode layout (what `load_params` hands JetStream)."""
 
     @property
     def config(self) -> ArchConfig:
@@ -380,4 +378,7 @@ def core_of(engine: object) -> EngineCore:
     core = getattr(engine, "core", None)
     if isinstance(core, EngineCore):
         return core
-    raise TypeError(f"needs an EngineCore or make_engine's engine, got {type(engine).__name__}")
+    raise TypeError(
+        "needs an EngineCore or make_engine's engine (`generate`: also a Model or a VllmEngine), "
+        f"got {type(engine).__name__}"
+    )

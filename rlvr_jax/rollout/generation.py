@@ -33,28 +33,17 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _as_core(model_or_engine: object, *, slots: int, len_needed: int) -> EngineCore:
-    if isinstance(model_or_engine, Model):
-        # Rounded so that repeated calls reuse the compiled engine.
+    if isinstance(model_or_engine, Model):  # rounded: repeated calls reuse the compiled engine
         return EngineCore(model_or_engine, max_slots=slots, max_len=_round_up(len_needed, 64))
-    try:
-        return core_of(model_or_engine)
-    except TypeError:
-        raise TypeError(
-            "generate needs an rlvr_jax.models.Model, an EngineCore, a JetStream engine from "
-            f"make_engine, or a vLLM backend; got {type(model_or_engine).__name__}"
-        ) from None
+    return core_of(model_or_engine)
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-    if isinstance(prompts, np.ndarray):
-        prompts = prompts.tolist()
-    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence | np.ndarray):
         raise TypeError("prompts must be a list of token-id lists")
     out = []
     for i, p in enumerate(prompts):
-        if isinstance(p, np.ndarray):
-            p = p.tolist()
-        if isinstance(p, str) or not isinstance(p, Sequence):
+        if isinstance(p, str) or not isinstance(p, Sequence | np.ndarray):
             raise TypeError(f"prompts[{i}] must be a list of token ids, got {type(p).__name__}")
         if not all(isinstance(t, int | np.integer) for t in p):
             raise TypeError(f"prompts[{i}] must hold integer token ids")

@@ -256,7 +256,6 @@ class RolloutStream:
     # ---- driving --------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Raises `RolloutError` if the driver thread has failed."""
         with self._cond:
             self._raise_if_failed()
 

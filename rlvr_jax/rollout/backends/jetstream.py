@@ -27,8 +27,7 @@ from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplerMode, Samp
 from rlvr_jax.rollout.device.state import DecodeState
 from rlvr_jax.rollout.engine import EngineCore, Prefix
 
-JETSTREAM_BUCKETS = tuple(2**i for i in range(4, 16))
-"""The prefill lengths JetStream 0.2.2's `pad_tokens` accepts as `max_prefill_length`."""
+JETSTREAM_BUCKETS = tuple(2**i for i in range(4, 16))  # JetStream 0.2.2's `pad_tokens` lengths
 
 
 @functools.cache
@@ -149,17 +148,10 @@ def engine_class() -> type:
         def generate(self, params: DecodeParams, decode_state: DecodeState) -> tuple:
             """One decode step of every slot: (state, ResultTokens of [B, 3] rows)."""
             decode_state, out = self.core.generate(params, decode_state, mode=self.mode, n_steps=1)
-            data = jax.numpy.stack(
-                [out.tokens_BxC[:, 0], out.valid_BxC[:, 0].astype(np.int32), out.generated_B],
-                axis=1,
-            )
-            return decode_state, api.ResultTokens(
-                data=data,
-                tokens_idx=(0, 1),
-                valid_idx=(1, 2),
-                length_idx=(2, 3),
-                samples_per_slot=1,
-            )
+            rows = [out.tokens_BxC[:, 0], out.valid_BxC[:, 0].astype(np.int32), out.generated_B]
+            columns = dict(tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3))
+            data = jax.numpy.stack(rows, axis=1)
+            return decode_state, api.ResultTokens(data=data, **columns, samples_per_slot=1)
 
         def load_params(self, *args: Any, **kwargs: Any) -> DecodeParams:
             return self.core.params

@@ -38,8 +38,7 @@ if TYPE_CHECKING:
 
     from rlvr_jax.config.schema import RolloutConfig
 
-VLLM_CPU_BLOCK = 128
-"""Tokens per KV block of vLLM's CPU build (its default there; GPUs use 16)."""
+VLLM_CPU_BLOCK = 128  # tokens per KV block of vLLM's CPU build (its default; GPUs use 16)
 
 
 def _to_torch_cpu(x: jax.Array) -> Any:
@@ -172,7 +171,6 @@ class VllmEngine:
         self._vllm = vllm
         self.config = model.config
         self.signature = signature(model.params)
-        """The policy's leaf shapes: a push must match them (`push.check_complete`)."""
         self.args = dict(args)
         self.max_slots = int(args["max_num_seqs"])
         self.chunk = chunk
@@ -269,7 +267,6 @@ class VllmScheduler:
         enqueue(self._waiting, request)
 
     def set_params(self, weights: list[tuple[str, Any]], version: int) -> None:
-        """Loads `prepare`'s weights between two engine steps."""
         self.engine.load(weights, version)
         if self.engine.on_push == "recompute":  # vLLM recomputes their KV with these weights
             for seq in self._live.values():
@@ -329,8 +326,7 @@ class VllmScheduler:
                 break  # refill the freed slots at the next boundary
         return finished
 
-    def run(self) -> Finished:
-        """Steps until idle; returns every completed group in completion order."""
+    def run(self) -> Finished:  # every completed group, in completion order
         results: Finished = []
         while not self.idle:
             results += self.step()

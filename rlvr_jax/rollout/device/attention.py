@@ -24,8 +24,7 @@ import jax.numpy as jnp
 
 from rlvr_jax.rollout.device.kernel import NEG_INF, scores
 
-IMPLS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
-"""Accepted values of the engine's `attention` argument."""
+IMPLS = ("auto", "xla", "pallas_tpu", "pallas_gpu")  # the engine's `attention` values
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,14 +195,10 @@ def decode_pallas_tpu(
     """JAX's TPU paged-attention kernel (full attention over [0, position]); [B, N, H]."""
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 
-    h = q_BxNxH.shape[-1]
+    q_BxNxH = q_BxNxH.astype(jnp.float32) * q_BxNxH.shape[-1] ** -0.5
+    lengths_B, pb = (positions_B + 1).astype(jnp.int32), geometry.pages_per_block
     out = paged_attention(
-        q_BxNxH.astype(jnp.float32) * h**-0.5,
-        k_pages,
-        v_pages,
-        (positions_B + 1).astype(jnp.int32),
-        table_BxM,
-        pages_per_compute_block=geometry.pages_per_block,
+        q_BxNxH, k_pages, v_pages, lengths_B, table_BxM, pages_per_compute_block=pb
     )
     return out.astype(jnp.float32)
 

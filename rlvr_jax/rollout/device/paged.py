@@ -215,7 +215,6 @@ def copy_pages(
 
 
 def pages_for(tokens: int, page_size: int) -> int:
-    """Pages that hold `tokens` positions."""
     return -(-tokens // page_size)
 
 

@@ -22,8 +22,7 @@ import jax.numpy as jnp
 
 from rlvr_jax.models.layers import log_softmax_parts
 
-BLOCK_W = 128
-"""Tokens per block of the two-level inverse-CDF sampler."""
+BLOCK_W = 128  # tokens per block of the two-level inverse-CDF sampler
 
 _STREAM_BLOCK = 0x1B873593
 _STREAM_TOKEN = 0x68E31DA4

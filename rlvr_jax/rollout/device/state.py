@@ -20,12 +20,10 @@ from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig
 from rlvr_jax.rollout.device.attention import GEOMETRY_TOKENS, PageGeometry, make_geometry
 
+# logical axes of one layer's contiguous K or V [B, K, S, H], page pool [K, P, Z, H], a slot's [B]
 CACHE_AXES = ("cache_batch", "cache_kv_heads", "cache_sequence", "head_dim")
-"""Logical axes of one layer's contiguous K or V cache [B, K, S, H]."""
 POOL_AXES = ("cache_kv_heads", "cache_batch", None, "head_dim")
-"""Logical axes of one layer's page pool [K, P, Z, H] (pages split like slots)."""
 SLOT_AXES = ("cache_batch",)
-"""Logical axes of a per-slot vector [B]."""
 REPLAY = -2
 """`DecodeState.budget_B` of a slot replaying given tokens (`api.Replay`; -1 = no forcing)."""
 

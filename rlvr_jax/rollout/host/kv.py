@@ -49,7 +49,6 @@ class SchedulerStats:
     row_steps: int = 0
     """Slot rows computed (paged: the packed live rows, rounded up to a row bucket)."""
     kv_capacity: int = 0
-    """Tokens the KV cache holds (the trash pages excluded)."""
     parked_steps: int = 0
     """Sequences parked between turns."""
 
@@ -71,7 +70,6 @@ class SchedulerStats:
 
     @property
     def mean_pages_in_use(self) -> float:
-        """Pages in use per decode step, on average."""
         return self.page_steps / self.decode_steps if self.decode_steps else 0.0
 
 
@@ -312,8 +310,7 @@ class PagePolicy:
         self.seqs.requeue(seq)
 
     def release(self, seq: Seq, slot: int | None, *, shard: int | None = None) -> None:
-        """Frees the pages of a finished (or preempted) sequence of `slot` (or of a parked
-        sequence of `shard`, holding no slot)."""
+        """Frees the pages of `seq`, of `slot` (or parked in `shard`: `slot` None)."""
         self.allocator.release(self._shard(slot) if shard is None else shard, seq.pages)
         seq.pages = []
         if slot is not None:
@@ -340,10 +337,6 @@ class PagePolicy:
         """A sequence leaves `slot` until its next turn, keeping its pages."""
         parked.shard = self._shard(slot)
         self.table[slot] = 0
-
-    def drop(self, parked: Parked) -> None:
-        """A parked sequence ended: its pages are freed."""
-        self.release(parked.seq, None, shard=parked.shard)
 
     def evict(self, shard: int, want: int, keep: Parked | None = None) -> None:
         """Frees the pages of `shard`'s parked sequences but `keep` (those still waiting for their

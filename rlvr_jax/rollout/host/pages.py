@@ -29,7 +29,6 @@ class PageAllocator:
         return self.pages_per_shard - 1
 
     def free(self, shard: int) -> int:
-        """Free pages of `shard`."""
         return len(self._free[shard])
 
     @property

@@ -20,8 +20,7 @@ from rlvr_jax.rollout.host.sequences import Parked, Seq, Sequences
 
 log = logging.getLogger(__name__)
 
-WAIT_S = 0.02
-"""How long a scheduler with nothing to decode waits for a parked episode's turn."""
+WAIT_S = 0.02  # how long a scheduler with nothing to decode waits for a parked turn
 
 
 class Turns:
@@ -48,9 +47,11 @@ class Turns:
                 if not p.future.done():
                     continue
                 tokens = self._result(p)
-                if tokens is None or not self._fits(p, tokens):
+                # the appended tokens must leave room for a generated one (else: truncated)
+                room = tokens and len(seq.tokens) + len(tokens) < seq.request.max_new_tokens
+                if not room:
                     self.seqs.unpark(p)
-                    self.kv.drop(p)
+                    self.kv.release(seq, None, shard=p.shard)
                     finished.append((seq, p.finish_reason if tokens is None else "length"))
                     continue
                 seq.inserted.append((len(seq.tokens), len(seq.tokens) + len(tokens)))
@@ -70,10 +71,6 @@ class Turns:
             log.exception("multi-turn hook failed; ending the episode")
             return None
         return None if tokens is None else [int(t) for t in tokens]
-
-    def _fits(self, p: Parked, tokens: list[int]) -> bool:
-        """Whether the appended tokens leave room for a generated one (else it ends, truncated)."""
-        return bool(tokens) and len(p.seq.tokens) + len(tokens) < p.seq.request.max_new_tokens
 
     def wait(self) -> None:
         """Blocks until a parked hook answers (at most `WAIT_S`)."""
