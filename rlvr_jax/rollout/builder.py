@@ -24,8 +24,6 @@ if TYPE_CHECKING:  # the schema is not imported at run time (rollout does not de
     from rlvr_jax.models import Model
     from rlvr_jax.timeline import Timeline
 
-__all__ = ["Rollout", "build_engine", "build_rollout", "engine_kwargs", "sample_groups"]
-
 
 def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
     """`EngineCore` keyword arguments of a `rollout:` section (`exact`: room to replay one)."""

@@ -378,7 +378,4 @@ def core_of(engine: object) -> EngineCore:
     core = getattr(engine, "core", None)
     if isinstance(core, EngineCore):
         return core
-    raise TypeError(
-        "needs an EngineCore or make_engine's engine (`generate`: also a Model or a VllmEngine), "
-        f"got {type(engine).__name__}"
-    )
+    raise TypeError(f"needs an EngineCore or make_engine's engine, got {type(engine).__name__}")

@@ -35,7 +35,13 @@ def _round_up(n: int, multiple: int) -> int:
 def _as_core(model_or_engine: object, *, slots: int, len_needed: int) -> EngineCore:
     if isinstance(model_or_engine, Model):  # rounded: repeated calls reuse the compiled engine
         return EngineCore(model_or_engine, max_slots=slots, max_len=_round_up(len_needed, 64))
-    return core_of(model_or_engine)
+    try:
+        return core_of(model_or_engine)
+    except TypeError:
+        raise TypeError(
+            "generate needs an rlvr_jax.models.Model, an EngineCore, a JetStream engine from "
+            f"make_engine, or a vLLM backend; got {type(model_or_engine).__name__}"
+        ) from None
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:

@@ -8,8 +8,6 @@ import numpy as np
 
 from rlvr_jax.rollout.device.paged import PageError
 
-__all__ = ["PageAllocator", "PageError"]
-
 
 class PageAllocator:
     """Reference-counted pages in `shards` ranges of `pages_per_shard` (page 0 reserved)."""
