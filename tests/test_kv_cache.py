@@ -23,7 +23,6 @@ from rlvr_jax import models
 from rlvr_jax.rollout import EngineCore, SlotRequest
 from rlvr_jax.rollout.device import kernel
 from rlvr_jax.rollout.device import paged as paged_core
-from rlvr_jax.rollout.device.state import kv_shape
 
 TOL = 1e-4
 LAYOUTS = ["contiguous", "paged"]
@@ -152,9 +151,10 @@ def test_cache_shapes_and_axes(tmp_path):
     H.build_hf_checkpoint("llama", tmp_path, seed=15)
     model = models.load_pretrained(tmp_path)
     contiguous = _engine(model, "contiguous", max_len=32, cache_dtype="bfloat16")
-    assert kv_shape(contiguous.spec) == (4, 2, 32, 16)  # [B, K, S, H]
+    assert contiguous.spec.kv_layout.kv_shape(contiguous.spec) == (4, 2, 32, 16)  # [B, K, S, H]
     paged = _engine(model, "paged", max_len=32, kv_pages=20)
-    assert kv_shape(paged.spec) == (2, 21, 4, 16)  # [K, P, Z, H], trash page included
+    # [K, P, Z, H], trash page included
+    assert paged.spec.kv_layout.kv_shape(paged.spec) == (2, 21, 4, 16)
     assert paged.kv_capacity == 80 and contiguous.kv_capacity == 128
     state = paged.init_decode_state()
     assert len(state.k) == model.config.n_layers and state.k[0].dtype == jnp.float32

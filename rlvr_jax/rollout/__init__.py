@@ -5,12 +5,10 @@ layers that import downwards only (docs/engine.md):
     groups = sample_groups(rollout, prompts, num_samples=8, seed=0)   # or submit/get
     rollout.update_weights(params, version); rollout.kv_metrics(); rollout.close()
 
-- `api` (the `Rollout` protocol, requests and results, errors), `builder` (the only reader of
-  the config's `rollout:` keys), `stream`, `generation`, `push`, `engine` (`EngineCore`);
+- `api`, `builder` (the only reader of `rollout:` keys), `stream`, `generation`, `push`, `engine`;
 - `host`: the scheduler, the one owner of the sequences, the page policy, the turns;
 - `device`: plain JAX, never importing `host`;
-- `backends`: JetStream (`make_engine`) and vLLM, importing their dependencies only when built
-  (importing this package imports neither TensorFlow, JetStream, torch nor vLLM).
+- `backends`: JetStream and vLLM, their dependencies imported only when built.
 """
 
 from rlvr_jax.rollout.api import (

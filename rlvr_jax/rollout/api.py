@@ -1,14 +1,9 @@
-"""What a sampler is asked and gives back: the request and result types, the errors, the
-`Rollout` protocol every backend offers (`RolloutStream` over our engine or over vLLM), and what
-each backend honours (`BACKENDS`). Budget forcing (`Interrupt`, `rollout.interrupt`) and
-multi-turn requests (`TurnHook`) are described in docs/recipes.md and docs/envs.md.
-
-The capability table is the one the config checks, the builder and the docs read: every backend
-declares the settings it cannot honour (`Backend.refuses`: a key, when it is "set", and why);
-`refused(cfg)` names the first one a config sets, and `config.checks` refuses it at load
-("<key> ... is not supported by rollout.backend: <name> (...)"). The engine keys a backend does
-honour are listed in `Backend.honours` (key → what it becomes there), and its builder
-(`Backend.build`, "module:function") reads them all.
+"""What a sampler is asked and gives back: request and result types, errors, the `Rollout`
+protocol every backend offers, and the capability table `BACKENDS` (read by the config checks,
+the builder and the docs): each backend's honoured keys (`Backend.honours`), the settings it
+refuses (`Backend.refuses`; `refused(cfg)` names the first one a config sets, and
+`config.checks` refuses it at load) and its builder. Budget forcing (`Interrupt`) and multi-turn
+requests (`TurnHook`): docs/recipes.md, docs/envs.md.
 """
 
 from __future__ import annotations
@@ -37,9 +32,8 @@ ON_PUSH: tuple[OnPush, ...] = get_args(OnPush)
 
 
 TokenHook = Callable[[int, list[int], list[float]], None]
-"""`on_tokens(sample_index, tokens, logprobs)`: the new tokens of one live sample (the stop
-token included when one ends it) and their log-probs, called on the thread that drives the
-scheduler right after each decode chunk. It must be quick and must not raise."""
+"""`on_tokens(sample_index, tokens, logprobs)`: one live sample's new tokens (with its stop token)
+and log-probs, called on the driver thread after each decode chunk; quick, never raising."""
 
 
 class TurnHook(Protocol):
@@ -48,9 +42,9 @@ class TurnHook(Protocol):
     def next_turn(
         self, sample_index: int, tokens: list[int], finish_reason: str
     ) -> concurrent.futures.Future:
-        """Sample `sample_index` stopped with `tokens` (its whole completion so far) and
-        `finish_reason` ("stop" or "length"). Returns at once (on the driver thread: quick,
-        never raising) a future of the token ids to append, or None: the episode is over."""
+        """Sample `sample_index` stopped with `tokens` (its completion so far) and `finish_reason`.
+        Returns at once (driver thread: never raising) a future of the token ids to append, or
+        of None: the episode is over."""
 
     def episode(self, sample_index: int) -> Any:
         """The episode's record once it is over (`Completion.episode`)."""
@@ -58,23 +52,20 @@ class TurnHook(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Replay:
-    """Teacher forcing through the decode step: the slot feeds `tokens` (a completion sampled
-    before) instead of drawing and reports each one's log-prob as sampling does (`rescore`), on
-    budget forcing's device arrays (`budget` = `REPLAY`)."""
+    """Teacher forcing (`rescore`): the slot feeds `tokens` instead of drawing and reports their
+    log-probs as sampling does, on budget forcing's device arrays (`budget` = `REPLAY`)."""
 
     tokens: tuple[int, ...]
     budget: int = REPLAY
 
     def max_new_tokens(self, max_new_tokens: int) -> int:
-        """The slot's budget: the replayed tokens (RequestError past `max_new_tokens`)."""
         if not 0 < len(self.tokens) <= max_new_tokens:
             raise RequestError(
                 f"a replay of {len(self.tokens)} tokens needs 1..max_new_tokens={max_new_tokens}"
             )
         return len(self.tokens)
 
-    def sampled(self, n_tokens: int) -> None:
-        """Replayed tokens count as sampled (no flags)."""
+    def sampled(self, n_tokens: int) -> None:  # replayed tokens count as sampled
         del n_tokens
 
 
@@ -85,11 +76,8 @@ class Interrupt:
     completion may generate `answer_budget` more."""
 
     budget: int
-    """Generated tokens after which `tokens` are forced (the thinking budget)."""
     tokens: tuple[int, ...]
-    """The inserted token ids."""
     answer_budget: int
-    """Tokens the completion may generate after the inserted ones."""
 
     def __post_init__(self) -> None:
         if self.budget < 1:
@@ -101,12 +89,11 @@ class Interrupt:
 
     @property
     def total(self) -> int:
-        """Most tokens an interrupted completion holds: budget + inserted + answer."""
+        """Most tokens an interrupted completion holds."""
         return self.budget + len(self.tokens) + self.answer_budget
 
     def max_new_tokens(self, max_new_tokens: int) -> int:
-        """The slot's generation budget for a request of `max_new_tokens`: `total`, which
-        must fit in it (RequestError otherwise)."""
+        """The slot's budget, `total` (RequestError past `max_new_tokens`)."""
         if self.total > max_new_tokens:
             raise RequestError(
                 f"budget forcing needs {self.budget} thinking + {len(self.tokens)} inserted + "
@@ -159,7 +146,7 @@ class GroupRequest:
     episode's whole budget (generated and appended tokens); None = one turn."""
 
     def __post_init__(self) -> None:
-        """What any engine refuses (`RequestError`); each scheduler's `check` adds its own."""
+        """What any engine refuses; each scheduler's `check` adds its own."""
         if self.num_samples < 1:
             raise RequestError(f"num_samples must be >= 1, got {self.num_samples}")
         if not self.prompt:
@@ -170,7 +157,6 @@ class GroupRequest:
             raise RequestError("a multi-turn request cannot use budget forcing (interrupt)")
 
     def slot_request(self, sample_index: int) -> SlotRequest:
-        """What the slot running sample `sample_index` generates for."""
         return SlotRequest(
             self.seed,
             sample_index,
@@ -199,14 +185,13 @@ class Completion:
     """Per token: False where the engine inserted it (budget forcing; an environment's
     responses): log-prob 0, never trained on. None = every token sampled."""
     prompt_version: int | None = None
-    """The params version that computed the prompt's K/V (a group's shared prefill may predate
-    an in-flight update; a recomputed sequence's is the recompute's); None = unknown."""
+    """The params version that computed the prompt's K/V (a shared prefill may predate an
+    update; a recomputed sequence's is the recompute's); None = unknown."""
     episode: Any = None
     """A multi-turn sample's episode record (`TurnHook.episode`); None for one turn."""
 
     @property
-    def interrupted(self) -> bool:
-        """Whether budget forcing inserted tokens into this completion."""
+    def interrupted(self) -> bool:  # by budget forcing
         return self.episode is None and self.sampled is not None and not all(self.sampled)
 
     @property
@@ -231,8 +216,8 @@ class CompletedGroup:
 
 
 class Rollout(Protocol):
-    """What a sampler offers (`RolloutStream`): group requests (prompt × G samples) in, completed
-    groups out, weights swapped in flight; driven by its thread (`start`) or stepped (`step`)."""
+    """What a sampler offers (`RolloutStream`): group requests in, completed groups out, weights
+    swapped in flight; driven by its thread (`start`) or stepped (`step`)."""
 
     def submit(
         self,
@@ -244,22 +229,12 @@ class Rollout(Protocol):
         *,
         future: bool = False,
         **options: Any,
-    ) -> concurrent.futures.Future | None:
-        """Queues a request: its group comes back from `get`, or resolves the future returned
-        (`future=True`); `RolloutStream.submit` lists the options."""
+    ) -> concurrent.futures.Future | None: ...  # options: `RolloutStream.submit`
 
-    def get(self, timeout: float | None = None) -> CompletedGroup:
-        """The next completed group of `submit`."""
-
-    def wait(self, futures: Sequence[concurrent.futures.Future]) -> list[CompletedGroup]:
-        """The groups of `futures` (stepping an unstarted rollout)."""
-
-    def update_weights(self, params: Any, version: int) -> dict[str, float] | None:
-        """New policy params, swapped in at the next boundary (`push/*` figures, if any)."""
-
-    def kv_metrics(self) -> dict[str, float]:
-        """KV-cache metrics since the previous call ({} where the backend has none)."""
-
+    def get(self, timeout: float | None = None) -> CompletedGroup: ...
+    def wait(self, futures: Sequence[concurrent.futures.Future]) -> list[CompletedGroup]: ...
+    def update_weights(self, params: Any, version: int) -> dict[str, float] | None: ...
+    def kv_metrics(self) -> dict[str, float]: ...
     def start(self) -> Rollout: ...
     def step(self) -> list[CompletedGroup]: ...
     def pump(self) -> None: ...
@@ -282,9 +257,9 @@ class Refusal:
     """A setting a backend cannot honour."""
 
     key: str
-    """The config key, dotted (`rollout.exact`)."""
+    """The dotted config key (`rollout.exact`)."""
     is_set: Callable[[Any], bool]
-    """Whether a `Config` sets it (to a value the backend cannot honour)."""
+    """Whether a `Config` sets it to a value the backend cannot honour."""
     why: str
     """What the backend lacks, and what to set instead."""
 
@@ -299,8 +274,7 @@ class Backend:
     refuses: tuple[Refusal, ...] = ()
     package: str | None = None
     """A package it needs on the machine that runs it (`config.checks.check_runtime`)."""
-    install: str = ""
-    """How to install `package`."""
+    install: str = ""  # how to install `package`
     build: str | None = None
     """"module:function" building the scheduler `build_rollout`'s stream drives, as
     `fn(cfg.rollout, model, mesh, *, max_len, version)`; None = our engine's `Scheduler`."""
@@ -310,7 +284,7 @@ class Backend:
 
 
 def resolve(ref: str) -> Callable[..., Any]:
-    """The function a "module:function" reference names (its module imported now)."""
+    """The function a "module:function" reference names (imported now)."""
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
 
@@ -321,8 +295,7 @@ _OUR_KEYS = (
 )  # fmt: skip
 
 JETSTREAM = Backend(
-    name="jetstream",
-    honours={f"rollout.{k}": "our engine (docs/engine.md)" for k in _OUR_KEYS},
+    name="jetstream", honours={f"rollout.{k}": "our engine (docs/engine.md)" for k in _OUR_KEYS}
 )
 
 VLLM = Backend(
@@ -380,20 +353,18 @@ VLLM = Backend(
     plan="rlvr_jax.plan:vllm_kv_plan",
 )
 
-BACKENDS = {b.name: b for b in (JETSTREAM, VLLM)}
-"""`rollout.backend` → its capabilities."""
+BACKENDS = {b.name: b for b in (JETSTREAM, VLLM)}  # `rollout.backend` → its capabilities
 
 
 def backend(name: str) -> Backend:
-    """The capabilities of `rollout.backend: name`."""
     if name not in BACKENDS:
         raise ValueError(f"rollout.backend: {name!r} is not one of {sorted(BACKENDS)}")
     return BACKENDS[name]
 
 
 def refused(cfg: Any) -> str | None:
-    """The first setting of `cfg` (a `Config`) its backend cannot honour, as an error message
-    naming the key and the backend; None when it honours them all."""
+    """The error naming the first setting of `cfg` (a `Config`) its backend cannot honour;
+    None when it honours them all."""
     b = backend(cfg.rollout.backend)
     for r in b.refuses:
         if r.is_set(cfg):

@@ -1,7 +1,7 @@
 """The one way to sample from a policy: `build_rollout(cfg.rollout, model, mesh, tokenizer)`, the
-only reader of the config's `rollout:` keys, used by training, the in-loop evaluation,
-`rlvr-eval`, `rlvr-filter`, `rlvr-prefs` and `rlvr-serve`. `sample_groups` runs prompts through
-a rollout as every evaluation does (prompt i seeded with `request_seed(seed, i)`)."""
+only reader of the config's `rollout:` keys (training, evaluation, `rlvr-filter`, `rlvr-prefs`,
+`rlvr-serve`); `sample_groups` runs prompts through a rollout (prompt i seeded
+`request_seed(seed, i)`)."""
 
 from __future__ import annotations
 
@@ -24,12 +24,9 @@ if TYPE_CHECKING:  # the schema is not imported at run time (rollout does not de
     from rlvr_jax.models import Model
     from rlvr_jax.timeline import Timeline
 
-__all__ = ["Rollout", "build_engine", "build_rollout", "engine_kwargs", "sample_groups"]
-
 
 def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
-    """`EngineCore` keyword arguments of a `rollout:` section (with `exact`, room to replay a
-    whole completion, `rescore`)."""
+    """`EngineCore` keyword arguments of a `rollout:` section (`exact`: room to replay one)."""
     out = {
         "chunk": cfg.decode_chunk,
         "kv_layout": cfg.kv_layout,
@@ -45,15 +42,14 @@ def engine_kwargs(cfg: RolloutConfig) -> dict[str, Any]:
 
 
 def sampling_params(cfg: RolloutConfig) -> SamplingParams:
-    """The sampling settings of a `rollout:` section."""
     return SamplingParams(cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k)
 
 
 def interrupt_from_config(
     section: InterruptConfig, tokenizer: Any, *, max_new_tokens: int
 ) -> Interrupt | None:
-    """The `rollout.interrupt` section as an `Interrupt` (None when off; its text tokenized
-    without special tokens); ValueError naming the keys when it does not fit the budget."""
+    """`rollout.interrupt` as an `Interrupt` (None when off); ValueError naming the keys when it
+    does not fit `max_new_tokens`."""
     if section.thinking_budget == 0:
         return None
     tokens = tuple(int(t) for t in tokenizer.encode(section.text, add_special_tokens=False))
@@ -84,17 +80,12 @@ def build_rollout(
     compile_ahead: bool = True,
     turns: DeviceTurns | None = None,
 ) -> Rollout:
-    """The `rollout.backend` engine for `model` (any mesh: its params move to `mesh`, the
-    actor mesh; None = one device) behind a `Rollout` (not started: `start()` it, or `step()` it in
-    lockstep on every process of a multi-process run).
-
-    `max_len`: positions per sequence (default the model's `max_position_embeddings`); `params` /
-    `version`: start from these params (e.g. restored) at this policy version;
-    `max_pending_groups` / `max_ready_groups`: the stream's backpressure; `timeline`: records decode
-    chunks as "rollout" spans; `compile_ahead`: compile every engine program now (before the
-    trainer takes `dispatch.LOCK`); `turns`: the `dispatch.DeviceTurns` of a learner sharing the
-    actors' devices. Raises ValueError naming the keys: a stop string that is not one token,
-    budget forcing that does not fit `max_new_tokens`."""
+    """The `rollout.backend` engine for `model` (its params moved to the actor `mesh`; None = one
+    device) behind a `Rollout`, not started (`start()` it, or `step()` it in lockstep on every
+    process). `max_len`: default the model's `max_position_embeddings`; `params` / `version`:
+    start from these (e.g. restored); `compile_ahead`: compile every engine program now; the
+    rest as `RolloutStream`'s. Raises ValueError naming the keys: a stop string that is not one
+    token, budget forcing that does not fit `max_new_tokens`."""
     from rlvr_jax.data.formatting import stop_token_ids
 
     if params is not None:
@@ -129,8 +120,8 @@ def build_engine(
     *,
     max_len: int | None = None,
 ) -> EngineCore:
-    """The `EngineCore` `build_rollout` samples with (arguments as there): also the engine
-    the learner re-scores with under `rollout.exact` (`rescore`), which must be the same."""
+    """The `EngineCore` `build_rollout` samples with, and the learner re-scores with under
+    `rollout.exact` (`rescore`): the same."""
     kwargs = engine_kwargs(cfg)
     forcing = interrupt_from_config(cfg.interrupt, tokenizer, max_new_tokens=cfg.max_new_tokens)
     if forcing is not None:  # room for the inserted tokens (the default fits most strings)
@@ -157,9 +148,9 @@ def sample_groups(
     on_group: Callable[[int, CompletedGroup], None] | None = None,
     turns: Sequence[TurnHook] | None = None,
 ) -> list[CompletedGroup]:
-    """`num_samples` completions of each of `prompts` through `rollout`, in prompt order: prompt
-    i (from `first_index`) samples with `request_seed(seed, i)`; `version` pins every request;
-    `on_group(i, group)` is called as each completes; `turns[j]` makes prompt j multi-turn."""
+    """`num_samples` completions of each of `prompts`, in prompt order: prompt i (from
+    `first_index`) seeded `request_seed(seed, i)`; `version` pins every request; `on_group(i,
+    group)` is called as each completes; `turns[j]` makes prompt j multi-turn."""
     futures = []
     for j, prompt in enumerate(prompts):
         i = first_index + j

@@ -1,8 +1,7 @@
-"""`EngineCore`: the plain-JAX engine for one policy — its params in decode layout on the actor
-mesh and the jitted functions of `rlvr_jax.rollout.device` behind a host API that validates
-requests and builds their host arrays. KV memory: `kv_layout="paged"` (default) is a pool whose
-size is a budget of its own (`kv_pages`, or `kv_cache_gib` per device; by default what
-`max_slots` rows of `max_len` take: nothing is preempted unless less is asked for)."""
+"""`EngineCore`: one policy's params in decode layout on the actor mesh, and the jitted functions
+of `rlvr_jax.rollout.device` behind a host API that validates requests and builds their host
+arrays. The paged pool's default size is what `max_slots` rows of `max_len` take (nothing is
+preempted unless `kv_pages` / `kv_cache_gib` ask for less)."""
 
 from __future__ import annotations
 
@@ -37,43 +36,29 @@ from rlvr_jax.rollout.device.state import (
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Prefix:
-    """A prompt for `EngineCore.insert` (`EngineCore.prefill`; JetStream's "prefix"): its K/V
-    are written into each slot it is inserted in, with `params`."""
+    """A prompt for `EngineCore.insert` (JetStream's "prefix"), its K/V written with `params`."""
 
     tokens: tuple[int, ...]
     params: DecodeParams
 
 
 class EngineCore:
-    """The plain-JAX engine for one policy: params in decode layout on the actor mesh, and
-    the jitted extend / generate over a `DecodeState` (no TensorFlow, no JetStream).
+    """The plain-JAX engine for one policy (no TensorFlow, no JetStream). Arguments not listed
+    are `EngineSpec`'s fields of the same name.
 
     Args:
-      model: the policy (`rlvr_jax.models.Model`).
-      max_slots: B, decode slots. max_len: S, positions per sequence (prompt + new tokens).
-      mesh: the actor mesh (params split tensor-parallel by `rules`, slots and KV cache
-        over its data axes, KV heads over its tensor axis); None = the first device.
-      rules: logical-axis rules (default `sharding.ACTOR_RULES`).
+      mesh: the actor mesh (params tensor-parallel by `rules`, default `sharding.ACTOR_RULES`;
+        slots and KV cache over its data axes); None = the first device.
       chunk: decode steps per `generate` call (the host polls between chunks).
-      cache_dtype: KV cache dtype (default: the model's compute dtype; a 16-bit one is held
-        as fp32 on a CPU, `kernel.storage_dtype`: the same values, no per-step conversions).
-      max_stop_ids: stop token ids a request may carry.
-      max_interrupt_ids: inserted token ids a request's budget forcing may carry.
+      cache_dtype: default the compute dtype (`kernel.storage_dtype`: fp32 for 16-bit on a CPU).
       kv_layout: "paged" (default) or "contiguous" (fixed [S] rows per slot; the baseline).
-      page_size: tokens per page (paged). prefill_chunk: tokens per prefill chunk.
-      kv_pages / kv_cache_gib: the pool's budget, in allocatable pages (all shards) or in
-        GiB per actor device; at most one (default: the contiguous layout's memory).
-      attention: decode attention of full layers, "auto" | "xla" | "pallas_tpu" |
-        "pallas_gpu" (`device.attention.select_impl`).
-      geometry_tokens: (decode block, decode iteration, prefill block) in tokens (paged;
-        default `device.attention.GEOMETRY_TOKENS`).
-      exact: decode every slot every call (`EngineSpec.exact`, `rollout.exact`).
-      weight_dtype: storage of the decode matmul weights, "float32" | "bfloat16" | "int8" |
-        "fp8" (default: the compute dtype; `kernel.prepare_params`).
+      kv_pages / kv_cache_gib: the pool's budget, in allocatable pages (all shards) or in GiB
+        per actor device; at most one (default: the contiguous layout's memory).
+      attention: "auto" | "xla" | "pallas_tpu" | "pallas_gpu" (`attention.select_impl`).
+      weight_dtype: default the compute dtype (`kernel.prepare_params`).
 
-    LoRA: given a policy whose params hold adapters (`models.lora`), the engine keeps a copy
-    of its base on the actor devices and from then on takes adapters alone (`prepare`), merging
-    them into the decode weights.
+    LoRA: given params with adapters, the engine keeps their base on the actor devices and then
+    takes adapters alone (`prepare`), merging them into the decode weights.
     """
 
     def __init__(
@@ -101,7 +86,7 @@ class EngineCore:
         if chunk < 1:
             raise ValueError(f"chunk (decode steps per call) must be >= 1, got {chunk}")
         compute = jnp.dtype(model.compute_dtype).name
-        if cache_dtype is None:  # the compute dtype, held as fp32 on a CPU (storage_dtype)
+        if cache_dtype is None:
             cache_dtype = storage_dtype(compute, mesh_platform(mesh))
         spec = EngineSpec(
             config=model.config,
@@ -129,22 +114,17 @@ class EngineCore:
         self.spec = spec
         self.chunk = chunk
         self.model = model
-        self.base: dict | None = None
-        """The LoRA base on the actor devices (held from the first adapted params on)."""
+        self.base: dict | None = None  # the LoRA base, from the first adapted params on
         self.params = self.prepare(model.params)
-        """The model's params in decode layout (what `load_params` hands JetStream)."""
 
     @property
     def config(self) -> ArchConfig:
-        """The policy's architecture."""
         return self.spec.config
 
     def prepare(self, params: dict) -> DecodeParams:
-        """`params` (models layout, on any mesh) moved to the actor devices and re-laid for
-        decoding. Device-to-device (`jax.device_put` to the actor shardings); no host copy.
-
-        LoRA: whole params with adapters leave a copy of their base here (`self.base`); after
-        that, `lora.adapters(params)` alone (what a push moves) is merged onto it."""
+        """`params` (models layout, any mesh) moved device-to-device to the actor devices and
+        re-laid for decoding. LoRA: whole params with adapters leave their base here
+        (`self.base`); after that, `lora.adapters(params)` alone is merged onto it."""
         if lora.has_adapters(params) and "embedding" in params:
             self.base = self._move(lora.strip(params), copy=True)
             params = lora.adapters(params)
@@ -177,7 +157,6 @@ class EngineCore:
 
     @property
     def paged(self) -> bool:
-        """Whether the KV cache is the page pool."""
         return self.spec.kv_layout.paged
 
     @property
@@ -192,9 +171,8 @@ class EngineCore:
         return self.spec.kv_layout.capacity(self.spec)
 
     def check_request(self, prompt: Sequence[int], max_new_tokens: int) -> None:
-        """Raises `RequestError` unless `prompt` with `max_new_tokens` new tokens fits a slot (and
-        the pool on its own): called when a request is queued, so it fails its caller, never the
-        driver."""
+        """Raises `RequestError` unless `prompt` + `max_new_tokens` fits a slot and the pool (called
+        when a request is queued: it fails its caller, never the driver)."""
         self._check_prompt(np.asarray(prompt, dtype=np.int64).reshape(-1))
         if len(prompt) + max_new_tokens > self.spec.max_len:
             raise RequestError(
@@ -266,10 +244,9 @@ class EngineCore:
         slots: Sequence[int],
         requests: Sequence[SlotRequest],
     ) -> DecodeState:
-        """`state` (donated) with `prefix`'s prompt (all but its last token) written into each
-        of `slots` — into the pages of its static assignment (`static_work`; contiguous: its
-        row) — which start generating for the matching `requests` from the prompt's last token
-        (callers that track no pages: the JetStream adapter)."""
+        """`state` (donated) with `prefix`'s prompt but its last token written into the static
+        pages of each of `slots` (`static_work`; contiguous: its row), which start generating
+        for `requests` from that last token (callers that track no pages: JetStream)."""
         spec, chunk = self.spec, self.spec.prefill_chunk
         table, per_shard = paged.static_table(spec), spec.max_slots // spec.shards
         cached = prefix.tokens[:-1]
@@ -297,25 +274,17 @@ class EngineCore:
         work: PagedWork | None = None,
         rows: int | None = None,
     ) -> tuple[DecodeState, ChunkOutput]:
-        """Up to `n_steps` (default `chunk`) decode steps of every live slot
-        (`device.decode.generate`; `state` donated). Paged: without the host's `work`, the static
-        assignment is read whole."""
-        n_steps = self.chunk if n_steps is None else n_steps
-        exit_after = self.spec.max_slots + 1 if exit_after is None else exit_after
+        """Up to `n_steps` (default `chunk`) decode steps of every live slot (`state` donated;
+        `device.decode.generate`). Paged: without `work`, the static assignment is read whole."""
+        spec, n_steps = self.spec, self.chunk if n_steps is None else n_steps
+        exit_after = np.int32(spec.max_slots + 1 if exit_after is None else exit_after)
         if work is None:
-            work = self.spec.kv_layout.default_work(self.spec)
-        if rows is not None and rows not in self.spec.row_buckets:
-            raise ValueError(f"rows must be one of {self.spec.row_buckets}, got {rows}")
-        rows = None if rows == self.spec.max_slots else rows
+            work = spec.kv_layout.default_work(spec)
+        if rows is not None and rows not in spec.row_buckets:
+            raise ValueError(f"rows must be one of {spec.row_buckets}, got {rows}")
+        rows = None if rows == spec.max_slots else rows
         return core.generate(
-            dp,
-            state,
-            np.int32(exit_after),
-            work,
-            spec=self.spec,
-            n_steps=n_steps,
-            mode=mode,
-            rows=rows,
+            dp, state, exit_after, work, spec=spec, n_steps=n_steps, mode=mode, rows=rows
         )
 
     def compile_ahead(self, modes: Sequence[SamplerMode] = (UNFILTERED,)) -> int:
@@ -335,9 +304,8 @@ class EngineCore:
         shard: int = 0,
     ) -> DecodeState:
         """`state` (donated) with the K/V of `tokens` (at most `prefill_chunk`) at positions
-        `start ..` of the sequence whose pages (local ids in shard `shard`; contiguous: the one
-        page of its slot's row) are `table_row` [M]; positions before `start` must already be
-        in those pages."""
+        `start ..` of the sequence whose pages (local ids in `shard`; contiguous: its row's one
+        page) are `table_row` [M], which must already hold positions [0, start)."""
         n = len(tokens)
         if not 0 < n <= self.spec.prefill_chunk:
             raise ValueError(f"extend takes 1..{self.spec.prefill_chunk} tokens, got {n}")
@@ -395,13 +363,11 @@ class EngineCore:
 
     @property
     def static_slots(self) -> int:
-        """Slots the static page assignment serves (`insert` / `generate` without `work`, the
-        JetStream adapter): slot b owns pages for `max_len` positions."""
-        return self.spec.kv_layout.static_slots(self.spec)
+        """Slots the static page assignment serves (`insert`, `generate` without `work`)."""
+        return paged.static_slots(self.spec)
 
     def static_work(self) -> PagedWork:
-        """Paged: decode work over every page of the static assignment (each slot reads its
-        whole `max_len`: the contiguous layout's cost, for callers that track no pages)."""
+        """Paged: decode work over every page of the static assignment (`max_len` per slot)."""
         return paged.static_work(self.spec)
 
 

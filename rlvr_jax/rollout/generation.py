@@ -15,8 +15,7 @@ from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplingParams
 from rlvr_jax.rollout.engine import EngineCore, core_of
 from rlvr_jax.rollout.host.scheduler import BATCHING, Scheduler
 
-DEFAULT_SLOTS = 32
-"""Slots of the engine `generate` builds when given a `Model`."""
+DEFAULT_SLOTS = 32  # slots of the engine `generate` builds for a `Model`
 
 
 def request_seed(seed: int, prompt_index: int) -> int:
@@ -34,8 +33,7 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _as_core(model_or_engine: object, *, slots: int, len_needed: int) -> EngineCore:
-    if isinstance(model_or_engine, Model):
-        # Rounded so that repeated calls reuse the compiled engine.
+    if isinstance(model_or_engine, Model):  # rounded: repeated calls reuse the compiled engine
         return EngineCore(model_or_engine, max_slots=slots, max_len=_round_up(len_needed, 64))
     try:
         return core_of(model_or_engine)
@@ -47,15 +45,11 @@ def _as_core(model_or_engine: object, *, slots: int, len_needed: int) -> EngineC
 
 
 def _check_prompts(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
-    if isinstance(prompts, np.ndarray):
-        prompts = prompts.tolist()
-    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence | np.ndarray):
         raise TypeError("prompts must be a list of token-id lists")
     out = []
     for i, p in enumerate(prompts):
-        if isinstance(p, np.ndarray):
-            p = p.tolist()
-        if isinstance(p, str) or not isinstance(p, Sequence):
+        if isinstance(p, str) or not isinstance(p, Sequence | np.ndarray):
             raise TypeError(f"prompts[{i}] must be a list of token ids, got {type(p).__name__}")
         if not all(isinstance(t, int | np.integer) for t in p):
             raise TypeError(f"prompts[{i}] must hold integer token ids")
@@ -82,12 +76,10 @@ def generate(
     interrupt: Interrupt | None = None,
 ) -> list[Completion]:
     """`num_samples` completions of each prompt, ordered by (prompt_index, sample_index), from a
-    `Model` (an engine of `max_slots` slots is built, default min(32, samples rounded up to 8)), an
-    `EngineCore`, `make_engine`'s JetStream engine or vLLM's (`backends.vllm.VllmEngine`: its
-    own slots). Generation stops at any of `stop_token_ids` (the model's EOS ids are not implied)
-    or after `max_new_tokens`; prompt i samples with `request_seed(seed, i)`, whatever `batching`
-    and `max_slots` (the slots used). `interrupt`: budget forcing (`rollout.Interrupt`; our
-    engine only)."""
+    `Model` (an engine of `max_slots` slots is built, default min(32, samples rounded up to 8)),
+    an `EngineCore`, `make_engine`'s engine or a `VllmEngine`. Generation stops at any of
+    `stop_token_ids` (EOS not implied) or after `max_new_tokens`; prompt i samples with
+    `request_seed(seed, i)` whatever `batching` and `max_slots`. `interrupt`: our engine only."""
     if batching not in BATCHING:
         raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
@@ -126,11 +118,10 @@ def rescore(
     params: DecodeParams | None = None,
     sampling: SamplingParams = DEFAULT_SAMPLING,
 ) -> list[list[float]]:
-    """The per-token log-probs of each (prompt, completion) as `engine` computes them while
-    sampling: the completion replayed through its prefill and decode step (`Replay`) with `params`
-    (decode layout; default the engine's) and the sampler's `sampling` (its temperature sets the
-    log-probs). With `engine.spec.exact` they equal what sampling reported, bit for bit, for an
-    engine of the same spec and params. Empty completions give []."""
+    """The per-token log-probs of each (prompt, completion) as `engine` computes them sampling: the
+    completion replayed through its decode step (`Replay`) with `params` (default the engine's)
+    and `sampling`'s temperature. With `engine.spec.exact` they equal, bit for bit, what sampling
+    reported on an engine of the same spec and params. Empty completions give []."""
     scheduler = Scheduler(engine, params=params)
     for i, (prompt, tokens) in enumerate(sequences):
         if len(tokens):

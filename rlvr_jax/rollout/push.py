@@ -20,7 +20,7 @@ tree_bytes = nbytes
 
 
 class WeightPushError(RuntimeError):
-    """A weight push was refused or did not complete (see the subclasses)."""
+    """A weight push was refused or did not complete."""
 
 
 class OutOfOrderPushError(WeightPushError):
@@ -37,7 +37,7 @@ class PushTimeoutError(WeightPushError):
 
 class StaleWeightsError(WeightPushError):
     """After a push, the actor's log-probs of the probe differ from the learner's by more than
-    `rollout.push_probe_tolerance`: it does not hold the weights that were pushed."""
+    `rollout.push_probe_tolerance`."""
 
 
 Signature = dict[str, tuple[int, ...]]

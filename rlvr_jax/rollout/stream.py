@@ -1,9 +1,8 @@
-"""`RolloutStream`: the `Rollout` over a scheduler — requests in continuously, completed groups
-out as soon as all their samples finish, weights swapped in flight. Driven by its thread
-(`start()`) or on the caller's (`step()`: multi-process runs step in lockstep). Backpressure:
-`submit` blocks while `max_pending_groups` wait, and no group is admitted while
-`max_ready_groups` wait for `get`. A driver failure is re-raised (`RolloutError`, the original as
-its cause) by the next `get`, `submit` or `step`."""
+"""`RolloutStream`: the `Rollout` over a scheduler: requests in continuously, each group out once
+all its samples finish, weights swapped in flight. Driven by its thread (`start()`) or on the
+caller's (`step()`: multi-process runs step in lockstep). Backpressure: `submit` blocks while
+`max_pending_groups` wait, and nothing is admitted while `max_ready_groups` wait for `get`. A
+driver failure is re-raised (`RolloutError`, caused by it) by the next `get`, `submit` or `step`."""
 
 from __future__ import annotations
 
@@ -45,14 +44,11 @@ class RolloutStream:
     Args:
       engine: an `EngineCore` (or `make_engine`'s JetStream adapter).
       max_new_tokens, sampling, stop_token_ids: per-request defaults (`submit` may override).
-      max_pending_groups / max_ready_groups: the backpressure bounds (module docstring).
-      num_slots: slots used (default all). batching: "continuous" (default) or "static".
-      version: policy version of the engine's current params.
-      scheduler: drive this instead of our engine's `Scheduler` (`engine` unused), e.g.
-        `backends.vllm.VllmScheduler`. timeline: records each decode chunk as a "rollout" span.
+      num_slots, batching, version, on_push: our engine's `Scheduler`'s.
+      scheduler: drive this instead (`engine` unused), e.g. `backends.vllm.VllmScheduler`.
+      timeline: records each decode chunk as a "rollout" span.
       interrupt: budget forcing of every request (`api.Interrupt`); None = off.
-      turns: `dispatch.DeviceTurns` shared with a learner: each chunk runs in an actor turn.
-      on_push: in-flight sequences "keep" their K/V at a weight update or "recompute" it."""
+      turns: `dispatch.DeviceTurns` shared with a learner: each chunk runs in an actor turn."""
 
     def __init__(
         self,
@@ -78,15 +74,8 @@ class RolloutStream:
         self.interrupt = interrupt
         self.max_pending_groups = max_pending_groups
         self.max_ready_groups = max_ready_groups
-        if scheduler is None:
-            scheduler = Scheduler(
-                core_of(engine),
-                batching=batching,
-                num_slots=num_slots,
-                version=version,
-                on_push=on_push,
-            )
-        self.scheduler = scheduler
+        ours = dict(batching=batching, num_slots=num_slots, version=version, on_push=on_push)
+        self.scheduler = Scheduler(core_of(engine), **ours) if scheduler is None else scheduler
         self._cond = threading.Condition()
         self._incoming: deque[GroupRequest] = deque()
         self._ready: deque[CompletedGroup] = deque()
@@ -126,12 +115,11 @@ class RolloutStream:
     ) -> concurrent.futures.Future | None:
         """Queues a prompt for `num_samples` samples; its group comes back from `get`, or resolves
         the future returned (`future=True`). Blocks while the queue is full (`TimeoutError` after
-        `timeout` s); an invalid request raises `RequestError` here. Per request: `max_new_tokens`,
-        `sampling`, `stop_token_ids`; `version=v` pins it to policy v (admitted once the actors hold
-        v, no update swapped in while it generates; an older pin fails with `RolloutError`);
-        `first=True` admits it ahead of the waiting ones not started, `budget_forcing=False` turns
-        forcing off (both for the learner's push probe); `on_tokens` streams each chunk's tokens
-        (`api.TokenHook`); `turns` runs each sample as a multi-turn episode (`api.TurnHook`)."""
+        `timeout` s); an invalid request raises `RequestError` here. `version=v` pins it to
+        policy v (admitted once the actors hold v, no update swapped in while it generates; an
+        older pin fails with `RolloutError`); `first=True` admits it ahead of the waiting ones
+        not started, `budget_forcing=False` turns forcing off (both for the push probe);
+        `on_tokens`: `api.TokenHook`; `turns`: each sample a multi-turn episode (`api.TurnHook`)."""
         d_max_new, d_sampling, d_stop = self.defaults
         request = GroupRequest(
             key=request_id,
@@ -173,13 +161,11 @@ class RolloutStream:
         return done
 
     def update_weights(self, params: Any, version: int) -> dict[str, float]:
-        """New policy params (models layout, any mesh; LoRA: the adapters alone once the engine has
-        the base), thread-safe: re-laid on the actor devices now, swapped in at the next chunk
-        boundary (tokens record `version`). Returns `push/bytes` and `push/seconds` once the actors
-        have them. It waits (for `params`, then the re-laid ones) outside `dispatch.LOCK`, held
-        only to enqueue: the driver keeps enqueuing decode chunks meanwhile. Refuses an old
-        `version` (`OutOfOrderPushError`) and params not a whole policy of the actors' shapes
-        (`PartialPushError`)."""
+        """New policy params (models layout, any mesh; LoRA: adapters alone once the engine has the
+        base), thread-safe: re-laid on the actor devices now, swapped in at the next boundary.
+        Returns `push/bytes` and `push/seconds` once the actors have them. Waits outside
+        `dispatch.LOCK` (held only to enqueue: the driver keeps decoding meanwhile). Refuses an
+        old `version` (`OutOfOrderPushError`) and a partial policy (`PartialPushError`)."""
         jax.block_until_ready(params)
         start = time.perf_counter()
         with self._cond:
@@ -195,15 +181,14 @@ class RolloutStream:
             self._cond.notify_all()
         return stats
 
-    def _sent_locked(self) -> int:
-        """The newest version the actors hold or were sent."""
+    def _sent_locked(self) -> int:  # the newest version the actors hold or were sent
         return self.scheduler.version if self._weights is None else self._weights[1]
 
     # ---- consumer side --------------------------------------------------------------------
 
     def get(self, timeout: float | None = None) -> CompletedGroup:
-        """The next completed group (in completion order). Raises `TimeoutError` after
-        `timeout` s, `RolloutError` if the driver failed or the stream was stopped."""
+        """The next completed group (`TimeoutError` after `timeout` s; `RolloutError` if the
+        driver failed or the stream was stopped)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while not self._ready:
@@ -232,7 +217,7 @@ class RolloutStream:
 
     @property
     def version(self) -> int:
-        """Policy version of the params the actors decode with now."""
+        """Policy version the actors decode with now."""
         with self._cond:
             return self.scheduler.version
 
@@ -249,9 +234,8 @@ class RolloutStream:
     def wait(
         self, futures: Sequence[concurrent.futures.Future], timeout: float | None = None
     ) -> list[CompletedGroup]:
-        """The results of `futures` (from `submit(future=True)`), in order, once all are done. An
-        unstarted stream is stepped here; groups submitted with `submit` that complete
-        meanwhile stay queued for `get`."""
+        """The results of `futures` (`submit(future=True)`), in order, once all are done; an
+        unstarted stream is stepped here (other groups completed meanwhile stay for `get`)."""
         if not self.threaded:
             while not all(f.done() for f in futures):
                 self.pump()
@@ -261,9 +245,7 @@ class RolloutStream:
         return [f.result() for f in futures]
 
     def kv_metrics(self) -> dict[str, float]:
-        """The engine's KV-cache metrics since the previous call (`Scheduler.kv_metrics`:
-        pages in use, utilisation, preemptions, recomputed tokens, concurrency); {} for a
-        backend without them (vLLM)."""
+        """`Scheduler.kv_metrics` since the previous call; {} for a backend without them (vLLM)."""
         if not hasattr(self.scheduler, "kv_metrics"):
             return {}
         with self._cond:
@@ -274,7 +256,6 @@ class RolloutStream:
     # ---- driving --------------------------------------------------------------------------
 
     def check(self) -> None:
-        """Raises `RolloutError` if the driver thread has failed."""
         with self._cond:
             self._raise_if_failed()
 
@@ -283,9 +264,8 @@ class RolloutStream:
             raise RolloutError(f"rollout driver failed: {self._error!r}") from self._error
 
     def _boundary_locked(self) -> bool:
-        """Moves submissions to the scheduler and swaps weights; returns whether to admit.
-        Requests pinned to another version than the scheduler's wait here (`submit`);
-        weights are not swapped while a pinned request is queued or generating."""
+        """Moves submissions to the scheduler and swaps weights (not while a pinned request is
+        queued or generating); returns whether to admit."""
         held = self._admit_incoming_locked()
         if self._weights is not None and not self._pinned_live:
             self.scheduler.set_params(*self._weights)
@@ -295,8 +275,8 @@ class RolloutStream:
         return len(self._ready) < self.max_ready_groups and not held
 
     def _admit_incoming_locked(self) -> bool:
-        """Hands the scheduler every submission it can run now (in order); returns whether
-        pinned ones are held back for a later version."""
+        """Hands the scheduler every submission it can run now; returns whether pinned ones are
+        held back for a later version."""
         held: deque[GroupRequest] = deque()
         while self._incoming:
             request = self._incoming.popleft()
@@ -327,8 +307,8 @@ class RolloutStream:
             future.set_exception(error)
 
     def _deliver(self, finished: Finished) -> list[CompletedGroup]:
-        """Routes completed groups: futures are resolved (outside the lock, since their
-        callbacks may call back into the stream); the rest are returned."""
+        """Resolves the futures of completed groups (outside the lock: callbacks may call back
+        into the stream); returns the other groups."""
         unclaimed, resolved = [], []
         with self._cond:
             for request, completions in finished:
@@ -345,8 +325,8 @@ class RolloutStream:
         return unclaimed
 
     def step(self) -> list[CompletedGroup]:
-        """Synchronous drive: one boundary + one decode chunk on the caller's thread.
-        Returns the groups it completed (those submitted with `submit`)."""
+        """One boundary + one decode chunk on the caller's thread; returns the groups completed
+        (those without a future)."""
         if self._thread is not None:
             raise RuntimeError("this stream is driven by its thread (start() was called)")
         with self._cond:
@@ -380,8 +360,7 @@ class RolloutStream:
         )
 
     def _chunk(self, *, admit: bool) -> Finished:
-        """One scheduler step (admission + a decode chunk), in an actor turn when turns are
-        kept, recorded as a "rollout" span when a timeline is kept."""
+        """One scheduler step, in an actor turn and a "rollout" span when those are kept."""
         with contextlib.ExitStack() as stack:
             if self.turns is not None:
                 stack.enter_context(self.turns.actor())
@@ -411,7 +390,6 @@ class RolloutStream:
                 future.set_exception(RolloutError(f"rollout driver failed: {e!r}"))
 
     def start(self) -> RolloutStream:
-        """Starts the background driver thread; returns self."""
         if self._thread is not None:
             raise RuntimeError("the stream is already started")
         self._thread = threading.Thread(target=self._run, name="rollout-driver", daemon=True)
@@ -419,8 +397,7 @@ class RolloutStream:
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stops the driver after its current chunk; unfinished requests are abandoned
-        (their futures fail with `RolloutError`)."""
+        """Stops the driver after its chunk; unfinished requests' futures fail (`RolloutError`)."""
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
@@ -432,7 +409,6 @@ class RolloutStream:
             future.set_exception(RolloutError("the stream was stopped"))
 
     def close(self) -> None:
-        """`stop()`: the `Rollout` protocol's name for it."""
         self.stop()
 
     def __enter__(self) -> RolloutStream:

@@ -1,15 +1,13 @@
 """The JetStream `engine_api.Engine` adapter over `EngineCore`, and its HF tokenizer (classes
-built on first use, `make_engine`, once `jetstream_compat` has imported JetStream: importing this
-module imports neither JetStream nor TensorFlow).
+built on first use, `make_engine`: importing this module imports neither JetStream nor TF).
 
-- `prefill(params, padded_tokens, true_length)` → `Prefix` (the prompt, after `existing_prefix`'s
-  tokens); `insert(prefix, state, slot)` → its K/V written into the slot's static pages, with the
-  next seed of the engine's counter, its sampling and stop ids, the slot's capacity as budget
-  (the orchestrator enforces `max_tokens`); `generate` → one decode step of every slot,
-  `ResultTokens` rows (token, valid, generated length).
+- `prefill` → `Prefix` (after `existing_prefix`'s tokens); `insert(prefix, state, slot)` → its
+  K/V in the slot's static pages, with the next seed of the engine's counter and the slot's
+  capacity as budget (the orchestrator enforces `max_tokens`); `generate` → one decode step of
+  every slot, `ResultTokens` rows (token, valid, generated length).
 - The tokenizer is built once per engine, on the main thread before the orchestrator starts
-  (`rlvr-serve` does): its threads would otherwise import transformers concurrently, which
-  fails. The one `HFTokenizer` is shared; `encode` / `decode` hold a lock."""
+  (`rlvr-serve` does): its threads importing transformers concurrently fail. The one
+  `HFTokenizer` is shared; `encode` / `decode` hold a lock."""
 
 from __future__ import annotations
 
@@ -29,8 +27,7 @@ from rlvr_jax.rollout.device.sampling import DEFAULT_SAMPLING, SamplerMode, Samp
 from rlvr_jax.rollout.device.state import DecodeState
 from rlvr_jax.rollout.engine import EngineCore, Prefix
 
-JETSTREAM_BUCKETS = tuple(2**i for i in range(4, 16))
-"""The prefill lengths JetStream 0.2.2's `pad_tokens` accepts as `max_prefill_length`."""
+JETSTREAM_BUCKETS = tuple(2**i for i in range(4, 16))  # JetStream 0.2.2's `pad_tokens` lengths
 
 
 @functools.cache
@@ -41,9 +38,7 @@ def tokenizer_class() -> type:
 
     class HFTokenizer(tokenizer_api.Tokenizer):
         """An HF tokenizer (local directory) behind JetStream's tokenizer API: `bos_id` is its BOS,
-        or its pad id when it has none (JetStream prepends it to token requests; the engine drops
-        that placeholder), `stop_tokens` the model's and its EOS ids. `encode` / `decode` take a
-        lock."""
+        or its pad id when it has none (a placeholder JetStream prepends; the engine drops it)."""
 
         def __init__(self, path: str, stop_ids: Sequence[int] = ()):
             from rlvr_jax.data.tokenizer import load_tokenizer
@@ -56,7 +51,6 @@ def tokenizer_class() -> type:
 
         @property
         def has_bos(self) -> bool:
-            """Whether the tokenizer has a real BOS token."""
             return self.hf.bos_token_id is not None
 
         def encode(self, s: str, **kwargs: Any) -> tuple[Any, int]:
@@ -67,29 +61,24 @@ def tokenizer_class() -> type:
                 np.asarray(ids, np.int32), self.bos_id, self.pad_id, is_bos=False, **kwargs
             )
 
-        def decode(self, token_ids: list[int], **kwargs: Any) -> str:
-            """Text of `token_ids` (special tokens kept)."""
+        def decode(self, token_ids: list[int], **kwargs: Any) -> str:  # special tokens kept
             with self._lock:
                 return self.hf.decode(list(token_ids))
 
         @property
-        def pad_id(self) -> int:
-            """The tokenizer's pad id (its EOS when it has none)."""
+        def pad_id(self) -> int:  # the tokenizer's EOS when it has no pad
             return int(self.hf.pad_token_id)
 
         @property
         def eos_id(self) -> int:
-            """The tokenizer's EOS id."""
             return int(self.hf.eos_token_id if self.hf.eos_token_id is not None else self.pad_id)
 
         @property
         def bos_id(self) -> int:
-            """The BOS id, or the pad id as a placeholder when there is no BOS."""
             return int(self.hf.bos_token_id) if self.has_bos else self.pad_id
 
         @property
-        def stop_tokens(self) -> set[int]:
-            """Ids that end a sample: the model's and the tokenizer's EOS."""
+        def stop_tokens(self) -> set[int]:  # the model's and the tokenizer's EOS
             return set(self._stop)
 
     return HFTokenizer
@@ -128,8 +117,6 @@ def engine_class() -> type:
             self._tokenizers: dict[str, Any] = {}
             self._tokenizer_lock = threading.Lock()
 
-        # ---- device work ------------------------------------------------------------------
-
         def prefill(
             self,
             *,
@@ -161,37 +148,25 @@ def engine_class() -> type:
         def generate(self, params: DecodeParams, decode_state: DecodeState) -> tuple:
             """One decode step of every slot: (state, ResultTokens of [B, 3] rows)."""
             decode_state, out = self.core.generate(params, decode_state, mode=self.mode, n_steps=1)
-            data = jax.numpy.stack(
-                [out.tokens_BxC[:, 0], out.valid_BxC[:, 0].astype(np.int32), out.generated_B],
-                axis=1,
-            )
-            return decode_state, api.ResultTokens(
-                data=data,
-                tokens_idx=(0, 1),
-                valid_idx=(1, 2),
-                length_idx=(2, 3),
-                samples_per_slot=1,
-            )
+            rows = [out.tokens_BxC[:, 0], out.valid_BxC[:, 0].astype(np.int32), out.generated_B]
+            columns = dict(tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3))
+            data = jax.numpy.stack(rows, axis=1)
+            return decode_state, api.ResultTokens(data=data, **columns, samples_per_slot=1)
 
         def load_params(self, *args: Any, **kwargs: Any) -> DecodeParams:
-            """The model's params in decode layout (already on the engine's devices)."""
             return self.core.params
 
         def init_decode_state(self, *args: Any, **kwargs: Any) -> DecodeState:
-            """All slots empty."""
             return self.core.init_decode_state()
 
         def get_prefix_destination_sharding(self) -> Any:
-            """Where prefixes live: replicated on the engine's mesh (or its one device)."""
+            """Replicated on the engine's mesh (or its one device)."""
             mesh = self.core.spec.mesh
             if mesh is None:
                 return jax.sharding.SingleDeviceSharding(jax.devices()[0])
             return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
-        # ---- tokenizer ----------------------------------------------------------------------
-
         def get_tokenizer(self) -> Any:
-            """`TokenizerParameters` naming the tokenizer directory."""
             if self.tokenizer_path is None:
                 raise ValueError("this engine has no tokenizer (make_engine(tokenizer_path=...))")
             return tokenizer_pb2.TokenizerParameters(path=self.tokenizer_path)
@@ -208,33 +183,26 @@ def engine_class() -> type:
                 self._placeholder = tokenizer.bos_id
                 return tokenizer
 
-        # ---- properties ---------------------------------------------------------------------
-
         @property
-        def max_concurrent_decodes(self) -> int:
-            """Decode slots (paged engines: those the static page assignment serves)."""
-            return self.core.spec.kv_layout.static_slots(self.core.spec)
+        def max_concurrent_decodes(self) -> int:  # the slots the static pages serve
+            return self.core.static_slots
 
         @property
         def samples_per_slot(self) -> int:
-            """One sample per slot (groups use several slots)."""
             return 1
 
         @property
-        def max_prefill_length(self) -> int:
-            """The largest JetStream padding bucket that fits a slot."""
+        def max_prefill_length(self) -> int:  # the largest padding bucket that fits a slot
             return max(b for b in JETSTREAM_BUCKETS if b <= self.core.spec.max_len - 1)
 
         @property
         def mesh(self) -> jax.sharding.Mesh:
-            """The actor mesh (a one-device mesh without one)."""
             if self.core.spec.mesh is not None:
                 return self.core.spec.mesh
             return jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
 
         @property
         def colocated_cpus(self) -> None:
-            """Not used by this engine."""
             return None
 
     return JetStreamEngine
@@ -252,9 +220,9 @@ def make_engine(
     seed: int = 0,
     **core_kwargs: Any,
 ) -> Any:
-    """A `jetstream.engine.engine_api.Engine` serving `model` (imports JetStream now; the core is
-    `engine.core`): `tokenizer_path` defaults to the model's directory, `stop_token_ids` to its EOS
-    ids, insert i samples with seed `seed + i`; other keyword arguments go to `EngineCore`."""
+    """A JetStream `engine_api.Engine` serving `model` (imports JetStream now; its `EngineCore`
+    built of the other keyword arguments is `engine.core`): `tokenizer_path` defaults to the
+    model's directory, `stop_token_ids` to its EOS ids; insert i samples with seed `seed + i`."""
     core = EngineCore(model, max_slots=max_slots, max_len=max_len, mesh=mesh, **core_kwargs)
     stops = model.config.eos_token_id if stop_token_ids is None else tuple(stop_token_ids)
     return engine_class()(

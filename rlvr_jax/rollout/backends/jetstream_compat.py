@@ -1,10 +1,9 @@
-"""Importing google-jetstream 0.2.2 (the only release, May 2024) on current JAX, safely, once per
-process: TensorFlow first, accelerators hidden from it (JetStream's tokenizer utilities pull it
-in); `jax.tree_map` (removed from JAX) restored for the orchestrator's `delete_pytree`; the root
-logger's DEBUG level and stdout handler, which importing the orchestrator sets, undone; and its
-`JetThread`, which SIGKILLs the process when a thread raises, replaced by `SurfacingThread`: the
-error is logged, kept (`thread_errors()`) and handed to the `on_thread_error` callbacks (the
-server stops and exits non-zero) — never silent, never a kill."""
+"""Importing google-jetstream 0.2.2 (the only release, May 2024) on current JAX, once per process:
+TensorFlow first, accelerators hidden from it (JetStream's tokenizer utilities pull it in);
+`jax.tree_map` restored for the orchestrator's `delete_pytree`; the root logger's level and
+handlers, which importing the orchestrator changes, restored; and `JetThread`, which SIGKILLs
+the process when a thread raises, replaced by `SurfacingThread`: the error is logged, kept
+(`thread_errors()`) and handed to the `on_thread_error` callbacks (the server exits non-zero)."""
 
 from __future__ import annotations
 
@@ -26,16 +25,9 @@ _callbacks: list[Callable[[threading.Thread, BaseException], None]] = []
 _lock = threading.Lock()
 
 
-def _import_tensorflow_hidden() -> None:
-    from rlvr_jax.data.tf_utils import import_tensorflow
-
-    import_tensorflow()
-
-
 class SurfacingThread(threading.Thread):
-    """A thread whose uncaught exception is recorded and reported instead of killing the
-    process (what JetStream's `JetThread` does). `owner` is the object whose method the
-    thread runs (the orchestrator's `Driver`), so a server can tell its threads apart."""
+    """A thread whose uncaught exception is recorded and reported instead of killing the process.
+    `owner` is the object whose method it runs (the orchestrator's `Driver`)."""
 
     def __init__(self, *args: Any, target: Callable | None = None, **kwargs: Any):
         super().__init__(*args, target=target, **kwargs)
@@ -47,9 +39,7 @@ class SurfacingThread(threading.Thread):
             super().run()
         except BaseException as e:
             logger.error(
-                "JetStream thread %s failed:\n%s",
-                self.name,
-                "".join(traceback.format_exception(e)),
+                "JetStream thread %s failed:\n%s", self.name, "".join(traceback.format_exception(e))
             )
             with _lock:
                 _errors.append((self.name, e))
@@ -87,10 +77,12 @@ def on_thread_error(
 
 @functools.cache
 def engine_api() -> ModuleType:
-    """`jetstream.engine.engine_api`, imported behind the shim. Raises ImportError naming
-    the alternative when JetStream or TensorFlow is not installed."""
+    """`jetstream.engine.engine_api`, imported behind the shim (ImportError naming the
+    alternative without JetStream or TensorFlow)."""
+    from rlvr_jax.data.tf_utils import import_tensorflow
+
     try:
-        _import_tensorflow_hidden()
+        import_tensorflow()
         if not hasattr(jax, "tree_map"):
             jax.tree_map = jax.tree.map
         from jetstream.engine import engine_api as api

@@ -1,25 +1,19 @@
-"""vLLM as the actor backend (`rollout.backend: vllm`): vLLM's `LLMEngine`, in this process,
-driven step by step behind the same `RolloutStream` as our engine, with the learner's weights
-pushed between its steps.
+"""vLLM as the actor backend (`rollout.backend: vllm`): vLLM's `LLMEngine`, in this process (vLLM
+imported only when built), stepped behind the same `RolloutStream` as our engine.
 
-- Streaming, continuously batched (`VllmScheduler`, the stream's scheduler): samples enter vLLM
-  (`add_request`) as slots free up (`rollout.max_slots` at once; a group's G samples share the
-  prompt's prefix cache), each stream step runs up to `rollout.decode_chunk` engine steps
-  (delta outputs), and a group leaves as soon as its last sample finishes.
-- Pushes between engine steps: `Worker.reload_weights` loads the tensors in HF names in place,
-  in the engine's process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set here: a multi-process engine
-  cannot take tensors through `collective_rpc`); every token records the version of the step
-  that sampled it. `rollout.on_push`: `keep` leaves the in-flight requests' KV cache as it is
-  (PipelineRL); `recompute` preempts them (`reset_prefix_cache(reset_running_requests=True)`)
-  and vLLM recomputes prompt and tokens so far with the new weights. The prefix cache is salted
-  with the policy version: no request reuses KV of older weights another one left behind.
-- Engine keys: `engine_args` maps every `rollout:` key vLLM honours (`rlvr_jax.rollout.api`'s
-  capability table).
+- `VllmScheduler`: samples enter vLLM as slots free up (`rollout.max_slots` at once; a group's
+  samples share the prompt's prefix cache), each stream step runs up to `rollout.decode_chunk`
+  engine steps, and a group leaves once its last sample finishes.
+- Pushes between engine steps: `Worker.reload_weights` loads HF-named tensors in place, in this
+  process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: a multi-process engine cannot take tensors
+  through `collective_rpc`); each token records the version that sampled it. `rollout.on_push`:
+  `keep` leaves in-flight KV as it is (PipelineRL); `recompute` preempts the running requests
+  and vLLM recomputes them with the new weights. The prefix cache is salted with the version.
+- `engine_args` maps every `rollout:` key vLLM honours (`api.BACKENDS`).
 
-vLLM is imported only when an engine is built. Differences from our engine, by vLLM's design:
-its sampler's randomness is seeded per request (reproducible, but not our draws); its
-"processed" log-probs apply top-k/top-p as well as the temperature (identical to ALGORITHMS.md's
-convention at top-p = 1, top-k off, as RLVR uses).
+By vLLM's design, its randomness is seeded per request (reproducible, not our draws), and its
+"processed" log-probs apply top-k/top-p as well as the temperature (ALGORITHMS.md's convention
+at top-p = 1, top-k off).
 """
 
 from __future__ import annotations
@@ -44,8 +38,7 @@ if TYPE_CHECKING:
 
     from rlvr_jax.config.schema import RolloutConfig
 
-VLLM_CPU_BLOCK = 128
-"""Tokens per KV block of vLLM's CPU build (its default there; GPUs use 16)."""
+VLLM_CPU_BLOCK = 128  # tokens per KV block of vLLM's CPU build (its default; GPUs use 16)
 
 
 def _to_torch_cpu(x: jax.Array) -> Any:
@@ -64,20 +57,17 @@ def torch_weights(params: Any, config: ArchConfig) -> list[tuple[str, Any]]:
 
 def reload_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> int:
     """Runs in each vLLM worker (`collective_rpc`): reloads the HF-named tensors in place
-    (vLLM's own route for new weights; `load_weights` fails on the CPU build, whose layers
-    are repacked after loading). Returns the tensors handed over."""
+    (`load_weights` fails on the CPU build, whose layers are repacked after loading). Returns
+    the tensors handed over."""
     worker.reload_weights(weights_iterator=iter(weights))
     _refresh_tied_head(worker.model_runner.get_model())
     return len(weights)
 
 
 def _refresh_tied_head(model: Any) -> None:
-    """Re-derives a tied LM head's kernel weights from the reloaded embedding. vLLM's CPU build
-    multiplies by a copy of the head's weight packed at load time (`process_weights_after_
-    loading`), and `reload_weights` re-processes only the layers it loaded: a tied head (its
-    weight is the embedding's, skipped by `load_weights`) kept the old copy, so a push changed
-    the input embedding and not the logits (the push probe saw |Δ log p| of 1.2 after a push
-    of new embeddings alone)."""
+    """Re-derives a tied LM head's packed copy (vLLM-CPU's `process_weights_after_loading`) from
+    the reloaded embedding: `reload_weights` re-processes only the layers it loaded, so a tied
+    head kept its old copy (the push probe saw |Δ log p| of 1.2 after pushing new embeddings)."""
     head = getattr(model, "lm_head", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     if head is None or embed is None or head.weight is not embed.weight:
@@ -118,11 +108,9 @@ def kv_cache_bytes(
     tensor_parallel: int = 1,
     block: int = VLLM_CPU_BLOCK,
 ) -> int:
-    """vLLM's KV cache size per device (`kv_cache_memory_bytes`) for our engine's budget keys:
-    `kv_cache_gib` per device as given; else `kv_pages` pages of `page_size` tokens, or (neither)
-    the `max_slots` rows of `max_len` a contiguous cache holds (each row rounded up to whole
-    vLLM blocks of `block` tokens, so that `max_slots` sequences fit), split over the
-    tensor-parallel devices (each holds its share of the KV heads)."""
+    """vLLM's `kv_cache_memory_bytes` per device for our budget keys: `kv_cache_gib` as given;
+    else `kv_pages` pages of `page_size` tokens or (neither) `max_slots` rows of `max_len`
+    (rounded up to whole vLLM blocks of `block` tokens), split over the tensor-parallel devices."""
     if kv_cache_gib is not None:
         return int(kv_cache_gib * 2**30)
     row = -(-max_len // block) * block
@@ -144,8 +132,7 @@ def engine_args(
     **extra: Any,
 ) -> dict[str, Any]:
     """`vllm.EngineArgs` keyword arguments of our engine keys (`api.VLLM.honours`): whole prompts
-    per engine step, log-probs after temperature (`processed_logprobs`, ALGORITHMS.md's
-    convention), no tokenizer (token ids in and out; stop strings arrive as stop ids). `extra`
+    per step, log-probs after temperature, token ids in and out (no tokenizer); `extra`
     overrides (e.g. `enforce_eager`)."""
     if model.path is None:
         raise ValueError("rollout.backend: vllm needs a model loaded from a checkpoint directory")
@@ -170,16 +157,9 @@ def engine_args(
 
 
 class VllmEngine:
-    """A running vLLM engine (`vllm.v1.engine.llm_engine.LLMEngine`, in this process) serving
-    `model` from its checkpoint directory, with our pushes and per-token policy versions.
-
-    Args:
-      model: the policy (`model.path`: the HF checkpoint vLLM loads; `model.params`' shapes are
-        the push contract).
-      args: `vllm.EngineArgs` keyword arguments (`engine_args`).
-      chunk: engine steps per `VllmScheduler.step` (the stream's boundaries between them).
-      on_push: `keep` or `recompute` (module docstring).
-    """
+    """A vLLM `LLMEngine` in this process serving `model` from `model.path` (`model.params`'
+    shapes are the push contract), built from `args` (`engine_args`); `chunk`: engine steps per
+    `VllmScheduler.step`; `on_push`: `keep` or `recompute` (module docstring)."""
 
     def __init__(self, model: Model, args: dict[str, Any], *, chunk: int = 8,
                  on_push: str = "keep") -> None:  # fmt: skip
@@ -191,22 +171,18 @@ class VllmEngine:
         self._vllm = vllm
         self.config = model.config
         self.signature = signature(model.params)
-        """The policy's leaf shapes: a push must match them (`push.check_complete`)."""
         self.args = dict(args)
         self.max_slots = int(args["max_num_seqs"])
         self.chunk = chunk
         self.on_push = on_push
         self.version = 0
         self.llm = LLMEngine.from_engine_args(vllm.EngineArgs(**args))
-        self.steps = 0
-        """Engine steps run so far."""
+        self.steps = 0  # engine steps run so far
 
     def load(self, weights: list[tuple[str, Any]], version: int, *, initial: bool = False) -> None:
-        """Loads `torch_weights(...)` into every worker, between engine steps: later steps
-        sample with them (`on_push` says what the in-flight requests' KV does). Refuses an
-        out-of-order push (unless `initial`: the weights the engine starts from); raises
-        `PartialPushError` when a worker took fewer tensors than sent (its weights are then
-        mixed: the run must stop)."""
+        """Loads `torch_weights(...)` into every worker between engine steps. Refuses an
+        out-of-order push (unless `initial`: the weights it starts from); `PartialPushError`
+        when a worker took fewer tensors than sent (its weights are mixed: the run must stop)."""
         if not initial:
             check_order(version, self.version)
         loaded = self.llm.collective_rpc(reload_on_worker, args=(weights,))
@@ -220,20 +196,16 @@ class VllmEngine:
         self.version = version
 
     def prepare(self, params: Any, version: int | None = None) -> list[tuple[str, Any]]:
-        """Policy params (models layout) checked whole (`push.PartialPushError`) and copied to
-        host tensors in HF names (`torch_weights`): what `load` takes."""
+        """Policy params checked whole (`PartialPushError`) as host tensors for `load`."""
         check_complete(params, self.signature, version=version)
         return torch_weights(params, self.config)
 
     def update_weights(self, params: Any, version: int, *, initial: bool = False) -> None:
-        """`load(prepare(params))`; `initial`: the params the engine starts from (any version,
-        the current one included)."""
+        """`load(prepare(params))`; `initial`: the params it starts from (any version)."""
         self.load(self.prepare(params, version), version, initial=initial)
 
     def sampling_params(self, request: GroupRequest, sample_index: int) -> Any:
-        """vLLM's `SamplingParams` of one sample: our sampling settings, the request's stop
-        ids, a seed of its own (`request_seed(request.seed, sample_index)`), the sampled
-        token's log-prob, token deltas out."""
+        """vLLM's `SamplingParams` of one sample, seeded `request_seed(request.seed, sample)`."""
         from vllm.sampling_params import RequestOutputKind
 
         s = request.sampling
@@ -256,9 +228,8 @@ class VllmEngine:
 
 
 class VllmScheduler:
-    """`VllmEngine` behind `Scheduler`'s interface, driven by a `RolloutStream` (`RolloutStream(
-    None, scheduler=VllmScheduler(engine))`, module docstring); groups and samples are our
-    scheduler's (`host.sequences.Group`, `Seq`)."""
+    """`VllmEngine` behind `Scheduler`'s interface (`RolloutStream(None, scheduler=...)`), with
+    our scheduler's groups and samples (`host.sequences.Group`, `Seq`)."""
 
     parked = 0
     """No multi-turn episodes (`rollout.turns`) here."""
@@ -273,8 +244,7 @@ class VllmScheduler:
     # ---- queue ----------------------------------------------------------------------------
 
     def check(self, request: GroupRequest) -> None:
-        """Raises `RequestError` unless vLLM can run `request`: prompt and budget within
-        `max_model_len`; no budget forcing or multi-turn episodes (refused at load too)."""
+        """Raises `RequestError` past `max_model_len`, or for budget forcing or multi-turn."""
         limit = int(self.engine.args["max_model_len"])
         if len(request.prompt) + request.max_new_tokens > limit:
             raise RequestError(
@@ -287,18 +257,16 @@ class VllmScheduler:
                 "not supported by rollout.backend: vllm; use rollout.backend: jetstream"
             )
 
-    def prepare(self, params: Any) -> list[tuple[str, Any]]:
-        """`VllmEngine.prepare` (the stream calls it off the driver thread)."""
+    def prepare(self, params: Any) -> list[tuple[str, Any]]:  # off the driver thread
         return self.engine.prepare(params)
 
     def add(self, request: GroupRequest, *, checked: bool = False) -> None:
-        """Queues a request (`host.sequences.enqueue`), checked now unless its submitter did."""
+        """Queues a request, checked now unless its submitter did."""
         if not checked:
             self.check(request)
         enqueue(self._waiting, request)
 
     def set_params(self, weights: list[tuple[str, Any]], version: int) -> None:
-        """Loads `prepare`'s weights between two engine steps (`VllmEngine.load`)."""
         self.engine.load(weights, version)
         if self.engine.on_push == "recompute":  # vLLM recomputes their KV with these weights
             for seq in self._live.values():
@@ -306,7 +274,6 @@ class VllmScheduler:
 
     @property
     def version(self) -> int:
-        """Policy version of the weights vLLM holds."""
         return self.engine.version
 
     @property
@@ -343,9 +310,8 @@ class VllmScheduler:
                 self._waiting.popleft()
 
     def step(self, *, admit: bool = True) -> Finished:
-        """Admits waiting samples (unless `admit` is False), then runs engine steps until
-        `decode_chunk` have run, a sample finished while others wait for its slot, or nothing
-        is in vLLM. Returns the groups that completed, samples in order."""
+        """Admits waiting samples (if `admit`), then runs engine steps until `decode_chunk` have
+        run, a sample finished while others wait, or vLLM is empty. Returns completed groups."""
         if admit:
             self._admit()
         finished: Finished = []
@@ -360,16 +326,14 @@ class VllmScheduler:
                 break  # refill the freed slots at the next boundary
         return finished
 
-    def run(self) -> Finished:
-        """Steps until idle; returns every completed group in completion order."""
+    def run(self) -> Finished:  # every completed group, in completion order
         results: Finished = []
         while not self.idle:
             results += self.step()
         return results
 
     def _collect(self, outputs: list[Any]) -> list[tuple[Seq, str]]:
-        """Appends each live sample's new tokens (stamped with the current version); returns
-        the samples that finished, with their finish reason."""
+        """Appends each live sample's new tokens; returns (sample, finish reason) of those ended."""
         ended = []
         for out in outputs:
             seq = self._live.get(out.request_id)
@@ -394,11 +358,9 @@ class VllmScheduler:
 
 def build_scheduler(cfg: RolloutConfig, model: Model, mesh: Mesh | None, *, max_len: int | None,
                     version: int = 0) -> VllmScheduler:  # fmt: skip
-    """`rollout.backend: vllm`'s scheduler for `build_rollout`'s stream: a `VllmEngine` of `cfg`
-    (the `rollout:` section; `api.BACKENDS` says what each key becomes) serving `model` in its
-    compute dtype, tensor-parallel over the actor mesh's `tensor` axis. vLLM builds itself from
-    the checkpoint on disk (`model.path`), then `model.params` (a resumed run's, a trained
-    policy's) are pushed into it as policy `version`."""
+    """`rollout.backend: vllm`'s scheduler: a `VllmEngine` of `cfg` (the `rollout:` section)
+    serving `model` in its compute dtype, tensor-parallel over the mesh's `tensor` axis, built
+    from `model.path`, then `model.params` pushed into it as policy `version`."""
     tensor = 1 if mesh is None else int(dict(mesh.shape).get("tensor", 1))
     dtype = jax.numpy.dtype(model.compute_dtype)
     max_len = max_len or model.config.max_position_embeddings

@@ -6,12 +6,10 @@ Decode (one query per slot): "xla" (everywhere) walks the host's work list — b
 `pages_per_block` pages, `blocks_per_iter` per iteration of a `fori_loop` with a dynamic trip
 count, so a step costs what the live tokens cost with one compiled program — and combines the
 blocks' partial softmaxes per slot (flash-decoding); sliding layers get their own, shorter list.
-"pallas_tpu" / "pallas_gpu": JAX's Pallas paged-attention kernels, for full-attention layers
-(they attend to [0, length)); `select_impl` picks per platform. Prefill chunks
-(`context_attention`): T new tokens against their sequence's pages, 512 tokens per iteration
-with an online softmax. Scores, softmax and value sums are fp32: q·k multiplies the exact
-operands, accumulating in fp32 (`kernel.scores`: a bf16 query and cache as bf16), and V is
-upcast after loading.
+"pallas_tpu" / "pallas_gpu": JAX's Pallas kernels, for full-attention layers (`select_impl`).
+Prefill chunks (`context_attention`): T new tokens against their sequence's pages, 512 tokens
+per iteration with an online softmax. Scores, softmax and value sums are fp32 (`kernel.scores`;
+V upcast after loading).
 
 Letters: B slots, N query heads, K kv heads, G = N/K, H head dim, P pages, Z page size,
 M pages per sequence (table width), R work blocks, C blocks per iteration, T tokens."""
@@ -26,18 +24,17 @@ import jax.numpy as jnp
 
 from rlvr_jax.rollout.device.kernel import NEG_INF, scores
 
-IMPLS = ("auto", "xla", "pallas_tpu", "pallas_gpu")
-"""Accepted values of the engine's `attention` argument."""
+IMPLS = ("auto", "xla", "pallas_tpu", "pallas_gpu")  # the engine's `attention` values
 
 
 @dataclasses.dataclass(frozen=True)
 class PageGeometry:
-    """How a paged engine walks its pool (static; part of the engine's spec)."""
+    """How a paged engine walks its pool (static)."""
 
     page_size: int
     """Z: tokens per page."""
     pages_per_block: int
-    """Pages one decode work block covers (the unit of the host's work list)."""
+    """Pages per decode work block (the unit of the host's work list)."""
     blocks_per_iter: int
     """Work blocks gathered per iteration of the decode loop."""
     context_block_pages: int
@@ -45,22 +42,19 @@ class PageGeometry:
 
     @property
     def block_tokens(self) -> int:
-        """Tokens one work block covers."""
         return self.page_size * self.pages_per_block
 
 
 GEOMETRY_TOKENS = (128, 4096, 512)
-"""Default (decode block, decode iteration, prefill block) sizes in tokens: blocks big
-enough for efficient matmuls, an iteration's gather small enough to stay in cache (the
-bench model's fp32 decode step, 32 slots x 192, on one AVX-512 core: 45 ms with iterations
-of 4096 tokens, 2 MiB of gathered K, as with 2048; 50 ms with 8192)."""
+"""Default (decode block, decode iteration, prefill block) sizes in tokens: blocks big enough for
+efficient matmuls, an iteration's gather small enough to stay in cache (bench model, fp32, 32
+slots x 192, one AVX-512 core: a 45 ms step with iterations of 4096 as of 2048; 50 ms at 8192)."""
 
 
 def make_geometry(
     page_size: int, max_pages: int, tokens: tuple[int, int, int] = GEOMETRY_TOKENS
 ) -> PageGeometry:
-    """Geometry of ~`tokens` (decode block, decode iteration, prefill block), in whole
-    pages, blocks capped by a sequence's `max_pages`."""
+    """Geometry of ~`tokens` in whole pages, blocks capped by a sequence's `max_pages`."""
     block, iteration, context = tokens
     pb = max(1, min(block // page_size, max_pages))
     return PageGeometry(
@@ -72,12 +66,9 @@ def make_geometry(
 
 
 def select_impl(requested: str, platform: str, *, page_size: int, head_dim: int) -> str:
-    """The decode-attention implementation of full-attention layers.
-
-    "auto": the TPU Pallas kernel on TPU (page size a multiple of 8, head dim of 128), the
-    GPU Pallas kernel on GPU (page size and head dim multiples of 16), else "xla". An
-    explicit request is honoured, or refused with the reason when it cannot run.
-    """
+    """Full-attention layers' decode attention. "auto": Pallas on TPU (page size a multiple of 8,
+    head dim of 128) or GPU (both multiples of 16), else "xla"; an explicit request is honoured,
+    or refused with the reason it cannot run."""
     if requested not in IMPLS:
         raise ValueError(f"attention must be one of {IMPLS}, got {requested!r}")
     fits = {
@@ -133,11 +124,9 @@ def decode_xla(
     geometry: PageGeometry,
     window: int | None,
 ) -> jax.Array:
-    """Blockwise decode attention over the listed work blocks; [B, N, H] fp32.
-
-    Work entry r is block `block_R[r]` (pages `block·pb .. block·pb + pb - 1` of the row)
-    of slot `slot_R[r]`; entries are grouped by slot; padding entries have slot = B. Only
-    the first `n_blocks` entries are computed (rounded up to a whole iteration)."""
+    """Blockwise decode attention over the listed work blocks; [B, N, H] fp32. Entry r is block
+    `block_R[r]` (pages `block·pb ..` of the row) of slot `slot_R[r]`, grouped by slot (padding:
+    slot = B); the first `n_blocks` entries are computed (rounded up to a whole iteration)."""
     b, n, h = q_BxNxH.shape
     kh, _, z, _ = k_pages.shape
     g = n // kh
@@ -206,23 +195,18 @@ def decode_pallas_tpu(
     """JAX's TPU paged-attention kernel (full attention over [0, position]); [B, N, H]."""
     from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
 
-    h = q_BxNxH.shape[-1]
+    q_BxNxH = q_BxNxH.astype(jnp.float32) * q_BxNxH.shape[-1] ** -0.5
+    lengths_B, pb = (positions_B + 1).astype(jnp.int32), geometry.pages_per_block
     out = paged_attention(
-        q_BxNxH.astype(jnp.float32) * h**-0.5,
-        k_pages,
-        v_pages,
-        (positions_B + 1).astype(jnp.int32),
-        table_BxM,
-        pages_per_compute_block=geometry.pages_per_block,
+        q_BxNxH, k_pages, v_pages, lengths_B, table_BxM, pages_per_compute_block=pb
     )
     return out.astype(jnp.float32)
 
 
 def gpu_blocks(max_pages: int, pages_per_block: int) -> tuple[int, int, int]:
-    """(pages per compute block, padded table width, k splits) for the Triton kernel, whose
-    lowering takes only power-of-two shapes: the block is the largest power of two within
-    `pages_per_block`, the table is padded to a power of two (the kernel stops at each
-    sequence's length, so padded entries are never read) and split in up to 16 parts."""
+    """(pages per compute block, padded table width, k splits) for the Triton kernel, which takes
+    only power-of-two shapes: the largest power-of-two block within `pages_per_block`, the table
+    padded to a power of two (entries past a sequence's length are never read), up to 16 splits."""
     pb = 1 << (max(1, pages_per_block).bit_length() - 1)
     width = max(pb, 1 << (max_pages - 1).bit_length())
     return pb, width, min(16, width // pb)
@@ -238,8 +222,7 @@ def decode_pallas_gpu(
     geometry: PageGeometry,
     interpret: bool = False,
 ) -> jax.Array:
-    """JAX's GPU (Pallas/Triton) paged-attention kernel; [B, N, H]. `interpret` runs it
-    in Pallas interpret mode (CPU tests)."""
+    """JAX's GPU (Pallas/Triton) paged-attention kernel; [B, N, H] (`interpret`: CPU tests)."""
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
 
     h = q_BxNxH.shape[-1]
@@ -271,9 +254,8 @@ def context_attention(
     geometry: PageGeometry,
     window: int | None,
 ) -> jax.Array:
-    """Queries of one sequence at `positions_T` against its pages, keys from position
-    `first` (block-aligned down) to `end` (exclusive), `context_block_pages` pages per
-    iteration with an online softmax; [T, N, H] fp32."""
+    """Queries of one sequence at `positions_T` against its pages, keys in [first, end) (`first`
+    block-aligned down), `context_block_pages` per iteration, online softmax; [T, N, H] fp32."""
     t, n, h = q_TxNxH.shape
     kh, _, z, _ = k_pages.shape
     g = n // kh

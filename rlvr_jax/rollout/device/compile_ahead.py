@@ -1,10 +1,10 @@
 """Compiling an engine's programs ahead of use (`EngineCore.compile_ahead`): each jitted function
-is lowered on abstract arguments (the shapes, dtypes and shardings of the real calls) and
-compiled, so the first real call only traces — done before the trainer takes
-`dispatch.LOCK`, so a first compile never stalls the learner."""
+lowered on abstract arguments (the real calls' shapes, dtypes and shardings) and compiled before
+the trainer takes `dispatch.LOCK`, so a first compile never stalls the learner."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,10 +29,9 @@ def host_struct(shape: tuple, dtype: Any = np.int32) -> jax.ShapeDtypeStruct:
 def compile_all(
     spec: EngineSpec, params: DecodeParams, chunk: int, modes: Sequence[SamplerMode]
 ) -> int:
-    """Compiles the programs an engine of `spec` runs for the host's scheduler — `extend` of
-    every chunk bucket, activate / deactivate / copy (and, with row buckets, move), and
-    `generate` of every row bucket for each of `modes` at `chunk` steps — on `params`' avals
-    (see `EngineCore.compile_ahead`); returns how many."""
+    """Compiles what the scheduler runs on an engine of `spec` (`extend` of every chunk bucket,
+    activate / deactivate / copy / move, `generate` of every row bucket and each of `modes` at
+    `chunk` steps) on `params`' avals; returns how many."""
     dp = _abstract(params)
     state = jax.eval_shape(lambda: core.init_state(spec=spec))
     place = (
@@ -48,35 +47,18 @@ def compile_all(
         core.extend.lower(dp, state, host_struct((t,)), scalar, scalar, row, scalar, spec=spec)
         for t in spec.chunk_buckets
     ]
-    programs.append(
-        core.activate.lower(
-            state,
-            SlotSettings.empty(spec, lambda shape, _, dtype: host_struct(shape, dtype)),
-            slots,
-            slots,
-            spec=spec,
-        )
-    )
+    settings = SlotSettings.empty(spec, lambda shape, _, dtype: host_struct(shape, dtype))
+    programs.append(core.activate.lower(state, settings, slots, slots, spec=spec))
     programs.append(core.deactivate.lower(state, slots, spec=spec))
     programs.append(core.copy_pages.lower(state, pairs, pairs, spec=spec))
     if len(spec.row_buckets) > 1:
         programs.append(core.move_slots.lower(state, slots, slots, spec=spec))
     work = spec.kv_layout.abstract_work(spec)
+    generate = functools.partial(core.generate.lower, dp, state, scalar, work, spec=spec)
     for mode in modes:
         for rows in spec.row_buckets:  # `rows` passed as EngineCore.generate passes it
             rows_arg = None if rows == spec.max_slots else rows
-            programs.append(
-                core.generate.lower(
-                    dp,
-                    state,
-                    scalar,
-                    work,
-                    spec=spec,
-                    n_steps=chunk,
-                    mode=mode,
-                    rows=rows_arg,
-                )
-            )
+            programs.append(generate(n_steps=chunk, mode=mode, rows=rows_arg))
     for program in programs:
         program.compile()
     return len(programs)

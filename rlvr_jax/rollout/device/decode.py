@@ -1,13 +1,12 @@
 """The engine's jitted functions over a fixed-shape decode state of `max_slots` slots, for both
-KV layouts (what differs is a method of the layout): `prepare` (params in decode layout,
-tensor-parallel), `generate` (up to `n_steps` decode steps in a `while_loop`, sampling in-step,
-stopping once `exit_after` slots finish), `extend` (the K/V of tokens [start, start + length) of
-one sequence written into its pages — the one way K/V enter the cache outside decode: prompt
+KV layouts (what differs is a method of the layout): `prepare` (params in decode layout),
+`generate` (up to `n_steps` decode steps in a `while_loop`, sampling in-step, stopping once
+`exit_after` slots finish), `extend` (the one way K/V enter the cache outside decode: prompt
 chunks, recomputes, appended turns), `copy_pages`, `activate` / `deactivate` / `move_slots`.
 
-The first generated token is sampled by the first decode step, which feeds the prompt's last
-token: one sampler, keyed by (seed, sample index, position). Functions take the static
-`EngineSpec`, so engines with equal specs share compiled code (`engine.EngineCore` wraps them).
+The first decode step feeds the prompt's last token and samples the first generated one: one
+sampler, keyed by (seed, sample index, position). Functions take the static `EngineSpec`, so
+engines with equal specs share compiled code.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from rlvr_jax.rollout.device.state import (
     constrain,
     named,
     replicated,
-    start_slots,
     state_shardings,
     with_kv,
 )
@@ -55,10 +53,9 @@ def prepare(params: Any, *, spec: EngineSpec) -> kernel.DecodeParams:
 
 
 def decode_param_axes(dp: kernel.DecodeParams) -> Any:
-    """Logical axes of decode params (a tree like `dp`, name tuples at the leaves): embedding
-    and LM head over vocab, q|k|v and o over heads, gate|up and down over mlp (the fused ones
-    only when grouped by shard, `kernel.fused_tp`), the rest replicated. The dry-run plan sizes
-    the actor with these."""
+    """Logical axes of decode params (a tree like `dp`, name tuples at the leaves; the dry-run
+    plan sizes the actor with these): embedding and LM head over vocab, q|k|v and o over heads,
+    gate|up and down over mlp (the fused ones only when grouped by shard), the rest replicated."""
     tp = dp.layers[0].tp
     heads, mlp = ("heads" if tp > 1 else None), ("mlp" if tp > 1 else None)
     split = {"qkv": (None, heads), "qkv_bias": (heads,), "o": ("heads", None)}
@@ -88,22 +85,17 @@ def is_axes(x: Any) -> bool:
 
 
 def decode_param_shardings(spec: EngineSpec, dp: kernel.DecodeParams) -> Any:
-    """NamedSharding tree of decode params on the actor mesh (None without one), from
-    `decode_param_axes` and the engine's rules."""
+    """NamedSharding tree of `decode_param_axes` on the actor mesh (None without one)."""
     if spec.mesh is None:
         return None
     return jax.tree.map(
-        lambda axes, x: named(spec, axes, x.shape),
-        decode_param_axes(dp),
-        dp,
-        is_leaf=is_axes,
+        lambda axes, x: named(spec, axes, x.shape), decode_param_axes(dp), dp, is_leaf=is_axes
     )
 
 
 @functools.partial(jax.jit, static_argnames=("spec",))
 def init_state(*, spec: EngineSpec) -> DecodeState:
-    """An all-empty decode state (contiguous cache rows or page pools; every slot idle, its
-    settings those of `SlotSettings.empty`), on the actor mesh."""
+    """An empty decode state (every slot idle, `SlotSettings.empty`), on the actor mesh."""
     b, layers = spec.max_slots, range(spec.config.n_layers)
     empty = SlotSettings.empty(spec, jnp.full)
     state = DecodeState(
@@ -164,10 +156,10 @@ def _decode_one(
 
 
 def _forced(state: DecodeState) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(token_B, forced_B, replay_B): what a slot emits (and feeds next) instead of a draw.
-    Budget forcing (`api.Interrupt`): a slot whose generated count g is in
-    [budget, budget + inserted) emits forced token g - budget (log-prob 0, never a stop). A
-    replay (budget `REPLAY`) emits forced token g, scored and stopping as a drawn one."""
+    """(token_B, forced_B, replay_B): what a slot emits instead of a draw. Budget forcing: a slot
+    whose generated count g is in [budget, budget + inserted) emits forced token g - budget
+    (log-prob 0, never a stop). A replay (budget `REPLAY`) emits forced token g, scored and
+    stopping as a drawn one."""
     f = state.forced_BxF.shape[1]
     replay_B = state.budget_B == REPLAY
     index_B = state.generated_B - jnp.where(replay_B, 0, state.budget_B)
@@ -195,20 +187,15 @@ def generate(
     mode: SamplerMode,
     rows: int | None = None,
 ) -> tuple[DecodeState, ChunkOutput]:
-    """Up to `n_steps` decode steps of every live slot (`state` donated), stopping early once no
-    slot is live or `exit_after` slots have finished. Paged: `work` lists the pages each slot reads
-    (they must hold `n_steps` more tokens), and `rows` (a `spec.row_buckets` entry) decodes slots
-    [0, rows) only — the host keeps live slots packed there — and the output has `rows` rows."""
+    """Up to `n_steps` decode steps of every live slot (`state` donated), stopping once no slot is
+    live or `exit_after` slots have finished. Paged: `work` lists the pages each slot reads (room
+    for `n_steps` more tokens); `rows` (a `spec.row_buckets` entry) decodes slots [0, rows) only
+    (the host packs live slots there), the output having `rows` rows."""
     if rows is not None and rows < spec.max_slots:
-        head = {f: getattr(state, f)[:rows] for f in _SLOT_FIELDS}
+        head = state.replace(**{f: getattr(state, f)[:rows] for f in _SLOT_FIELDS})
+        work = work.replace(table_BxM=work.table_BxM[:rows])
         sub, out = generate.__wrapped__(
-            dp,
-            state.replace(**head),
-            exit_after,
-            work.replace(table_BxM=work.table_BxM[:rows]),
-            spec=spec,
-            n_steps=n_steps,
-            mode=mode,
+            dp, head, exit_after, work, spec=spec, n_steps=n_steps, mode=mode
         )
         merged = {f: getattr(state, f).at[:rows].set(getattr(sub, f)) for f in _SLOT_FIELDS}
         return constrain(sub.replace(**merged), state_shardings(spec)), constrain(
@@ -244,8 +231,7 @@ def generate(
     out = out.replace(active_B=state.active_B, generated_B=state.generated_B)
     if b < spec.max_slots:  # the rows of a bucketed call: merged by the caller
         return state, out
-    # the host reads the chunk's output: replicated, so that every process of a multi-process
-    # run can (it is B x C tokens)
+    # replicated: every process of a multi-process run reads the (B x C) output
     return constrain(state, state_shardings(spec)), constrain(out, replicated(spec))
 
 
@@ -253,8 +239,8 @@ def generate(
 def move_slots(
     state: DecodeState, src_B: jax.Array, dst_B: jax.Array, *, spec: EngineSpec
 ) -> DecodeState:
-    """`state` (donated) with slot `src_B[i]`'s request moved to slot `dst_B[i]` (B = unused),
-    the sources idle: a slot's K/V stay in its pages, only its per-slot vectors move."""
+    """`state` (donated) with slot `src_B[i]`'s per-slot vectors moved to slot `dst_B[i]` (B =
+    unused), the sources idle (K/V stay in their pages)."""
     moved = {}
     for f in _SLOT_FIELDS:
         x = getattr(state, f)
@@ -275,10 +261,14 @@ def activate(
     *,
     spec: EngineSpec,
 ) -> DecodeState:
-    """`state` (donated) with slots `settings.slots_B` (B = unused) starting, or resuming,
-    their requests: next input `token_B`, at position `position_B` (its K/V not cached yet;
-    every earlier position is in the slot's pages)."""
-    state = start_slots(state, settings, token_B, position_B)
+    """`state` (donated) with slots `settings.slots_B` (B = unused) starting, or resuming, their
+    requests: next input `token_B` at `position_B` (every earlier position in the slot's pages)."""
+    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    values |= {"tokens_B": token_B, "positions_B": position_B, "active_B": True}
+    slots_B = values.pop("slots_B")
+    state = state.replace(
+        **{f: getattr(state, f).at[slots_B].set(x, mode="drop") for f, x in values.items()}
+    )
     return constrain(state, state_shardings(spec))
 
 
@@ -302,8 +292,7 @@ def extend(
     spec: EngineSpec,
 ) -> DecodeState:
     """`state` (donated) with the K/V of `tokens_T[:length]` at positions `start ..` of the
-    sequence whose pages (shard `shard`, local ids) are `table_M`, each token attending to
-    the sequence's earlier tokens. Pages must already hold positions [0, start)."""
+    sequence whose pages (local ids of `shard`) are `table_M`, which hold [0, start)."""
     t = tokens_T.shape[0]
     positions_T = start + jnp.arange(t, dtype=jnp.int32)
     valid_T = jnp.arange(t) < length

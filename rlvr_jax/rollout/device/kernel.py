@@ -1,26 +1,20 @@
-"""The engine's forward passes: prompt prefill and one-token decode over "decode params".
+"""The engine's forward passes over "decode params": prompt prefill and one-token decode.
 
-`prepare_params` re-lays the policy's params (`rlvr_jax.models.params` layout) once per
-weight update into `DecodeParams`:
-- one set of arrays per layer: slicing the [L, ...] stacks inside a decode step makes
-  XLA:CPU copy every weight on every step (96 MB/step on the bench model, ~3x slower);
-- q|k|v fused into one [D, (N+2K)H] matmul and gate|up into one [D, 2F] matmul, their
-  columns grouped by tensor-parallel shard (`tp`): shard t holds its own q, k and v heads
-  (and gate and up columns) side by side, so the fused matmuls split over the actor mesh's
-  tensor axis with no resharding (with tp = 1 the layout is plain q|k|v, gate|up);
-- weights pre-cast to the compute dtype, or to `weight_dtype` (`rollout.weight_dtype`):
-  bfloat16 / float32, or int8 / fp8 with one scale per output column (`models.quant`: the
-  matmul runs in the compute dtype and the scale is applied after it); the LM head as a
-  [D, V] fp32 matrix (a bf16 policy computing in bf16: [V, D] bf16, the same fp32 logits).
-  bf16 matmuls accumulate in fp32 (`quant.matmul`: XLA:CPU's native bf16 dot).
+`prepare_params` re-lays the policy's params once per weight update into `DecodeParams`:
+- one set of arrays per layer: slicing [L, ...] stacks inside a decode step makes XLA:CPU copy
+  every weight every step (96 MB/step on the bench model, ~3x slower);
+- q|k|v fused into one [D, (N+2K)H] matmul and gate|up into one [D, 2F], columns grouped by
+  tensor-parallel shard (`tp`: shard t holds its own q, k, v heads and gate, up columns side
+  by side), so the fused matmuls split over the tensor axis with no resharding;
+- weights pre-cast to the compute dtype or `weight_dtype` (int8 / fp8: a scale per output
+  column, applied after the matmul, `models.quant`); the LM head [D, V] fp32 (bf16 policy and
+  compute: [V, D] bf16, the same fp32 logits). bf16 matmuls accumulate in fp32.
 
-The math is the model's own: `rms_norm`, `attend`, the masks and RoPE tables come from
-`rlvr_jax.models`, so the engine computes what `rlvr_jax.models.forward` computes (the
-tests check both against transformers). `run_layers` is the layer loop; what a layer's
-attention reads and writes is a callback, so the contiguous cache (per layer, [B, K, S, H] held
-as consecutive segments, attended here by `attend_segments`) and the paged pool
-(`rlvr_jax.rollout.device.attention`) share every other line. Decode attention's scores,
-softmax and sums are fp32 (q·k on the exact operands, `scores`; cached V upcast), so the
+The math is the model's own (`rms_norm`, `attend`, masks and RoPE from `rlvr_jax.models`; the
+tests check both against transformers). `run_layers` is the layer loop, each layer's attention
+a callback, so the contiguous cache (per layer, [B, K, S, H] as consecutive segments,
+`attend_segments`) and the paged pool (`device.attention`) share every other line. Decode
+attention's scores, softmax and sums are fp32 (q·k on the exact operands, `scores`), so the
 layouts agree to fp32 rounding whatever the cache dtype.
 
 Letters: B slots, P prompts, T prompt time, S cache positions, D model, N query heads,
@@ -75,9 +69,8 @@ class DecodeParams:
 
 
 def fused_tp(config: ArchConfig, tensor: int) -> int:
-    """Tensor shards the fused q|k|v and gate|up columns can be grouped by: `tensor` when it
-    divides the query heads, the KV heads and the MLP width, else 1 (those matmuls then stay
-    whole on every device; the rest of the tensor split still applies)."""
+    """Tensor shards the fused columns are grouped by: `tensor` when it divides the query heads,
+    the KV heads and the MLP width, else 1 (those matmuls then stay whole on every device)."""
     ok = all(x % tensor == 0 for x in (config.n_heads, config.n_kv_heads, config.d_ff))
     return tensor if tensor > 1 and ok else 1
 
@@ -102,11 +95,9 @@ def prepare_params(
     weight_dtype: Any = None,
     platform: str = "",
 ) -> DecodeParams:
-    """`params` (models layout, leaves stacked over layers, plain arrays: see `lora.merge`) in
-    decode layout, fused columns grouped by `tp` tensor shards (see `fused_tp`), the matmul
-    weights in `weight_dtype` (default the compute dtype; "int8" / "fp8": quantized), the
-    embedding table held as `storage_dtype` says for `platform` ("cpu": a 16-bit table as
-    fp32). Jittable."""
+    """`params` (models layout, plain arrays: `lora.merge`) in decode layout, fused columns
+    grouped by `tp` shards, matmul weights in `weight_dtype` (default the compute dtype), the
+    embedding table in `storage_dtype(..., platform)`. Jittable."""
     compute = jnp.dtype(compute_dtype)
     store = _storage(compute, weight_dtype)
     stack = params["layers"]
@@ -147,25 +138,20 @@ def prepare_params(
 
 
 def _head_dtype(param: Any, compute: jnp.dtype) -> jnp.dtype:
-    """The LM head's storage: fp32, or bf16 when both the head's params and the compute dtype
-    are bf16 — the final hidden state is then bf16 too, and a bf16 x bf16 matmul accumulating
-    in fp32 computes the fp32 logits of the upcast operands (`logits`) at half the bytes and
-    with XLA:CPU's native bf16 dot."""
+    """The LM head's storage: fp32, or bf16 when its params and the compute dtype are bf16 (a
+    bf16 x bf16 matmul accumulating in fp32 then gives the same fp32 logits at half the bytes)."""
     bf16 = jnp.dtype(jnp.bfloat16)
     return bf16 if jnp.dtype(param) == bf16 and compute == bf16 else jnp.dtype(jnp.float32)
 
 
 def head_vocab_major(head: Any) -> bool:
-    """Whether the LM head is held [V, D] (a bf16 head: the embedding's own layout, and
-    XLA:CPU's bf16 logits matmul at the bench model's head, [32, 512] x [512, 32000], was 1.9x
-    faster against [V, D] than against [D, V] on an AVX-512 BF16 core; an fp32 one is faster
-    [D, V])."""
+    """Whether the LM head is held [V, D]: a bf16 one (XLA:CPU's bf16 logits matmul, [32, 512] x
+    [512, 32000], was 1.9x faster against [V, D] on an AVX-512 BF16 core); fp32 is faster [D, V]."""
     return jnp.dtype(head.dtype).itemsize == 2
 
 
 def _storage(compute: jnp.dtype, weight_dtype: Any) -> Callable[[jax.Array], Any]:
-    """How a [in, out] matmul weight is stored: cast to a float dtype, or quantized per output
-    column with its scale in the compute dtype (the dtype the matmul then runs in)."""
+    """How a [in, out] matmul weight is stored: cast, or quantized per output column."""
     if weight_dtype in quant.QTYPES:
         return lambda w: quant.quantize(w.astype(compute), weight_dtype, (0,))
     dtype = compute if weight_dtype is None else jnp.dtype(weight_dtype)
@@ -232,17 +218,11 @@ def _finish_layer(
         return x_BxTxD + out_BxTxD
 
 
-def _embed(dp: DecodeParams, tokens: jax.Array, compute: Any) -> jax.Array:
-    return jnp.take(dp.embedding, tokens, axis=0).astype(compute)
-
-
 def storage_dtype(dtype: Any, platform: str) -> jnp.dtype:
-    """The dtype that holds values of `dtype` between ops that only move them — the KV cache
-    (written by scatters, read by gathers and slices) and the embedding table (read by a
-    gather): `dtype`, except fp32 for a 16-bit float on a CPU. XLA:CPU runs those ops on 16-bit
-    floats by converting the whole operand to fp32 and back on every call (the whole KV cache
-    of a layer on every decode step, the whole embedding table on every `generate`); fp32 holds
-    their values exactly, so what is computed does not change, only the bytes held."""
+    """The dtype holding values of `dtype` that are only moved (the KV cache, the embedding
+    table): `dtype`, but fp32 for a 16-bit float on a CPU, where XLA:CPU's scatters and gathers
+    convert the whole 16-bit operand to fp32 and back on every call; fp32 holds the values
+    exactly, so only the bytes held change."""
     dtype = jnp.dtype(dtype)
     if platform == "cpu" and jnp.issubdtype(dtype, jnp.floating) and dtype.itemsize == 2:
         return jnp.dtype(jnp.float32)
@@ -250,9 +230,8 @@ def storage_dtype(dtype: Any, platform: str) -> jnp.dtype:
 
 
 def scores(equation: str, q: jax.Array, k: jax.Array) -> jax.Array:
-    """fp32 `einsum(equation, q, k)` of the products of the exact operands: operands of one
-    dtype multiply as they are, accumulating in fp32 (`preferred_element_type`: a bf16 cache
-    is read as bf16, never upcast whole), operands of two dtypes are upcast to fp32 first."""
+    """fp32 `einsum(equation, q, k)` of the exact operands: one dtype multiplies as it is,
+    accumulating in fp32 (a bf16 cache is never upcast whole); two dtypes are upcast first."""
     if q.dtype != k.dtype:
         q, k = q.astype(jnp.float32), k.astype(jnp.float32)
     return jnp.einsum(equation, q, k, preferred_element_type=jnp.float32)
@@ -283,7 +262,7 @@ def run_layers(
     compute = dp.layers[0].qkv.dtype
     b, t = tokens_BxT.shape
     with jax.named_scope("embed"):
-        x_BxTxD = _embed(dp, tokens_BxT, compute)
+        x_BxTxD = jnp.take(dp.embedding, tokens_BxT, axis=0).astype(compute)
         rope = _rope_for_layers(config, positions_BxT)
     new = []
     for i, (w, (cos, sin)) in enumerate(zip(dp.layers, rope)):
@@ -311,10 +290,9 @@ def attend_segments(
     v_segments: tuple[jax.Array, ...],
     mask_BxS: jax.Array,
 ) -> jax.Array:
-    """One query per row against its cache row (GQA), in fp32 whatever the cache dtype, the
-    row held as consecutive segments [B, K, S_i, H] (the mask covers their Σ S_i positions):
-    one softmax over the concatenated scores, the values
-    summed segment by segment — no segment is copied. Returns [B, N, H] fp32."""
+    """One query per row against its cache row (GQA), held as consecutive segments [B, K, S_i, H]
+    (the mask covers their Σ S_i positions): one softmax over the concatenated scores, values
+    summed segment by segment (no segment copied). Returns [B, N, H] fp32."""
     b, n, h = q_BxNxH.shape
     k = k_segments[0].shape[1]
     q_BxKxGxH = q_BxNxH.reshape(b, k, n // k, h)
@@ -354,12 +332,10 @@ def decode_logits(
     *,
     span: jax.Array | None = None,
 ) -> tuple[jax.Array, tuple, tuple]:
-    """One token per row of the contiguous cache (per layer, consecutive segments
-    [B, K, S_i, H]: `kv_layout.Contiguous.segments`): writes its K/V at `positions_B` of its
-    row, attends to positions <= `positions_B` (the last W on sliding layers). Returns (logits
-    fp32 [B, V], k, v). With `span` (a traced int, > every live row's position), attention
-    reads only the fewest leading segments that cover `span` (`lax.switch`): the same keys,
-    fewer masked ones."""
+    """One token per row of the contiguous cache (per layer, segments [B, K, S_i, H],
+    `Contiguous.segments`): its K/V written at `positions_B`, attending causally (the last W on
+    sliding layers). Returns (logits fp32 [B, V], k, v). With `span` (traced, > every live
+    row's position), attention reads only the leading segments covering it (`lax.switch`)."""
     b = tokens_B.shape[0]
     lengths = [seg.shape[2] for seg in k_cache[0]]
     ends = tuple(int(e) for e in np.cumsum(lengths))
@@ -388,12 +364,8 @@ def decode_logits(
             attn_BxNxH = jax.lax.switch(which, [reads(m) for m in range(1, len(ends) + 1)], *args)
         return attn_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (k_segments, v_segments)
 
+    caches = tuple(zip(k_cache, v_cache))
     x_Bx1xD, kv = run_layers(
-        dp,
-        config,
-        tokens_B[:, None],
-        positions_B[:, None],
-        tuple(zip(k_cache, v_cache)),
-        contiguous,
+        dp, config, tokens_B[:, None], positions_B[:, None], caches, contiguous
     )
     return logits(dp, config, x_Bx1xD[:, 0]), tuple(k for k, _ in kv), tuple(v for _, v in kv)

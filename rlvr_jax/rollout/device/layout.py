@@ -1,14 +1,12 @@
-"""The engine's KV layout, chosen once (`kv_layout(name)`) and held by `EngineSpec.kv_layout`:
-everything that differs between the two on the device is a method of it (the cache's shape and
-sharding, the pool a budget buys, decode and `extend` attention, page copies), so that the
-engine, compile-ahead and the dry-run plan never test a name. Geometry only: the host
+"""The engine's KV layout (`kv_layout(name)`, held by `EngineSpec.kv_layout`): everything that
+differs between the two on the device is a method of it (cache shape and sharding, the pool a
+budget buys, decode and `extend` attention, page copies), so no caller tests a name. The host
 (`rlvr_jax.rollout.host`) tracks the pages.
 
-- `PAGED` (the default): one pool of `num_pages` pages of `page_size` tokens per layer,
-  [K, P, Z, H]; slots hold block tables, so KV memory is a budget of its own and decode reads
-  only the pages in use.
-- `CONTIGUOUS`: every slot owns a [K, S, H] row per layer (S = `max_len`; the baseline). To the
-  host a row is one page of `max_len` bound to its slot (page b + 1 of a shard is slot b's row).
+- `PAGED` (default): a pool of `num_pages` pages of `page_size` tokens per layer, [K, P, Z, H];
+  slots hold block tables, so KV memory is a budget of its own and decode reads only live pages.
+- `CONTIGUOUS` (the baseline): a [K, S, H] row per slot and layer (S = `max_len`); to the host, a
+  row is one page of `max_len` bound to its slot (page b + 1 of a shard is slot b's row).
 """
 
 from __future__ import annotations
@@ -85,10 +83,6 @@ class _Layout:
             "rollout.kv_cache_gib)"
         )
 
-    def static_slots(self, spec: EngineSpec) -> int:
-        """Slots a caller that tracks no pages can use (each owns `max_len` of pages)."""
-        return paged_ops.static_slots(spec)
-
 
 @dataclasses.dataclass(frozen=True)
 class Contiguous(_Layout):
@@ -101,8 +95,7 @@ class Contiguous(_Layout):
         """Nothing to check (`configure` gives every slot its page)."""
 
     def configure(self, spec: EngineSpec, *, prefill_chunk: int, **_: Any) -> EngineSpec:
-        """`spec` with this layout: one page of `max_len` per slot (the pool settings do not
-        apply)."""
+        """`spec` with one page of `max_len` per slot (the pool settings do not apply)."""
         return dataclasses.replace(
             spec,
             kv_layout=self,
@@ -112,7 +105,7 @@ class Contiguous(_Layout):
         )
 
     def kv_shape(self, spec: EngineSpec) -> tuple[int, ...]:
-        """Shape of one layer's K (or V) array: [B, K, S, H]."""
+        """[B, K, S, H]."""
         cfg = spec.config
         return (spec.max_slots, cfg.n_kv_heads, spec.max_len, cfg.head_dim)
 
@@ -122,12 +115,11 @@ class Contiguous(_Layout):
         return tuple(named(spec, CACHE_AXES, (b, k, n, h)) for _, n in self.segments(spec))
 
     def empty_cache(self, spec: EngineSpec) -> tuple[jax.Array, ...]:
-        """One layer's K (or V): zeros, one [B, K, length, H] array per segment."""
+        """One layer's K (or V): zeros [B, K, length, H] per segment."""
         b, k, _, h = self.kv_shape(spec)
         return tuple(jnp.zeros((b, k, n, h), spec.cache_dtype) for _, n in self.segments(spec))
 
     def row_buckets(self, spec: EngineSpec) -> tuple[int, ...]:
-        """Every slot decodes every step."""
         return (spec.max_slots,)
 
     def pool(
@@ -149,10 +141,10 @@ class Contiguous(_Layout):
         )
 
     def segments(self, spec: EngineSpec) -> tuple[tuple[int, int], ...]:
-        """(start, length) of each segment of a layer's cache along S: arrays ending at a quarter,
-        half, three quarters and all of `max_len` (multiples of 16), so that a decode step reads the
-        leading ones it needs without copying a prefix of one array (XLA:CPU copies a slice before a
-        dot: 2x slower on the demo). One segment with several shards, or exact."""
+        """(start, length) of each segment of a layer's cache along S, ending at 1/4, 1/2, 3/4 and
+        all of `max_len` (multiples of 16): a decode step reads the leading ones it needs without
+        slicing one array (XLA:CPU copies a slice before a dot: 2x slower on the demo). One
+        segment with several shards, or exact."""
         s = spec.max_len
         ends: tuple[int, ...] = (s,)
         if spec.shards == 1 and not spec.exact and s >= 64:
@@ -168,9 +160,9 @@ class Contiguous(_Layout):
         shard: jax.Array,
         end: jax.Array,
     ) -> kernel.Attention:
-        """Each layer's attention of `extend` on the contiguous cache: the new tokens' K/V written
-        into the row of page `table_M[0]` (local slot `table_M[0] - 1` of shard `shard`), each
-        query attending to the row's positions up to its own (the last W on sliding layers)."""
+        """Each layer's attention of `extend`: the new tokens' K/V written into the row of page
+        `table_M[0]` (local slot `table_M[0] - 1` of `shard`), each query attending causally to
+        the row (the last W on sliding layers)."""
         del end  # the causal mask covers it
         cfg = spec.config
         key_S = jnp.arange(spec.max_len, dtype=jnp.int32)
@@ -214,8 +206,7 @@ class Contiguous(_Layout):
 
         return [(copy(k_l), copy(v_l)) for k_l, v_l in zip(k, v)]
 
-    def default_work(self, spec: EngineSpec) -> None:
-        """No page work: each row is read whole."""
+    def default_work(self, spec: EngineSpec) -> None:  # each row is read whole
         return None
 
     abstract_work = default_work
@@ -239,11 +230,9 @@ class Paged(_Layout):
         attention: str,
         geometry_tokens: tuple[int, int, int] | None,
     ) -> EngineSpec:
-        """`spec` with this layout: its pool (`pool`), page size, prefill chunk, the decode
-        attention of full layers for the mesh's platform (`attention.select_impl`) and the walk
-        geometry."""
+        """`spec` with its pool (`pool`), page size, prefill chunk, full layers' decode attention
+        for the platform (`attention.select_impl`) and walk geometry."""
         mesh = spec.mesh
-        platform = spec.platform
         pool = self.pool(
             spec.config,
             max_slots=spec.max_slots,
@@ -262,13 +251,13 @@ class Paged(_Layout):
             num_pages=pool.pages,
             prefill_chunk=prefill_chunk,
             attention=paged_attention.select_impl(
-                attention, platform, page_size=page_size, head_dim=spec.config.head_dim
+                attention, spec.platform, page_size=page_size, head_dim=spec.config.head_dim
             ),
             geometry_tokens=geometry_tokens or paged_attention.GEOMETRY_TOKENS,
         )
 
     def kv_shape(self, spec: EngineSpec) -> tuple[int, ...]:
-        """Shape of one layer's page pool: [K, P, Z, H]."""
+        """[K, P, Z, H]."""
         cfg = spec.config
         return (cfg.n_kv_heads, spec.num_pages, spec.page_size, cfg.head_dim)
 
@@ -278,12 +267,11 @@ class Paged(_Layout):
         return NamedSharding(spec.mesh, PartitionSpec(heads, spec.slot_spec, None, None))
 
     def empty_cache(self, spec: EngineSpec) -> jax.Array:
-        """One layer's K (or V) pool: zeros."""
         return jnp.zeros(self.kv_shape(spec), spec.cache_dtype)
 
     def row_buckets(self, spec: EngineSpec) -> tuple[int, ...]:
-        """Slot counts a decode call may run on: B/8, B/4, B/2 (those of at least 8) and B; with
-        several shards, or exact, just B."""
+        """Slot counts a decode call may run on: those of B/8, B/4, B/2 of at least 8, and B
+        (just B with several shards, or exact)."""
         b = spec.max_slots
         if spec.shards != 1 or spec.exact:
             return (b,)
@@ -302,9 +290,8 @@ class Paged(_Layout):
         kv_pages: int | None,
         kv_cache_gib: float | None,
     ) -> KVPool:
-        """The pool `kv_pages` (all shards) or `kv_cache_gib` (per device, KV heads split over
-        `tensor` when it divides them) buys, by default `max_slots` rows of `max_len`; trash
-        included."""
+        """The pool (trash included) `kv_pages` (all shards) or `kv_cache_gib` (per device, KV
+        heads split over `tensor` when it divides them) buys; default `max_slots` rows."""
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if kv_pages is not None and kv_cache_gib is not None:
@@ -345,11 +332,10 @@ class Paged(_Layout):
     copy_pages = staticmethod(paged_ops.copy_pages)
 
     def default_work(self, spec: EngineSpec) -> paged_ops.PagedWork:
-        """Without the scheduler's work: every page of the static assignment."""
         return paged_ops.static_work(spec)
 
     def abstract_work(self, spec: EngineSpec) -> paged_ops.PagedWork:
-        """Abstract `PagedWork` of an engine (the shapes the scheduler builds)."""
+        """Abstract `PagedWork` (the shapes the scheduler builds)."""
         s, r = spec.shards, spec.work_len
         lists = (_host((s, r)), _host((s, r)), _host((s,)))
         return paged_ops.PagedWork(
@@ -363,8 +349,8 @@ def _row_extend_local(
     q_TxNxH, k_TxKxH, v_TxKxH, k_segments, v_segments, positions_T, valid_T, row, shard, mask_TxS,
     *, spec,
 ):  # fmt: skip
-    """One shard's part: writes the new K/V into its local row `row` (when it owns it) and
-    attends the new queries to that row."""
+    """One shard's part: the new K/V written into local row `row` (by its owner), the new
+    queries attending to it."""
     mine = shard_index(spec) == shard
     write_T = jnp.where(valid_T & mine, positions_T, spec.max_len)  # out of range: dropped
     row_T = jnp.full_like(positions_T, row)
@@ -374,9 +360,7 @@ def _row_extend_local(
         jnp.einsum("KSH->SKH", jnp.concatenate([seg[row] for seg in segs], axis=1))[None]
         for segs in (k_segments, v_segments)
     )
-    # the model's attention (`models.layers.attend`: fp32 scores, softmax and sums) of the new
-    # queries to the row; it multiplies operands of one dtype, so a query and cache of two
-    # dtypes are upcast to fp32 first
+    # the model's attention (fp32 scores, softmax and sums) multiplies operands of one dtype
     qkv = (q_TxNxH[None], keys_1xSxKxH, values_1xSxKxH)
     if q_TxNxH.dtype != keys_1xSxKxH.dtype:
         qkv = tuple(x.astype(jnp.float32) for x in qkv)

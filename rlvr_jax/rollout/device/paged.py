@@ -1,8 +1,8 @@
 """The paged layout's device side: decode over the page pool, `extend`'s attention, page copies,
 and the arrays that describe pages to the device (block tables, work lists, the static
-assignment). Block tables hold *local* page ids: on a mesh, slot shard s owns its slots and its
-range of pages, the pool-touching parts run under `shard_map` (a gather never leaves its
-shard), and a single sequence's prefill runs on every shard, only its owner writing its pages."""
+assignment). Block tables hold *local* page ids: slot shard s owns its slots and its range of
+pages, the pool-touching parts run under `shard_map` (no gather leaves its shard), and one
+sequence's prefill runs on every shard, only its owner writing its pages."""
 
 from __future__ import annotations
 
@@ -19,11 +19,7 @@ from rlvr_jax.models.config import SLIDING
 from rlvr_jax.rollout.device import attention as paged_attention
 from rlvr_jax.rollout.device import kernel
 from rlvr_jax.rollout.device.attention import PageGeometry
-from rlvr_jax.rollout.device.state import (
-    EngineSpec,
-    shard_index,
-    shard_map,
-)
+from rlvr_jax.rollout.device.state import EngineSpec, shard_index, shard_map
 
 
 class PageError(RuntimeError):
@@ -32,9 +28,8 @@ class PageError(RuntimeError):
 
 @flax.struct.dataclass
 class PagedWork:
-    """The host's description of one decode call: block tables and per-shard work lists ([S, R],
-    local slot ids, padding slot = B/S); the sliding lists (None without sliding layers) hold only
-    the blocks that meet each slot's window."""
+    """One decode call's block tables and per-shard work lists ([S, R], local slot ids, padding
+    slot = B/S); the sliding lists (None without sliding layers) hold the blocks in each window."""
 
     table_BxM: jax.Array  # int32 local page ids, 0 = trash
     slot_SxR: jax.Array
@@ -60,8 +55,7 @@ def _pool_spec(spec: EngineSpec) -> Pspec:
 
 
 def _token_pages(table_M: jax.Array, positions_T: jax.Array, valid_T: jax.Array, z: int) -> tuple:
-    """(page_T, offset_T): where each of a sequence's positions goes in its pages `table_M`
-    (the trash page 0 for the invalid ones)."""
+    """(page_T, offset_T) of each position in the pages `table_M` (invalid ones: trash page 0)."""
     page_T = jnp.where(valid_T, table_M[jnp.minimum(positions_T // z, table_M.shape[0] - 1)], 0)
     return page_T, positions_T % z
 
@@ -87,28 +81,12 @@ def _decode_local(
     k_pages, v_pages = paged_attention.write_tokens(
         k_pages, v_pages, k_BxKxH, v_BxKxH, page_B, offset_B
     )
-    g = spec.geometry
-    if impl == "pallas_tpu":
-        out = paged_attention.decode_pallas_tpu(
-            q_BxNxH, k_pages, v_pages, positions_B, table_BxM, geometry=g
-        )
-    elif impl == "pallas_gpu":
-        out = paged_attention.decode_pallas_gpu(
-            q_BxNxH, k_pages, v_pages, positions_B, table_BxM, geometry=g
-        )
+    g, args = spec.geometry, (q_BxNxH, k_pages, v_pages, positions_B, table_BxM)
+    if impl != "xla":  # decode_pallas_tpu or decode_pallas_gpu
+        out = getattr(paged_attention, f"decode_{impl}")(*args, geometry=g)
     else:
-        out = paged_attention.decode_xla(
-            q_BxNxH,
-            k_pages,
-            v_pages,
-            positions_B,
-            table_BxM,
-            slot_SxR[0],
-            block_SxR[0],
-            count_S[0],
-            geometry=g,
-            window=window,
-        )
+        lists = (slot_SxR[0], block_SxR[0], count_S[0])
+        out = paged_attention.decode_xla(*args, *lists, geometry=g, window=window)
     return out, k_pages, v_pages
 
 
@@ -122,8 +100,8 @@ def decode_logits(
     v_pages: tuple[jax.Array, ...],
     work: PagedWork,
 ) -> tuple[jax.Array, tuple[jax.Array, ...], tuple[jax.Array, ...]]:
-    """One token per slot: writes its K/V into the slot's page at its position (idle slots
-    write the trash page) and attends over the slot's pages. (logits fp32 [B, V], k, v)."""
+    """One token per slot, its K/V written at its position (idle slots: the trash page), attending
+    over the slot's pages. Returns (logits fp32 [B, V], k, v)."""
     z = spec.page_size
     rows_B = jnp.arange(tokens_B.shape[0])
     page_B = jnp.where(active_B, work.table_BxM[rows_B, positions_B // z], 0)
@@ -150,13 +128,9 @@ def decode_logits(
         )
         return out_BxNxH[:, None].astype(q_Bx1xNxH.dtype), (kp, vp)
 
+    caches = tuple(zip(k_pages, v_pages))
     x_Bx1xD, kv = kernel.run_layers(
-        dp,
-        spec.config,
-        tokens_B[:, None],
-        positions_B[:, None],
-        tuple(zip(k_pages, v_pages)),
-        attention,
+        dp, spec.config, tokens_B[:, None], positions_B[:, None], caches, attention
     )
     logits_BxV = kernel.logits(dp, spec.config, x_Bx1xD[:, 0])
     return logits_BxV, tuple(k for k, _ in kv), tuple(v for _, v in kv)
@@ -184,16 +158,9 @@ def _extend_local(
     k_pages, v_pages = paged_attention.write_tokens(
         k_pages, v_pages, k_TxKxH, v_TxKxH, page_T, offset_T
     )
+    g = spec.geometry
     out = paged_attention.context_attention(
-        q_TxNxH,
-        k_pages,
-        v_pages,
-        positions_T,
-        table_M,
-        first,
-        end,
-        geometry=spec.geometry,
-        window=window,
+        q_TxNxH, k_pages, v_pages, positions_T, table_M, first, end, geometry=g, window=window
     )
     if spec.mesh is not None and spec.slot_spec is not None:
         out = jax.lax.psum(jnp.where(mine, out, 0.0), spec.slot_spec)
@@ -208,9 +175,8 @@ def extend_attention(
     shard: jax.Array,
     end: jax.Array,
 ) -> kernel.Attention:
-    """Each layer's attention of `decode.extend` on the pool: the new tokens' K/V written into
-    the sequence's pages `table_M` (shard `shard`), each query attending to positions < `end`
-    of those pages (its earlier tokens and the chunk itself)."""
+    """Each layer's attention of `decode.extend`: the new tokens' K/V written into the pages
+    `table_M` of `shard`, each query attending to positions < `end` of those pages."""
     start = positions_T[0]
     pages = _token_pages(table_M, positions_T, valid_T, spec.page_size)
     where = (positions_T, *pages, table_M, shard)  # every layer's
@@ -249,7 +215,6 @@ def copy_pages(
 
 
 def pages_for(tokens: int, page_size: int) -> int:
-    """Pages that hold `tokens` positions."""
     return -(-tokens // page_size)
 
 
@@ -262,9 +227,9 @@ def work_lists(
     length: int,
     geometry: PageGeometry,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode work lists ([S, R] slot, [S, R] block, [S] count) of live slots: slot b (global)
-    reads blocks `starts[b] // T .. ends[b] // T` (T tokens per block), grouped by slot in slot
-    order; padding carries the local slot id `slots_per_shard` (dropped)."""
+    """Decode work lists ([S, R] slot, [S, R] block, [S] count): slot b (global) reads blocks
+    `starts[b] // T .. ends[b] // T` (T tokens per block), in slot order; padding carries the
+    local slot id `slots_per_shard` (dropped)."""
     slot_SxR = np.full((shards, length), slots_per_shard, np.int32)
     block_SxR = np.zeros((shards, length), np.int32)
     count_S = np.zeros((shards,), np.int32)
@@ -285,8 +250,7 @@ def work_lists(
 
 
 def static_slots(spec: EngineSpec) -> int:
-    """Slots of a paged engine the static assignment serves: each owns `max_len` positions
-    of pages in its shard."""
+    """Slots the static assignment serves (each owns `max_len` positions of pages)."""
     per_seq = pages_for(spec.max_len, spec.page_size)
     return min(spec.max_slots // spec.shards, (spec.pages_per_shard - 1) // per_seq) * spec.shards
 

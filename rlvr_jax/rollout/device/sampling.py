@@ -1,18 +1,15 @@
 """Token sampling inside the jitted decode step: greedy, temperature, top-k, top-p.
 
-Randomness is keyed by (request seed, sample index, position) through a counter-based
-integer hash, never by slot or by step count, so a completion is the same whichever slot
-runs it and however requests are scheduled.
+Randomness is keyed by (request seed, sample index, position) through a counter-based integer
+hash, never by slot or step, so a completion does not depend on scheduling.
 
-Sampling is inverse-CDF over the full vocabulary with two uniforms per row (one picks a
-block of `BLOCK_W` tokens by block mass, the other a token inside the block), reusing the
-`exp(x - max)` the log-softmax needs anyway. That is exact categorical sampling and costs
-two reductions over B×V instead of the B×V random numbers (and two logs each) of
-Gumbel-max; on a CPU it is ~30x cheaper (0.3 ms vs 9 ms for 32×32000 logits).
+Sampling is exact inverse-CDF over the full vocabulary with two uniforms per row (one picks a
+block of `BLOCK_W` tokens by mass, the other a token in it), reusing the log-softmax's
+`exp(x - max)`: two reductions over B×V instead of Gumbel-max's B×V random numbers, ~30x
+cheaper on a CPU (0.3 ms vs 9 ms for 32×32000 logits).
 
-Log-probs follow ALGORITHMS.md: fp32 log-softmax of `logits / temperature` over the full
-vocabulary, unfiltered by top-k/top-p. Greedy rows (temperature 0) report the log-prob
-under temperature 1.
+Log-probs (ALGORITHMS.md): fp32 log-softmax of `logits / temperature` over the full vocabulary,
+unfiltered by top-k/top-p; greedy rows report it at temperature 1.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ import jax.numpy as jnp
 
 from rlvr_jax.models.layers import log_softmax_parts
 
-BLOCK_W = 128
-"""Tokens per block of the two-level inverse-CDF sampler."""
+BLOCK_W = 128  # tokens per block of the two-level inverse-CDF sampler
 
 _STREAM_BLOCK = 0x1B873593
 _STREAM_TOKEN = 0x68E31DA4
@@ -56,7 +52,6 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when the token is the argmax (temperature 0)."""
         return self.temperature == 0.0
 
 
@@ -196,17 +191,14 @@ def sample_tokens(
     mode: SamplerMode = UNFILTERED,
     forced_B: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Samples one token per row and returns (tokens_B int32, logprobs_B float32).
+    """Samples one token per row: (tokens_B int32, logprobs_B float32).
 
     Args:
-      logits_BxV: next-token logits (cast to fp32 here).
       temperature_B: 0 = greedy; otherwise the softmax temperature.
       top_k_B, top_p_B: per-row filters (ignored unless `mode` enables them).
-      seed_B, sample_B, position_B: the randomness key — request seed, sample index within
-        the request's group, and absolute position of the token being sampled.
-      mode: static filter switches (see `SamplerMode.for_params`).
-      forced_B: token ids emitted instead of a draw where >= 0 (budget forcing, replay); the
-        log-prob reported is theirs, computed as a drawn token's is.
+      seed_B, sample_B, position_B: the randomness key (request seed, sample index in its
+        group, absolute position of the token sampled).
+      forced_B: token ids emitted instead of a draw where >= 0, their log-probs reported.
     """
     logits_BxV = logits_BxV.astype(jnp.float32)
     greedy_B = temperature_B <= 0.0

@@ -20,12 +20,10 @@ from rlvr_jax import sharding
 from rlvr_jax.models import ArchConfig
 from rlvr_jax.rollout.device.attention import GEOMETRY_TOKENS, PageGeometry, make_geometry
 
+# logical axes of one layer's contiguous K or V [B, K, S, H], page pool [K, P, Z, H], a slot's [B]
 CACHE_AXES = ("cache_batch", "cache_kv_heads", "cache_sequence", "head_dim")
-"""Logical axes of one layer's contiguous K or V cache [B, K, S, H]."""
 POOL_AXES = ("cache_kv_heads", "cache_batch", None, "head_dim")
-"""Logical axes of one layer's page pool [K, P, Z, H] (pages split like slots)."""
 SLOT_AXES = ("cache_batch",)
-"""Logical axes of a per-slot vector [B]."""
 REPLAY = -2
 """`DecodeState.budget_B` of a slot replaying given tokens (`api.Replay`; -1 = no forcing)."""
 
@@ -40,7 +38,6 @@ class EngineSpec:
     """Everything static about an engine (hashable: the jitted functions' static arg)."""
 
     config: ArchConfig
-    """The policy's architecture."""
     max_slots: int
     """B: decode slots."""
     max_len: int
@@ -59,7 +56,7 @@ class EngineSpec:
     rules: sharding.Rules | None = None
     """Logical-axis rules on `mesh` (ACTOR_RULES when None)."""
     kv_layout: Any = None
-    """The KV layout object (`rlvr_jax.rollout.device.layout`: `PAGED` or `CONTIGUOUS`)."""
+    """`device.layout`'s `PAGED` or `CONTIGUOUS`."""
     page_size: int = 16
     """Z: tokens per page (contiguous: `max_len`)."""
     num_pages: int = 0
@@ -93,8 +90,7 @@ class EngineSpec:
 
     @property
     def chunk_buckets(self) -> tuple[int, ...]:
-        """Padded lengths of a prefill chunk (`extend`): powers of two from 16 up to
-        `prefill_chunk` (capped by S)."""
+        """Padded `extend` chunk lengths: powers of two from 16, then min(prefill_chunk, S)."""
         return _powers_up_to(min(self.prefill_chunk, self.max_len))
 
     def chunk_bucket(self, length: int) -> int:
@@ -103,10 +99,7 @@ class EngineSpec:
 
     @property
     def platform(self) -> str:
-        """Where the engine runs (`mesh_platform`)."""
         return mesh_platform(self.mesh)
-
-    # ---- paged geometry ---------------------------------------------------------------------
 
     @property
     def slot_spec(self) -> Any:
@@ -131,7 +124,6 @@ class EngineSpec:
 
     @property
     def geometry(self) -> PageGeometry:
-        """How decode and prefill walk the pool."""
         raw = -(-self.max_len // self.page_size)
         return make_geometry(self.page_size, raw, self.geometry_tokens)
 
@@ -145,7 +137,6 @@ class EngineSpec:
 
     @property
     def row_buckets(self) -> tuple[int, ...]:
-        """Slot counts a decode call may run on (`kv_layout.row_buckets`)."""
         return self.kv_layout.row_buckets(self)
 
     def row_bucket(self, live: int) -> int:
@@ -154,8 +145,8 @@ class EngineSpec:
 
     @property
     def work_len(self) -> int:
-        """R: work-list entries per shard (every page of the shard in blocks, one partial
-        block per slot), rounded up to whole decode iterations."""
+        """R: work-list entries per shard (its pages in blocks, a partial block per slot), rounded
+        up to whole decode iterations."""
         g = self.geometry
         r = -(-self.pages_per_shard // g.pages_per_block) + self.max_slots // self.shards
         return -(-r // g.blocks_per_iter) * g.blocks_per_iter
@@ -204,10 +195,8 @@ class ChunkOutput:
 
 @flax.struct.dataclass
 class SlotSettings:
-    """Per-slot request settings of one insert, padded to [B] (slot index B = unused).
-
-    `generated_B` is how many tokens the request has already generated (0 for a fresh
-    one; a resumed, preempted one continues its count and budget)."""
+    """Per-slot request settings of one insert, padded to [B] (slot index B = unused);
+    `generated_B`: tokens already generated (a resumed sequence continues its count)."""
 
     slots_B: jax.Array
     seed_B: jax.Array
@@ -224,8 +213,7 @@ class SlotSettings:
 
     @classmethod
     def empty(cls, spec: EngineSpec, array: Callable = np.full) -> SlotSettings:
-        """No slot set: `array(shape, fill, dtype)` per field (numpy arrays, or abstract
-        structs for compile-ahead)."""
+        """No slot set: `array(shape, fill, dtype)` per field (numpy, or abstract structs)."""
         b, e, f = spec.max_slots, spec.max_stop_ids, spec.max_interrupt_ids
         fill = {"slots_B": b, "temperature_B": 1, "top_p_B": 1, "budget_B": -1}
         fill |= {"stop_ids_BxE": -1, "forced_BxF": -1}
@@ -239,29 +227,10 @@ class SlotSettings:
         )
 
 
-def start_slots(
-    state: DecodeState, settings: SlotSettings, token_B: Any, position_B: Any
-) -> DecodeState:
-    """`state` with slots `settings.slots_B` (B = unused) live for their requests (every other
-    field of `settings` set in those slots): next input `token_B` at `position_B` (arrays [B] or
-    scalars). Jittable."""
-    values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
-    values |= {"tokens_B": token_B, "positions_B": position_B, "active_B": True}
-    slots_B = values.pop("slots_B")
-    return state.replace(
-        **{f: getattr(state, f).at[slots_B].set(x, mode="drop") for f, x in values.items()}
-    )
-
-
 def named(spec: EngineSpec, names: tuple, shape: tuple) -> NamedSharding:
     """NamedSharding of an array with logical axes `names` on the engine's mesh."""
     rules = spec.rules if spec.rules is not None else sharding.ACTOR_RULES
     return NamedSharding(spec.mesh, sharding.logical_to_spec(names, rules, spec.mesh, shape))
-
-
-def kv_shape(spec: EngineSpec) -> tuple[int, ...]:
-    """Shape of one layer's K (or V) array."""
-    return spec.kv_layout.kv_shape(spec)
 
 
 def state_shardings(spec: EngineSpec) -> Any:
@@ -283,8 +252,7 @@ def replicated(spec: EngineSpec) -> NamedSharding | None:
 
 
 def with_kv(state: DecodeState, kv: Any, spec: EngineSpec) -> DecodeState:
-    """`state` with each layer's (k, v) of `kv` (what `kernel.run_layers` returns), on the
-    engine's shardings."""
+    """`state` with each layer's (k, v) of `kv` (from `run_layers`), on the engine's shardings."""
     state = state.replace(k=tuple(k for k, _ in kv), v=tuple(v for _, v in kv))
     return constrain(state, state_shardings(spec))
 

@@ -1,20 +1,19 @@
 """The page policy of both KV layouts (docs/engine.md): it keeps the allocator and the block
 tables and moves sequences through `Sequences`' methods.
 
-- Admission, in queue order (the head blocks the rest; a request that could not fit the pool
-  alone was refused when queued): a group's prompt (all but its last token) gets pages in the
-  shard with a free slot and the most free pages (a page per live slot kept free when the pool
-  cannot hold every slot at full length) and a reserved slot, and is written `prefill_chunk`
-  tokens per boundary (all at once when nothing decodes). Its samples share the full pages;
-  the first takes the last, partial page, the others a copy.
+- Admission, in queue order (the head blocks the rest): a group's prompt but its last token gets
+  a reserved slot and pages in the shard with a free slot and the most free pages (keeping a
+  page per live slot free when the pool cannot hold every slot at full length), written
+  `prefill_chunk` tokens per boundary (all at once when nothing decodes). Its samples share the
+  full pages; the first takes the last, partial page, the others a copy.
 - Before each decode chunk every live sequence gets the pages its next tokens need; a shard
-  that runs short frees parked sequences' pages, then preempts its newest sequences, which are
-  requeued and recomputed (prompt and tokens but the last; sampling is keyed by position, so
-  they end as they would have). `recompute_all` does that to every sequence (`on_push`).
+  short of them frees parked sequences' pages, then preempts its newest sequences, requeued to
+  be recomputed (sampling is keyed by position: they end as they would have). `recompute_all`
+  does that to every sequence (`on_push`).
 - A parked multi-turn sequence keeps its pages and resumes in a free slot of its shard.
 
-Contiguous: one page of `max_len` per slot, bound to it (page b + 1 of a shard is slot b's
-row): a slot is free only while its page is, and a parked sequence resumes in its own slot."""
+Contiguous: page b + 1 of a shard is slot b's row, bound to it: a slot is free only while its
+page is, and a parked sequence resumes in its own slot."""
 
 from __future__ import annotations
 
@@ -50,7 +49,6 @@ class SchedulerStats:
     row_steps: int = 0
     """Slot rows computed (paged: the packed live rows, rounded up to a row bucket)."""
     kv_capacity: int = 0
-    """Tokens the KV cache holds (the trash pages excluded)."""
     parked_steps: int = 0
     """Sequences parked between turns."""
 
@@ -72,7 +70,6 @@ class SchedulerStats:
 
     @property
     def mean_pages_in_use(self) -> float:
-        """Pages in use per decode step, on average."""
         return self.page_steps / self.decode_steps if self.decode_steps else 0.0
 
 
@@ -90,10 +87,7 @@ class PagePolicy:
 
     @property
     def in_use(self) -> int:
-        """Pages of the pool in use now."""
         return self.allocator.in_use
-
-    # ---- helpers ----------------------------------------------------------------------------
 
     def _shard(self, slot: int) -> int:
         return slot // self.per_shard
@@ -118,8 +112,8 @@ class PagePolicy:
         return self.allocator.alloc(shard, n) or []
 
     def _pick_shard(self, pages: int) -> int | None:
-        """The shard with a free slot and room for `pages` (above a page per live slot when
-        overcommitted: against immediate preemption), most free pages first."""
+        """The shard with a free slot, room for `pages` (and a page per live slot when
+        overcommitted) and the most free pages."""
         best = None
         for shard in range(self.spec.shards):
             free = self.allocator.free(shard)
@@ -129,9 +123,6 @@ class PagePolicy:
                 best = shard
         return best
 
-    def _set_pages(self, slot: int, pages: list[int]) -> None:
-        self.table[slot] = self._row(pages)
-
     def _row(self, pages: list[int]) -> np.ndarray:
         row = np.zeros((self.spec.max_pages,), np.int32)
         row[: len(pages)] = pages
@@ -139,7 +130,7 @@ class PagePolicy:
 
     def _restart(self, slot: int, seq: Seq, version: int) -> None:
         """`seq` (every position but its last in its pages) decodes again in `slot`."""
-        self._set_pages(slot, seq.pages)
+        self.table[slot] = self._row(seq.pages)
         self.seqs.start([slot], [seq])
         seq.stamp(version)
 
@@ -147,7 +138,7 @@ class PagePolicy:
 
     def admit(self, params: DecodeParams, version: int) -> None:
         """Admits from the head of the queue while slots, pages and the prefill budget allow
-        (`prefill_chunk` tokens while others decode; contiguous: none, as its dense prefill)."""
+        (`prefill_chunk` tokens while others decode; contiguous: no budget)."""
         budget = [self.spec.prefill_chunk if self.seqs and not self.bound else math.inf]
         while self.seqs.waiting:
             head = self.seqs.queue[0]
@@ -183,7 +174,7 @@ class PagePolicy:
         return Prefill(shard, tokens, self._alloc(shard, need, slot), version, slot=slot)
 
     def _drop_prefill(self, item: Group | Resume) -> None:
-        """`item`'s pages being (or once) written are released (it starts over later)."""
+        """Releases `item`'s prefill pages (it starts over later)."""
         pf, item.prefill = item.prefill, None
         if pf is not None:
             self.allocator.release(pf.shard, pf.pages)
@@ -223,7 +214,7 @@ class PagePolicy:
             self.allocator.share(pf.shard, shared)
             seq = self.seqs.new_seq(group, group.next_sample, pf.version)
             seq.pages = pages
-            self._set_pages(slot, pages)
+            self.table[slot] = self._row(pages)
             slots.append(slot)
             seqs.append(seq)
             group.next_sample += 1
@@ -272,8 +263,8 @@ class PagePolicy:
 
     def prepare_decode(self, n_steps: int, batching: str) -> tuple[PagedWork | None, int | None]:
         """Pages for the next `n_steps` tokens of every live sequence (a shard short of them
-        preempts its newest), and the work the decode call reads and its rows (live slots packed
-        first when there are row buckets). Contiguous: nothing to do."""
+        preempts its newest); the decode call's work and rows (live slots packed first when
+        there are row buckets). Contiguous: (None, None)."""
         if self.bound:
             return None, None
         spec, z = self.spec, self.spec.page_size
@@ -292,10 +283,9 @@ class PagePolicy:
                 if n:
                     seq = self.seqs[s]
                     seq.pages += self.allocator.alloc(shard, n)
-                    self._set_pages(s, seq.pages)
+                    self.table[s] = self._row(seq.pages)
         rows = spec.max_slots
-        # static batching decodes its whole batch until the longest request ends (what it
-        # is, and what the waste model and HF `generate` count): no row buckets there
+        # static batching decodes its whole batch until the longest request ends: no buckets
         if len(spec.row_buckets) > 1 and batching == "continuous":
             self._compact()
             rows = spec.row_bucket(max(self.seqs, default=0) + 1)
@@ -320,8 +310,7 @@ class PagePolicy:
         self.seqs.requeue(seq)
 
     def release(self, seq: Seq, slot: int | None, *, shard: int | None = None) -> None:
-        """Frees the pages of a finished (or preempted) sequence of `slot` (or of a parked
-        sequence of `shard`, holding no slot)."""
+        """Frees the pages of `seq`, of `slot` (or parked in `shard`: `slot` None)."""
         self.allocator.release(self._shard(slot) if shard is None else shard, seq.pages)
         seq.pages = []
         if slot is not None:
@@ -329,8 +318,7 @@ class PagePolicy:
 
     def recompute_all(self) -> None:
         """Drops every sequence's K/V, to be recomputed with the params held now (`on_push`): live
-        ones are requeued (oldest first, at the head), parked ones lose their pages, prefills
-        restart."""
+        ones requeued (oldest first, at the head), parked ones' pages freed, prefills restarted."""
         live = sorted(self.seqs, key=lambda s: self.seqs[s].admitted)
         stopped = self.seqs.stop(live, running=True)
         for slot, seq in zip(live, stopped):
@@ -350,13 +338,9 @@ class PagePolicy:
         parked.shard = self._shard(slot)
         self.table[slot] = 0
 
-    def drop(self, parked: Parked) -> None:
-        """A parked sequence ended: its pages are freed."""
-        self.release(parked.seq, None, shard=parked.shard)
-
     def evict(self, shard: int, want: int, keep: Parked | None = None) -> None:
         """Frees the pages of `shard`'s parked sequences but `keep` (those still waiting for their
-        hook first) until `want` pages are free; they are recomputed when they resume."""
+        hook first) until `want` pages are free (they are recomputed when they resume)."""
         for p in sorted(self.seqs.parked, key=lambda p: p.append is not None):
             if self.allocator.free(shard) >= want:
                 return
@@ -365,10 +349,10 @@ class PagePolicy:
                 self.stats.preemptions += 1
 
     def resume(self, parked: Parked, params: DecodeParams, version: int) -> bool:
-        """Writes the appended tokens into the parked sequence's pages and makes it decode again in
-        a free slot of its shard (bound: its own); without pages it is requeued to be recomputed.
-        False when it must wait (other parked sequences' pages are taken first; with nothing
-        decoding in its shard it gives its pages up, to be recomputed once the pool has room)."""
+        """Writes the appended tokens into the parked sequence's pages and restarts it in a free
+        slot of its shard (bound: its own); without pages it is requeued to be recomputed. False
+        when it must wait (after evicting other parked sequences; with nothing decoding in its
+        shard it gives its pages up instead, to be recomputed)."""
         seq, shard = parked.seq, parked.shard
         if not seq.pages:
             self.seqs.requeue(seq)

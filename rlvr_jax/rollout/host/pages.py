@@ -1,7 +1,6 @@
-"""The page allocator of the page policy (`host.kv`): reference-counted pages, one range per slot
-shard, numbered locally (page 0 of each is the trash page, never allocated). A page returns to
-the free list when its last user (a sequence, or a group holding its prompt) releases it; every
-misuse (double free, a free page shared, an id out of range) raises instead of corrupting it."""
+"""The page allocator of `host.kv`: reference-counted pages, one range per slot shard, numbered
+locally (page 0 of each, the trash page, never allocated). A page is free again once its last
+user (a sequence, or a group holding its prompt) releases it; misuse raises `PageError`."""
 
 from __future__ import annotations
 
@@ -9,13 +8,9 @@ import numpy as np
 
 from rlvr_jax.rollout.device.paged import PageError
 
-__all__ = ["PageAllocator", "PageError"]
-
 
 class PageAllocator:
-    """Reference-counted pages in `shards` ranges of `pages_per_shard` (page 0 reserved).
-
-    `alloc` is all-or-nothing and takes the lowest free ids first (compact pools)."""
+    """Reference-counted pages in `shards` ranges of `pages_per_shard` (page 0 reserved)."""
 
     def __init__(self, pages_per_shard: int, shards: int = 1):
         if pages_per_shard < 2 or shards < 1:
@@ -32,7 +27,6 @@ class PageAllocator:
         return self.pages_per_shard - 1
 
     def free(self, shard: int) -> int:
-        """Free pages of `shard`."""
         return len(self._free[shard])
 
     @property
@@ -41,7 +35,7 @@ class PageAllocator:
         return int(np.count_nonzero(self.refcount))
 
     def alloc(self, shard: int, n: int) -> list[int] | None:
-        """`n` fresh pages of `shard` (refcount 1), or None (nothing taken) if too few."""
+        """`n` fresh pages of `shard`, lowest ids first, or None (nothing taken) if too few."""
         free = self._free[shard]
         if n > len(free):
             return None
@@ -50,8 +44,7 @@ class PageAllocator:
         return pages
 
     def claim(self, shard: int, page: int) -> list[int]:
-        """[`page`] of `shard`, which must be free, taken (refcount 1): a page bound to a slot
-        (the contiguous layout's rows)."""
+        """[`page`] of `shard`, which must be free (a contiguous row, bound to its slot)."""
         free = self._free[shard]
         if page not in free:
             raise PageError(f"claim: page {page} of shard {shard} is not free")

@@ -4,10 +4,9 @@ turns (`host.turns`); `host.sequences` owns every sequence it moves.
 
 Continuous batching refills a finished slot at the next decode step (while requests wait, a
 chunk stops as soon as one slot finishes); static batching (the baseline) admits a new batch
-only when every slot is free. Both run the same jitted calls and the same per-request
-randomness, so greedy tokens are identical either way. A weight update (`set_params`) takes
-effect at the next chunk: sequences keep their K/V (PipelineRL), or, with
-`on_push="recompute"` (`rollout.on_push`), have it recomputed with the new weights.
+only when every slot is free. Both share the jitted calls and per-request randomness, so greedy
+tokens are identical. A weight update (`set_params`) takes effect at the next chunk: sequences
+keep their K/V (PipelineRL), or recompute it with the new weights (`on_push="recompute"`).
 """
 
 from __future__ import annotations
@@ -69,18 +68,14 @@ class Scheduler:
         self.on_push = on_push
         self.stats = SchedulerStats(kv_capacity=core.kv_capacity)
         self._slots = Sequences(core, num_slots)
-        """The sequences: live by slot id, waiting, parked (and the slots' device state)."""
         self._kv = PagePolicy(self._slots, core.spec, self.stats)
-        """Pages, block tables, prefill chunks, preemption."""
         self._turns = Turns(self._slots, self._kv)
-        """The turns of multi-turn requests."""
         self._recompute = False  # set by a push under on_push="recompute"
 
     # ---- queue ----------------------------------------------------------------------------
 
     def check(self, request: GroupRequest) -> None:
-        """Raises `RequestError` unless the engine can run `request` (prompt fits a slot,
-        seed and stop ids valid): called when a request is queued, never at admission."""
+        """Raises `RequestError` unless the engine can run `request` (called when it is queued)."""
         self.core.check_request(request.prompt, request.max_new_tokens)
         self.core.settings([0], [request.slot_request(0)])  # seed / stop-id checks
 
@@ -92,8 +87,8 @@ class Scheduler:
         return self.core.prepare(params)
 
     def add(self, request: GroupRequest, *, checked: bool = False) -> None:
-        """Queues a request, validated now (`check`) unless its submitter already did; a
-        `request.first` goes ahead of the waiting ones not started yet."""
+        """Queues a request, validated now unless its submitter did (`request.first`: ahead of
+        the waiting ones not started)."""
         if not checked:
             self.check(request)
         self._slots.add(request)
@@ -105,17 +100,14 @@ class Scheduler:
 
     @property
     def live(self) -> int:
-        """Slots generating now."""
         return len(self._slots)
 
     @property
     def parked(self) -> int:
-        """Sequences parked between turns (`host.turns`)."""
         return len(self._slots.parked)
 
     @property
     def idle(self) -> bool:
-        """Nothing waiting, generating or parked."""
         return self._slots.idle
 
     @property
@@ -124,9 +116,8 @@ class Scheduler:
         return self._kv.in_use
 
     def kv_metrics(self, since: SchedulerStats | None = None) -> dict[str, float]:
-        """KV-cache metrics (slash-separated keys, for metrics.jsonl / TensorBoard): pages in
-        use now; utilisation, preemptions, recomputed tokens and concurrency since the
-        snapshot `since` (a copy of an earlier `stats`), or since the start."""
+        """KV-cache metrics (metrics.jsonl keys): pages in use now; utilisation, preemptions,
+        recomputed tokens and concurrency since `since` (a copy of an earlier `stats`)."""
         s = self.stats
         if since is not None:
             diff = {
@@ -145,9 +136,8 @@ class Scheduler:
         return out
 
     def set_params(self, params: DecodeParams, version: int) -> None:
-        """Decode with `params` (decode layout, actor devices) from the next chunk on (under
-        `on_push="recompute"`, after every in-flight sequence's K/V is recomputed with them);
-        a `version` not newer than the current one is refused (`push.OutOfOrderPushError`)."""
+        """Decode with `params` (decode layout) from the next chunk on (`on_push="recompute"`:
+        once in-flight K/V is recomputed with them); refuses an old `version`."""
         check_order(version, self.version)
         self.params, self.version = params, version
         self._recompute = self.on_push == "recompute"
@@ -155,8 +145,8 @@ class Scheduler:
     # ---- driving --------------------------------------------------------------------------
 
     def step(self, *, admit: bool = True) -> Finished:
-        """One boundary: parked sequences whose turn is ready resume, waiting requests are
-        admitted (unless not `admit`), one decode chunk runs. Returns the groups completed."""
+        """One boundary (parked sequences whose turn is ready resume, waiting requests are
+        admitted if `admit`) and one decode chunk; returns the groups completed."""
         finished: Finished = []
         with dispatch.LOCK:  # see rlvr_jax.dispatch: one global enqueue order
             if self._recompute:

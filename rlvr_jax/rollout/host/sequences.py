@@ -1,10 +1,9 @@
 """The one owner of an engine's sequences and of the slots' device state (`DecodeState`).
 
-A sample's sequence is in one place at a time: waiting (its group not fully admitted, or
-without K/V, to be recomputed), live in a slot, or parked between turns. Every change of place,
-and every device call that changes the slots or the cache, is a method of `Sequences`: the
-scheduler, the page policy (`host.kv`) and the turns call them and read the rest through its
-public views (it is a read-only mapping of the live sequences by slot).
+A sequence is in one place at a time: waiting (its group not fully admitted, or to be
+recomputed), live in a slot, or parked between turns. Every change of place, and every device
+call on the slots or the cache, is a method of `Sequences` (a read-only mapping of the live
+sequences by slot); the scheduler, the page policy and the turns call them.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
-from rlvr_jax.rollout.api import Completion, Finished, GroupRequest, SlotRequest
+from rlvr_jax.rollout.api import Completion, Finished, GroupRequest
 from rlvr_jax.rollout.device.kernel import DecodeParams
 from rlvr_jax.rollout.device.paged import PagedWork
 from rlvr_jax.rollout.device.sampling import SamplerMode
@@ -79,7 +78,7 @@ class Seq:
 
     @property
     def position(self) -> int:
-        """Position of its next input token (prompt and generated tokens before it)."""
+        """Position of its next input token."""
         return len(self.request.prompt) - 1 + len(self.tokens)
 
     @property
@@ -88,20 +87,15 @@ class Seq:
         return [*self.request.prompt, *self.tokens]
 
     def sampled_tokens(self, tokens: list[int], logprobs: list[float], version: int) -> None:
-        """Appends newly sampled `tokens` (their log-probs; sampled by policy `version`) and
-        streams them to the request's `on_tokens`."""
+        """Appends `tokens` sampled by policy `version` and streams them to `on_tokens`."""
         self.tokens += tokens
         self.logprobs += logprobs
         self.versions += [version] * len(tokens)
         if tokens and self.request.on_tokens is not None:
             self.request.on_tokens(self.sample_index, tokens, logprobs)
 
-    def slot_request(self) -> SlotRequest:
-        return self.request.slot_request(self.sample_index)
-
     def stamp(self, version: int) -> None:
-        """Gives the tokens appended at the end of the sequence the policy `version` of the
-        turn that follows them (called when it resumes decoding)."""
+        """Gives the tokens appended at its end the `version` of the turn that follows them."""
         if self.inserted and self.inserted[-1][1] == len(self.tokens):
             a, b = self.inserted[-1]
             self.versions[a:b] = [version] * (b - a)
@@ -158,8 +152,7 @@ Waiting = Group | Resume
 
 
 class Sequences(Mapping[int, Seq]):
-    """The sequences of one scheduler over `core` (see the module docstring), using its slots
-    [0, `num_slots`)."""
+    """The sequences of one scheduler over `core`'s slots [0, `num_slots`)."""
 
     def __init__(self, core: EngineCore, num_slots: int):
         self.core = core
@@ -187,25 +180,23 @@ class Sequences(Mapping[int, Seq]):
         busy = self._live.keys() | self._reserved
         return [s for s in range(lo, min(hi, self.num_slots)) if s not in busy]
 
-    def reserve(self, slot: int) -> None:
-        """Holds `slot` for a sequence being written into its pages."""
+    def reserve(self, slot: int) -> None:  # for a sequence being written into its pages
         self._reserved.add(slot)
 
     def unreserve(self, slot: int) -> None:
         self._reserved.discard(slot)
 
     def new_seq(self, group: Group, sample_index: int, prompt_version: int) -> Seq:
-        """Sample `sample_index` of `group`, admitted now."""
         self._admissions += 1
         return Seq(group, sample_index, self._admissions, prompt_version)
 
     def start(self, slots: Sequence[int], seqs: Sequence[Seq]) -> None:
         """Each of `seqs` (every position but its last in its pages) decodes in its slot from
-        its last token: a new sample, or one resumed."""
+        its last token."""
         self._state = self.core.activate(
             self._state,
             slots,
-            [seq.slot_request() for seq in seqs],
+            [seq.request.slot_request(seq.sample_index) for seq in seqs],
             [seq.cached[-1] for seq in seqs],
             [seq.position for seq in seqs],
             [len(seq.tokens) for seq in seqs],
@@ -213,8 +204,7 @@ class Sequences(Mapping[int, Seq]):
         self._live.update(zip(slots, seqs))
 
     def stop(self, slots: Sequence[int], *, running: bool = False) -> list[Seq]:
-        """The sequences of `slots` leave them; `running`: stopped on the device too (else they
-        finished there)."""
+        """The sequences of `slots` leave them; `running`: stopped on the device too."""
         if running and slots:
             self._state = self.core.deactivate(self._state, slots)
         return [self._live.pop(slot) for slot in slots]
@@ -246,7 +236,6 @@ class Sequences(Mapping[int, Seq]):
         work: PagedWork | None,
         rows: int | None,
     ) -> ChunkOutput:
-        """One decode chunk of the live slots (`EngineCore.generate`)."""
         self._state, out = self.core.generate(
             params, self._state, mode=mode, exit_after=exit_after, work=work, rows=rows
         )
@@ -260,12 +249,10 @@ class Sequences(Mapping[int, Seq]):
         return len(self._waiting)
 
     @property
-    def queue(self) -> tuple[Waiting, ...]:
-        """The waiting items, head first."""
+    def queue(self) -> tuple[Waiting, ...]:  # head first
         return tuple(self._waiting)
 
     def add(self, request: GroupRequest) -> None:
-        """Queues a request (`enqueue`)."""
         enqueue(self._waiting, request)
 
     def pop_head(self) -> None:
@@ -292,7 +279,6 @@ class Sequences(Mapping[int, Seq]):
 
     @property
     def idle(self) -> bool:
-        """Nothing waiting, live or parked."""
         return not self._waiting and not self._live and not self._parked
 
 
@@ -307,6 +293,5 @@ def enqueue(queue: deque[Waiting], request: GroupRequest) -> None:
 
 
 def _started(item: Waiting) -> bool:
-    """Whether a waiting item has begun (samples admitted, pages written, or a sequence to
-    recompute): a `first` request queues behind those."""
+    """Whether a waiting item has begun (samples admitted, pages written, or a recompute)."""
     return not isinstance(item, Group) or item.next_sample > 0 or item.prefill is not None

@@ -1,15 +1,12 @@
 """Multi-turn episodes inside the engine's slots: the scheduler's side of `rlvr_jax.envs`.
 
-A sample of a request with a `TurnHook` that stops (a stop token, or its budget) is *parked*:
-it leaves its slot and keeps its pages (contiguous: its row, and so its slot), and the hook is
-called with its tokens; it answers with a future (the environment runs on its own workers),
-polled at every boundary. None ends the episode (the sample becomes its `Completion`); token ids
-(the tool's response and the next turn's opener) are appended to the same sequence — written
-into its pages with `extend`, nothing before them recomputed — and decoding resumes. Appended
-tokens are not sampled (`Completion.sampled` False, log-prob 0, masked from the loss) and carry
-the version of the turn that follows. The episode's whole budget (generated + appended tokens)
-is the request's `max_new_tokens`; a parked sequence that loses its pages resumes exactly, by
-recompute (sampling is keyed by seed, sample and position).
+A sample of a request with a `TurnHook` that stops is *parked*: it leaves its slot, keeps its
+pages (contiguous: its row), and the hook is called with its tokens; its future (the
+environment runs on its own workers) is polled at every boundary. None ends the episode; token
+ids (a tool's response, the next turn's opener) are written into its pages with `extend` and
+decoding resumes. Appended tokens are not sampled (`Completion.sampled` False, log-prob 0) and
+carry the version of the turn that follows. The episode's whole budget (generated + appended)
+is `max_new_tokens`; a parked sequence that loses its pages resumes exactly, by recompute.
 """
 
 from __future__ import annotations
@@ -23,18 +20,15 @@ from rlvr_jax.rollout.host.sequences import Parked, Seq, Sequences
 
 log = logging.getLogger(__name__)
 
-WAIT_S = 0.02
-"""How long a scheduler with nothing to decode waits for a parked episode's turn."""
+WAIT_S = 0.02  # how long a scheduler with nothing to decode waits for a parked turn
 
 
 class Turns:
-    """The turns of one scheduler's multi-turn sequences (parked in `Sequences`, their pages
-    kept by the `PagePolicy`)."""
+    """The turns of one scheduler's multi-turn sequences."""
 
     def __init__(self, seqs: Sequences, kv: PagePolicy):
         self.seqs, self.kv = seqs, kv
-        self.count = 0
-        """Turns that ended in a tool response appended in place."""
+        self.count = 0  # turns that ended in tokens appended in place
 
     def park(self, slot: int, seq: Seq, finish_reason: str) -> None:
         """`seq` (just finished a turn in `slot`, which it has left) waits for its hook."""
@@ -44,8 +38,8 @@ class Turns:
         self.seqs.park(parked)
 
     def poll(self, params: DecodeParams, version: int) -> list[tuple[Seq, str]]:
-        """Resolves the parked sequences whose hook has answered: resumes those that go on
-        (when the pages allow) and returns the others, with their finish reasons."""
+        """Resumes the parked sequences whose hook answered with tokens (when the pages allow);
+        returns the ended ones with their finish reasons."""
         finished = []
         for p in self.seqs.parked:
             seq = p.seq
@@ -53,9 +47,11 @@ class Turns:
                 if not p.future.done():
                     continue
                 tokens = self._result(p)
-                if tokens is None or not self._fits(p, tokens):
+                # the appended tokens must leave room for a generated one (else: truncated)
+                room = tokens and len(seq.tokens) + len(tokens) < seq.request.max_new_tokens
+                if not room:
                     self.seqs.unpark(p)
-                    self.kv.drop(p)
+                    self.kv.release(seq, None, shard=p.shard)
                     finished.append((seq, p.finish_reason if tokens is None else "length"))
                     continue
                 seq.inserted.append((len(seq.tokens), len(seq.tokens) + len(tokens)))
@@ -75,11 +71,6 @@ class Turns:
             log.exception("multi-turn hook failed; ending the episode")
             return None
         return None if tokens is None else [int(t) for t in tokens]
-
-    def _fits(self, p: Parked, tokens: list[int]) -> bool:
-        """Whether the appended tokens leave room for one more generated token within the
-        request's budget (else the episode ends, truncated)."""
-        return bool(tokens) and len(p.seq.tokens) + len(tokens) < p.seq.request.max_new_tokens
 
     def wait(self) -> None:
         """Blocks until a parked hook answers (at most `WAIT_S`)."""
