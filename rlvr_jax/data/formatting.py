@@ -6,8 +6,7 @@
   `Assistant:` (the completion starts right after it).
 - `plain`: the raw prompt text (chat messages' contents joined by blank lines).
 
-`plain` and `r1` text is encoded with the tokenizer's own special-token policy (a Llama
-tokenizer prepends BOS; a ChatML one adds nothing). All templates are deterministic.
+`plain` and `r1` text is encoded with the tokenizer's own special-token policy (BOS or none).
 """
 
 from __future__ import annotations

@@ -153,23 +153,6 @@ class OpenAIServer:
         for queue in list(self._streams):
             queue.put_nowait(_SHUTDOWN)
 
-    # ---- synchronous use (tests, scripts) -----------------------------------------------
-
-    def completions(self, body: dict) -> dict:
-        """The `/v1/completions` answer to `body` (not streamed); raises `BadRequest`."""
-        return self._call("completion", body)
-
-    def chat_completions(self, body: dict) -> dict:
-        """The `/v1/chat/completions` answer to `body` (not streamed); raises `BadRequest`."""
-        return self._call("chat", body)
-
-    def _call(self, kind: Kind, body: dict) -> dict:
-        async def answer() -> dict:
-            request = self._parse(kind, {**body, "stream": False})
-            return await self._answer(request, self._submit(request, None))
-
-        return asyncio.run_coroutine_threadsafe(answer(), self._loop).result()
-
     # ---- handlers ---------------------------------------------------------------------------
 
     async def _models(self, request: Any) -> Any:
