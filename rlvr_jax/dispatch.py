@@ -21,12 +21,10 @@ LOCK = threading.RLock()
 class DeviceTurns:
     """Whose turn it is on devices the actors and the learner share (`mesh.actor_devices: 0`).
 
-    Enqueueing in one order (`LOCK`) still lets a decode chunk and a train step *run* at once;
-    on shared devices they then fight for the same cores and each slows the other (async on two
-    CPU cores was 0.64x sync). With turns, a side holds the devices from dispatching its work
-    until that work is done: the learner's update runs alone, and the rollout driver decodes in
-    the learner's gaps (host work: scoring, batching, metrics) — never beside it. The learner
-    has priority: once it asks, the driver finishes its current chunk and waits.
+    `LOCK` orders the enqueueing, but a decode chunk and a train step would still run at once
+    and fight for the same cores (async on two CPU cores was 0.64x sync). A side holds its turn
+    from dispatch until its work is done, so the driver decodes in the learner's host gaps; the
+    learner has priority (the driver finishes its chunk and waits).
     """
 
     def __init__(self) -> None:

@@ -1,14 +1,9 @@
 """Console logging of every command: quiet by default, everything with `--verbose`.
 
-By default a command prints its own one-line messages (the `rlvr_jax` loggers, INFO and up)
-and only warnings and errors of the libraries under it: absl (and orbax, which logs through
-absl), JAX, TensorFlow, JetStream (which logs on the root logger), gRPC. `--verbose` (or the
-config key `log.log_level: info` / `debug`) lets their INFO (DEBUG) lines through as well.
-
-TensorFlow's native code writes INFO/WARNING lines straight to file descriptor 2 when it is
-imported (before its logging is initialised; `TF_CPP_MIN_LOG_LEVEL` does not reach them):
-`quiet_native_import()` drops those lines unless logging is verbose, and replays everything
-when the import fails.
+By default the `rlvr_jax` loggers print INFO and up, the libraries (absl/orbax, JAX,
+TensorFlow, JetStream, gRPC) warnings and errors only; `--verbose` or `log.log_level` lets
+theirs through too. `quiet_native_import()` drops the lines TensorFlow's native code writes to
+fd 2 on import (out of `TF_CPP_MIN_LOG_LEVEL`'s reach) unless verbose, replaying them on failure.
 """
 
 from __future__ import annotations
@@ -38,11 +33,8 @@ _state = {"verbose": False}
 
 
 def setup_logging(log_level: str = "warning", *, verbose: bool = False) -> None:
-    """Configures the root handler once per process: `rlvr_jax` loggers at INFO (DEBUG when
-    `log_level` is "debug"), library loggers at `log_level` ("info" when `verbose`).
-
-    Raises ValueError naming `log_level` when it is not one of `LOG_LEVELS`.
-    """
+    """Configures the root handler once per process: `rlvr_jax` loggers at INFO (DEBUG for
+    "debug"), library loggers at `log_level` ("info" when `verbose`; one of `LOG_LEVELS`)."""
     if log_level not in LOG_LEVELS:
         raise ValueError(f"log level {log_level!r}: choose one of {', '.join(LOG_LEVELS)}")
     if verbose and log_level in ("warning", "error"):

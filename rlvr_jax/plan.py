@@ -1,46 +1,30 @@
 """The dry-run plan: parameter count, mesh split and per-device memory, without allocating.
 
-Shapes come from `jax.eval_shape` over the architecture; per-device bytes divide each array by
-the mesh axes its logical axes map to (the same rules tables the learner and engine use).
-
-Estimates (documented, deliberately simple):
-- learner: params + grads (param dtype) + AdamW mu/nu (param dtype, as optax keeps them) +
-  activations of one micro-batch (its rows split over data × fsdp; `train.micro_batch_size`
-  rows of one sequence each, or with `train.max_tokens_per_micro_batch` as many packed rows
-  of the full length as that budget holds): per token and layer
-  (12·D + 3·F) values in the compute dtype (with `train.remat`, only the layer inputs D of
-  every layer plus one layer's worth); the fp32 logits and log-softmax 2·V·4 bytes per
-  position, for all positions or `train.logits_chunk` of them; and, as its own line,
-  attention's memory for the kernel `model.attention_impl` resolves to on the planned
-  hardware (`rlvr_jax.models.attention.activation_bytes`: `xla`'s [B, T, T] masks and
-  N·q·S·4 probabilities per row, q = S or `train.attn_chunk`; blockwise's O(T · block)
-  tiles; the fused kernels' log-sum-exp).
-- PPO's separate critic (`loss.advantage: gae`): its trunk's params, grads and AdamW moments,
-  and its activations (as the policy's, without the logits; attention as the policy's).
-- LoRA (`model.lora`): params = the frozen base (param dtype, or int8 kernels + scales) and
-  the float32 adapters; grads and AdamW moments of the adapters only; activations as a full
-  run's. `lora_plan` sets that beside a full run's optimizer bytes, and finds the fewest
-  learner devices each fits on (FSDP over the devices, `mesh.device_memory_gib`).
-- actor: the decode params exactly as the engine lays them out on an accelerator
-  (`rlvr_jax.rollout.device.kernel.prepare_params`: matmul weights in the compute dtype, the
-  embedding in the param dtype, the LM head in fp32, bf16 for a bf16 policy computing in
-  bf16), split by the engine's logical axes (`rollout.device.decode.decode_param_axes`) and
-  `ACTOR_RULES`; plus the KV cache in the compute dtype: paged, the pool `rollout.kv_pages` /
-  `kv_cache_gib` buys (by default what the contiguous rows would take), or contiguous,
-  2·L·slots·S·K·H (S = max prompt + max new tokens); slots and pages split over the actor's
-  data axes and KV heads over its tensor axis (when they divide).
-  With `rollout.weight_dtype` the matmul weights are stored in it (int8 / fp8 with a scale
-  per output column; `quantized_actor` reports the bytes freed and the KV tokens they buy);
-  with LoRA the actors also hold the base (as the learner stores it) to merge adapters into.
-  The KV budget is reported with the concurrency it buys: sequences that fit at the
-  maximum length (never preempted) and at a mean length of prompt + 0.45 × max new tokens
-  (OLMo 3's mean/max response length, ALGORITHMS.md), at most `rollout.max_slots`.
-- actor with `rollout.backend: vllm` (`vllm_kv_plan`): as vLLM sizes itself at start-up —
-  it takes `VLLM_GPU_MEMORY_UTILIZATION` of each GPU, holds the weights in bf16 split over
-  the actor's tensor axis, profiles a forward of `VLLM_PROFILE_TOKENS` tokens (estimated here:
-  the MLP's 2·F/tp and 4·D values per token in bf16, and the sampled rows' fp32 logits), and
-  gives the rest to the KV cache (bf16, blocks of `VLLM_BLOCK_SIZE`); without
-  `mesh.device_memory_gib` that rest is unknown and left out.
+Shapes come from `jax.eval_shape`; per-device bytes divide each array by the mesh axes its
+logical axes map to (the learner's and engine's own rules tables). Estimates:
+- learner: params + grads + AdamW mu/nu (param dtype, as optax keeps them) + one micro-batch's
+  activations (rows split over data × fsdp: `train.micro_batch_size` rows, or the packed rows
+  `train.max_tokens_per_micro_batch` holds): per token and layer (12·D + 3·F) values in the
+  compute dtype (with `train.remat`, D per layer plus one layer's worth); fp32 logits and
+  log-softmax 2·V·4 bytes per position (all, or `train.logits_chunk`); and attention's own
+  memory for the kernel `model.attention_impl` resolves to (`models.attention.activation_bytes`).
+- PPO's separate critic (`loss.advantage: gae`): its params, grads, moments and activations
+  (without logits).
+- LoRA (`model.lora`): the frozen base (param dtype, or int8 kernels + scales) plus float32
+  adapters, grads and moments of the adapters only; `lora_plan` compares a full run's optimizer
+  bytes and finds the fewest learner devices each fits on (`mesh.device_memory_gib`).
+- actor: the decode params as the engine lays them out (`rollout.device.kernel.prepare_params`,
+  split by `decode_param_axes` and `ACTOR_RULES`; `rollout.weight_dtype` stores matmul weights
+  in int8 / fp8, `quantized_actor` reports the bytes freed and the KV tokens they buy; with LoRA
+  the actors also hold the base) plus the KV cache in the compute dtype: paged, the pool
+  `rollout.kv_pages` / `kv_cache_gib` buys, or contiguous 2·L·slots·S·K·H (S = max prompt + max
+  new tokens), slots split over the data axes and KV heads over tensor (when they divide). Its
+  concurrency: sequences that fit at the maximum length and at prompt + 0.45 × max new tokens
+  (OLMo 3's mean/max, ALGORITHMS.md), at most `rollout.max_slots`.
+- `rollout.backend: vllm` (`vllm_kv_plan`): as vLLM sizes itself, `VLLM_GPU_MEMORY_UTILIZATION`
+  of each GPU less bf16 weights (split over tensor) and a `VLLM_PROFILE_TOKENS` forward (the
+  MLP's 2·F/tp and 4·D bf16 values per token, the rows' fp32 logits) goes to the KV cache
+  (bf16, blocks of `VLLM_BLOCK_SIZE`); unknown without `mesh.device_memory_gib`.
 """
 
 from __future__ import annotations
@@ -60,8 +44,7 @@ from rlvr_jax.rollout.api import backend, resolve
 
 GiB = 1024**3
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-MEAN_OVER_MAX = 0.45
-"""OLMo 3's mean / max response length (≈ 14.7K of 32K, ALGORITHMS.md's waste section)."""
+MEAN_OVER_MAX = 0.45  # OLMo 3's mean / max response length (≈ 14.7K of 32K, ALGORITHMS.md)
 
 
 class PlanError(ValueError):
@@ -82,19 +65,11 @@ class Plan:
     device_memory_gib: float
     hardware: str | None
     shared: bool
-    kv: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """The actor's KV cache: layout, page size, pages, tokens held, per-device bytes, and
-    the concurrent sequences it buys (at max and at mean length, capped by the slots)."""
-    attention: str = ""
-    """The learner's attention kernel on the planned hardware (`model.attention_impl`)."""
-    micro_batch: str = ""
-    """How one learner micro-batch is laid out (rows × positions, packed or not)."""
-    lora: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """`model.lora` (`lora_plan`): trainable / frozen / optimizer bytes per learner device,
-    a full run's optimizer bytes, and the learner devices each needs; {} without LoRA."""
-    quantized_actor: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """`rollout.weight_dtype` (`quantized_actor`): decode weight bytes per actor device, the
-    compute dtype's, and the KV tokens the difference buys; {} when unset."""
+    kv: dict[str, Any] = dataclasses.field(default_factory=dict)  # `kv_plan`
+    attention: str = ""  # the learner's attention kernel on the planned hardware
+    micro_batch: str = ""  # one learner micro-batch's layout (rows × positions)
+    lora: dict[str, Any] = dataclasses.field(default_factory=dict)  # `lora_plan`; {} without
+    quantized_actor: dict[str, Any] = dataclasses.field(default_factory=dict)  # {} when unset
 
     @property
     def learner_total(self) -> float:
@@ -197,14 +172,7 @@ def _actor_params_bytes(cfg: Config, arch: Any, sizes: dict[str, int]) -> float:
         ),
         shapes,
     )
-    axes = jax.tree_util.tree_leaves(core.decode_param_axes(dp), is_leaf=core.is_axes)
-    leaves = jax.tree_util.tree_leaves(dp)
-    return sum(
-        math.prod(x.shape)
-        * x.dtype.itemsize
-        / _sharded_factor(ax, sharding.ACTOR_RULES, sizes, x.shape)
-        for x, ax in zip(leaves, axes)
-    )
+    return _sharded_bytes(dp, core.decode_param_axes(dp), sharding.ACTOR_RULES, sizes)
 
 
 def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
@@ -247,12 +215,11 @@ def kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> dict[str, Any]:
     }
 
 
+# vLLM's defaults (`VllmRollout` overrides none): memory share, KV block tokens, and the tokens
+# of the forward it profiles at start-up (offline `max_num_batched_tokens`)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
-"""The share of each GPU's memory vLLM takes (its default; `VllmRollout` passes none)."""
 VLLM_BLOCK_SIZE = 16
-"""Tokens per vLLM KV block (its default)."""
 VLLM_PROFILE_TOKENS = 8192
-"""Tokens of the forward vLLM profiles at start-up (its offline `max_num_batched_tokens`)."""
 
 
 def _concurrency(cfg: Config, tokens: int) -> dict[str, Any]:
@@ -306,10 +273,11 @@ def vllm_kv_plan(cfg: Config, arch: Any, sizes: dict[str, int]) -> tuple[dict, d
 
 
 def _sharded_bytes(shapes, axes, rules, sizes) -> float:
-    """Per-device bytes of an abstract tree (each leaf in its own dtype) split by `axes`, as
-    the rules split it (`_sharded_factor`)."""
+    """Per-device bytes of an abstract tree split by its logical `axes` under `rules`."""
+    from rlvr_jax.rollout.device.decode import is_axes
+
     flat_shapes = jax.tree_util.tree_leaves(shapes)
-    flat_axes = jax.tree_util.tree_leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
+    flat_axes = jax.tree_util.tree_leaves(axes, is_leaf=is_axes)
     if len(flat_shapes) != len(flat_axes):
         raise PlanError("param_logical_axes does not match the params tree")
     total = 0.0
@@ -369,9 +337,8 @@ def lora_plan(cfg: Config, arch: Any, learner_axes: dict[str, int], n: int) -> d
 
 
 def learner_devices_needed(cfg: Config, arch: Any, n_max: int) -> int | None:
-    """The fewest learner devices (at most `n_max`; FSDP over what `mesh.learner`'s data and
-    tensor axes leave) whose per-device learner memory fits `mesh.device_memory_gib`; None
-    when unknown (no device memory given) or when even `n_max` is not enough."""
+    """The fewest learner devices (≤ `n_max`, FSDP over what `mesh.learner`'s data and tensor
+    axes leave) whose learner memory fits `mesh.device_memory_gib`; None if unknown or none."""
     if not cfg.mesh.device_memory_gib:
         return None
     fixed = cfg.mesh.learner
@@ -432,10 +399,9 @@ def _attention_bytes(cfg: Config, arch: Any, kernel: str, rows_dev: float, seq: 
 
 
 def micro_batch_rows(cfg: Config, seq: int, row_multiple: int) -> tuple[int, str]:
-    """(rows of one learner micro-batch, its description) at the full row length `seq`: with
-    `train.max_tokens_per_micro_batch`, as many packed rows of seq + 1 tokens (before the
-    shift) as the budget holds (`packing.budget_rows`, the trainer's own count); else
-    `train.micro_batch_size` rows (default the whole batch), one sequence each."""
+    """(rows of one learner micro-batch, its description) at row length `seq`: the packed rows
+    of seq + 1 tokens `train.max_tokens_per_micro_batch` holds (`packing.budget_rows`), else
+    `train.micro_batch_size` rows (default the whole batch)."""
     from rlvr_jax.training.packing import budget_rows
 
     t = cfg.train
@@ -455,9 +421,7 @@ def micro_batch_rows(cfg: Config, seq: int, row_multiple: int) -> tuple[int, str
 
 
 def learner_bytes(cfg: Config, arch: Any, learner_axes: dict[str, int]) -> dict[str, float]:
-    """The learner's per-device memory by part (module docstring): params (with LoRA, the
-    frozen base and the adapters), grads and AdamW moments of what trains, activations and
-    attention of one micro-batch, PPO's separate critic."""
+    """The learner's per-device memory by part (module docstring)."""
     from rlvr_jax import models, sharding
     from rlvr_jax.models import lora
 

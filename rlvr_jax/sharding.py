@@ -251,15 +251,10 @@ def reshard(tree: Any, target_shardings: Any, *, donate: bool = False) -> Any:
 
 
 def move(x: jax.Array, target: jax.sharding.Sharding) -> jax.Array:
-    """`x` placed in `target`, also between sub-meshes that span processes.
-
-    One process, or the same device set: a plain `device_put`. Across processes, multi-
-    controller JAX cannot `device_put` between different device sets, so the array is first
-    replicated over its own devices (an all-gather on the source mesh), then every process
-    copies the slices its target devices need from a local replica, device to device, and
-    the pieces are assembled into the global target array — no host round trip. This needs
-    every process that owns target devices to own source devices too (true when learner and
-    actor sub-meshes both span the hosts); otherwise the array goes through the host."""
+    """`x` placed in `target`, also between sub-meshes that span processes: there (where
+    `device_put` cannot go) `x` is all-gathered on its own mesh and each process copies the
+    slices its target devices need from a local replica, device to device; through the host
+    when a process owns target devices but no source ones."""
     src = x.sharding
     if jax.process_count() == 1 or set(src.device_set) == set(target.device_set):
         return jax.device_put(x, target)

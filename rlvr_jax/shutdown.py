@@ -9,12 +9,10 @@
   watchdog with `grace_s=None`: the trainer finishes its step and checkpoints, however long),
 and a second signal end the process at once. Not installed, it is a plain flag (`event`).
 
-Signals are noticed by a watcher thread reading the interpreter's wakeup fd, so the event and
-the watchdog do not wait for the main thread: Python runs signal handlers only between
-bytecodes of the main thread, which may be inside a long native call (an XLA compile).
-`exit_now(code)` is how a console script whose work is done and stopped ends: the
-interpreter's own teardown of JAX, TensorFlow and gRPC takes seconds (≈ 4 s here) and can
-hang on threads those libraries started, so it is skipped.
+A watcher thread reads the interpreter's wakeup fd, so the event and watchdog do not wait for a
+main thread stuck in native code (Python runs handlers between its bytecodes only).
+`exit_now(code)` ends a finished console script without the interpreter's teardown of JAX,
+TensorFlow and gRPC (seconds, and it can hang on their threads).
 """
 
 from __future__ import annotations
@@ -40,12 +38,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 class SignalStop:
-    """SIGTERM/SIGINT handling of one command (see the module docstring).
-
-    Args:
-      prog: the command's name, for its messages. grace_s: seconds from the first signal to
-        the forced exit (None: none). raise_in_main: raise `Interrupted` in the main thread.
-    """
+    """SIGTERM/SIGINT handling of the command `prog` (module docstring)."""
 
     def __init__(self, prog: str, *, grace_s: float | None = 8.0, raise_in_main: bool = False):
         self.prog = prog

@@ -1,9 +1,8 @@
 """Busy intervals of named activities, recorded from any thread, and their overlap.
 
-The trainer records its optimizer updates ("train") and the rollout driver its decode chunks
-("rollout") into one `Timeline` when asked to (`rlvr-bench e2e` does); `overlap_fraction`
-then says how much of the shorter activity ran while the longer one was busy too.
-Times are `time.perf_counter()` seconds.
+The trainer records its updates ("train") and the rollout driver its decode chunks ("rollout")
+when asked (`rlvr-bench e2e`); `overlap_fraction` is the share of the shorter activity that ran
+while the longer was busy. Times are `time.perf_counter()` seconds.
 """
 
 from __future__ import annotations

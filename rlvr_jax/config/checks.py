@@ -2,25 +2,13 @@
 any model or data is loaded (and by the trainer, for a `Config` built in Python): errors name
 the key and the file.
 
-- `rollout.interrupt` and `rollout.push_*` against the rest of `rollout`; `eval.*` against
-  `data.eval_sources`;
-- `model.lora` and `rollout.weight_dtype`;
-- what `rollout.backend` cannot honour (its capability table, `rlvr_jax.rollout.api.BACKENDS`);
-- `env.*` against `rollout` and `algorithm`;
-- the `loss:` section, resolved with its preset (`rlvr_jax.losses.LossSettings`);
-- what the `algorithm` needs of the config (`rlvr_jax.config.algorithm_checks`);
-- the prompt sources' `fields`, `verifier` and `answer_transform`, and every `module:function`
-  of the config imported now (`env.name`, `env.tools`, the sources' verifiers and transforms;
-  the losses through their registries): a missing module is named with its key at load, the
-  working directory searched as well (`rlvr_jax.config.refs`);
-
-`check_context` checks the prompt + completion budget against the model's context, when the
-model's config.json (or `model.hf_config`) is at hand: `rlvr-train` calls it right after the
-load (a config only read for its `rollout:` section, as `rlvr-serve` reads one, does not need
-it), and the trainer again once `model.create_if_missing` has built the model.
-
-What needs the model, the data or the machine is checked where those are loaded;
-`check_runtime` checks what this machine must have to run a config (not to plan it).
+`check` covers `rollout` (interrupt, push, what the backend cannot honour), `eval` against
+`data.eval_sources`, `model.lora`, `env`, the `loss:` section with its preset, the
+`algorithm`'s needs (`algorithm_checks`), the sources' mappings, and imports every
+`module:function` of the config now (`config.refs`). `check_context` compares the prompt +
+completion budget with the model's context when its config is at hand (`rlvr-train` after the
+load, the trainer again once `model.create_if_missing` built it); `check_runtime` checks what
+this machine must have to run a config. The rest is checked where model and data load.
 """
 
 from __future__ import annotations
@@ -60,10 +48,8 @@ def check(cfg: schema.Config, *, source: str = "<config>") -> None:
 
 
 def check_context(cfg: schema.Config, *, source: str = "<config>") -> None:
-    """ConfigError when the longest sequence a run holds (`data.max_prompt_len` + the
-    completion budget) exceeds the model's `max_position_embeddings`; nothing when the model's
-    config is not at hand (a path `model.create_if_missing` builds: the trainer checks again
-    once it is built)."""
+    """ConfigError when `data.max_prompt_len` + the completion budget exceeds the model's
+    `max_position_embeddings`; nothing when the model's config is not at hand yet."""
     try:
         _check_context(cfg)
     except ValueError as e:

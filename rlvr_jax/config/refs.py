@@ -2,11 +2,9 @@
 transforms, losses, model builders): imported when the config is loaded, so that a missing
 module fails at once with the key named, not minutes later after the model has loaded.
 
-Where the module may live: anywhere on the import path (an installed package, or a directory on
-`PYTHONPATH`), or in the working directory the command runs in — `import_function` puts the
-working directory at the end of `sys.path` (so it never shadows an installed package), as
-`python script.py` would put the script's directory first. Processes the run starts later (the
-reward service's workers) inherit that path.
+The module may be on the import path or in the working directory: `import_function` appends
+the working directory to `sys.path` (never shadowing an installed package), and processes the
+run starts later (the reward workers) inherit that path.
 """
 
 from __future__ import annotations
@@ -31,12 +29,8 @@ def is_ref(value: Any) -> bool:
 
 
 def import_function(ref: str, key: str) -> Callable[..., Any]:
-    """The callable `ref` names (`package.module:function`, the function part may be dotted).
-
-    Raises:
-      ValueError: `key: ...` — not of that form, the module cannot be imported (its error and
-        where modules are looked for), no such attribute, or not callable.
-    """
+    """The callable `ref` names (`package.module:function`, the function part may be dotted);
+    ValueError `key: ...` says why it cannot be had."""
     module_name, sep, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
     if not sep or not module_name or not attr:
         raise ValueError(f"{key}: expected 'module:function', got {ref!r}")

@@ -6,8 +6,7 @@
   `Assistant:` (the completion starts right after it).
 - `plain`: the raw prompt text (chat messages' contents joined by blank lines).
 
-`plain` and `r1` text is encoded with the tokenizer's own special-token policy (a Llama
-tokenizer prepends BOS; a ChatML one adds nothing). All templates are deterministic.
+`plain` and `r1` text is encoded with the tokenizer's own special-token policy (BOS or none).
 """
 
 from __future__ import annotations
@@ -109,13 +108,8 @@ def encode_response(response: str, tokenizer: Any, template: str) -> list[int]:
 
 
 def stop_token_ids(arch: Any, tokenizer: Any, stop_strings: Sequence[str] = ()) -> tuple[int, ...]:
-    """The model's (`arch.eos_token_id`) and the tokenizer's EOS ids plus each single-token
-    stop string's id (sorted; empty when there is none, and then completions run to their
-    budget). The one stop-id rule of training, evaluation and serving.
-
-    Raises:
-      ValueError: a stop string that is not exactly one token.
-    """
+    """The model's and the tokenizer's EOS ids plus each stop string's id (sorted; ValueError
+    for a stop string that is not one token): the stop-id rule of training, eval and serving."""
     ids = {int(t) for t in (arch.eos_token_id or ())}
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))

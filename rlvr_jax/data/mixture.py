@@ -1,11 +1,9 @@
 """A seeded, resumable weighted mixture over prompt sources.
 
-Draw k picks a source with probability weight / sum(weights), using a Philox stream keyed by
-(seed, "mixture", k). The chosen source hands out its rows in a per-epoch permutation keyed by
-(seed, "shuffle", source name, epoch), cycling into a new epoch (a new permutation) when it
-runs out. All randomness is counter-based, so the iterator's whole state is a few integers:
-`state()` gives them as a small JSON-able dict and `restore(state)` continues with exactly the
-next unseen prompt, in this process or a fresh one.
+Draw k picks a source with probability weight / sum(weights) from the Philox stream (seed,
+"mixture", k); the source hands out its rows in a per-epoch permutation keyed by (seed,
+"shuffle", source name, epoch). The randomness is counter-based, so the state is a few integers:
+`state()` returns them (JSON-able) and `restore(state)` continues at the next unseen prompt.
 """
 
 from __future__ import annotations

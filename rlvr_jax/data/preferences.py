@@ -9,15 +9,12 @@ A row is one of:
     {"chosen": [{"role": "user", ...}, {"role": "assistant", ...}],    # implicit prompt: the
      "rejected": [{"role": "user", ...}, {"role": "assistant", ...}]}  # shared leading messages
 
-A response given as messages may repeat the prompt's messages first (the common export of
-full conversations); what follows the prompt must be one assistant message. Other fields are
-ignored (`rlvr-prefs` keeps the verifier, ground truth and scores next to each pair). The
-prompt is formatted with the run's template (`data.prompt_template`), a response is encoded as
-the policy writes it after the prompt (`formatting.encode_response`: separator, text, EOS).
-Rows that cannot be used are skipped and counted by reason, as prompt rows are: `missing_field`,
-`wrong_type`, `empty_prompt`, `empty_response`, `identical_pair` (chosen = rejected: a zero
-gradient), `too_long` (a prompt over `data.max_prompt_len` or a response over `dpo.max_response_len`
-tokens, by default `rollout.max_new_tokens`).
+A response given as messages may repeat the prompt's messages first; what follows must be one
+assistant message. Other fields are ignored. The prompt is formatted with `data.prompt_template`
+and a response encoded as the policy writes it (`formatting.encode_response`). Unusable rows are
+skipped and counted by reason: `missing_field`, `wrong_type`, `empty_prompt`, `empty_response`,
+`identical_pair` (a zero gradient), `too_long` (over `data.max_prompt_len` or
+`dpo.max_response_len`, default `rollout.max_new_tokens`).
 """
 
 from __future__ import annotations

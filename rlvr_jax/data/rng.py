@@ -1,10 +1,8 @@
 """Counter-based random streams for the data layer.
 
-Every random decision of the data layer (mixture draws, epoch shuffles, synthetic problems) is
-taken from a NumPy Philox generator whose 128-bit key is a hash of (seed, purpose, counter...).
-A stream is therefore a pure function of integers and names: resuming needs only the counters,
-and streams for different purposes never overlap. The hash is BLAKE2b, stable across Python
-processes and platforms (unlike `hash()`).
+Every random decision of the data layer comes from a NumPy Philox generator keyed by a BLAKE2b
+hash of (seed, purpose, counter...) (stable across processes, unlike `hash()`): resuming needs
+only the counters, and streams of different purposes never overlap.
 """
 
 from __future__ import annotations
@@ -28,9 +26,5 @@ def stream_key(seed: int, *path: str | int) -> np.ndarray:
 
 
 def stream(seed: int, *path: str | int) -> np.random.Generator:
-    """A fresh generator for the stream named by `seed` and `path`.
-
-    `stream(0, "mixture", 7)` always yields the same numbers, and differs from
-    `stream(0, "mixture", 8)` and `stream(1, "mixture", 7)`.
-    """
+    """A fresh generator for the stream named by `seed` and `path`."""
     return np.random.Generator(np.random.Philox(key=stream_key(seed, *path)))

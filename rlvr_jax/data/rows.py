@@ -1,13 +1,8 @@
 """`PromptRow`: one validated prompt with its verifier and ground truth.
 
-Every source format (JSONL, Parquet, TFDS) maps its records to dicts following DESIGN.md's
-data-row convention, and `row_from_record` validates such a dict into a `PromptRow`. A record
-that cannot be used raises `BadRow` (the source skips and counts it); a record naming a verifier
-that does not exist raises `UnknownVerifier` (an error: the dataset or the registry is wrong).
-
-SFT examples are prompt rows that also carry a target response: `row_from_record(...,
-response=fn)` sets `PromptRow.response` to `fn(record)` (`fn` reads the configured field, or
-writes a reference solution; it raises `BadRow` for a record without one).
+Every source format maps its records to dicts in DESIGN.md's data-row convention, and
+`row_from_record` validates one into a `PromptRow`: `BadRow` for a record to skip and count,
+`UnknownVerifier` (fatal) for a verifier that does not exist. SFT rows also carry a `response`.
 """
 
 from __future__ import annotations

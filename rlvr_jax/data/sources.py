@@ -1,13 +1,10 @@
 """Prompt sources: JSONL, Parquet and TFDS files read into validated `PromptRow`s.
 
-A source is read whole into memory (RLVR prompt sets are 10^4-10^6 short rows), because the
-mixture shuffles each source per epoch. Rows that cannot be used (undecodable JSON, missing
-fields, wrong types, prompts over the token limit) are skipped and counted; the first few are
-logged with the file and the row, then one summary per source. A source with no usable row, a
-missing file or an unknown format is a `DataError` naming it; a row with an unknown verifier (or
-a `module:function` verifier that cannot be imported) is an `UnknownVerifier` error naming the
-row. A source's `fields`, `verifier` and `answer_transform` (`data.mapping`) apply to each
-record before it is validated.
+A source is read whole into memory (RLVR prompt sets are 10^4-10^6 short rows; the mixture
+shuffles each per epoch). Unusable rows are skipped and counted (the first few logged with file
+and row); a source with no usable row, a missing file or an unknown format is a `DataError`, a
+row with an unknown verifier an `UnknownVerifier` error. The source's `fields`, `verifier` and
+`answer_transform` (`data.mapping`) apply to each record before it is validated.
 
     src = load_source(SourceConfig(path="data/train.jsonl"), known_verifiers={"math"})
 """
@@ -288,10 +285,7 @@ def _parquet_records(parquet: Any) -> Iterator[Record]:
 
 
 def read_tfds(cfg: SourceConfig) -> Iterator[Record]:
-    """Records of a prepared TFDS dataset in `cfg.data_dir` (never downloads).
-
-    Text features are decoded from UTF-8; `ground_truth` and `verifier_kwargs` are JSON text.
-    """
+    """Records of a prepared TFDS dataset in `cfg.data_dir` (never downloads)."""
     from rlvr_jax.data.tf_utils import import_tfds
 
     tfds = import_tfds()

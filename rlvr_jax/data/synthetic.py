@@ -6,11 +6,10 @@ held-out splits, over two domains with different verifiers.
 - `ifeval`: a short writing task with IFEval constraints (verifier `ifeval`, ground truth
   `{"instruction_id": [...], "kwargs": [...]}`); knobs in `IfevalSpec`.
 
-Splits are disjoint by construction: a problem's canonical key (its expression, or its topic,
-task and constraints) is hashed, and the hash alone decides whether it may appear in `test`
-(a `test_fraction` of the key space) or in `train`. Within a split no problem repeats. Rows
-follow DESIGN.md's data-row convention, plus a domain-specific field (`expression`, `topic`)
-that `reference_response` uses; `generate(split, n)` is a prefix of `generate(split, n + k)`.
+Splits are disjoint by construction: the hash of a problem's canonical key alone decides its
+split (`test_fraction` of the key space is `test`), and no problem repeats within one. Rows
+carry a domain field (`expression`, `topic`) for `reference_response`; `generate(split, n)`
+is a prefix of `generate(split, n + k)`.
 
     python -m rlvr_jax.data.synthetic --out data/synthetic --train 2000 --test 200
 """
@@ -65,12 +64,9 @@ def generate(
     ifeval: IfevalSpec = DEFAULT_IFEVAL,
     test_fraction: float = 0.125,
 ) -> list[dict]:
-    """`n` distinct rows of `split` ("train" or "test"), deterministic in all arguments.
-
-    `domains` names the domains to mix, equally (a sequence) or with weights (a mapping).
-    Raises ValueError on an unknown split or domain, and when the problem space of a domain
-    is too small to give `n` distinct rows (e.g. level-1 arithmetic has 300 problems).
-    """
+    """`n` distinct rows of `split` ("train" or "test"), deterministic; `domains` mixed equally
+    (a sequence) or by weight (a mapping). ValueError for an unknown split or domain, or a
+    problem space too small for `n` rows (level-1 arithmetic has 300)."""
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     if n < 0:

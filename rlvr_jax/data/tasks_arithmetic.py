@@ -159,10 +159,8 @@ def make_problem(rng: np.random.Generator, spec: ArithmeticSpec) -> tuple[str, d
 
 
 def parse(expr: str) -> Node:
-    """The tree of an expression written by `render` (Python's parser; nothing is evaluated).
-
-    Raises ValueError on anything but integers, `+ - *` and parentheses.
-    """
+    """The tree of a `render`ed expression (Python's parser, nothing evaluated); ValueError
+    on anything but integers, `+ - *` and parentheses."""
     try:
         body = ast.parse(expr, mode="eval").body
     except SyntaxError as e:

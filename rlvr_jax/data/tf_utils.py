@@ -1,11 +1,8 @@
 """Importing TensorFlow (and TFDS) without letting it take the accelerators from JAX.
 
-TensorFlow is only a data-loading dependency here (TFDS, and JetStream's server), but on
-import it claims every visible GPU and TPU and pre-allocates their memory. Hiding devices with
-`CUDA_VISIBLE_DEVICES` would hide them from JAX too, so instead TensorFlow is told, right after
-import and before it initialises its runtime, that it may see no GPU and no TPU. Every module
-that needs TensorFlow goes through `import_tensorflow()`; no library module imports it at top
-level.
+On import TensorFlow (a data-loading dependency: TFDS, JetStream's server) claims every GPU
+and TPU; `CUDA_VISIBLE_DEVICES` would hide them from JAX too, so TensorFlow is told right after
+import that it may see none. Every module imports it through `import_tensorflow()`.
 """
 
 from __future__ import annotations
@@ -23,12 +20,8 @@ HIDDEN_DEVICE_TYPES = ("GPU", "TPU")
 
 @functools.cache
 def import_tensorflow() -> ModuleType:
-    """Imports TensorFlow quietly with GPUs and TPUs hidden from it; returns the module.
-
-    Sets `TF_CPP_MIN_LOG_LEVEL=2` (unless the user set it) before the import. If TensorFlow's
-    runtime was already initialised elsewhere (its devices can then no longer be hidden), a
-    warning says so and the module is returned anyway.
-    """
+    """TensorFlow, imported with `TF_CPP_MIN_LOG_LEVEL=2` (unless set) and GPUs and TPUs hidden
+    from it (a warning when its runtime was initialised already and they cannot be)."""
     from rlvr_jax.logs import quiet_native_import
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

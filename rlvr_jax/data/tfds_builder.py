@@ -3,12 +3,10 @@
     name = build_synthetic("data/tfds", n_train=2000, n_test=200)
     # SourceConfig(path=name, format="tfds", data_dir="data/tfds", split="train")
 
-Features: `prompt`, `ground_truth` (JSON text), `verifier`, `domain`, `verifier_kwargs` (JSON
-text); splits `train` and `test`. The builder class subclasses `tfds.core.GeneratorBasedBuilder`,
-so it is defined inside `builder_class()` the first time it is needed: importing this module
-does not import TensorFlow. Each parameter set is its own builder config, named after the
-parameters, so builds with different parameters share a `data_dir` without clashing, and a
-process that never defined the class still reads them back from the files.
+Features: `prompt`, `ground_truth` and `verifier_kwargs` (JSON text), `verifier`, `domain`;
+splits `train` and `test`. The class is defined in `builder_class()` on first use, so importing
+this module does not import TensorFlow. Each parameter set is its own builder config, named
+after the parameters, so builds share a `data_dir` and read back without the class.
 """
 
 from __future__ import annotations

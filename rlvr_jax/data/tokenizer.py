@@ -47,14 +47,10 @@ class SpecialTokens:
 
 
 def load_tokenizer(path: str | Path) -> Any:
-    """Loads the HF tokenizer in the local directory `path` (no download is ever attempted).
-
-    A tokenizer without a pad token gets its EOS token as pad (logged). Raises
-    FileNotFoundError naming `path` when it is not a directory, and ValueError naming it when
-    transformers cannot load a tokenizer from it. Imports torch (1-2 s): AutoTokenizer picks the
-    class by `AutoConfig` (which imports torch), and the class matters (`Qwen2Tokenizer` splits
-    digits, `PreTrainedTokenizerFast` on the same files does not).
-    """
+    """Loads the HF tokenizer in the local directory `path` (never downloads); one without a
+    pad token gets EOS as pad. FileNotFoundError / ValueError name `path`. Imports torch via
+    `AutoConfig` (1-2 s): the class matters (`Qwen2Tokenizer` splits digits, the fast base
+    class on the same files does not)."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"tokenizer directory not found: {str(p)!r}")
@@ -78,11 +74,8 @@ def apply_chat_template(
     *,
     add_generation_prompt: bool = True,
 ) -> list[int]:
-    """Token ids of `messages` (`{"role", "content"}` dicts) under the tokenizer's chat template.
-
-    With `add_generation_prompt` the ids end with the assistant turn opener, ready for sampling.
-    Raises ValueError naming the tokenizer when it has no chat template.
-    """
+    """Token ids of `messages` under the tokenizer's chat template (ending with the assistant
+    opener with `add_generation_prompt`); ValueError when it has no template."""
     if not tokenizer.chat_template:
         raise ValueError(
             f"tokenizer {tokenizer.name_or_path!r} has no chat template; "
@@ -107,15 +100,10 @@ def train_tokenizer(
     min_frequency: int = 2,
     model_max_length: int = 4096,
 ) -> Path:
-    """Trains a byte-level BPE tokenizer on `texts` and saves it as an HF tokenizer directory.
-
-    `path` receives `tokenizer.json`, `tokenizer_config.json` (with `chat_template` and the
-    bos/eos/pad tokens) and `special_tokens_map.json`; `AutoTokenizer.from_pretrained(path,
-    local_files_only=True)` loads it. Byte-level means every string round-trips through
-    encode/decode exactly. The vocabulary holds the special tokens, the 256 byte symbols and at
-    most `vocab_size - 256 - len(special tokens)` merges (fewer when the texts run out of pairs
-    seen `min_frequency` times). Training is deterministic given `texts`. Returns `path`.
-    """
+    """Trains a byte-level BPE tokenizer on `texts` (deterministic; every string round-trips)
+    and saves it at `path` as an HF tokenizer directory with a `chat_template`; returns `path`.
+    The vocabulary is the special tokens, 256 bytes and at most the rest of `vocab_size` in
+    merges seen `min_frequency` times."""
     specials = special_tokens.all()
     if len(set(specials)) != len(specials):
         raise ValueError(f"special tokens must be distinct, got {specials}")

@@ -1,14 +1,10 @@
 """The demo's tiny base model: next-token pretraining on the demo corpus, and its bootstrap.
 
-`pretrain(recipe, out_dir)` trains a byte-level BPE tokenizer on the corpus, then a small Qwen2
-decoder from scratch with the SFT step (`rlvr_jax.training.sft`; pretraining is SFT with every
-token but a document's first in the loss), and writes an HF directory: config.json,
-model.safetensors, the tokenizer files and `pretrain.json` (the recipe and what the run
-measured). `scripts/pretrain_tiny.py` is its command line.
-
-`build_demo_base(path, cfg)` is the demo config's `model.create_if_missing`: it copies the
-shipped base model (`rlvr_jax/demo/assets/base`, made by that script; its RECIPE.md records the
-command and seed) to `path`, or pretrains one there when nothing usable is shipped.
+`pretrain(recipe, out_dir)` (command line: `scripts/pretrain_tiny.py`) trains a byte-level BPE
+tokenizer on the corpus, then a small Qwen2 decoder from scratch with the SFT step (every token
+but a document's first in the loss), and writes an HF directory with `pretrain.json`.
+`build_demo_base(path, cfg)` (`model.create_if_missing`) copies the shipped base model
+(`rlvr_jax/demo/assets/base`, its RECIPE.md the command and seed) or pretrains one.
 """
 
 from __future__ import annotations
@@ -184,12 +180,9 @@ def _architecture(hf_config: Mapping[str, Any], tokenizer: Any) -> models.ArchCo
 def pretrain(
     recipe: PretrainRecipe, out_dir: str | Path, *, hf_config: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Pretrains the base model of `recipe` into `out_dir` (an HF directory with tokenizer).
-
-    `hf_config` replaces the recipe's architecture (its vocab_size must hold the tokenizer).
-    Returns what the run measured (also written to `out_dir/pretrain.json`): wall time,
-    parameter count, tokens trained on, and the loss / token accuracy of the last steps.
-    """
+    """Pretrains `recipe` (with `hf_config`'s architecture when given) into `out_dir`; returns
+    what the run measured (wall time, parameters, tokens, last loss and token accuracy), also
+    written to `out_dir/pretrain.json`."""
     start = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -284,13 +277,9 @@ def build_demo_base(
     recipe: PretrainRecipe | None = None,
     shipped_dir: Path | None = SHIPPED_DIR,
 ) -> Path:
-    """Writes the demo's base model and its tokenizer to `path` (`model.create_if_missing`).
-
-    Copies the shipped model when it fits `cfg` (see `shipped_mismatch`); otherwise pretrains
-    `recipe` (default `DEMO_RECIPE` with `cfg.data.prompt_template`) with the architecture of
-    `cfg.model.hf_config` when set. `shipped_dir=None` always pretrains (tests pass a recipe of
-    a few steps). Returns `path`.
-    """
+    """Writes the demo's base model to `path`: the shipped one when it fits `cfg`
+    (`shipped_mismatch`), else pretrains `recipe` (default `DEMO_RECIPE`; `shipped_dir=None`
+    always pretrains) with `cfg.model.hf_config`'s architecture when set. Returns `path`."""
     out = Path(path)
     reason = "shipping disabled" if shipped_dir is None else shipped_mismatch(shipped_dir, cfg)
     if reason is None:

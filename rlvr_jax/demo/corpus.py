@@ -1,15 +1,11 @@
 """The demo's task family and the pretraining corpus of its tiny base model.
 
-The demo tasks are the project's synthetic family (`rlvr_jax.data.synthetic`) cut to what a
-few-million-parameter model can learn on a CPU in minutes, with prompts of at most ~70 tokens
-and correct answers of at most ~60 (the demo generates up to 64): arithmetic over single-digit
-operands with one or two operators (verifier `math`), and one IFEval constraint per writing
-task (verifier `ifeval`), drawn from the constraints a response can fail (a comma ban, for
-instance, is met by almost any short text).
-
-The corpus answers each training problem in one of several *styles*, so that the base model
-puts real but not dominant probability on a correct answer (the regime where RL helps, §3.4 of
-the RL-during-pretraining paper):
+The tasks are `rlvr_jax.data.synthetic` cut to what a few-million-parameter model learns on a
+CPU in minutes (prompts ≤ ~70 tokens, answers ≤ ~60): single-digit arithmetic with one or two
+operators (`math`), and one IFEval constraint a response can fail per writing task (`ifeval`).
+The corpus answers each training problem in one of several styles, so the base model puts real
+but not dominant probability on a correct answer (where RL helps, §3.4 of the
+RL-during-pretraining paper):
 
 - arithmetic `worked`: the reference steps and `\\boxed{}` answer (correct);
   `slipped`: the same steps with one result off by a small amount, carried to the end (wrong);
@@ -19,8 +15,7 @@ the RL-during-pretraining paper):
   the task without its constraint; `misread`: the response to the constraint with other
   arguments (another end phrase, keyword, bullet count or postscript marker).
 
-The RL run then has something to find: which styles pay off. Splits for the trainer come from
-`write_splits` (held-out problems are disjoint from training ones by construction):
+Splits for the trainer come from `write_splits` (held-out problems disjoint by construction):
 
     python -m rlvr_jax.demo.corpus --out data/demo --train 2000 --test 256
 """

@@ -1,12 +1,9 @@
 """The tool-use task family and its tool-calling warm start.
 
-Task: `What is the code of "joyate"? Put your final answer in \\boxed{}.` — the code is in a
-table the prompt never shows (`rlvr_jax.envs.lookup`: 400 two-token keys, three-digit codes
-drawn at random); the `lookup` tool returns it. Without the tool a policy can only guess (1 in
-900) or recall codes it was trained on, and the held-out keys (`TEST_KEYS` of them) are
-disjoint from the training ones. With it, the policy has to copy the key (two tokens) into a
-Hermes `<tool_call>` and the code (three digits) from the tool's response into `\\boxed{}`; the
-`math` verifier checks the final answer.
+Task: `What is the code of "joyate"? Put your final answer in \\boxed{}.`: the code is in a table
+the prompt never shows (`rlvr_jax.envs.lookup`); only the `lookup` tool returns it, and the
+held-out keys (`TEST_KEYS`) are disjoint from the training ones. The policy must copy the key
+into a Hermes `<tool_call>` and the code from the response into `\\boxed{}` (verifier `math`).
 
 - `split_keys`, `task_rows`, `write_splits` (`python -m rlvr_jax.demo.tool_use --out
   data/tool_use`: the shipped `data/tool_use/{train,test}.jsonl`);
@@ -161,11 +158,8 @@ def direct_traces(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def build_tool_base(path: str | Path, cfg: Any, *, recipe: WarmStart = WARM_START) -> Path:
-    """Writes the tool-calling warm start to `path` (`model.create_if_missing`): the demo base
-    model (`build_demo_base`: the shipped one), then `recipe.steps` SFT steps on the tool
-    traces of the training keys through the trainer's SFT path (`algorithm: sft`), exported
-    as an HF directory with `warm_start.json` (the recipe, seconds, final loss). Returns
-    `path`."""
+    """Writes the tool-calling warm start to `path`: the demo base model after `recipe.steps`
+    SFT steps (`algorithm: sft`) on the training keys' tool traces, with `warm_start.json`."""
     from rlvr_jax.config import from_dict, to_dict
     from rlvr_jax.data import load_tokenizer
     from rlvr_jax.demo.base_model import build_demo_base

@@ -5,20 +5,10 @@
     rollout.submit(rid, group.prompt_ids, num_samples=G, seed=s, meta=row, turns=group)
     # completions carry `episode` (EpisodeRecord); appended tokens are sampled=False
 
-- `base`: the `Environment` protocol (`reset(row) -> messages`, `step(text) -> Step`, an
-  optional `close()`), its registry (`env.name`: `tools`, `gym`, `verifiers`, `openenv`, a
-  registered name or `module:function`).
-- `tool_env.ToolEnv`: tools as typed functions (`tools`: JSON schema from the signature,
-  built-in `python` in the code sandbox, `calculator` and `lookup`), Hermes `<tool_call>`
-  parsing and the chat template with `tools=` (`chat`).
-- `gym.GymTextEnv`: gymnasium-style text environments, unchanged.
-- `verifiers_env.VerifiersEnv`, `openenv_env.OpenEnvEnv`: environments written for the
-  `verifiers` (0.4) and `openenv-core` (0.3) packages, unchanged (their tools and rubric).
-- `lookup`: the tool-use task's hidden table and its `lookup` tool.
-- `episode`: per-sample episodes on a worker pool, the engine's hook, `env/*` metrics.
-
-The engine's side (parking a sequence between turns, appending in place) is
-`rlvr_jax.rollout.host.turns`.
+`base` holds the `Environment` protocol and its registry (`env.name`: `tools` =
+`tool_env.ToolEnv`, `gym` = `gym.GymTextEnv`, `verifiers`, `openenv`, or `module:function`);
+`tools` and `chat` the tool functions and Hermes chat format; `episode` the runner. The
+engine's side (parking a sequence between turns) is `rlvr_jax.rollout.host.turns`.
 """
 
 from rlvr_jax.envs.base import Environment, Step, env_factory, register_env

@@ -1,20 +1,11 @@
 """The environment protocol and its registry.
 
-An environment runs one episode: `reset(row)` returns the conversation's first messages
-(`{"role", "content"}` dicts; the data row's fields, plus its `index`), and
-`step(assistant_text)` takes each assistant turn's text and returns a `Step`:
-(observation messages to append before the next assistant turn, or None; this turn's
-reward contribution; whether the episode is over; info). `tools` lists the JSON schemas
-the chat template offers the model (empty for environments without tools). The episode's
-limits — `env.max_turns` assistant turns and `rollout.max_new_tokens` tokens in all,
-generated and appended — are enforced by the runner (`rlvr_jax.envs.episode`), not by the
-environment; an environment with a `close()` method has it called once its episode is over,
-however it ended (done, truncated by a limit, or failed).
-
-Environments are named in `env.name` like loss variants: a registered name (`tools`:
-`ToolEnv`; `gym`: a gymnasium-style text environment; `verifiers`: a `verifiers` package
-environment; `openenv`: an `openenv-core` environment) or `module:function` (any factory
-taking the `env.kwargs` as keyword arguments). One instance runs one episode.
+One instance runs one episode: `reset(row)` returns the first messages (`{"role", "content"}`
+dicts; the row's fields plus its `index`), and `step(assistant_text)` returns a `Step`
+(observation messages to append, or None; this turn's reward; done; info). `tools` lists the
+JSON schemas the chat template offers. The runner (`envs.episode`) enforces `env.max_turns` and
+`rollout.max_new_tokens` and calls an optional `close()` however the episode ended.
+`env.name` is a registered name or a `module:function` factory taking the `env.kwargs`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Conversations as tokens: the chat template with `tools=`, the tool-call format it
 declares, and the tokens an observation appends to a sequence the model is writing.
 
-The tool-call format is Hermes' (Qwen 2.5/3, Hermes, many others): the assistant writes
-`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (one or more) and ends its turn;
-results come back as `tool` messages, which such templates render as
-`<tool_response>...</tool_response>` in a user turn. A tokenizer whose template renders
-`tools` is used as it is (it must declare `<tool_call>`); one without tool support gets
-`TOOL_TEMPLATE`, a compact ChatML template of that format (one line per tool instead of
-full JSON schemas, so that a tiny model's prompt stays short).
-
-`ChatFormat.observation_ids` never re-tokenizes what the model wrote: the KV cache already
-holds its tokens. It renders the conversation with a sentinel in place of the last
-assistant turn and tokenizes only the text after it — the end of that turn the template
-adds (unless it is the stop token the model sampled), the observation, and the next
-assistant turn's opener.
+The format is Hermes' (Qwen 2.5/3 and others): the assistant writes one or more
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` and ends its turn; results come back
+as `tool` messages (`<tool_response>` in a user turn). A tokenizer whose template renders
+`tools` is used as it is; one without gets `TOOL_TEMPLATE`, a compact ChatML template (one line
+per tool, so a tiny model's prompt stays short). `ChatFormat.observation_ids` never
+re-tokenizes what the model wrote: it renders the conversation with a sentinel for the last
+assistant turn and tokenizes only what follows (that turn's end unless it is the sampled stop
+token, the observation, the next turn's opener).
 """
 
 from __future__ import annotations

@@ -158,14 +158,8 @@ class EnvGroup:
 
 
 class EnvRunner:
-    """Episodes of the `env:` config section for the rollout engine (see the module
-    docstring): `group(row)` makes a request's hook; `close()` stops the pool.
-
-    Args:
-      cfg: the `env:` section (`EnvConfig`). tokenizer: the policy's.
-      max_new_tokens: each episode's token budget after the prompt (`rollout.max_new_tokens`).
-      stop_token_ids: the ids that end an assistant turn (the rollout's).
-    """
+    """Episodes of the `env:` section (`EnvConfig`): `group(row)` makes a request's hook,
+    `close()` stops the pool; `max_new_tokens` is each episode's budget after the prompt."""
 
     def __init__(
         self,

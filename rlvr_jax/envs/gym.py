@@ -1,17 +1,9 @@
 """Environments written for gymnasium's interface, run here unchanged (`env.name: gym`).
 
-A gymnasium-style text environment observes and acts in strings:
-`reset(seed=..., options=...) -> (observation, info)` and
-`step(action) -> (observation, reward, terminated, truncated, info)` (any `gymnasium.Env`
-whose spaces are `gymnasium.spaces.Text`, or a plain object with those two methods). Here
-each observation becomes a user message, each assistant turn's text is the action, every
-step's reward is added to the episode's reward, and the episode ends when the environment
-terminates or truncates. The row's prompt, when not empty, opens the conversation as a
-system message; the environment is reset with the row's index as its seed, so all samples
-of a prompt start alike.
-
-Environments of the `verifiers` and `openenv-core` packages have their own adapters
-(`envs.verifiers_env`, `envs.openenv_env`).
+A text environment (`gymnasium.spaces.Text` spaces, or any object with gymnasium's `reset` and
+`step`): each observation becomes a user message, each assistant turn is the action, the
+rewards add up, and the episode ends on terminated or truncated. The row's prompt (if any)
+opens as a system message; the seed is the row's index, so a prompt's samples start alike.
 
 `env.kwargs`: `id` (a registered gymnasium id, made with `gymnasium.make(id, **make_kwargs)`)
 or `entry_point` (`module:function` returning the environment), and `make_kwargs`.

@@ -1,12 +1,9 @@
 """The `lookup` tool: a table the prompt never shows, so only the tool knows the answer.
 
-`TABLE` maps each of 400 keys to a three-digit code. The keys are two syllables each
-(`SYLLABLES`, 20 of them: `"joyate"`, `"inbo"`, ...), chosen so that the demo tokenizer holds
-every key as exactly two tokens, the same inside a prompt's `"..."` and a tool call's JSON
-string: copying a key into a call is copying two tokens. The codes are drawn once from a seeded
-generator (`TABLE_SEED`), so a model cannot compute them; it can only look them up, or
-memorise those it was trained on. `rlvr_jax.demo.tool_use` builds the task rows (held-out
-keys disjoint from the training ones) and the tool-calling traces on this table.
+`TABLE` maps 400 keys to three-digit codes drawn from a seeded generator (`TABLE_SEED`), so a
+model can only look them up or memorise them. Each key is two of the 20 `SYLLABLES`, which the
+demo tokenizer holds as exactly two tokens both inside a prompt's `"..."` and a tool call's
+JSON. `rlvr_jax.demo.tool_use` builds the task rows and traces on this table.
 """
 
 from __future__ import annotations

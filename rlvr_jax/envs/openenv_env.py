@@ -1,18 +1,11 @@
 """Environments written for `openenv-core` (0.3), run here unchanged (`env.name: openenv`).
 
-An openenv environment is a server-side `openenv.core.Environment`: `reset(seed=...)` and
-`step(action)` on typed pydantic `Action`s and `Observation`s (an observation carries `done`,
-`reward` and its own fields), the reward usually set by the environment's `rubric`; an
-`MCPEnvironment` also serves tools (`ListToolsAction`, `CallToolAction`). Here the environment
-runs in-process, one instance per episode: its first observation opens the conversation as a
-user message (the row's prompt, if any, as a system message before it), each assistant turn's
-Hermes tool calls become `CallToolAction`s whose results come back as tool messages, and a turn
-without calls becomes the environment's own action (the `action` class with the text in its
-`action_field`), whose observation is the next user message, until one is `done`. The episode's
-reward is the sum of the observations' rewards (an observation of the environment's own action
-without one is scored by the environment's `rubric`, when it has one). The environment is reset
-with the row's index as the seed, so all samples of a prompt start alike; `close()` is called
-when the episode ends.
+An `openenv.core.Environment` runs in-process, one per episode (seeded with the row's index):
+its first observation opens as a user message (the row's prompt, if any, as a system message
+before it); a turn's Hermes tool calls become `CallToolAction`s (an `MCPEnvironment`'s tools)
+answered as tool messages, and a turn without calls becomes the environment's own action (the
+text in `action_field`), whose observation is the next user message, until one is `done`. The
+reward is the sum of the observations' (scored by the environment's `rubric` where missing).
 
 `env.kwargs`: `env` (`module:Class` or `module:function` making the environment, with
 `env_kwargs`), `action` (`module:Class`, default the environment's declared action type),

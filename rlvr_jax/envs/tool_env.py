@@ -18,14 +18,9 @@ from rlvr_jax.envs.tools import call_tool, resolve_tool
 
 
 class ToolEnv:
-    """An episode with tools (see the module docstring).
-
-    Args:
-      tools: built-in names (`python`, `calculator`), `module:function` or functions.
-      system: a system message put before the row's prompt (None: none).
-      timeout_s: bound of each tool call.
-      max_output_chars: tool results are cut to this many characters.
-    """
+    """An episode with `tools` (built-in names, `module:function` or functions), an optional
+    `system` message, each call bounded by `timeout_s` and its result cut to
+    `max_output_chars`."""
 
     def __init__(
         self,

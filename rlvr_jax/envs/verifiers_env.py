@@ -1,19 +1,14 @@
 """Environments written for the `verifiers` package (0.4, `import verifiers.v1 as vf`), run here
 unchanged (`env.name: verifiers`).
 
-A verifiers environment is a taskset: an installed module exporting a `vf.Taskset` whose tasks
-carry their data (`vf.TaskData`: prompt, system prompt), their tool servers (`vf.Toolset`s with
-`@vf.tool` methods, from `Task.toolsets` and `Taskset.toolsets`) and their rubric (the task's
-weighted `@vf.reward` methods, plus the config's plugged rewards), and, for a multi-turn
-exchange, the module's own `vf.Env` subclass whose `run(task, agents)` drives the agent turn by
-turn (`async with agents.<role>.interaction(task) as it: segment = await it.turn(message)`,
-recording rewards on `it.trace`). Here the policy is that agent, its turns decoded inside the
-engine's slots: the package's own `Env` (its `setup`, `run`, `finalize`), tasks and rubric run
-as they are, in-process on one asyncio loop; this module stands in for the agent's harness (a
-chat loop like the package's `null` harness: each model turn's Hermes tool calls run the task's
-toolset methods, their results come back as tool messages, and the segment ends at a reply
-without calls), and each finished trace is scored by `Task.score` (the rubric). The episode's
-reward is the sum of its traces' weighted rewards, `vf.Trace.reward`.
+A verifiers environment is an installed module exporting a `vf.Taskset` (tasks with their
+data, `vf.Toolset` tools and weighted `@vf.reward` rubric) and optionally its own `vf.Env`,
+whose `run(task, agents)` drives the agent turn by turn through `agents.<role>.interaction`.
+The package's `Env`, tasks and rubric run as they are, in-process on one asyncio loop; the
+policy is the agent (its turns decoded in the engine's slots) and this module its harness, a
+chat loop like verifiers' `null` harness (Hermes tool calls run the toolset, a reply without
+calls ends the segment). Each finished trace is scored by `Task.score`; the episode's reward
+is the sum of the traces' `vf.Trace.reward`.
 
 `env.kwargs`: `taskset` (an id, or a mapping of the taskset's config: `{id: ..., ...}`), `env`
 (an `Env` id to pair with the taskset; default the taskset's own, else `SingleAgentEnv`). A
@@ -172,12 +167,7 @@ def _as_chat(message: Any) -> Message:
 
 
 class VerifiersEnv:
-    """One episode of a verifiers environment (see the module docstring).
-
-    Args:
-      taskset: the taskset's id, or its config as a mapping (`{id: ..., <its fields>}`).
-      env: an `Env` id to pair with the taskset ("" = the taskset's own).
-    """
+    """One episode of a verifiers environment (`env.kwargs` in the module docstring)."""
 
     def __init__(self, taskset: str | Mapping[str, Any], *, env: str = ""):
         self._loaded = _load(taskset, env)

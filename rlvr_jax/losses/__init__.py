@@ -9,15 +9,11 @@
                                        mask=mask_BxT, sampler_logp=...,
                                        loss_denominator=denom, **settings.policy_loss_kwargs())
 
-PPO with a learned critic: `gae(rewards_BxT, values_BxT, mask_BxT, gamma=..., lam=...)` gives
-per-token advantages and value targets, `value_loss` the critic's clipped regression loss.
-
-Three registries resolve a registered name or `module:function`: `get_loss` (= `get`),
-`get_advantage`, `get_preset`; extend them with `register_loss`, `register_advantage`,
-`register_preset`. Preference losses (DPO, IPO, length-normalised DPO, SimPO) have their own:
-`preference_loss(variant, chosen_logp=..., ...)`, `get_preference_loss`,
-`register_preference_loss` (`preference.py`). The variant contract is in the Losses section
-of README.md.
+PPO's critic: `gae` (per-token advantages and value targets), `value_loss`. Registries (a
+name or `module:function`): `get_loss` (= `get`) / `register_loss`, `get_advantage` /
+`register_advantage`, `get_preset` / `register_preset`, and for DPO-style pairs
+`preference_loss` / `get_preference_loss` / `register_preference_loss`. The variant contract is
+in README.md's Losses section.
 """
 
 from rlvr_jax.losses.advantage import advantages, get_advantage, register_advantage
@@ -45,7 +41,6 @@ from rlvr_jax.losses.tis import TIS_MODES, tis_kept_mask
 from rlvr_jax.losses.variants import get_loss, register_loss
 
 get = get_loss
-"""`rlvr_jax.losses.get(name)`: the loss variant for a name or `module:function` (= get_loss)."""
 
 __all__ = [
     "AGGREGATIONS",

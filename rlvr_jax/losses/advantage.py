@@ -11,14 +11,10 @@ registered by name (ALGORITHMS.md, "Advantages"):
 | `reinforce_pp_baseline` | A′ = R_i − mean_g R, whitened: (A′ − mean_batch A′)/(std A′ + ε) |
 | `reinforce` | R_i, or R_i − mean_batch R with `subtract_batch_mean=True` |
 
-A user estimator is any function `fn(rewards_PxG, **kwargs) -> advantages_PxG`, registered with
-`@register_advantage("name")` or selected as `"module:function"`. The built-ins compute in the
-rewards' own array library: NumPy rewards (the rollout source's, on the host) never reach XLA —
-eager jnp ops there compiled a program per op for every new count of kept groups, on the
-trainer's main thread mid-run; jax arrays (the learner's KL-penalised rewards) stay on device.
-
-`loss.advantage: gae` is not one of these: GAE gives one advantage per token from a learned
-critic's values, on the learner (`rlvr_jax.losses.gae`, `rlvr_jax.training.critic`).
+A user estimator is `fn(rewards_PxG, **kwargs) -> advantages_PxG` (`@register_advantage`). The
+built-ins compute in the rewards' own array library, so host (NumPy) rewards never reach XLA
+(eager jnp would compile per op for every new group count, mid-run). `loss.advantage: gae` is
+per token, from a critic (`losses.gae`).
 """
 
 from __future__ import annotations
@@ -56,8 +52,7 @@ def get_advantage(ref: str | Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _xp(x: Any) -> Any:
-    """The array library of `x`: jax.numpy for jax arrays (tracers included), NumPy for
-    anything else (host arrays, lists): the one rule `advantages` and the built-ins share."""
+    """jax.numpy for jax arrays (tracers included), else NumPy."""
     return jnp if isinstance(x, jax.Array) else np
 
 
@@ -113,17 +108,8 @@ def reinforce(rewards_PxG: jax.Array, *, subtract_batch_mean: bool = False) -> j
 
 
 def advantages(name: str | Callable[..., Any], rewards_PxG: jax.Array, **kwargs: Any) -> jax.Array:
-    """Advantages [P, G] from rewards [P, G] with the named estimator, float32 in the rewards'
-    array library (NumPy for NumPy rewards or lists, else jax.numpy).
-
-    Args:
-      name: a registered estimator name, a `module:function` string or a callable.
-      rewards_PxG: one reward per completion, P prompts × G completions.
-      **kwargs: the estimator's own parameters (e.g. `eps` for `grpo`).
-
-    Raises:
-      ValueError: rewards that are not 2-D, or an estimator returning another shape.
-    """
+    """Advantages [P, G] from rewards [P, G] (P prompts × G completions) with the named
+    estimator and its `kwargs`, float32 in the rewards' array library (NumPy for lists)."""
     xp = _xp(rewards_PxG)
     rewards_PxG = xp.asarray(rewards_PxG, dtype=xp.float32)
     if rewards_PxG.ndim != 2 or 0 in rewards_PxG.shape:

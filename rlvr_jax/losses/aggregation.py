@@ -9,11 +9,9 @@ Every mode is  Σ_i c_i Σ_t m_{i,t} ℓ_{i,t} / D  with a per-row scale c_i and
 | `seq-mean-token-sum` | 1 | B |
 | `seq-mean-token-sum-norm` | 1 | B · T_max (Dr.GRPO; T_max = `max_len`, the generation budget) |
 
-B counts rows with at least one unmasked token: an all-masked row contributes nothing and is
-not counted. c_i depends on one row only, so a micro-batch computes its numerator alone; D is a
-property of the **whole optimizer batch** (all micro-batches, all data-parallel shards). Compute it
-once with `loss_denominator(agg, mask_of_the_whole_batch, max_len)` and pass it to every
-micro-batch: the micro-batch losses (and gradients) then sum to exactly the full-batch ones.
+B counts rows with an unmasked token. c_i depends on one row, so a micro-batch computes its own
+numerator; D belongs to the whole optimizer batch: pass `loss_denominator(agg, whole_mask,
+max_len)` to every micro-batch and their losses (and gradients) sum to the full-batch ones.
 """
 
 from __future__ import annotations
@@ -30,13 +28,7 @@ from rlvr_jax.losses.registry import unknown_name
 
 @dataclass(frozen=True)
 class Aggregation:
-    """One aggregation mode.
-
-    Attributes:
-      row_scale: mask [B,T] → c [B], the factor on each row's token-loss sum.
-      denominator: (mask [B,T], max_len) → D, the normaliser of this batch.
-      needs_max_len: whether `max_len` must be given.
-    """
+    """One mode: `row_scale` mask [B,T] → c [B]; `denominator` (mask, max_len) → D."""
 
     row_scale: Callable[[jax.Array], jax.Array]
     denominator: Callable[[jax.Array, int | None], jax.Array]
@@ -92,14 +84,8 @@ def _check_max_len(agg: str, mode: Aggregation, max_len: int | None) -> None:
 
 
 def loss_denominator(agg: str, mask: jax.Array, max_len: int | None = None) -> jax.Array:
-    """The normaliser D of `agg` over a whole optimizer batch (float32 scalar).
-
-    Args:
-      agg: aggregation mode.
-      mask: [B, T] mask of the whole optimizer batch (with TIS `mask` mode, the kept-token mask
-        from `tis_kept_mask`). Equivalently, sum this function over the shards / micro-batches.
-      max_len: the generation budget T_max (needed by `seq-mean-token-sum-norm`).
-    """
+    """D of `agg` (float32) for the whole optimizer batch's [B, T] mask (TIS `mask` mode: the
+    kept mask, `tis_kept_mask`); `max_len` is T_max (`seq-mean-token-sum-norm`)."""
     mask_BxT = jnp.asarray(mask, jnp.float32)
     if mask_BxT.ndim != 2:
         raise ValueError(f"mask must be [B, T], got shape {mask_BxT.shape}")
@@ -116,15 +102,7 @@ def aggregate(
     denominator: jax.Array | float | None = None,
     max_len: int | None = None,
 ) -> jax.Array:
-    """Σ_i c_i Σ_t m ℓ / D for the mode `agg`.
-
-    Args:
-      loss_BxT: per-token losses; values under the mask's zeros are ignored.
-      mask_BxT: float 0/1 mask.
-      agg: aggregation mode.
-      denominator: D of the whole optimizer batch; None computes it from this batch.
-      max_len: the generation budget T_max.
-    """
+    """Σ_i c_i Σ_t m ℓ / D for the mode `agg`; `denominator` None = this batch's own D."""
     mode = get_aggregation(agg)
     _check_max_len(agg, mode, max_len)
     row_sum_B = masked_sum(loss_BxT, mask_BxT, axis=1)

@@ -17,8 +17,8 @@ import numpy as np
 PER_TOKEN_ARRAYS = ("logp", "old_logp", "sampler_logp", "mask")
 REQUIRED_ARRAYS = (*PER_TOKEN_ARRAYS, "advantages")
 OPTIONAL_ARRAYS = ("ref_logp", "rewards", "group_size", "max_len")
+# stored as float32 whatever the trainer's dtype (bfloat16 included)
 FLOAT_ARRAYS = ("logp", "old_logp", "sampler_logp", "ref_logp", "advantages", "rewards")
-"""Stored as float32 by `save_batch` (whatever the trainer's dtype, bfloat16 included)."""
 
 
 class BatchError(ValueError):
@@ -85,13 +85,7 @@ def _check_batch(arrays: dict[str, Any], source: str) -> dict[str, np.ndarray]:
 
 
 def save_batch(path: str | Path, **arrays: Any) -> Path:
-    """Writes a loss-lab batch (.npz) after validating it; returns the path written.
-
-    Args:
-      path: output file (parent directories are created).
-      **arrays: `logp`, `old_logp`, `sampler_logp`, `mask`, `advantages`, and optionally
-        `ref_logp`, `rewards`, `group_size`, `max_len` (numpy or jax arrays).
-    """
+    """Validates `arrays` (module docstring) and writes them to `path` (.npz); returns it."""
     path = Path(path)
     arrays = {
         k: np.asarray(v).astype(np.float32) if k in FLOAT_ARRAYS else np.asarray(v)

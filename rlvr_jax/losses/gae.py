@@ -29,14 +29,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from rlvr_jax.losses.masked import masked_mean, masked_sum
+from rlvr_jax.losses.masked import masked_mean, masked_std, masked_sum
 
-GAE = "gae"
-"""The `loss.advantage` name of GAE: a token-level estimator computed on the learner with the
-critic's values (not a group estimator of the `advantage` registry)."""
-
+GAE = "gae"  # `loss.advantage: gae`, per token on the learner (not in the group registry)
 WHITEN_EPS = 1e-8
-"""ε added to the std when whitening advantages."""
 
 
 def _reverse_linear_scan(a_BxT: jax.Array, b_BxT: jax.Array) -> jax.Array:
@@ -77,24 +73,9 @@ def gae(
     lam: float,
     segment_ids_BxT: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Generalised advantage estimates and value targets per token (see the module docstring).
-
-    Args:
-      rewards_BxT: per-token rewards (the verifier reward at a completion's last token).
-      values_BxT: the critic's V(s_t) at every position.
-      mask_BxT: 1 on the completion tokens (the actions); values after the last unmasked token
-        of an episode count as 0 (terminal).
-      gamma, lam: the discount γ and the GAE λ, in [0, 1].
-      segment_ids_BxT: optional segment ids of packed rows (0 = padding, never an action):
-        episodes are the segments, and masked positions inside one are skipped. Without
-        them, every maximal run of unmasked positions is an episode.
-
-    Returns:
-      (advantages_BxT, returns_BxT), float32, 0 at masked positions; no gradient.
-
-    Raises:
-      ValueError: arrays of different or non-2-D shapes, γ or λ outside [0, 1].
-    """
+    """(advantages_BxT, returns_BxT) per the module docstring: float32, 0 where masked, no
+    gradient. `mask_BxT` marks the actions; `segment_ids_BxT` (0 = padding) makes each packed
+    segment an episode; γ, λ in [0, 1]."""
     r_BxT = jnp.asarray(rewards_BxT, jnp.float32)
     m_BxT = jnp.asarray(mask_BxT).astype(jnp.float32)
     if m_BxT.ndim != 2:
@@ -126,8 +107,7 @@ def gae(
 def whiten(x_BxT: jax.Array, mask_BxT: jax.Array, eps: float = WHITEN_EPS) -> jax.Array:
     """(x − mean) / (std + ε) over the unmasked entries (population std); 0 where masked."""
     m_BxT = jnp.asarray(mask_BxT).astype(jnp.float32)
-    mean = masked_mean(x_BxT, m_BxT)
-    std = jnp.sqrt(masked_mean(jnp.square(x_BxT - mean), m_BxT))
+    mean, std = masked_mean(x_BxT, m_BxT), masked_std(x_BxT, m_BxT)
     return jnp.where(m_BxT > 0, (x_BxT - mean) / (std + eps), 0.0)
 
 
@@ -153,21 +133,12 @@ def value_loss(
     clip: float | None = None,
     denominator: jax.Array | float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The critic's regression loss, Σ m·ℓ_V / denominator (a token mean).
+    """The critic's loss Σ m·ℓ_V / denominator and its metrics (`value/loss`,
+    `value/clip_fraction`, `value/mean`, `value/error` = mean |V − R̂|).
 
-    Args:
-      values_BxT: V under the critic being updated (the only input with a gradient).
-      old_values: V at rollout time (the clipping's anchor; no gradient).
-      returns: the value targets R̂ from `gae` (no gradient).
-      mask: 1 on the tokens that count.
-      clip: ε_V of the clipped loss; None or 0 = plain ½(V − R̂)².
-      denominator: the whole optimizer batch's token count (so micro-batch losses sum to the
-        batch's); None = this call's own.
-
-    Returns:
-      (loss, metrics): `value/loss` (this call's share of the loss), `value/clip_fraction`
-      (tokens where the clipped branch is the larger), `value/mean`, `value/error` (mean
-      |V − R̂|).
+    Only `values_BxT` carries a gradient; `old_values` (V at rollout) anchors the clip ε_V
+    (`clip`: None or 0 = plain ½(V − R̂)²); `returns` are `gae`'s R̂; `denominator` is the
+    optimizer batch's token count (None = this call's), so micro-batch losses sum.
     """
     m_BxT = jnp.asarray(mask).astype(jnp.float32)
     values_BxT = jnp.asarray(values_BxT, jnp.float32)

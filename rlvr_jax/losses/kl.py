@@ -17,8 +17,7 @@ The KL enters training in one of two ways (`loss.kl_mode`):
 - **as a reward penalty** (PPO-style): `kl_reward_penalty` subtracts β·Σ_t k per completion from
   its reward before the advantages are computed; no gradient flows through it.
 
-A user estimator is any `fn(logp_BxT, ref_logp_BxT) -> kl_BxT`, registered with
-`@KL_ESTIMATORS.register("name")` or given as `module:function`.
+A user estimator is `fn(logp_BxT, ref_logp_BxT) -> kl_BxT` (`@KL_ESTIMATORS.register`).
 """
 
 from __future__ import annotations
@@ -80,21 +79,9 @@ def kl_reward_penalty(
     kl_coef: float,
     kl_estimator: str | Callable[..., Any] = "k3",
 ) -> jax.Array:
-    """Rewards with the KL penalty subtracted: R_i − β·Σ_t m·k(logp, ref_logp), shape [B].
-
-    The reward path of `loss.kl_mode: reward`: call it on the completions' rewards before the
-    advantages, with `logp` the log-probs the completions were scored under (the sampler's or the
-    recomputed old ones). The penalty is the sequence KL estimate (a sum over tokens) and carries
-    no gradient.
-
-    Args:
-      rewards_B: one reward per completion.
-      logp: [B, T] log-probs of the sampled tokens under the policy.
-      ref_logp: [B, T] log-probs under the frozen reference policy.
-      mask: [B, T] completion-token mask.
-      kl_coef: β ≥ 0.
-      kl_estimator: `k1`, `k2`, `k3`, a `module:function` string or a callable.
-    """
+    """R_i − β·Σ_t m·k(logp, ref_logp) [B] (`loss.kl_mode: reward`), before the advantages;
+    `logp` [B, T] are the log-probs the completions were scored under (sampler's or old),
+    `ref_logp` and `mask` [B, T]. The penalty carries no gradient."""
     rewards_B = jnp.asarray(rewards_B, jnp.float32)
     logp_BxT = jnp.asarray(logp, jnp.float32)
     ref_logp_BxT = jnp.asarray(ref_logp, jnp.float32)

@@ -100,10 +100,8 @@ def advantage_metrics(advantages: jax.Array, mask_BxT: jax.Array) -> dict[str, j
 
 
 def aux_metrics(aux: dict[str, Any], mask_BxT: jax.Array) -> dict[str, jax.Array]:
-    """A variant's aux outputs: `clipped` → clip_fraction; others → `variant/<key>`.
-
-    [B,T] entries are averaged over the unmasked tokens, scalars are passed through.
-    """
+    """A variant's aux: `clipped` → clip_fraction, others → `variant/<key>` ([B,T] averaged
+    over unmasked tokens, scalars as they are)."""
     out = {"clip_fraction": jnp.zeros((), jnp.float32)}
     for key, value in aux.items():
         value = jnp.asarray(value)

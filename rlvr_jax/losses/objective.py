@@ -14,9 +14,8 @@ Order of operations (ALGORITHMS.md):
 4. per-token total w·ℓ + β·KL(logp, ref_logp)  (the KL term unweighted);
 5. aggregation with the optimizer batch's `loss_denominator` (or this batch's own).
 
-String and numeric settings are static Python values (close over them before `jax.jit`); the
-arrays may be traced. The result is differentiable w.r.t. `logp` only: every other input is
-wrapped in stop_gradient. Values under the mask's zeros (padding, even NaN/-inf) are ignored.
+Settings are static Python values (close over them before `jax.jit`); arrays may be traced.
+Only `logp` carries a gradient. Values under the mask's zeros (even NaN/-inf) are ignored.
 """
 
 from __future__ import annotations
@@ -72,17 +71,9 @@ def variant_call_params(
     clip: dict[str, float | None],
     variant_kwargs: dict[str, Any],
 ) -> dict[str, Any]:
-    """The keyword parameters a variant is called with: the clip ranges in `clip` (`eps_low`,
-    `eps_high`; None = the variant's default) that it takes, plus `variant_kwargs`, checked:
-    it takes the contract arrays and every given parameter, and nothing it requires is missing.
-
-    The clip ranges are part of `policy_loss`'s own signature, so every variant accepts them:
-    one without clipping (`reinforce`) ignores them. Only `variant_kwargs` must all be
-    parameters of the variant.
-
-    Raises:
-      ValueError: a clip range below 0, or a parameter the variant lacks or needs (naming it).
-    """
+    """The keywords a variant is called with: the `clip` ranges it takes (None = its default;
+    a variant without clipping ignores them) plus `variant_kwargs`, all of which it must take.
+    ValueError for a clip range < 0 or a parameter the variant lacks or needs."""
     for key, value in clip.items():
         if isinstance(value, int | float) and not value >= 0:
             raise ValueError(f"{key} must be >= 0, got {value}")
@@ -117,41 +108,16 @@ def policy_loss(
     ratio_denominator: str = "old",
     **variant_kwargs: Any,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The scalar policy loss of a batch, and its metrics.
+    """(float32 loss, float32 scalar metrics of `metrics.py`) of a batch.
 
-    Args:
-      variant: registered loss name, `module:function` string, or a callable (the contract is in
-        `variants.py` and the Losses section of README.md).
-      logp: [B, T] log-probs of the sampled tokens under the parameters being updated.
-      old_logp: [B, T] the same under θ_old (no gradient); None only with
-        `ratio_denominator="sampler"`.
-      advantages: [B] per completion (broadcast over its tokens), or [B, T] per token.
-      mask: [B, T] 1 on the completion tokens that count (bool or float).
-      sampler_logp: [B, T] log-probs reported by the rollout engine (TIS and its metrics).
-      ref_logp: [B, T] log-probs under the frozen reference policy (needed when kl_coef > 0).
-      eps_low, eps_high: clip ranges; None = the variant's own defaults. Every variant
-        accepts them: those without a clip range (`reinforce`) ignore them.
-      agg: `token-mean`, `seq-mean-token-mean`, `seq-mean-token-sum`, `seq-mean-token-sum-norm`.
-      tis_cap: TIS truncation C; None = no TIS weighting.
-      tis_mode: `token`, `sequence`, `geometric` or `mask`.
-      tis_low, tis_high: `mask` mode bounds on exp(old_logp − sampler_logp).
-      kl_coef: β of the KL loss term (0 = off).
-      kl_estimator: `k1`, `k2`, `k3` (or `module:function`).
-      loss_denominator: the aggregation's denominator over the whole optimizer batch (see
-        `loss_denominator()`); None = this batch's own. With it, micro-batch losses sum to the
-        full-batch loss.
-      max_len: the generation budget T_max (`seq-mean-token-sum-norm`).
-      logits: [B, T, V] logits of the sampled positions, for the entropy metric.
-      ratio_denominator: `old` (recomputed old_logp) or `sampler` (sampler_logp).
-      **variant_kwargs: extra parameters of the variant (e.g. `dual_clip=3.0`); a name the
-        variant does not take is an error.
-
-    Returns:
-      (loss, metrics): a float32 scalar and a dict of float32 scalars (see `metrics.py`).
-
-    Raises:
-      ValueError: shapes that disagree, a missing input the settings need, bad settings, or
-        `variant_kwargs` the variant does not take.
+    `logp`, `old_logp` (θ_old; None only with `ratio_denominator="sampler"`), `sampler_logp`
+    (the engine's), `ref_logp` (needed when kl_coef > 0) and `mask` are [B, T]; `advantages` [B]
+    (broadcast over the row) or [B, T]; `logits` [B, T, V] only feed the entropy metric.
+    `eps_low`/`eps_high` None = the variant's defaults; `loss_denominator` is the whole optimizer
+    batch's (`loss_denominator()`, None = this batch's own); `max_len` is T_max;
+    `variant_kwargs` must all be parameters of the variant. The other settings are described in
+    the module docstring, `tis.py`, `kl.py` and `aggregation.py`. ValueError names a bad shape,
+    setting or missing input.
     """
     name = display_name(variant)
     fn = get_loss(variant)

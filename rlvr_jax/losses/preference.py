@@ -6,23 +6,17 @@ Inputs are per-sequence log-probs **summed** over each response's tokens, [B] pa
     ref_chosen_logp, ref_rejected_logp   the same under the frozen reference π_ref
     chosen_len, rejected_len             |y_w|, |y_l| in tokens (the length-normalised variants)
 
-With the margin h = (log π_θ(y_w) − log π_ref(y_w)) − (log π_θ(y_l) − log π_ref(y_l)) and the
-implicit rewards β·(log π_θ(y) − log π_ref(y)), the registered variants (each function's
-docstring gives its ℓ) are `dpo` (Rafailov et al. 2023; cDPO with `label_smoothing`), `ipo`
-(Azar et al. 2023, on summed log-probs as in the paper), `dpo_norm` (open-instruct's
-length-normalised DPO, the one OLMo 3 Think uses with β = 5) and `simpo` (Meng et al. 2024,
-reference-free, margin `gamma`).
+Variants (ℓ in each docstring; h is the margin, β·(log π_θ − log π_ref) the implicit reward):
+`dpo` (Rafailov et al. 2023; cDPO with `label_smoothing`), `ipo` (Azar et al. 2023, summed
+log-probs), `dpo_norm` (open-instruct's length-normalised DPO, OLMo 3 Think's with β = 5),
+`simpo` (Meng et al. 2024, reference-free, margin `gamma`).
 
-A user variant (`module:function`) is called with those keyword arrays ([B] each; the lengths
-None when not given) plus `beta` and its own parameters (`dpo.variant_kwargs`), and returns ℓ[B]
-or (ℓ[B], aux): aux maps names to [B] arrays (averaged over the pairs into `dpo/<name>`).
-aux["chosen_reward"] / aux["rejected_reward"] replace the default implicit rewards in the
-reward metrics (the length-normalised variants report their own). A function with the attribute
-`reference_free = True` (like `simpo`) needs no reference log-probs: the trainer skips them.
-
-`preference_loss` averages ℓ over the pairs: Σ_b m_b·ℓ_b / D, D = Σ_b m_b (pairs that count)
-unless `loss_denominator` gives the whole optimizer batch's pair count — then micro-batch losses
-and gradients sum to the full batch's, as with the RL loss's global denominators.
+A user variant (`module:function`) takes those keyword arrays ([B]; lengths None when not
+given), `beta` and its own `dpo.variant_kwargs`, and returns ℓ[B] or (ℓ[B], aux) with [B]
+arrays averaged into `dpo/<name>`; aux["chosen_reward"] / ["rejected_reward"] replace the
+implicit rewards. `reference_free = True` on the function (as `simpo`) skips the reference.
+`preference_loss` is Σ_b m_b·ℓ_b / D, D = Σ m or the whole optimizer batch's pair count
+(`loss_denominator`), so micro-batch losses sum to the batch's.
 """
 
 from __future__ import annotations
@@ -38,7 +32,7 @@ from rlvr_jax.losses.registry import Registry, check_params, display_name, split
 PREFERENCE_LOSSES = Registry("preference loss")
 register_preference_loss = PREFERENCE_LOSSES.register
 
-PREFERENCE_ARRAYS = (
+PREFERENCE_ARRAYS = (  # what every variant receives, with `beta`
     "chosen_logp",
     "rejected_logp",
     "ref_chosen_logp",
@@ -46,7 +40,6 @@ PREFERENCE_ARRAYS = (
     "chosen_len",
     "rejected_len",
 )
-"""The keyword arrays every preference variant receives (with `beta`)."""
 
 
 def get_preference_loss(ref: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -175,22 +168,13 @@ def preference_loss(
     loss_denominator: jax.Array | float | None = None,
     **variant_kwargs: Any,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The batch-mean preference loss of B pairs (the inputs as in the module docstring; only
-    `chosen_logp` and `rejected_logp` carry a gradient), and its metrics.
+    """(loss, metrics) of B pairs (module docstring; only `chosen_logp` and `rejected_logp`
+    carry a gradient); `mask` [B] marks the pairs that count (default all).
 
-    `mask` [B] marks the pairs that count (default all; values under 0 are ignored);
-    `loss_denominator` is the pair count of the whole optimizer batch (default Σ mask);
-    `variant_kwargs` are the variant's own parameters (`label_smoothing`, `gamma`, ...).
-
-    Returns:
-      (loss, metrics): loss = Σ m·ℓ / D; metrics `dpo/loss`, `dpo/accuracy` (fraction of pairs
-      whose chosen reward beats the rejected), `dpo/reward_margin`, `dpo/chosen_reward`,
-      `dpo/rejected_reward`, `dpo/chosen_logp`, `dpo/rejected_logp` (summed log-probs),
-      `dpo/<aux>` — each Σ m·x / D, so that they too sum over micro-batches.
-
-    Raises:
-      ValueError: shapes that disagree, β ≤ 0, lengths missing for a length-normalised variant,
-        parameters the variant does not take.
+    Metrics, each Σ m·x / D: `dpo/loss`, `dpo/accuracy` (chosen reward > rejected),
+    `dpo/reward_margin`, `dpo/chosen_reward`, `dpo/rejected_reward`, `dpo/chosen_logp`,
+    `dpo/rejected_logp` (summed log-probs), `dpo/<aux>`. ValueError for bad shapes, β ≤ 0,
+    missing lengths or parameters the variant does not take.
     """
     name = display_name(variant)
     fn = get_preference_loss(variant)

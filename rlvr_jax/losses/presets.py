@@ -45,8 +45,7 @@ PRESETS = Registry("loss preset")
 register_preset = PRESETS.register
 
 KL_MODES = ("loss", "reward")
-VARIANT_OWNED = ("eps_low", "eps_high", "variant_kwargs")
-"""Preset values that belong to the preset's variant (dropped when the variant is replaced)."""
+VARIANT_OWNED = ("eps_low", "eps_high", "variant_kwargs")  # dropped with the preset's variant
 
 _FIELDS = {f.name: f for f in dataclasses.fields(LossConfig)}
 _SETTING_NAMES = tuple(name for name in _FIELDS if name != "preset")
@@ -69,10 +68,9 @@ def get_preset(ref: str | Callable[..., Any]) -> Callable[..., Any]:
 
 @dataclasses.dataclass(frozen=True)
 class LossSettings(LossConfig):
-    """Every loss-level setting of a run: a `LossConfig` with its preset applied, every unset key
-    at its default (`unset` of the schema's field), and every value checked (errors name the
-    `loss.*` key). The result names no preset, so resolving it again gives it back. A variant,
-    an advantage or a KL estimator may also be a callable here."""
+    """A `LossConfig` with its preset applied, unset keys at the schema's `unset` defaults, and
+    every value checked (errors name the `loss.*` key). It names no preset, so resolving it
+    again gives it back. Variant, advantage and KL estimator may be callables."""
 
     def __post_init__(self):
         for name, value in _resolved(self).items():
@@ -118,7 +116,6 @@ class LossSettings(LossConfig):
 
     @property
     def tis(self) -> TisConfig:
-        """The TIS part of the settings."""
         return TisConfig(self.tis_mode, self.tis_cap, self.tis_low, self.tis_high)
 
     @property
@@ -128,8 +125,7 @@ class LossSettings(LossConfig):
 
     @property
     def uses_critic(self) -> bool:
-        """Whether advantages come from a learned critic (`advantage: gae`, PPO) rather than
-        from the group's rewards."""
+        """Whether advantages come from a learned critic (`advantage: gae`, PPO)."""
         return self.advantage == GAE
 
     @property
@@ -151,13 +147,8 @@ class LossSettings(LossConfig):
         old_logp: jax.Array | None = None,
         sampler_logp: jax.Array | None = None,
     ) -> jax.Array:
-        """The whole optimizer batch's denominator, counting only TIS-kept tokens in mask mode.
-
-        Args:
-          mask: [B, T] mask of the whole optimizer batch.
-          max_len: the generation budget (for `seq-mean-token-sum-norm`).
-          old_logp, sampler_logp: [B, T], needed in TIS `mask` mode.
-        """
+        """The whole optimizer batch's denominator for its [B, T] `mask`, counting only the
+        TIS-kept tokens in mask mode (which needs `old_logp` and `sampler_logp`)."""
         if self.tis_mode == "mask":
             if old_logp is None or sampler_logp is None:
                 raise ValueError("TIS mask mode: the denominator needs old_logp and sampler_logp")
@@ -207,12 +198,8 @@ def _resolved(keys: LossConfig) -> dict[str, Any]:
 def resolve_loss_settings(
     preset: str | Callable[..., Any] | None = None, **explicit: Any
 ) -> LossSettings:
-    """LossSettings from a preset (or None) and explicit `loss.*` values (None = not set).
-
-    Raises:
-      LossSettingsError: an unknown preset or setting, or an invalid value; the message names the
-        `loss.*` key.
-    """
+    """LossSettings from a preset (or None) and explicit `loss.*` values (None = not set);
+    LossSettingsError names the key of an unknown or invalid one."""
     unknown = sorted(set(explicit) - set(_SETTING_NAMES))
     if unknown:
         raise LossSettingsError(

@@ -1,16 +1,7 @@
-"""Name → function registries for loss variants, advantage estimators and presets.
+"""Name → function registries (loss variants, advantage estimators, presets, ...).
 
-A registry resolves either a registered name (`"ppo_clip"`) or a `module:function` string
-(`"my_pkg.my_losses:my_variant"`), so a user writes a new variant in their own file and selects it
-from YAML without touching this package. Callables pass through unchanged.
-
-    LOSSES = Registry("loss variant")
-
-    @LOSSES.register("ppo_clip")
-    def ppo_clip(*, logp, old_logp, advantages, mask, eps_low=0.2, eps_high=0.2): ...
-
-    LOSSES.get("ppo_clip")                       # the function
-    LOSSES.get("tests.user_losses:tempered_pg")  # imported on first use
+`Registry.get` resolves a registered name (`"ppo_clip"`), a `module:function` string (imported
+on first use, so a user's variant in their own file is selectable from YAML) or a callable.
 """
 
 from __future__ import annotations
@@ -31,11 +22,7 @@ class RegistryError(ValueError):
 
 
 class Registry:
-    """A mapping from names to callables of one kind, filled by a decorator.
-
-    Attributes:
-      kind: what the entries are, used in error messages (e.g. "loss variant").
-    """
+    """Names → callables of one `kind` (e.g. "loss variant", for errors), filled by a decorator."""
 
     def __init__(self, kind: str):
         self.kind = kind
@@ -70,12 +57,8 @@ class Registry:
         return name in self._entries
 
     def get(self, ref: str | Callable[..., Any]) -> Callable[..., Any]:
-        """Resolves a registered name, a `module:function` string, or a callable.
-
-        Raises:
-          RegistryError: unknown name (listing the registered names and the closest match), a
-            module that fails to import, a missing attribute, or a non-callable attribute.
-        """
+        """Resolves a registered name, a `module:function` string, or a callable; RegistryError
+        lists the names and the closest match."""
         if callable(ref):
             return ref
         if not isinstance(ref, str):
@@ -168,12 +151,8 @@ def takes_any_keyword(fn: Callable[..., Any]) -> bool:
 def check_params(
     fn: Callable[..., Any], what: str, contract: Collection[str], params: Collection[str]
 ) -> None:
-    """Checks that `fn` (`what`: e.g. "loss variant 'x'") takes the `contract` keyword arguments
-    and every one of `params`, and needs no other (a `**kwargs` function takes anything).
-
-    Raises:
-      ValueError: naming `what` and the offending argument(s).
-    """
+    """ValueError naming `what` unless `fn` takes the `contract` keywords and every one of
+    `params`, and needs no other (a `**kwargs` function takes anything)."""
     if takes_any_keyword(fn):
         return
     signature = inspect.signature(fn).parameters

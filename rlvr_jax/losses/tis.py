@@ -11,11 +11,8 @@ re-weights the per-token policy loss by ρ = π_old/π_sampler, truncated (ALGOR
 | `geometric` | min(exp(mean_t m·(old_logp − sampler_logp)), C) per row (geometric mean) |
 | `mask` | drop tokens with ρ outside [tis_low, tis_high] (IcePop); kept: min(ρ, C), or 1 |
 
-In `mask` mode kept tokens are weighted min(ρ, C) when `tis_cap` is set, else 1; the dropped
-tokens leave the loss **and its denominator**: the policy loss uses the kept mask m·keep. With a
-global `loss_denominator` (gradient accumulation, data parallelism) the trainer must therefore
-count kept tokens: `loss_denominator(agg, tis_kept_mask(...), max_len)` over the whole optimizer
-batch (`LossSettings.loss_denominator` does both).
+Dropped tokens leave the loss and its denominator, so a global denominator counts kept tokens:
+`loss_denominator(agg, tis_kept_mask(...), max_len)` (`LossSettings.loss_denominator`).
 """
 
 from __future__ import annotations
@@ -46,25 +43,19 @@ def _geometric_log_ratio(log_ratio_BxT: jax.Array, mask_BxT: jax.Array) -> jax.A
     return jnp.broadcast_to(row_B[:, None], log_ratio_BxT.shape)
 
 
+# `tis_mode` → (log ρ per token [B,T], mask) → the log-weight before truncation [B,T]
 TIS_MODES: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
     "token": _token_log_ratio,
     "sequence": _sequence_log_ratio,
     "geometric": _geometric_log_ratio,
     "mask": _token_log_ratio,
 }
-"""`tis_mode` → (log ρ per token [B,T], mask) → the log-weight before truncation, [B,T]."""
 
 
 @dataclass(frozen=True)
 class TisConfig:
-    """Validated TIS settings; `enabled` is False when neither weighting nor masking is on.
-
-    Attributes:
-      mode: `token`, `sequence`, `geometric` or `mask`.
-      cap: C of the truncation min(ρ, C); None = no weighting (only valid in `mask` mode).
-      low: `mask` mode: tokens with ρ < low are dropped (None = no lower bound).
-      high: `mask` mode: tokens with ρ > high are dropped (None = no upper bound).
-    """
+    """Validated TIS settings: `cap` C (None = no weighting), `mask` mode's bounds `low` /
+    `high` on ρ (None = unbounded); `enabled` when weighting or masking is on."""
 
     mode: str = "token"
     cap: float | None = None
@@ -101,10 +92,7 @@ def tis_kept_mask(
     tis_low: float | None,
     tis_high: float | None,
 ) -> jax.Array:
-    """The TIS `mask`-mode kept-token mask: m where tis_low ≤ exp(old − sampler) ≤ tis_high.
-
-    Count the loss denominator of a whole optimizer batch on this mask (see module doc).
-    """
+    """`mask` mode's kept tokens: m where tis_low ≤ exp(old − sampler) ≤ tis_high."""
     mask_BxT = jnp.asarray(mask, jnp.float32)
     log_ratio_BxT = jnp.where(mask_BxT > 0, jnp.asarray(old_logp) - jnp.asarray(sampler_logp), 0.0)
     return mask_BxT * _keep_BxT(log_ratio_BxT, tis_low, tis_high)
@@ -122,16 +110,8 @@ def _keep_BxT(log_ratio_BxT: jax.Array, low: float | None, high: float | None) -
 def tis_weights(
     config: TisConfig, *, old_logp: jax.Array, sampler_logp: jax.Array, mask: jax.Array
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """TIS weights, kept mask and untruncated log-ratio, all [B,T] and without gradient.
-
-    Args:
-      config: the TIS settings (must be enabled).
-      old_logp, sampler_logp, mask: [B, T]; masked entries are ignored.
-
-    Returns:
-      (w_BxT, keep_BxT, log_rho_BxT): w multiplies the per-token policy loss, keep (0/1) is 1
-      outside `mask` mode, log ρ is the log of the weight before truncation.
-    """
+    """(w, keep, log ρ) [B,T], no gradient: w weights the per-token loss, keep (0/1) is 1
+    outside `mask` mode, log ρ is the weight's log before truncation."""
     mask_BxT = jnp.asarray(mask, jnp.float32)
     log_ratio_BxT = jnp.where(mask_BxT > 0, old_logp - sampler_logp, 0.0)
     log_ratio_BxT = jax.lax.stop_gradient(log_ratio_BxT)

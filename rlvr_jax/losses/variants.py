@@ -33,7 +33,6 @@ LOSSES = Registry("loss variant")
 register_loss = LOSSES.register
 
 CONTRACT_ARRAYS = ("logp", "old_logp", "advantages", "mask")
-"""The keyword arrays every variant receives."""
 
 
 def get_loss(ref: str | Callable[..., Any]) -> Callable[..., Any]:
@@ -42,10 +41,7 @@ def get_loss(ref: str | Callable[..., Any]) -> Callable[..., Any]:
 
 
 def variant_parameters(fn: Callable[..., Any]) -> dict[str, Any]:
-    """A variant's own keyword parameters (beyond the contract arrays) and their defaults.
-
-    Parameters without a default map to `inspect.Parameter.empty`.
-    """
+    """A variant's own keyword parameters and defaults (`inspect.Parameter.empty` for none)."""
     return keyword_parameters(fn, CONTRACT_ARRAYS)
 
 

@@ -45,12 +45,8 @@ class AttentionConfigError(ValueError):
 
 
 SHARED_PROMPT_BLOCK = 256
-"""The blockwise tile of shared-prompt rows (`branches` > 1): their rows are G completions
-long, and tiles below the row let causality skip part of them. Measured on the demo's learner
-step (5 rows of 512, 2-core CPU, head-major tiles, one process alternating): 0.47 s median
-with 256, 0.50 s with 128; one attention layer's forward + backward 39 ms with 256, 43 ms with
-128, 90 ms with one 512 tile (the tile layout before: 128 was best, 1.2 s of CPU vs 1.6-1.8 s
-with 512)."""
+"""The blockwise tile of shared-prompt rows (`branches` > 1): tiles below the row length let
+causality skip part of the G completions (256 beat 128 and one 512 tile on the demo's step)."""
 
 
 def platform_of(hardware: str | None = None) -> str:
@@ -157,8 +153,7 @@ def attention(
     e.g. per layer inside a scan) it applies only where true. `chunk` > 0: queries per chunk
     of `xla` (`train.attn_chunk`), the tile of `blockwise`; cudnn/splash ignore it.
     `max_segments`: sequences per row at most (cuDNN's packed layout; 0 = unknown).
-    `mesh`/`rules`: splash runs in a `shard_map` over them. `branches` > 1: shared-prompt
-    rows (`layers.same_segment`).
+    `mesh`/`rules`: splash's `shard_map`. `branches` > 1: shared-prompt rows.
     """
     kernel = resolve_impl(
         impl, compute_dtype=q_BxTxNxH.dtype, head_dim=q_BxTxNxH.shape[-1],

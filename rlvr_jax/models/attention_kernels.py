@@ -2,22 +2,19 @@
 attention (Pallas, TPU). Both take the same causal-within-segment problem as
 `rlvr_jax.models.attention_blockwise` and never see a [T, T] mask.
 
-cuDNN (`jax.nn.dot_product_attention` has no segment ids): a row is described to cuDNN by
-its runs of equal segment ids. `max_segments == 1` (one sequence per row, right-padded) uses
-the public `jax.nn.dot_product_attention(implementation="cudnn")` with `query_seq_lengths`
-(the first run's length) and `local_window_size=(W - 1, 0)`; `max_segments > 1` (packed rows)
-uses jax's cuDNN packed layout (`q_seqlen`/`kv_seqlen` [B, M], `q_offsets`/`kv_offsets`
-[B, M + 1], M = max_segments + 1 runs so the trailing padding is a run of its own; Hopper or
-later). A row must be at most `max_segments` runs of non-zero ids followed by at most one run
-of padding (id 0), which is what the learner's collation produces; a row that breaks this
-gets NaN outputs (the train step then skips, never silently mis-attends).
+cuDNN sees a row as its runs of equal segment ids: `max_segments == 1` (one right-padded
+sequence) uses `jax.nn.dot_product_attention(implementation="cudnn")` with `query_seq_lengths`
+and `local_window_size=(W - 1, 0)`; packed rows use jax's cuDNN packed layout (`q_seqlen` /
+`kv_seqlen` [B, M], `q_offsets` / `kv_offsets` [B, M + 1], M = max_segments + 1 so trailing
+padding is a run of its own; Hopper or later). A row must be at most `max_segments` runs of
+non-zero ids then at most one run of id 0 (the learner's collation); any other row gets NaN
+outputs (the train step then skips, never silently mis-attends).
 
-Splash: `make_splash_mqa` per key/value head (its G query heads share one K/V), vmapped over
-kv heads and rows; segment ids go in as `SegmentIds` (same-id attention, any layout); the
-static mask is `CausalMask` or `LocalMask((W - 1, 0))`. T is padded to whole blocks (a
-multiple of 128; the padding is a segment of its own and is cut off). `interpret=True` runs
-the Pallas interpreter (any platform: tests on CPU). Under a mesh the kernel runs in a
-`shard_map` over the batch (and heads when both N and K divide the tensor axis).
+Splash: `make_splash_mqa` per kv head (its G query heads share one K/V), vmapped over kv heads
+and rows, with `SegmentIds` and a `CausalMask` or `LocalMask((W - 1, 0))`; T is padded to a
+multiple of 128 (its own segment, cut off). `interpret=True` runs the Pallas interpreter (tests
+on CPU). Under a mesh it runs in a `shard_map` over the batch (and heads when N and K divide
+the tensor axis).
 """
 
 from __future__ import annotations

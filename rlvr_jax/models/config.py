@@ -109,11 +109,6 @@ class ArchConfig:
     # ---- derived --------------------------------------------------------------------------
 
     @property
-    def n_groups(self) -> int:
-        """G = N / K: query heads per key/value head."""
-        return self.n_heads // self.n_kv_heads
-
-    @property
     def has_sliding(self) -> bool:
         """Whether any layer uses sliding-window attention."""
         return SLIDING in self.layer_types

@@ -1,11 +1,9 @@
 """HF safetensors ⇄ params: the name/layout table, a streaming loader and a sharded writer.
 
 Loading builds each parameter with `jax.make_array_from_callback`: every device's shard is
-assembled from exactly the HF slices it covers (`safe_open(...).get_slice`, memory-mapped,
-one layer at a time), so the host holds at most one parameter's addressable shards, never
-the checkpoint. Writing fetches one
-layer's tensor at a time and splits the output into files of at most `max_shard_bytes`
-(with `model.safetensors.index.json`, as transformers does).
+assembled from exactly the HF slices it covers (memory-mapped `get_slice`, one layer at a time),
+so the host never holds the checkpoint. Writing fetches one layer's tensor at a time into files
+of at most `max_shard_bytes` (with `model.safetensors.index.json`, as transformers does).
 """
 
 from __future__ import annotations

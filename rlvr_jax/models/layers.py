@@ -34,11 +34,8 @@ def _lead(x: jax.Array, ndim: int) -> jax.Array:
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, *, eps: float, weight_in_fp32: bool) -> jax.Array:
-    """RMSNorm over the trailing `scale.ndim` axes of `x`, computed in fp32 as HF does.
-
-    `weight_in_fp32` (OLMo) multiplies by the weight before casting back to `x.dtype`;
-    otherwise (Llama/Qwen) the normalised value is cast first, then scaled.
-    """
+    """RMSNorm over the trailing `scale.ndim` axes of `x` in fp32, as HF: `weight_in_fp32`
+    (OLMo) scales before casting back to `x.dtype`, else (Llama/Qwen) after."""
     axes = tuple(range(x.ndim - scale.ndim, x.ndim))
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=axes, keepdims=True) + eps)
@@ -68,11 +65,8 @@ class RMSNorm(nn.Module):
 
 
 class Einsum(nn.Module):
-    """A projection `einsum(equation, x, kernel)` with an optional bias on the output dims,
-    plus the LoRA term when the params hold an adapter beside the kernel (`lora.delta`).
-
-    The kernel's trailing `out_dims` dimensions are the output features (bias shape).
-    """
+    """`einsum(equation, x, kernel)` + bias (the kernel's trailing `out_dims` dims) + the LoRA
+    term when the params hold an adapter beside the kernel (`lora.delta`)."""
 
     equation: str
     shape: tuple[int, ...]
@@ -147,13 +141,9 @@ def same_segment(seg_q: jax.Array, seg_k: jax.Array, branches: int = 1) -> jax.A
 def segment_masks(
     segment_ids_BxT: jax.Array, sliding_window: int | None, branches: int = 1
 ) -> tuple[jax.Array, jax.Array | None]:
-    """(full, sliding) boolean masks [B, T, T] of a packed / padded batch.
-
-    Query t sees key s iff s <= t and `same_segment` (the same segment id; with `branches` > 1
-    also its group's prompt); on sliding layers also t - s < W (the W most recent tokens,
-    itself included — HF's `kv_idx > q_idx - W`). Every query sees at least itself, so no
-    softmax row is empty.
-    """
+    """(full, sliding) boolean masks [B, T, T]: query t sees key s iff s <= t and
+    `same_segment`; sliding also t - s < W (HF's `kv_idx > q_idx - W`). Every query sees
+    itself, so no softmax row is empty."""
     t = segment_ids_BxT.shape[1]
     idx = jnp.arange(t)
     causal_1xTxT = (idx[:, None] >= idx[None, :])[None]
@@ -186,12 +176,10 @@ def attend(
     *,
     q_chunk: int = 0,
 ) -> jax.Array:
-    """Grouped-query attention: query head n uses key/value head n // G; scores, softmax and
-    the probability-weighted values in fp32 (as the decode engine), the output in q's dtype.
-
-    `q_chunk` > 0 (dividing T) computes the queries `q_chunk` at a time, each chunk
-    rematerialised in the backward pass, so that only N·q_chunk·S scores live at once instead
-    of N·T·S (long-context training); the result is the same."""
+    """Grouped-query attention (query head n uses kv head n // G), fp32 scores, softmax and
+    values (as the decode engine), the output in q's dtype. `q_chunk` > 0 (dividing T) takes
+    the queries that many at a time, each chunk rematerialised in the backward, so only
+    N·q_chunk·S scores live at once; the result is the same."""
     t = q_BxTxNxH.shape[1]
     if q_chunk and t > q_chunk and t % q_chunk == 0:
         return _attend_chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, mask_BxTxS, q_chunk)

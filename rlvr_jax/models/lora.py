@@ -9,17 +9,13 @@ every leaf):
 
   y = x·W + scale · (x·A)·B                        (`delta`; dropout on x before A)
 
-The model's projections add that term wherever the tree holds an adapter, so `models.apply`
-needs no flag: a tree with adapters is the adapted policy, `strip(params)` the base with the
-adapters off (the KL and DPO reference: no second copy), `merge(params)` the adapted policy as
-plain weights (the merged HF export, the actors' decode weights). `scale` and the dropout rate
-are static fields of the node: they travel with the tree through jit, the optimizer, the
-checkpoint and the push, and nothing else needs the LoRA settings. A is kaiming-uniform and
-B zero, as PEFT initialises them: the adapted policy starts equal to the base.
-
-Training: `split(params)` → (trainable, frozen): with adapters in the tree only they train
-(gradients, optimizer state and checkpoints ∝ adapter size); without, everything does.
-`combine` puts them back together. Dropout applies in gradient passes only (`with_dropout`).
+The projections add that term wherever the tree holds an adapter, so `models.apply` needs no
+flag; `strip(params)` is the base (the KL and DPO reference, no second copy), `merge(params)`
+the adapted policy as plain weights (HF export, decode weights). `scale` and the dropout rate
+are static fields of the node, so they travel with the tree and nothing else needs the LoRA
+settings. A is kaiming-uniform and B zero, as in PEFT: training starts at the base.
+`split(params)` → (trainable, frozen) (only the adapters train when present), `combine`
+inverts it; dropout applies in gradient passes only (`with_dropout`).
 """
 
 from __future__ import annotations
@@ -35,8 +31,8 @@ import jax.numpy as jnp
 
 from rlvr_jax.models.quant import axes_like, dense, is_quantized
 
-KEY = "lora"
-"""The adapter's key beside `kernel` in a projection's params."""
+KEY = "lora"  # the adapter's key beside `kernel`
+# target (HF module name, as PEFT's `target_modules`) → (params path, kernel input dims after L)
 TARGETS: dict[str, tuple[tuple[str, ...], int]] = {
     "q_proj": (("layers", "attn", "q_proj"), 1),
     "k_proj": (("layers", "attn", "k_proj"), 1),
@@ -46,22 +42,16 @@ TARGETS: dict[str, tuple[tuple[str, ...], int]] = {
     "up_proj": (("layers", "mlp", "up_proj"), 1),
     "down_proj": (("layers", "mlp", "down_proj"), 1),
 }
-"""Target name (HF's module name, as PEFT's `target_modules`) → (the projection's path in the
-params tree, its kernel's input dims after the layers axis)."""
 
 
 @flax.struct.dataclass
 class Adapter:
     """One projection's LoRA pair, stacked over layers."""
 
-    a: jax.Array
-    """[L, *in, r]: the kernel's input dims to the rank."""
-    b: jax.Array
-    """[L, r, *out]: the rank to the kernel's output dims."""
-    scale: float = flax.struct.field(pytree_node=False, default=1.0)
-    """alpha / r."""
-    dropout: float = flax.struct.field(pytree_node=False, default=0.0)
-    """Dropout rate on the adapter's input (gradient passes only)."""
+    a: jax.Array  # [L, *in, r]
+    b: jax.Array  # [L, r, *out]
+    scale: float = flax.struct.field(pytree_node=False, default=1.0)  # alpha / r
+    dropout: float = flax.struct.field(pytree_node=False, default=0.0)  # on the input
     rng: jax.Array | None = None
     """[L, 2] uint32 dropout keys, set by `with_dropout` for one gradient pass; else None."""
 
@@ -258,11 +248,9 @@ def quantize_base(params: dict, qtype: str) -> dict:
 
 
 def axes(params: Any, base_axes: dict) -> Any:
-    """The logical axes of a params tree (whole, or an `adapters` tree) that may hold adapters
-    and quantized kernels, from the base model's (`models.param_logical_axes`): an adapter's
-    `a` keeps its kernel's input axes, `b` its output axes, and the rank is an `embed` axis
-    (FSDP-split on the learner when no other dim of the array took the axis; whole on the
-    actors)."""
+    """The logical axes of a params (or `adapters`) tree with adapters and quantized kernels,
+    from the base's (`models.param_logical_axes`): `a` keeps the kernel's input axes, `b` its
+    output axes, and the rank is an `embed` axis."""
     if is_quantized(params):
         return axes_like(params, base_axes)
     if not isinstance(params, dict):

@@ -37,10 +37,7 @@ TOKENIZER_FILES = (
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """A policy: architecture, params (sharded when `mesh` is set), dtypes and provenance.
-
-    Swap weights with `dataclasses.replace(model, params=new_params)`.
-    """
+    """A policy: architecture, params (sharded when `mesh` is set), dtypes and provenance."""
 
     config: ArchConfig
     """The architecture."""
@@ -81,12 +78,8 @@ def load_pretrained(
     rules: sharding.Rules | None = None,
     compute_dtype: Any = None,
 ) -> Model:
-    """Loads an HF checkpoint directory (config.json + safetensors, single or sharded).
-
-    `dtype`: param dtype (default float32); `compute_dtype` defaults to `dtype`. With a
-    `mesh`, each tensor is streamed straight into its sharding under `rules` (default
-    `LEARNER_RULES`); otherwise onto the first device.
-    """
+    """Loads an HF checkpoint directory in `dtype` (float32; `compute_dtype` defaults to it),
+    each tensor streamed into its sharding under `rules` (`LEARNER_RULES`) with a `mesh`."""
     path = Path(path)
     config = read_config(path)
     param_dtype = as_dtype("float32" if dtype is None else dtype)
@@ -187,14 +180,9 @@ def forward(
     return_hidden: bool = False,
     attention_impl: str = "auto",
 ) -> jax.Array:
-    """Logits fp32 [B, T, V] (or final hidden states) of a batch.
-
-    `mask_BxT` (1 real, 0 padding; default all real) handles padding on either side;
-    `positions_BxT` default to counting real tokens from 0. A row whose positions restart
-    (e.g. at 0) holds packed sequences: tokens attend only within their own segment.
-    Logits at padding are finite and meaningless. `attention_impl`: the attention kernel
-    (`rlvr_jax.models.attention`).
-    """
+    """Logits fp32 [B, T, V] (or final hidden states) of a batch; `mask_BxT` (1 real, default
+    all) allows padding on either side; `positions_BxT` default to counting real tokens, and
+    a row whose positions restart holds packed sequences. Logits at padding are meaningless."""
     tokens_BxT = np.asarray(tokens_BxT, dtype=np.int32)
     if tokens_BxT.ndim != 2:
         raise ValueError(f"tokens_BxT must be 2-D [B, T], got shape {tokens_BxT.shape}")

@@ -147,11 +147,8 @@ def apply(
     a pad row position still gets finite logits). `positions_BxT` feed RoPE only.
     `return_hidden` gives the final-norm hidden states [B, T, D] instead (see `lm_head`).
     `mesh`/`rules` add activation sharding constraints; `remat` rematerialises each layer;
-    `attention_impl` picks the attention kernel (`rlvr_jax.models.attention`: auto | xla |
-    blockwise | cudnn | splash; auto = splash on TPU, cuDNN on GPU where it applies, else
-    blockwise); `attn_chunk` is the query chunk of `xla` / the tile of `blockwise`;
-    `max_segments` bounds the sequences per row (0 = unknown; cuDNN needs it);
-    `segment_branches` > 1: shared-prompt rows (`layers.same_segment`).
+    `attention_impl`, `attn_chunk`, `max_segments` and `segment_branches` are
+    `rlvr_jax.models.attention.attention`'s `impl`, `chunk`, `max_segments` and `branches`.
     """
     module = Decoder(
         config,

@@ -2,11 +2,9 @@
 `adapter_model.safetensors`, which `peft.PeftModel.from_pretrained(base, path)` loads onto the
 HF base checkpoint (tests/test_lora.py checks the logits against ours).
 
-PEFT's layout per adapted linear layer: `lora_A.weight` [r, in_features] and `lora_B.weight`
-[out_features, r], scaled by lora_alpha / r, under `base_model.model.<the HF module>`. Ours
-(`models.lora.Adapter`, per layer): a [*in, r] and b [r, *out] with the kernel's own dims, so
-A = a flattened to [in, r] and transposed, B = b flattened to [r, out] and transposed (the
-flattening of heads × head_dim is HF's: `hf_io.tensor_maps`).
+PEFT stores `lora_A.weight` [r, in] and `lora_B.weight` [out, r] (scaled by lora_alpha / r)
+under `base_model.model.<HF module>`; ours are a [*in, r] and b [r, *out] per layer, so
+A = a flattened to [in, r] and transposed, B likewise (heads × head_dim flattened as HF's).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Weights stored in int8 or fp8 with one scale per output channel: the frozen base of a QLoRA
 learner (`model.lora.base_dtype: int8`) and the actors' decode weights (`rollout.weight_dtype`).
 
-qwix (Google's JAX quantization library) supplies the storage and the rounding: its `QArray`
-(a quantized value plus its scale, a pytree that shards, slices and scans like the array it
-replaces) and `qwix.quantize` (absmax calibration per channel, int8 rounding and fp8 clipping).
-A quantized leaf is used by `dense` — value · scale in the compute dtype — or, in the decode
-step, by `project` (x · value, then · scale: the scale of an output channel commutes with the
-matmul). qwix is imported only where an array is quantized: a tree without `QArray`s never
-loads it.
+qwix supplies the storage (`QArray`: value plus scale, a pytree that shards, slices and scans
+like the array it replaces) and the rounding (`qwix.quantize`, absmax per channel). A quantized
+leaf is used by `dense` (value · scale in the compute dtype) or by `project` (x · value, then
+· scale: a per-output-channel scale commutes with the matmul). qwix is imported only when an
+array is quantized.
 """
 
 from __future__ import annotations
@@ -62,11 +60,8 @@ def project(x_BxTxI: jax.Array, kernel_IxO: Any) -> jax.Array:
 
 def matmul(x_BxTxI: jax.Array, w_IxO: jax.Array, out: Any = None) -> jax.Array:
     """`x @ w` over the last axis of two arrays of one dtype, returned in `out` (default that
-    dtype). Sub-fp32 operands multiply exactly and accumulate in fp32
-    (`preferred_element_type`), the result rounded once: what a bf16 x bf16 -> bf16 dot
-    computes, but XLA:CPU runs that one by upcasting the operands to fp32 every call (both
-    weights and activations: 3.4x slower at [32, 512] x [512, 5632] on an AVX-512 BF16 core),
-    while its fp32-accumulating bf16 dot runs natively (YNNPACK)."""
+    dtype), accumulated in fp32 and rounded once: a bf16 -> bf16 dot's result, but XLA:CPU
+    upcasts that one's operands every call (3.4x slower) while this one runs natively."""
     out = x_BxTxI.dtype if out is None else out
     if jnp.dtype(x_BxTxI.dtype).itemsize >= 4:
         return jnp.einsum("...i,io->...o", x_BxTxI, w_IxO).astype(out)

@@ -5,9 +5,7 @@ in float32: `default`, `linear`, `llama3`, `yarn`. `dynamic` (whose frequencies 
 longest sequence of the current batch, so log-probs would depend on batch composition),
 `longrope`, `proportional` and `partial_rotary_factor` < 1 raise `UnsupportedRopeError`.
 
-A scaling is kept in `ArchConfig` as a sorted tuple of `(key, value)` items (hashable, so the
-config can be a static jit argument), e.g. `(("factor", 8.0), ..., ("rope_type", "llama3"))`;
-`None` means plain RoPE.
+`ArchConfig` keeps a scaling as a sorted, hashable tuple of `(key, value)` items (None = plain).
 """
 
 from __future__ import annotations

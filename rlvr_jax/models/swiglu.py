@@ -1,23 +1,13 @@
 """SwiGLU's gate/up half, `silu(x·W_gate + b_gate) * (x·W_up + b_up)`, with a hand-written
 backward laid out for XLA.
 
-Why (measured on XLA:CPU at the demo model's size): under autodiff XLA:CPU computed the weight
-gradients `xᵀ·dg`, `xᵀ·du` with dg / du transposed to [F, B·T] — a loop fusion that recomputes
-SiLU's backward while writing in transposed layout, the step's single most expensive op — and
-a second fusion computed the same dg in natural layout for `dx`. Here:
-- the forward is two matmuls, x·W_gate and x·W_up, each [B, T, F] in natural layout (their
-  residuals are read whole, never as strided halves of a [B, T, 2, F] array);
-- the backward computes dg and du once, elementwise, behind an optimisation barrier (so that no
-  matmul fusion recomputes them), then dx = dg·W_gateᵀ + du·W_upᵀ and the weight gradients
-  xᵀ·dg, xᵀ·du as four plain matmuls.
-An earlier layout ran the gate and up kernels as one matmul over the stacked [2, D, F] weights
-and its backward over the stacked [B, T, 2, F] gradients: their stacking, strided halves and
-transposes cost more than the matmuls saved (one layer's forward + backward at [4, 512, 256]
-→ 768 on the 2-core CPU: 53-64 ms stacked, 34-47 ms as here; the demo's whole learner step,
-one process alternating: 0.379-0.395 s median stacked, 0.373-0.383 s here, its minimum 0.316-0.328
--> 0.303-0.305 s). The weights still arrive
-stacked (`w_CxDxF`); a tensor-parallel split of F stays local either way.
-Residuals are x and the pre-activations g, u (autodiff keeps the same).
+Why: under autodiff XLA:CPU computed the weight gradients with dg / du transposed to [F, B·T]
+(a fusion recomputing SiLU's backward, the step's most expensive op) and recomputed dg for `dx`.
+Here the forward is two natural-layout matmuls (x·W_gate, x·W_up; never strided halves of a
+[B, T, 2, F] array, which measured slower), and the backward computes dg and du once behind an
+optimisation barrier, then dx = dg·W_gateᵀ + du·W_upᵀ, xᵀ·dg and xᵀ·du as four plain matmuls.
+The weights arrive stacked (`w_CxDxF`); a tensor-parallel split of F stays local. Residuals are
+x and the pre-activations g, u (as autodiff keeps).
 """
 
 from __future__ import annotations

@@ -6,16 +6,11 @@ exported first with its run's config: `training.export`). Slots hold `--max-len`
 by default the model's `max_position_embeddings` (more is refused); `/v1/models` lists the
 served model and a request naming another gets OpenAI's 404 `model_not_found`.
 
-Both front ends share the model's params; each has its own decode slots (the gRPC side
-runs JetStream's orchestrator over `make_engine`'s adapter, the HTTP side our scheduler
-through a `RolloutStream`, which adds per-request sampling, log-probs and token streaming).
-Both bind to `--host` (loopback by default).
-
-Start-up happens on the main thread, in this order, before any server thread exists: the
-model, the tokenizers (transformers, its chat templates and JetStream's tokenizer wrapper
-imported and built once), the HTTP stack. Then the servers start and the ready file is
-written. SIGTERM / SIGINT stop it cleanly (exit 0) within 10 s in any state; a failed engine
-thread stops it with exit status 1 and the failure on stderr.
+Both front ends share the params, each with its own decode slots (gRPC: JetStream's
+orchestrator over `make_engine`'s adapter; HTTP: our scheduler through a `RolloutStream`), bound
+to `--host` (loopback by default). The model, tokenizers and HTTP stack are built on the main
+thread before any server thread exists; then the servers start and the ready file is written.
+SIGTERM / SIGINT exit 0 within 10 s in any state; a failed engine thread exits 1.
 """
 
 from __future__ import annotations
@@ -109,12 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def rollout_config(args: argparse.Namespace) -> Any:
-    """The `RolloutConfig` the servers run: `--config`'s `rollout:` section (or the defaults)
-    with the engine flags given on the command line. A budget flag replaces the file's budget.
-
-    Raises:
-      ValueError: the config file is invalid (naming the key), or both budget flags are given.
-    """
+    """`--config`'s `rollout:` section (or the defaults) with the command line's engine flags
+    (a budget flag replaces the file's); ValueError names an invalid key or two budgets."""
     from rlvr_jax.config.schema import RolloutConfig
 
     if args.kv_pages is not None and args.kv_cache_gib is not None:

@@ -1,12 +1,9 @@
 """JetStream's gRPC front end (`Orchestrator.Decode`, `Orchestrator.HealthCheck`) over our
 engine, started and stopped within a bounded time.
 
-JetStream 0.2.2's own `server_lib.JetStreamServer` binds every interface (a module global),
-runs its event loop on a non-daemon thread, and its `stop()` waits for the orchestrator's
-`Driver.stop()` (unbounded: it spins until every driver thread has ended) and then up to 10 s
-for open RPCs. `JetStreamFrontEnd` serves the same servicer (`LLMOrchestrator`) with
-`grpc.aio` on `host:port`, on a daemon thread, and stops in at most `driver_timeout + grace +
-2` seconds, whatever state the driver's threads are in.
+JetStream 0.2.2's `JetStreamServer` binds every interface, runs on a non-daemon thread and its
+`stop()` waits unboundedly for the driver. `JetStreamFrontEnd` serves the same servicer with
+`grpc.aio` on `host:port` on a daemon thread, and stops within `driver_timeout + grace + 2` s.
 """
 
 from __future__ import annotations
@@ -25,13 +22,8 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(eq=False)
 class JetStreamFrontEnd:
-    """JetStream's orchestrator (`driver`) behind a gRPC server on `host:port` (0 = any).
-
-    Args:
-      driver: a started `jetstream.core.orchestrator.Driver`. threads: RPC worker threads.
-      grace: seconds open RPCs get on `stop`. driver_timeout: seconds `stop` waits for the
-        driver's threads.
-    """
+    """A started JetStream `driver` behind a gRPC server on `host:port` (0 = any); `stop`
+    gives open RPCs `grace` s and the driver's threads `driver_timeout` s."""
 
     driver: Any
     _: dataclasses.KW_ONLY

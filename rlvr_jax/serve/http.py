@@ -5,12 +5,9 @@ server-sent events, tokens sent as each decode chunk produces them, a final `usa
 with `stream_options.include_usage`, then `data: [DONE]`), `GET /v1/models`, `GET /health`.
 Request fields and response shapes: `rlvr_jax.serve.openai_api`.
 
-aiohttp runs on one asyncio event loop in a background thread: HTTP/1.1 keep-alive, any
-number of concurrent requests (each waits on the engine without holding a thread), chunked
-streaming, and a graceful stop (the listening socket closes, open streams get an error event
-saying the server is shutting down, in-flight answers get `stop(grace)` seconds). The engine's
-driver thread hands tokens to the loop with `call_soon_threadsafe` (the stream's `on_tokens`
-hook). Tokenizing and detokenizing happen on the loop thread only, so the HF tokenizer is never
+aiohttp runs on one event loop in a background thread (requests wait on the engine without
+holding a thread). The engine's driver thread hands tokens to the loop with
+`call_soon_threadsafe`; tokenizing happens on the loop thread only, so the HF tokenizer is never
 used from two threads at once.
 """
 
@@ -58,16 +55,10 @@ class _Busy(RuntimeError):
 
 
 class OpenAIServer:
-    """Serves `stream` (already started) over HTTP on `host:port` (port 0 = any).
-
-    Args:
-      stream: the engine's request stream. tokenizer: the HF tokenizer of the model.
-      model_name: the id `/v1/models` reports, the one model a request may name (another
-        is answered 404 `model_not_found`, listing it). stop_token_ids: always stop (the EOS
-        ids).
-      request_timeout: seconds a plain (non-streamed) request may wait for its completions.
-      shutdown_grace: seconds `stop` gives in-flight answers before it cancels them.
-    """
+    """Serves the started `stream` over HTTP on `host:port` (0 = any). `model_name` is the one
+    model `/v1/models` lists and a request may name; `stop_token_ids` always stop;
+    `request_timeout` bounds a non-streamed request, `shutdown_grace` in-flight answers on
+    `stop`."""
 
     def __init__(
         self,
@@ -147,9 +138,8 @@ class OpenAIServer:
         self._port = self._runner.addresses[0][1]
 
     def stop(self) -> None:
-        """Stops serving: no new connections, open streams told the server is shutting
-        down, in-flight answers get `shutdown_grace` seconds. The stream is left to its
-        owner."""
+        """Stops serving: no new connections, open streams told, in-flight answers get
+        `shutdown_grace` seconds; the stream is left to its owner."""
         if self._loop is None or not self._loop.is_running():
             return
         done = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
@@ -162,23 +152,6 @@ class OpenAIServer:
     async def _close_streams(self, app: Any) -> None:
         for queue in list(self._streams):
             queue.put_nowait(_SHUTDOWN)
-
-    # ---- synchronous use (tests, scripts) -----------------------------------------------
-
-    def completions(self, body: dict) -> dict:
-        """The `/v1/completions` answer to `body` (not streamed); raises `BadRequest`."""
-        return self._call("completion", body)
-
-    def chat_completions(self, body: dict) -> dict:
-        """The `/v1/chat/completions` answer to `body` (not streamed); raises `BadRequest`."""
-        return self._call("chat", body)
-
-    def _call(self, kind: Kind, body: dict) -> dict:
-        async def answer() -> dict:
-            request = self._parse(kind, {**body, "stream": False})
-            return await self._answer(request, self._submit(request, None))
-
-        return asyncio.run_coroutine_threadsafe(answer(), self._loop).result()
 
     # ---- handlers ---------------------------------------------------------------------------
 

@@ -1,10 +1,8 @@
 """The OpenAI API's request and response shapes, independent of the HTTP server.
 
-`parse_request` turns a `/v1/completions` or `/v1/chat/completions` body into a
-`ParsedRequest` (or raises `BadRequest` naming the parameter); `ChoiceText` turns one
-sample's tokens, as they arrive, into text deltas (incremental detokenisation, stop strings,
-the stop token removed); the `*_response` / `*_chunk` functions build the JSON objects the
-official `openai` client parses.
+`parse_request` turns a request body into a `ParsedRequest` (or `BadRequest` naming the
+parameter); `ChoiceText` turns one sample's tokens into text deltas; the `*_response` /
+`*_chunk` functions build the JSON the official `openai` client parses.
 
 Fields: `prompt` (a string, a list of token ids, or a list of either) or `messages` (rendered
 with the tokenizer's chat template; `tools`, `tool_choice` and tool messages: `serve.tools`),
@@ -229,14 +227,10 @@ class Delta:
 
 
 class ChoiceText:
-    """One sample's text as its tokens arrive (`feed`), then `finish`.
-
-    The stop token (one of `stop_token_ids`, always last) is not part of the text. Text is
-    held back while it ends in an incomplete UTF-8 sequence or might be the start of a stop
-    string; a stop string ends the choice (`finish_reason` "stop") with the text before it.
-    With stop strings, tokens are checked one at a time, so a stream and a plain answer cut
-    at the same place. The concatenated deltas equal the text of a plain answer.
-    """
+    """One sample's text as its tokens arrive (`feed`), then `finish`: the stop token is not
+    part of it; text is held back while it ends in an incomplete UTF-8 sequence or could start
+    a stop string, which ends the choice. Tokens are checked one at a time, so the streamed
+    deltas concatenate to the plain answer's text."""
 
     def __init__(self, tokenizer: Any, stop_token_ids: Sequence[int], stop: Sequence[str]):
         self.tokenizer = tokenizer

@@ -1,17 +1,13 @@
 """Tool calling on `/v1/chat/completions`: the `tools` and `tool_choice` fields, the
 conversation's tool messages, and `tool_calls` in answers (plain and streamed).
 
-The prompt is rendered through the chat template with `tools=` (`rlvr_jax.envs.ChatFormat`:
-the tokenizer's own tool-aware template, or the compact Hermes/ChatML one); an assistant
-message's `tool_calls` are written back as the Hermes `<tool_call>{json}</tool_call>` text the
-model produces, and `tool` messages become the template's tool responses. The sampled text is
-parsed with `rlvr_jax.envs.parse_tool_calls`: well-formed calls become `tool_calls` (content
-is the text before them, or null) with `finish_reason: "tool_calls"`; a malformed call stays
-text. `tool_choice`: "auto" (default), "none" (no tools offered, nothing parsed), "required"
-or a named function — the assistant turn is then started with `<tool_call>` (and the
-function's name) already written, so the model can only continue a call (no grammar
-constrains the arguments). Streaming sends content as it comes, holding back what could be
-the start of `<tool_call>`, and the calls in one chunk at the end.
+The prompt is rendered with `rlvr_jax.envs.ChatFormat` (Hermes `<tool_call>{json}</tool_call>`
+for an assistant's `tool_calls`); the sampled text is parsed with `envs.parse_tool_calls`:
+well-formed calls become `tool_calls` (content = the text before them, or null;
+`finish_reason: "tool_calls"`), a malformed one stays text. `tool_choice`: "auto", "none" (no
+tools offered), "required" or a named function, for which the turn starts with `<tool_call>`
+(and the name) already written (no grammar constrains the arguments). Streaming holds back
+what could start `<tool_call>` and sends the calls in one chunk at the end.
 """
 
 from __future__ import annotations
