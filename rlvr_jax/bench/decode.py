@@ -41,8 +41,7 @@ from rlvr_jax.rollout import EngineCore, SamplingParams, generate
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig(common.ModelSize):
-    """One `rlvr-bench decode` run: the model (`common.ModelSize`), the workloads' sizes and
-    which workload runs."""
+    """One `rlvr-bench decode` run: the model (`common.ModelSize`), the sizes, the workload."""
 
     batch: int = 32
     """Slots, and prompts of the throughput workload."""
@@ -67,10 +66,8 @@ class BenchConfig(common.ModelSize):
     dtype: str = option("float32", choices=("float32", "bfloat16"))
     """Params, activations and KV cache of both models."""
     workload: str = option("short", choices=("short", "long", "all", "multiturn", "step"))
-    """short: throughput + long-tailed; long: paged vs contiguous KV
-    (`rlvr_jax.bench.decode_long`); all: the three; multiturn: in-slot tool turns vs
-    re-prefilling each turn (`rlvr_jax.bench.multiturn`); step: the decode step alone at
-    --shapes."""
+    """short: throughput + long-tailed; long: paged vs contiguous KV; all: the three; multiturn:
+    in-slot tool turns vs re-prefilling each turn; step: the decode step alone at --shapes."""
     profile: bool = False
     """The decode step's top ops by time (short/all: the continuous engine's; step: each's)."""
     shapes: str = "32x192,256x1024"
@@ -78,15 +75,13 @@ class BenchConfig(common.ModelSize):
     skip_hf: bool = False
     """Do not time transformers' generate."""
     weight_dtype: str = option("", choices=("float32", "bfloat16", "int8", "fp8"))
-    """Decode from weights stored so, against the compute dtype, with the mismatch it causes
-    (`rlvr_jax.bench.decode_weights`)."""
+    """Decode from weights stored so, against the compute dtype, with the mismatch it causes."""
     lora_rank: int = 0
-    """LoRA adapters of this rank: time their push (`rlvr_jax.bench.decode_weights`)."""
+    """LoRA adapters of this rank: time their push."""
     long: LongConfig = dataclasses.field(default_factory=LongConfig)
     """The long workload's sizes."""
     peer: str = option("", choices=("vllm",))
-    """vllm: our continuous engine beside vLLM on the throughput workload
-    (`rlvr_jax.bench.decode_vllm`)."""
+    """vllm: our continuous engine beside vLLM on the throughput workload."""
     peer_dtypes: tuple[str, ...] = option(decode_vllm.DTYPES, choices=decode_vllm.DTYPES)
     """--peer: the dtypes compared, one HF checkpoint each (repeatable)."""
     quick: bool = option(False, None)

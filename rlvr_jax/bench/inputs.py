@@ -69,32 +69,43 @@ def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp:
     return batch
 
 
-def compiled_train_step(
-    cfg: Any, arrays: Any, *, max_len: int, n_micro: int | None, seed: int, params: Any = None
-) -> Any:
-    """The trainer's step (the loss preset `cfg.loss`, AdamW) for the bench model of `cfg` on
-    `arrays`, compiled ahead of time: (call, compiled, compile_s, holder, optimizer), `call()`
-    running one step (the state carried in `holder["state"]`) and returning its metrics."""
-    import jax
+def train_step(cfg: Any, memory: Any, *, max_len: int, n_micro: int | None) -> tuple[Any, Any]:
+    """(the trainer's step for the bench model of `cfg` with the loss preset `cfg.loss` and
+    `memory` (`MemoryOptions`), its AdamW optimizer)."""
     import jax.numpy as jnp
 
-    from rlvr_jax import losses, models
+    from rlvr_jax import losses
     from rlvr_jax.config.schema import TrainConfig
     from rlvr_jax.training import learner
     from rlvr_jax.training.optimizer import make_optimizer
+
+    optimizer = make_optimizer(TrainConfig())
+    step = learner.make_train_step(
+        cfg.arch(), optimizer, losses.resolve_loss_settings(cfg.loss), max_len=max_len,
+        n_micro=n_micro, compute_dtype=jnp.dtype(cfg.dtype), memory=memory,
+    )  # fmt: skip
+    return step, optimizer
+
+
+def compiled_train_step(
+    cfg: Any, arrays: Any, *, max_len: int, n_micro: int | None, seed: int, params: Any = None
+) -> Any:
+    """`train_step` on `arrays`, compiled ahead of time: (call, compiled, compile_s, holder,
+    optimizer), `call()` running one step (the state carried in `holder["state"]`) and
+    returning its metrics."""
+    import jax
+    import jax.numpy as jnp
+
+    from rlvr_jax import models
+    from rlvr_jax.training import learner
     from rlvr_jax.training.packing import MAX_SEQS_PER_ROW
 
-    arch = cfg.arch()
-    optimizer = make_optimizer(TrainConfig())
     if params is None:
-        params = models.init_params(arch, jax.random.key(seed))
+        params = models.init_params(cfg.arch(), jax.random.key(seed))
     batch = jax.tree.map(jnp.asarray, arrays)
     packed = int(np.max(arrays.tokens.segment_ids_BxT)) > 1
     memory = dataclasses.replace(cfg.memory(), max_segments=MAX_SEQS_PER_ROW if packed else 1)
-    step = learner.make_train_step(
-        arch, optimizer, losses.resolve_loss_settings(cfg.loss), max_len=max_len,
-        n_micro=n_micro, compute_dtype=jnp.dtype(cfg.dtype), memory=memory,
-    )  # fmt: skip
+    step, optimizer = train_step(cfg, memory, max_len=max_len, n_micro=n_micro)
     holder = {"state": learner.init_state(params, optimizer)}
     train, compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))
 

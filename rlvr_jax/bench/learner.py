@@ -162,7 +162,6 @@ def _profile_pieces(
     head, _ = common.compile_ahead(
         jax.value_and_grad(head_loss, argnums=argnums), head_params, hidden_BxTxD
     )
-    head_s = common.time_calls(head, cfg.repeats, head_params, hidden_BxTxD)
 
     params = lora.split(params)[0]  # what the optimizer updates
     grads = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 1e-3), params)
@@ -175,8 +174,13 @@ def _profile_pieces(
         return optax.apply_updates(p, updates), s
 
     upd, _ = common.compile_ahead(update, grads, opt_state, params)
-    upd_s = common.time_calls(upd, cfg.repeats, grads, opt_state, params)
-    return {"lm_head_logsoftmax_fwd_bwd": head_s, "optimizer_update": upd_s}
+    return common.time_calls(
+        {
+            "lm_head_logsoftmax_fwd_bwd": lambda: head(head_params, hidden_BxTxD),
+            "optimizer_update": lambda: upd(grads, opt_state, params),
+        },
+        cfg.repeats,
+    )
 
 
 def _peak_gflops(roofline: dict, after_fp32: float, platform: str) -> float:
@@ -200,7 +204,7 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
         cfg, arrays, max_len=cfg.seq, n_micro=cfg.n_micro, seed=cfg.seed, params=params
     )
     batch = jax.tree.map(jnp.asarray, arrays)
-    train_s = common.time_calls(train_call, cfg.repeats)
+    timings = common.time_calls({"train_step": train_call}, cfg.repeats)
     metrics = jax.device_get(train_call())
     trainable = lora.split(holder["state"].params)[0]
     if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
@@ -210,9 +214,9 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     )
     params = holder["state"].params
     fwd, fwd_compile_s = common.compile_ahead(logprob_fn, params, batch)
-    fwd_s = common.time_calls(fwd, cfg.repeats, params, batch)
+    timings |= common.time_calls({"logprob_forward": lambda: fwd(params, batch)}, cfg.repeats)
     return {
-        "timings": {"train_step": train_s, "logprob_forward": fwd_s},
+        "timings": timings,
         "compile_s": {"train_step": train_compile_s, "logprob_forward": fwd_compile_s},
         "memory": {"train_step": common.compiled_memory(train),
                    "logprob_forward": common.compiled_memory(fwd)},

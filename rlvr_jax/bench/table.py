@@ -1,23 +1,16 @@
 """`rlvr-bench`: every subcommand from one table.
 
-`SUBCOMMANDS` names the subcommands, in the order `rlvr-bench all` runs them; the module
-`rlvr_jax.bench.<name>` declares the rest in its `BENCH` (a `Bench`): its config dataclass, its
-named configs (`presets`: the first the default, `quick` what `--quick` runs), its run function
-(config -> JSON-able result), its headline figures (what the command prints and `rlvr-bench
-all` sums up) and its plot's panels.
+`SUBCOMMANDS` names the subcommands in `rlvr-bench all`'s order; module `rlvr_jax.bench.<name>`
+declares the rest in its `BENCH` (a `Bench`): its config dataclass, presets, run function,
+headline figures and plot panels.
 
-The flags are the config's fields: `--<field-name>` (dashes for underscores; the fields of a
-nested dataclass field `long` are `--long-<name>`), help from the docstring under the field;
-`--no-<name>` for a bool that defaults to true; a tuple of numbers is a comma-separated list, a
-tuple of strings a repeatable flag; `common.option(default, flag, **argparse)` names the flag
-otherwise (None: no flag) or adds choices or a converter. A flag not given keeps the preset's
-value; the config's `__post_init__` checks the result (its ValueError is a usage error). Every
-subcommand also takes `--json FILE` and `--quick`, `--plot FILE.png` when it has panels and
-`--preset NAME` when it has presets besides the default and `quick`.
-
-A new flag is a field (with its docstring) of the subcommand's config, read by its run
-function; a new subcommand is a module with a config, a `run(cfg) -> dict` and a `BENCH`, and
-its name and one-line summary in `SUBCOMMANDS`.
+The flags are the config's fields: `--<field-name>` (a nested dataclass field `long`'s fields:
+`--long-<name>`), help from the docstring under the field; `--no-<name>` for a bool that
+defaults to true; a tuple of numbers is a comma-separated list, of strings a repeatable flag;
+`common.option(default, flag, **argparse)` renames the flag (None: no flag) or adds choices or a
+converter. A flag not given keeps the preset's value; the config's `__post_init__` checks the
+result (its ValueError is a usage error). Every subcommand also takes `--json FILE` and
+`--quick`, `--plot FILE.png` when it has panels, `--preset NAME` when it has more presets.
 """
 
 from __future__ import annotations

@@ -37,12 +37,9 @@ def continuous_steps(lengths: Sequence[int], slots: int) -> int:
     slot (a slot freed after step t serves the next request from step t + 1)."""
     _check(lengths, slots)
     free_at = [0] * slots
-    end = 0
     for n in lengths:
-        start = heapq.heappop(free_at)
-        heapq.heappush(free_at, start + n)
-        end = max(end, start + n)
-    return end
+        heapq.heappush(free_at, heapq.heappop(free_at) + n)
+    return max(free_at)
 
 
 def waste(lengths: Sequence[int], steps: int, slots: int) -> float:
@@ -85,10 +82,7 @@ class LengthDistribution:
         lo, hi = math.log(mean) - 10 * sigma - 10, math.log(cap) + 10 * sigma + 10
         for _ in range(200):
             mid = 0.5 * (lo + hi)
-            if cls(mid, sigma, cap).mean() < mean:
-                lo = mid
-            else:
-                hi = mid
+            lo, hi = (mid, hi) if cls(mid, sigma, cap).mean() < mean else (lo, mid)
         return cls(0.5 * (lo + hi), sigma, cap)
 
     def mean(self) -> float:
@@ -234,8 +228,8 @@ class WasteBenchConfig:
     """Seed of the lengths, prompts and params."""
 
     def __post_init__(self) -> None:
-        counts = ("requests", "slots", "measured_cap", "measured_requests", "measured_slots")
-        for name in (*counts, "prompt_len", "chunk"):
+        for name in ("requests", "slots", "measured_cap", "measured_requests", "measured_slots",
+                     "prompt_len", "chunk"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.sigma <= 0:
