@@ -174,7 +174,7 @@ class Timings:
 
 def time_calls(fns: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, Timings]:
     """Times `repeats` interleaved rounds of a call of each of `fns`, each to its result, after a
-    warm-up call of each (a load change on a shared machine hits every contender alike)."""
+    warm-up call of each: a load change on a shared machine hits every contender alike."""
     import jax
 
     if repeats < 1:

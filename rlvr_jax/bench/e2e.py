@@ -33,12 +33,10 @@ from rlvr_jax.models.testing import tiny_policy
 
 DEFAULT_CONFIG = "configs/demo.yaml"
 
-# Every run (before the user's --set): both sides draw the same groups per step, and the
-# learner's row counts compile with the first batch (the timed steps are the steady state).
+# Every run (before --set): both sides draw the same groups; the step compiles with the first batch
 _MATCHED = ("filter.active_sampling=false", "train.compile_ahead=true")
 
-# --preset bench: the 56M bench model (random weights) built in the output directory, 256-token
-# completions (model.path is set to the run's directory).
+# --preset bench: the 56M bench model (random weights) built in the run's directory, 256 tokens
 _BENCH = (
     "model.create_if_missing=rlvr_jax.bench.e2e:build_bench_policy",
     "model.hf_config=null",
@@ -80,8 +78,7 @@ def build_tiny_policy(path: str | Path, cfg: Any) -> Path:
 
 
 def build_bench_policy(path: str | Path, cfg: Any) -> Path:
-    """The 56M bench model (`common.ModelSize`), random weights, a tokenizer trained on the
-    config's prompts (`model.create_if_missing` of `--preset bench`)."""
+    """`build_tiny_policy` with the 56M bench model (`common.ModelSize`): `--preset bench`."""
     bench = common.hf_config_dict(common.ModelSize())
     return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed, hf_config=bench)
 
@@ -90,8 +87,8 @@ def trl_peer(
     config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path,
     use_vllm: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """The TRL row (`rlvr_jax.bench.trl_peer`) when `trl` is installed; a failure is reported in
-    the row, never raised. `use_vllm`: TRL generating with vLLM colocated."""
+    """The TRL row (`trl_peer.run_trl`, with vLLM colocated: `use_vllm`) when `trl` is installed;
+    a failure is reported in the row, never raised."""
     if importlib.util.find_spec("trl") is None:
         return {"status": "skipped", "reason": "trl is not installed (pip install trl to add it)"}
     load_before = load_1min()

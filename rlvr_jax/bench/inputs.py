@@ -1,6 +1,5 @@
-"""The random inputs benchmarks run on: the bench model as an HF twin and ours
-(`build_models`), RL learner batches and the trainer's step compiled on one. Imports only
-`common`, so the benchmarks share these without importing each other."""
+"""The random inputs benchmarks run on: the bench model as an HF twin and ours (`build_models`),
+RL learner batches and the trainer's step compiled on one."""
 
 from __future__ import annotations
 
@@ -15,11 +14,10 @@ from rlvr_jax.bench import common
 
 
 def build_models(cfg: Any, path: str | Path) -> tuple[Any, Any]:
-    """(HF torch model, our `Model`) of the bench model of `cfg` with the same random weights:
-    HF's init (on CUDA when JAX runs on a GPU and torch sees one), saved at `path` in
-    `cfg.dtype`, loaded back as ours. torch's OpenMP threads sleep rather than spin
-    (`OMP_WAIT_POLICY=PASSIVE` unless set): spinning made `generate` up to 10x slower on a
-    shared machine, which would flatter our engine."""
+    """(HF torch model, our `Model`) of the bench model of `cfg`, the same random weights: HF's
+    init (on CUDA when JAX and torch see a GPU) saved at `path` in `cfg.dtype`, loaded back as
+    ours. torch's OpenMP threads sleep (`OMP_WAIT_POLICY=PASSIVE` unless set): spinning made
+    `generate` up to 10x slower on a shared machine, which would flatter our engine."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import jax
     import torch
@@ -70,8 +68,7 @@ def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp:
 
 
 def train_step(cfg: Any, memory: Any, *, max_len: int, n_micro: int | None) -> tuple[Any, Any]:
-    """(the trainer's step for the bench model of `cfg` with the loss preset `cfg.loss` and
-    `memory` (`MemoryOptions`), its AdamW optimizer)."""
+    """(the trainer's step of the bench model of `cfg` with loss preset `cfg.loss`, AdamW)."""
     import jax.numpy as jnp
 
     from rlvr_jax import losses

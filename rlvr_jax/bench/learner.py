@@ -63,7 +63,7 @@ class LearnerBenchConfig(common.ModelSize):
     """Storage of the weights ("" = float32; with LoRA the frozen base may be int8)."""
     workload: str = option("step", choices=("step", "attention-memory", "long"))
     """step: time the train step; attention-memory: one micro-batch's peak memory per attention
-    kernel (`bench.attention_memory`); long: packed vs padded rows (`bench.learner_long`)."""
+    kernel; long: packed vs padded rows."""
     device_kind: str = ""
     """Device kind for the datasheet lookup ("" = detected)."""
     datasheet_tflops: float = 0.0
@@ -241,8 +241,7 @@ def summarize(
     peak_gflops: float,
     datasheet: tuple[str, float] | None,
 ) -> dict[str, Any]:
-    """The figures of `measured` (best calls) against `peak_gflops`, and MFU against
-    `datasheet` = (name, bf16 TFLOP/s) when given."""
+    """The figures of `measured` against `peak_gflops`, MFU against `datasheet` (name, TFLOP/s)."""
     arch = cfg.arch()
     tokens = cfg.batch * cfg.seq
     forward = common.forward_flops(arch, cfg.batch, cfg.seq)
@@ -333,8 +332,7 @@ def run_step(cfg: LearnerBenchConfig) -> dict[str, Any]:
 
 
 def attention_kernel(cfg: LearnerBenchConfig) -> str:
-    """The kernel `cfg.attention_impl` resolves to here (rows of one sequence: `auto` takes
-    cuDNN on a GPU, as the trainer's unpacked batches do)."""
+    """The kernel `cfg.attention_impl` resolves to here for rows of one sequence each."""
     kw = dict(compute_dtype=jnp.dtype(cfg.dtype), head_dim=cfg.arch().head_dim, max_segments=1)
     return resolve_impl(cfg.attention_impl, **kw)
 

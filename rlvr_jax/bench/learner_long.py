@@ -168,8 +168,7 @@ def measure(cfg: Any, work: LongWorkload) -> dict[str, Any]:
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    """`measure` on the learner config's workload (`long_cap` tokens a row, 0: the platform's
-    default), the roofline and the model."""
+    """`measure` on the learner config's workload (`long_cap`, 0: the platform's), the roofline."""
     from rlvr_jax.bench.roofline import measure_roofline
 
     cap = cfg.long_cap or (CPU_CAP if common.machine_info()["platform"] == "cpu" else FULL_CAP)

@@ -209,8 +209,7 @@ def format_result(
     result: Mapping[str, Any], headlines: Sequence[str], *, machine: bool = True
 ) -> str:
     """The headline figures as text: a headline naming a dict of dicts is a table of its own (a
-    row per key, a column per leaf below it), the other figures rows of one "figure | value"
-    table; then (with `machine`) the machine line."""
+    row per key), the others rows of one "figure | value" table; then the machine line."""
     rows, tables = [], []
     for path in headlines:
         value = common.lookup(result, path)

@@ -86,8 +86,7 @@ class LengthDistribution:
         return cls(0.5 * (lo + hi), sigma, cap)
 
     def mean(self) -> float:
-        """E[min(X, cap)] = e^(μ+σ²/2) Φ(a − σ) + cap (1 − Φ(a)), a = (ln cap − μ)/σ
-        (before rounding up to whole tokens)."""
+        """E[min(X, cap)] = e^(μ+σ²/2) Φ(a − σ) + cap (1 − Φ(a)), a = (ln cap − μ)/σ."""
         a = (math.log(self.cap) - self.mu) / self.sigma
         body = math.exp(self.mu + self.sigma**2 / 2) * _normal_cdf(a - self.sigma)
         return body + self.cap * (1.0 - _normal_cdf(a))
@@ -149,8 +148,8 @@ def simulate(
 
 
 def measure(cfg: WasteBenchConfig, dist: LengthDistribution) -> dict[str, Any]:
-    """Static vs continuous waste and wall time on the real engine for lengths drawn from `dist`
-    (scaled down), beside the simulation of the same lengths."""
+    """Static vs continuous waste and wall time on the engine, beside the simulation of the same
+    lengths (drawn from `dist`)."""
     from rlvr_jax.bench.engine_timing import run_lengths
     from rlvr_jax.rollout import EngineCore
 
