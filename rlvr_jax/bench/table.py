@@ -310,11 +310,11 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _names(text: str | None, flag: str, parser: argparse.ArgumentParser) -> list[str]:
-    names = [n.strip() for n in (text or "").split(",") if n.strip()]
-    unknown = sorted(set(names) - set(SUBCOMMANDS))
-    if unknown:
-        parser.error(f"{flag}: unknown benchmark(s) {unknown}; known: {', '.join(SUBCOMMANDS)}")
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if unknown := sorted(set(names) - set(SUBCOMMANDS)):
+        known = ", ".join(SUBCOMMANDS)
+        raise argparse.ArgumentTypeError(f"unknown benchmark(s) {unknown}; known: {known}")
     return names
 
 
@@ -324,12 +324,11 @@ def main_all(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="rlvr-bench all", description="Every benchmark, one JSON.")
     p.add_argument("--json", help="write every benchmark's results here as one JSON")
     p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    p.add_argument("--only", help="comma-separated benchmarks to run (default: all)")
-    p.add_argument("--skip", help="comma-separated benchmarks to leave out")
+    p.add_argument("--only", type=_names, default=[], help="run only these (comma-separated)")
+    p.add_argument("--skip", type=_names, default=[], help="leave these out (comma-separated)")
     p.add_argument("--plot-dir", help="write each benchmark's PNG plot into this directory")
     args = p.parse_args(argv)
-    only, skip = _names(args.only, "--only", p), _names(args.skip, "--skip", p)
-    names = [n for n in SUBCOMMANDS if (not only or n in only) and n not in skip]
+    names = [n for n in SUBCOMMANDS if (n in args.only or not args.only) and n not in args.skip]
     if not names:
         p.error("no benchmark left to run")
     plot_dir = Path(args.plot_dir) if args.plot_dir else None
