@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from rlvr_jax import losses, models
 from rlvr_jax.bench import common, progress
-from rlvr_jax.bench.inputs import synthetic_batch
+from rlvr_jax.bench.inputs import synthetic_batch, train_step
 from rlvr_jax.models import attention
 
 SEQS = (1024, 2048, 4096, 8192)
@@ -33,14 +33,10 @@ def kernels_here(compute_dtype: Any, head_dim: int) -> list[str]:
 
 def micro_batch_memory(cfg: Any, kernel: str, seq: int, rows: int) -> dict[str, float]:
     """XLA's memory of the train step of one `rows` × `seq` micro-batch with `kernel`."""
-    from rlvr_jax.config.schema import TrainConfig
     from rlvr_jax.training import learner
-    from rlvr_jax.training.optimizer import make_optimizer
 
     arch = cfg.arch()
-    settings = losses.resolve_loss_settings(cfg.loss)
-    with_old_logp = settings.tis_mode == "mask"
-    optimizer = make_optimizer(TrainConfig())
+    with_old_logp = losses.resolve_loss_settings(cfg.loss).tis_mode == "mask"
     memory = dataclasses.replace(cfg.memory(), attention_impl=kernel)
     # chunk sizes must divide T; they never exceed it
     memory = dataclasses.replace(
@@ -48,10 +44,7 @@ def micro_batch_memory(cfg: Any, kernel: str, seq: int, rows: int) -> dict[str, 
         logits_chunk=memory.logits_chunk if seq % max(memory.logits_chunk, 1) == 0 else 0,
         attn_chunk=memory.attn_chunk if seq % max(memory.attn_chunk, 1) == 0 else 0,
     )
-    step = learner.make_train_step(
-        arch, optimizer, settings, max_len=seq, n_micro=1, compute_dtype=jnp.dtype(cfg.dtype),
-        memory=memory,
-    )  # fmt: skip
+    step, optimizer = train_step(cfg, memory, max_len=seq, n_micro=1)
     params = models.abstract_params(arch)
     state = jax.eval_shape(lambda p: learner.init_state(p, optimizer), params)
     arrays = synthetic_batch(arch, rows=rows, seq=seq, seed=0, with_old_logp=with_old_logp)

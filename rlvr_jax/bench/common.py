@@ -39,8 +39,7 @@ HBM GB/s per chip); the first match wins, so the more specific patterns come fir
 
 
 def datasheet(device_kind: str) -> dict[str, Any] | None:
-    """`{"name", "bf16_tflops", "hbm_gbps"}` of a JAX `device_kind` from `DATASHEETS`, or None
-    when unknown (CPUs have no entry: their denominators are measured)."""
+    """`{"name", "bf16_tflops", "hbm_gbps"}` of a JAX `device_kind`; None when unknown (CPUs)."""
     kind = device_kind.lower()
     for pattern, name, tflops, gbps in DATASHEETS:
         if pattern in kind:
@@ -77,8 +76,7 @@ class ModelSize:
         return ArchConfig.from_hf(hf_config_dict(self))
 
     def model(self, seed: int = 0, dtype: str = "float32") -> Any:
-        """The bench model with these sizes and random weights (`models.init_params`, seeded),
-        stored and computed in `dtype`."""
+        """The bench model of these sizes, seeded random weights, stored and computed in `dtype`."""
         import jax
 
         from rlvr_jax import models
@@ -91,8 +89,7 @@ class ModelSize:
 TINY_SIZES = dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, vocab=512)
 """The smoke runs' model: 2 layers of D=64 (`--quick` everywhere)."""
 SIZES_1B = dict(d_model=2048, n_layers=20, n_heads=16, n_kv_heads=4, d_ff=5632)
-"""≈0.97B params with the bench vocabulary (20 layers of D=2048, F=5632, 16 heads of 128, 4
-KV heads): the GPU presets' model (one H100/H200-class GPU)."""
+"""≈0.97B params (20 layers of D=2048, F=5632, 16 heads of 128, 4 KV heads): the GPU presets'."""
 
 
 def hf_config_dict(sizes: ModelSize) -> dict:
@@ -133,11 +130,9 @@ def step_bandwidth(
     arch: ArchConfig, roof: Mapping[str, Any], step_s: float, *, slots: int, context: float,
     param_bytes: int, cache_bytes: int,
 ) -> dict[str, Any]:  # fmt: skip
-    """A decode step of `step_s` seconds against the bytes it must read at the least: every
-    matmul weight once (`matmul_params` × `param_bytes`) and each of `slots` sequences' cached K
-    and V over `context` positions (2·L·K·H per position × `cache_bytes`). {"step_bytes",
-    "step_gbps", "memory_fraction" (of `roof`'s measured memory bandwidth),
-    "memory_fraction_datasheet" (of the datasheet's HBM bandwidth on a GPU/TPU)}."""
+    """A decode step of `step_s` seconds against the least bytes it must read: every matmul
+    weight once and each of `slots` sequences' cached K and V over `context` positions; its GB/s
+    as a fraction of `roof`'s measured bandwidth and of the datasheet's HBM (GPU/TPU)."""
     kv = 2 * arch.n_layers * arch.n_kv_heads * arch.head_dim * cache_bytes
     step_bytes = matmul_params(arch) * param_bytes + slots * context * kv
     gbps, sheet = step_bytes / step_s / 1e9, roof["datasheet"]
@@ -177,25 +172,28 @@ class Timings:
         return self.cpu_s[i] / (self.wall_s[i] * cpus)
 
 
-def time_calls(fn: Callable, repeats: int, *args: Any) -> Timings:
-    """Times `repeats` calls of `fn(*args)`, each to its result, after a warm-up call."""
+def time_calls(fns: Mapping[str, Callable[[], Any]], repeats: int) -> dict[str, Timings]:
+    """Times `repeats` interleaved rounds of a call of each of `fns`, each to its result, after a
+    warm-up call of each: a load change on a shared machine hits every contender alike."""
     import jax
 
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    jax.block_until_ready(fn(*args))
-    wall, cpu = [], []
-    for _ in progress.steps(range(repeats), "timed call"):
-        start_wall, start_cpu = time.perf_counter(), time.process_time()
-        jax.block_until_ready(fn(*args))
-        wall.append(time.perf_counter() - start_wall)
-        cpu.append(time.process_time() - start_cpu)
-    return Timings(tuple(wall), tuple(cpu))
+    for fn in fns.values():
+        jax.block_until_ready(fn())
+    wall: dict[str, list[float]] = {name: [] for name in fns}
+    cpu: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in progress.steps(range(repeats), "timed round"):
+        for name, fn in fns.items():
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            jax.block_until_ready(fn())
+            wall[name].append(time.perf_counter() - start_wall)
+            cpu[name].append(time.process_time() - start_cpu)
+    return {name: Timings(tuple(wall[name]), tuple(cpu[name])) for name in fns}
 
 
 def compile_ahead(fn: Callable, *args: Any, donate: tuple[int, ...] = ()) -> tuple[Any, float]:
-    """(`fn` jitted and compiled ahead of time for `args`, compile seconds): no timed call
-    compiles, and the compiled object reports its buffer sizes (`compiled_memory`)."""
+    """(`fn` jitted and compiled ahead of time for `args`, compile seconds)."""
     import jax
 
     progress.line(f"compiling {getattr(fn, '__name__', type(fn).__name__)}")
@@ -205,8 +203,7 @@ def compile_ahead(fn: Callable, *args: Any, donate: tuple[int, ...] = ()) -> tup
 
 
 def compiled_memory(compiled: Any) -> dict[str, int] | None:
-    """XLA's buffer sizes of a compiled computation (temp = activations and workspace), or
-    None where the backend does not report them."""
+    """XLA's buffer sizes of a compiled computation (temp: activations, workspace), or None."""
     stats = compiled.memory_analysis()
     if stats is None:
         return None
@@ -250,8 +247,7 @@ def trace_op_times(fn: Callable[[], Any], trace_dir: str | Path) -> dict[str, tu
 
 
 def op_profile(fn: Callable[[], Any], trace_dir: str | Path, top: int = 15) -> list[dict]:
-    """`fn`'s `top` compiled ops by total time (`trace_op_times`): `{"op", "ms", "calls",
-    "share"}` (of the time of all op events)."""
+    """`fn`'s `top` ops by total time (`trace_op_times`): `{"op", "ms", "calls", "share"}`."""
     times = trace_op_times(fn, trace_dir)
     all_ns = sum(ns for ns, _ in times.values()) or 1
     ranked = sorted(times.items(), key=lambda kv: -kv[1][0])[:top]
@@ -267,9 +263,7 @@ AVX-512 core with AMX is ~2-6x an AVX2 core's, so a CPU figure means little with
 
 
 def cpu_info(cpuinfo: str | Path = "/proc/cpuinfo") -> dict[str, Any]:
-    """The CPU's model name and which of `CPU_ISA_FLAGS` it has (`cpu_model`, `cpu_isa`:
-    e.g. ["avx512f", "amx_bf16", "avx2", "fma"]); empty where `cpuinfo` cannot be read (not
-    Linux)."""
+    """The CPU's `cpu_model` and the `CPU_ISA_FLAGS` it has (`cpu_isa`); {} where unreadable."""
     try:
         text = Path(cpuinfo).read_text()
     except OSError:
@@ -367,8 +361,7 @@ def format_value(value: Any) -> str:
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A plain-text table: a header line, a rule, then one line per row, columns padded;
-    text columns left-aligned, numeric ones right-aligned."""
+    """A plain-text table: header, rule, a line per row; text left-, numbers right-aligned."""
     if any(len(r) != len(headers) for r in rows):
         raise ValueError(f"every row needs {len(headers)} cells (the headers: {list(headers)})")
     cells = [[format_value(v) for v in row] for row in rows]

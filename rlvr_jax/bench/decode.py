@@ -20,18 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlvr_jax.bench import common, decode_long, decode_vllm, decode_weights, multiturn, progress
+from rlvr_jax.bench import engine_timing as timing
 from rlvr_jax.bench.common import option
 from rlvr_jax.bench.decode_long import QUICK_LONG, LongConfig
-from rlvr_jax.bench.engine_timing import (
-    LiveSlots,
-    host_share,
-    interleaved_best,
-    profile_engine,
-    roofline_fractions,
-    run_lengths,
-    step_profile,
-    timed_generate,
-)
 from rlvr_jax.bench.inputs import build_models
 from rlvr_jax.bench.roofline import best_roofline
 from rlvr_jax.bench.table import Bars, Bench
@@ -41,8 +32,7 @@ from rlvr_jax.rollout import EngineCore, SamplingParams, generate
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig(common.ModelSize):
-    """One `rlvr-bench decode` run: the model (`common.ModelSize`), the workloads' sizes and
-    which workload runs."""
+    """One `rlvr-bench decode` run: the model (`common.ModelSize`), the sizes, the workload."""
 
     batch: int = 32
     """Slots, and prompts of the throughput workload."""
@@ -67,10 +57,8 @@ class BenchConfig(common.ModelSize):
     dtype: str = option("float32", choices=("float32", "bfloat16"))
     """Params, activations and KV cache of both models."""
     workload: str = option("short", choices=("short", "long", "all", "multiturn", "step"))
-    """short: throughput + long-tailed; long: paged vs contiguous KV
-    (`rlvr_jax.bench.decode_long`); all: the three; multiturn: in-slot tool turns vs
-    re-prefilling each turn (`rlvr_jax.bench.multiturn`); step: the decode step alone at
-    --shapes."""
+    """short: throughput + long-tailed; long: paged vs contiguous KV; all: the three; multiturn:
+    in-slot tool turns vs re-prefilling each turn; step: the decode step alone at --shapes."""
     profile: bool = False
     """The decode step's top ops by time (short/all: the continuous engine's; step: each's)."""
     shapes: str = "32x192,256x1024"
@@ -78,15 +66,13 @@ class BenchConfig(common.ModelSize):
     skip_hf: bool = False
     """Do not time transformers' generate."""
     weight_dtype: str = option("", choices=("float32", "bfloat16", "int8", "fp8"))
-    """Decode from weights stored so, against the compute dtype, with the mismatch it causes
-    (`rlvr_jax.bench.decode_weights`)."""
+    """Decode from weights stored so, against the compute dtype, with the mismatch it causes."""
     lora_rank: int = 0
-    """LoRA adapters of this rank: time their push (`rlvr_jax.bench.decode_weights`)."""
+    """LoRA adapters of this rank: time their push."""
     long: LongConfig = dataclasses.field(default_factory=LongConfig)
     """The long workload's sizes."""
     peer: str = option("", choices=("vllm",))
-    """vllm: our continuous engine beside vLLM on the throughput workload
-    (`rlvr_jax.bench.decode_vllm`)."""
+    """vllm: our continuous engine beside vLLM on the throughput workload."""
     peer_dtypes: tuple[str, ...] = option(decode_vllm.DTYPES, choices=decode_vllm.DTYPES)
     """--peer: the dtypes compared, one HF checkpoint each (repeatable)."""
     quick: bool = option(False, None)
@@ -202,7 +188,7 @@ def run_short(cfg: BenchConfig) -> dict:
     if not cfg.skip_hf:
         throughput["hf_generate"] = functools.partial(_hf_generate, hf, prompts_np, cfg.new)
         _hf_generate(hf, prompts_np[:, : min(8, cfg.prompt)], 2)  # warm up
-    walls = timed_generate(throughput, cfg.repeats, n_tokens, warm=_BATCHING)[0]
+    walls = timing.timed_generate(throughput, cfg.repeats, n_tokens, warm=_BATCHING)[0]
     tokens_per_s = {k: n_tokens / v for k, v in walls.items()}
 
     lengths = long_tail_lengths(cfg.long_requests, cfg.long_new, cfg.mean_over_max, cfg.seed)
@@ -211,16 +197,17 @@ def run_short(cfg: BenchConfig) -> dict:
         model, max_slots=cfg.batch, max_len=cfg.long_prompt + cfg.long_new, chunk=cfg.chunk
     )
     progress.line("long-tailed workload: compiling and warming up")
-    run_lengths(long_core, long_prompts[: cfg.batch], lengths[: cfg.batch], "continuous")
-    long_runs = {b: functools.partial(run_lengths, long_core, long_prompts, lengths, b)
+    timing.run_lengths(long_core, long_prompts[: cfg.batch], lengths[: cfg.batch], "continuous")
+    long_runs = {b: functools.partial(timing.run_lengths, long_core, long_prompts, lengths, b)
                  for b in _BATCHING}  # fmt: skip
-    long_walls, stats = interleaved_best(long_runs, cfg.repeats)
+    long_walls, stats = timing.interleaved_best(long_runs, cfg.repeats)
     progress.line("profile: prefill and decode step")
-    profile = profile_engine(core, prompts, cfg.repeats)
-    ops = step_profile(LiveSlots(core, prompts[0]), "continuous") if cfg.profile else None
-    host = host_share(core, throughput["continuous"])
+    profile = timing.profile_engine(core, prompts, cfg.repeats)
+    live = timing.LiveSlots(core, prompts[0]) if cfg.profile else None
+    ops = live and timing.step_profile(live, "continuous")
+    host = timing.host_share(core, throughput["continuous"])
     roof = best_roofline(cfg.quick)
-    fraction = roofline_fractions(model.config, cfg, roof, walls)
+    fraction = timing.roofline_fractions(model.config, cfg, roof, walls)
     wall = walls["continuous"]
     prefill_total = profile["prefill_s_per_prompt"] * cfg.batch
     decode_total = profile["decode_ms_per_step"] * 1e-3 * cfg.new
@@ -289,22 +276,24 @@ def run_step(cfg: BenchConfig) -> dict:
         progress.line(f"step {shape}: compiling {', '.join(dtypes)}")
         max_len = context + cfg.chunk * (cfg.repeats + 5)  # warm-up, rounds and the profile
         live = {
-            wd: LiveSlots(EngineCore(model, max_slots=slots, max_len=max_len, chunk=cfg.chunk,
-                                     weight_dtype=None if wd == cfg.dtype else wd), prompt)
+            wd: timing.LiveSlots(EngineCore(model, max_slots=slots, max_len=max_len,
+                                            chunk=cfg.chunk,
+                                            weight_dtype=None if wd == cfg.dtype else wd), prompt)
             for wd in dtypes
         }  # fmt: skip
         for one in live.values():
             if cfg.profile:  # the profiled program runs the timed chunks too: one compile
                 one.hlo()
             one.chunk()
-        best = interleaved_best({wd: one.chunk for wd, one in live.items()}, cfg.repeats + 2)[0]
+        chunks = {wd: one.chunk for wd, one in live.items()}
+        best = timing.interleaved_best(chunks, cfg.repeats + 2)[0]
         for wd, one in live.items():
             key, cache = f"{shape} {wd}", jnp.dtype(one.core.spec.cache_dtype).itemsize
             seconds[key] = (best[wd] / cfg.chunk, dict(slots=slots, context=context,
                             param_bytes=common.WEIGHT_BYTES[wd], cache_bytes=cache))  # fmt: skip
             if cfg.profile:
                 progress.line(f"step {key}: tracing {cfg.chunk} steps")
-                ops[key], more = step_profile(one, key)
+                ops[key], more = timing.step_profile(one, key)
                 top.update(more)
         for wd in dtypes[1:]:
             ratios[shape] = {f"{wd}_over_{dtypes[0]}_tokens_per_s": best[dtypes[0]] / best[wd]}

@@ -85,7 +85,7 @@ _STATS = ("mean_concurrent", "kv_utilisation", "preemptions", "recomputed_tokens
 
 
 def run_workloads(engines: dict[str, EngineCore], prompts: list, lengths: list) -> dict:
-    """The workload through one scheduler per engine, their boundaries interleaved; their walls."""
+    """The workload through one scheduler per engine, their steps interleaved; their figures."""
     scheds = {}
     for name, core in engines.items():
         scheds[name] = Scheduler(core)
@@ -198,8 +198,7 @@ def fit_line(points: dict) -> dict:
 
 
 def run(cfg: Any) -> dict:
-    """The long workload (`cfg.long`) on the bench model of `cfg` (`decode.BenchConfig`, random
-    weights) on both layouts at equal KV memory, and the roofline."""
+    """The long workload (`cfg.long`) on both layouts at equal KV memory, and the roofline."""
     from rlvr_jax.bench.roofline import best_roofline
 
     model, lc = cfg.model(cfg.seed, cfg.dtype), cfg.long

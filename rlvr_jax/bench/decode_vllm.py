@@ -39,8 +39,7 @@ def vllm_engine(model: Any, cfg: Any) -> Any:
 
 
 def vllm_generate(engine: Any, prompts: list[list[int]], new: int, seed: int) -> int:
-    """Every prompt through vLLM's engine, T = 1, `new` tokens each (no stop); returns the
-    tokens generated."""
+    """Every prompt through vLLM's engine, T = 1, `new` tokens each (no stop); tokens generated."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.sampling_params import RequestOutputKind
@@ -63,8 +62,7 @@ def vllm_generate(engine: Any, prompts: list[list[int]], new: int, seed: int) ->
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    """Both engines on each of `cfg.peer_dtypes` (`decode.BenchConfig`); the JSON-able result
-    (module docstring)."""
+    """Both engines on each of `cfg.peer_dtypes` (`decode.BenchConfig`); the JSON-able result."""
     from rlvr_jax.rollout import EngineCore, generate
 
     dtypes = cfg.peer_dtypes

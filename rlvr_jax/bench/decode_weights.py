@@ -15,12 +15,7 @@ import numpy as np
 
 from rlvr_jax import models
 from rlvr_jax.bench import common, progress
-from rlvr_jax.bench.engine_timing import (
-    interleaved_best,
-    profile_engine,
-    roofline_fractions,
-    timed_generate,
-)
+from rlvr_jax.bench import engine_timing as timing
 from rlvr_jax.bench.roofline import best_roofline
 from rlvr_jax.losses.kl import kl_per_token
 from rlvr_jax.models import lora, quant
@@ -86,11 +81,11 @@ def run(cfg: Any) -> dict:
     sample = dict(max_new_tokens=cfg.new, temperature=1.0, seed=cfg.seed)
     fns = {n: functools.partial(generate, e, prompts, **sample) for n, e in engines.items()}
     n_tokens = cfg.batch * cfg.new
-    walls, outs = timed_generate(fns, cfg.repeats, n_tokens)
+    walls, outs = timing.timed_generate(fns, cfg.repeats, n_tokens)
     progress.line("mismatch: the learner's log-probs of the sampled tokens")
     mismatch = {n: _mismatch(model, prompts, outs[n]) for n in names}
     progress.line("profile: decode step")
-    profile = {n: profile_engine(e, prompts, cfg.repeats) for n, e in engines.items()}
+    profile = {n: timing.profile_engine(e, prompts, cfg.repeats) for n, e in engines.items()}
     roof = best_roofline(cfg.quick)
     arch = model.config
     memory_fraction = {
@@ -107,7 +102,7 @@ def run(cfg: Any) -> dict:
         "mismatch": mismatch,
         "decode_weight_bytes": {n: quant.nbytes(engines[n].params) for n in names},
         "profile": profile,
-        "roofline_fraction": roofline_fractions(arch, cfg, roof, walls),
+        "roofline_fraction": timing.roofline_fractions(arch, cfg, roof, walls),
         "decode_step_memory_fraction": memory_fraction,
         "roofline": roof,
     }
@@ -128,7 +123,7 @@ def _push(engine: EngineCore, model: models.Model, repeats: int) -> dict:
     }
     for fn in fns.values():
         fn()
-    seconds = interleaved_best(fns, repeats + 2)[0]
+    seconds = timing.interleaved_best(fns, repeats + 2)[0]
     sizes = {"adapters": quant.nbytes(adapters), "whole_policy": quant.nbytes(merged)}
     return {
         "seconds": seconds,
@@ -179,7 +174,7 @@ def _apply_vs_merge(model: models.Model, cfg: Any, merge_seconds: float) -> dict
         compiled = functools.partial(jax.jit(functools.partial(step, apply)), xs, pairs)
         totals[name] = float(compiled())
         fns[name] = functools.partial(lambda f: jax.block_until_ready(f()), compiled)
-    seconds = interleaved_best(fns, 4 * cfg.repeats + 4)[0]
+    seconds = timing.interleaved_best(fns, 4 * cfg.repeats + 4)[0]
     overhead = max(seconds["applied"] - seconds["merged"], 1e-9)
     # the FLOPs the adapters add to the projections: r (in + out) against in · out a row
     extra = sum(a.a[0].size + a.b[0].size for _, _, a in pairs)

@@ -33,12 +33,10 @@ from rlvr_jax.models.testing import tiny_policy
 
 DEFAULT_CONFIG = "configs/demo.yaml"
 
-# Every run (before the user's --set): both sides draw the same groups per step, and the
-# learner's row counts compile with the first batch (the timed steps are the steady state).
+# Every run (before --set): both sides draw the same groups; the step compiles with the first batch
 _MATCHED = ("filter.active_sampling=false", "train.compile_ahead=true")
 
-# --preset bench: the 56M bench model (random weights) built in the output directory, 256-token
-# completions (model.path is set to the run's directory).
+# --preset bench: the 56M bench model (random weights) built in the run's directory, 256 tokens
 _BENCH = (
     "model.create_if_missing=rlvr_jax.bench.e2e:build_bench_policy",
     "model.hf_config=null",
@@ -80,8 +78,7 @@ def build_tiny_policy(path: str | Path, cfg: Any) -> Path:
 
 
 def build_bench_policy(path: str | Path, cfg: Any) -> Path:
-    """The 56M bench model (`common.ModelSize`), random weights, a tokenizer trained on the
-    config's prompts (`model.create_if_missing` of `--preset bench`)."""
+    """`build_tiny_policy` with the 56M bench model (`common.ModelSize`): `--preset bench`."""
     bench = common.hf_config_dict(common.ModelSize())
     return tiny_policy(path, _prompt_texts(cfg), seed=cfg.seed, hf_config=bench)
 
@@ -90,8 +87,8 @@ def trl_peer(
     config_path: str | Path, overrides: list[str], *, steps: int, warmup: int, out: Path,
     use_vllm: bool = False,
 ) -> dict[str, Any]:  # fmt: skip
-    """The TRL row (`rlvr_jax.bench.trl_peer`) when `trl` is installed; a failure is reported in
-    the row, never raised. `use_vllm`: TRL generating with vLLM colocated."""
+    """The TRL row (`trl_peer.run_trl`, with vLLM colocated: `use_vllm`) when `trl` is installed;
+    a failure is reported in the row, never raised."""
     if importlib.util.find_spec("trl") is None:
         return {"status": "skipped", "reason": "trl is not installed (pip install trl to add it)"}
     load_before = load_1min()
@@ -200,22 +197,11 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
         raise ValueError(f"--config {cfg.config}: no such file (run from the repository root)")
     extra = [*_MATCHED, *PRESETS[cfg.preset]]
     load_config(cfg.config, [*extra, *cfg.set], steps=1, out=Path("unused"))
-    runs: dict[str, list[ModeRun]] = {"sync": [], "async": []}
-    vllm_runs: list[ModeRun] = []
-    trl_rows, trl_vllm_rows = [], []
     below = SETTLE_BELOW if cfg.settle_below is None else cfg.settle_below
-    has_vllm = importlib.util.find_spec("vllm") is not None  # the vllm and trl_vllm rows
+    has_vllm = importlib.util.find_spec("vllm") is not None  # our trainer and TRL on vLLM
     sides = ("sync", "async", "trl", *(("vllm", "trl_vllm") if has_vllm else ()))
+    rounds: dict[str, list[Any]] = {side: [] for side in sides}
     waited = dict.fromkeys(sides, 0.0)
-
-    def pause(side: str) -> None:
-        if cfg.settle > 0:
-            if load_1min() >= below:
-                progress.line(
-                    f"waiting up to {cfg.settle:.0f} s for the load to fall under {below}"
-                )
-            waited[side] += settle(below, cfg.settle)
-
     with tempfile.TemporaryDirectory(prefix="rlvr-bench-e2e-") as tmp:
         out = Path(tmp)
         extra += _QUICK if cfg.quick else ()
@@ -226,27 +212,26 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
             if cfg.rounds > 1:
                 progress.line(f"round {r + 1}/{cfg.rounds}")
             kw = dict(steps=cfg.steps, warmup=cfg.warmup, out=out / f"round{r}")
-            for mode, done in runs.items():
-                pause(mode)
-                done.append(run_mode(cfg.config, overrides, mode, **kw))
-            pause("trl")
-            trl_rows.append(trl_peer(cfg.config, overrides, **kw))
-            if has_vllm:  # our trainer on vLLM, and TRL with vLLM
-                pause("vllm")
-                on_vllm = [*overrides, "rollout.backend=vllm"]
-                kw_vllm = {**kw, "out": kw["out"] / "vllm"}
-                vllm_runs.append(run_mode(cfg.config, on_vllm, "async", **kw_vllm))
-                pause("trl_vllm")
-                trl_vllm_rows.append(trl_peer(cfg.config, overrides, **kw, use_vllm=True))
+            for side in sides:
+                if cfg.settle > 0:
+                    waited[side] += settle(below, cfg.settle)
+                if side in ("sync", "async"):
+                    row = run_mode(cfg.config, overrides, side, **kw)
+                elif side == "vllm":
+                    on_vllm = [*overrides, "rollout.backend=vllm"]
+                    row = run_mode(cfg.config, on_vllm, "async", **{**kw, "out": kw["out"] / side})
+                else:
+                    row = trl_peer(cfg.config, overrides, **kw, use_vllm=side == "trl_vllm")
+                rounds[side].append(row)
     # probed after the sides, so that its own load (both cores for seconds) is not theirs
     progress.line("roofline probe (matmul peak, memory bandwidth)")
     roofline = best_roofline(cfg.quick)
-    sync, async_ = pool(runs["sync"]), pool(runs["async"])
+    sync, async_ = pool(rounds["sync"]), pool(rounds["async"])
     summary = summarize(sync, async_)
-    for mode, done in runs.items():
+    for mode in ("sync", "async"):
         summary["modes"][mode]["by_round"] = [
             {"steps_per_s": m.steps_per_s, "tokens_per_s": m.tokens_per_s, "loadavg": m.loadavg}
-            for m in done
+            for m in rounds[mode]
         ]
     summary["ratios"] = {
         "async_over_sync": summary["async_over_sync"],
@@ -254,17 +239,17 @@ def run(cfg: E2EConfig) -> dict[str, Any]:
         "async_over_sync_tokens": _ratio(async_.tokens_per_s, sync.tokens_per_s),
     }
     loads = {"sync": sync.loadavg, "async": async_.loadavg}
-    peers = {"trl": (trl := pool_trl(trl_rows))}
+    peers = {"trl": (trl := pool_trl(rounds["trl"]))}
     if trl["status"] == "ok":
         trl["ours_async_over_trl"] = async_.steps_per_s / trl["steps_per_s"]
         _add_side(summary, "trl", trl["steps_per_s"], trl["tokens_per_s"], async_)
         loads["trl"] = tuple(trl["loadavg"])
-    if vllm_runs:
-        on_vllm = pool(vllm_runs)
+    if has_vllm:
+        on_vllm = pool(rounds["vllm"])
         _add_side(summary, "vllm", on_vllm.steps_per_s, on_vllm.tokens_per_s, async_)
         summary["modes"]["vllm"] = _mode_row(on_vllm)
         loads["vllm"] = on_vllm.loadavg
-        peers["trl_vllm"] = pool_trl(trl_vllm_rows)
+        peers["trl_vllm"] = pool_trl(rounds["trl_vllm"])
         if peers["trl_vllm"]["status"] == "ok":
             loads["trl_vllm"] = tuple(peers["trl_vllm"]["loadavg"])
     return {

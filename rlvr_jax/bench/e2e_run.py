@@ -64,9 +64,11 @@ def settle(
     clock: Any = time.monotonic,
     poll_s: float = 2.0,
 ) -> float:
-    """Waits, at most `max_s` seconds, for the 1-minute load average to fall under `below`; the
-    seconds waited (a side's threads leave load behind that would otherwise judge the next)."""
+    """Waits, at most `max_s` seconds, for the 1-minute load average to fall under `below` (a
+    side's threads leave load that would judge the next); the seconds waited."""
     start = clock()
+    if load() >= below:
+        progress.line(f"waiting up to {max_s:.0f} s for the load to fall under {below}")
     while load() >= below and clock() - start < max_s:
         sleep(min(poll_s, max(max_s - (clock() - start), 0.0)))
     return clock() - start

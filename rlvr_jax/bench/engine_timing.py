@@ -21,8 +21,7 @@ from rlvr_jax.rollout.device.sampling import SamplerMode
 
 
 def interleaved_best(fns: dict[str, Callable[[], Any]], repeats: int) -> tuple[dict, dict]:
-    """Best wall time (and its output) of each fn, timed in interleaved rounds so that a
-    load change on a shared machine hits every contender alike."""
+    """Best wall time (and its output) of each fn, timed in interleaved rounds (`time_calls`)."""
     best = {name: float("inf") for name in fns}
     outputs: dict[str, Any] = {}
     for r in range(repeats):
@@ -53,15 +52,15 @@ def timed_generate(
 
 
 def roofline_fractions(arch: Any, cfg: Any, roof: dict, walls: dict[str, float]) -> dict:
-    """Model FLOPs of `cfg`'s throughput workload (`common.token_flops` at the mean context)
-    per wall second of each of `walls`, over `roof`'s fp32 matmul peak."""
+    """Model FLOPs (at the mean context) of `cfg`'s throughput workload per wall second of each
+    of `walls`, over `roof`'s fp32 matmul peak."""
     work = cfg.batch * (cfg.prompt + cfg.new) * common.token_flops(arch, cfg.prompt + cfg.new / 2)
     return {k: work / wall / (roof["peak_gflops_fp32"] * 1e9) for k, wall in walls.items()}
 
 
 def run_lengths(core: EngineCore, prompts: list, lengths: list[int], batching: str) -> Any:
-    """Every prompt decoded to its length (its own `max_new_tokens`, no stop token) through a
-    `Scheduler` of `batching`; the scheduler's counters (`SchedulerStats`)."""
+    """Every prompt decoded to its length (no stop token) through a `Scheduler` of `batching`;
+    the scheduler's counters (`SchedulerStats`)."""
     sched = Scheduler(core, batching=batching)
     for i, (prompt, n) in enumerate(zip(prompts, lengths)):
         sched.add(GroupRequest(i, i, tuple(prompt), 1, seed=i, max_new_tokens=int(n)))
@@ -172,8 +171,7 @@ def hlo_ops(hlo_text: str) -> dict[str, dict[str, str]]:
 
 def step_profile(live: LiveSlots, name: str, top: int = 12) -> tuple[dict, dict]:
     """`live`'s decode chunk traced, its ops labelled by `hlo_ops` (control flow left out):
-    ({"op_ms_per_step", "parts": ms per step by `PARTS`}, the `top` ops by time, each keyed
-    "<name> <op>")."""
+    ({"op_ms_per_step", "parts": ms per step by `PARTS`}, the `top` ops keyed "<name> <op>")."""
     ops, steps = hlo_ops(live.hlo()), live.core.chunk
     live.chunk()  # warm
     with tempfile.TemporaryDirectory() as tmp:
@@ -202,8 +200,7 @@ DEVICE_CALLS = (
 
 def host_share(core: EngineCore, run: Callable[[], Any]) -> dict[str, float]:
     """`run()` (driving `core` through a `Scheduler`) with every device call timed to its result:
-    the host's seconds are the wall's rest, the scheduler's Python between device calls (not
-    how much of it a pipelined run would hide)."""
+    the host's seconds are the wall's rest (not how much of it a pipelined run would hide)."""
     device = [0.0]
 
     def timed(fn: Callable) -> Callable:

@@ -1,6 +1,5 @@
-"""The random inputs benchmarks run on: the bench model as an HF twin and ours
-(`build_models`), RL learner batches and the trainer's step compiled on one. Imports only
-`common`, so the benchmarks share these without importing each other."""
+"""The random inputs benchmarks run on: the bench model as an HF twin and ours (`build_models`),
+RL learner batches and the trainer's step compiled on one."""
 
 from __future__ import annotations
 
@@ -15,11 +14,10 @@ from rlvr_jax.bench import common
 
 
 def build_models(cfg: Any, path: str | Path) -> tuple[Any, Any]:
-    """(HF torch model, our `Model`) of the bench model of `cfg` with the same random weights:
-    HF's init (on CUDA when JAX runs on a GPU and torch sees one), saved at `path` in
-    `cfg.dtype`, loaded back as ours. torch's OpenMP threads sleep rather than spin
-    (`OMP_WAIT_POLICY=PASSIVE` unless set): spinning made `generate` up to 10x slower on a
-    shared machine, which would flatter our engine."""
+    """(HF torch model, our `Model`) of the bench model of `cfg`, the same random weights: HF's
+    init (on CUDA when JAX and torch see a GPU) saved at `path` in `cfg.dtype`, loaded back as
+    ours. torch's OpenMP threads sleep (`OMP_WAIT_POLICY=PASSIVE` unless set): spinning made
+    `generate` up to 10x slower on a shared machine, which would flatter our engine."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import jax
     import torch
@@ -69,32 +67,42 @@ def synthetic_batch(arch: Any, *, rows: int, seq: int, seed: int, with_old_logp:
     return batch
 
 
-def compiled_train_step(
-    cfg: Any, arrays: Any, *, max_len: int, n_micro: int | None, seed: int, params: Any = None
-) -> Any:
-    """The trainer's step (the loss preset `cfg.loss`, AdamW) for the bench model of `cfg` on
-    `arrays`, compiled ahead of time: (call, compiled, compile_s, holder, optimizer), `call()`
-    running one step (the state carried in `holder["state"]`) and returning its metrics."""
-    import jax
+def train_step(cfg: Any, memory: Any, *, max_len: int, n_micro: int | None) -> tuple[Any, Any]:
+    """(the trainer's step of the bench model of `cfg` with loss preset `cfg.loss`, AdamW)."""
     import jax.numpy as jnp
 
-    from rlvr_jax import losses, models
+    from rlvr_jax import losses
     from rlvr_jax.config.schema import TrainConfig
     from rlvr_jax.training import learner
     from rlvr_jax.training.optimizer import make_optimizer
+
+    optimizer = make_optimizer(TrainConfig())
+    step = learner.make_train_step(
+        cfg.arch(), optimizer, losses.resolve_loss_settings(cfg.loss), max_len=max_len,
+        n_micro=n_micro, compute_dtype=jnp.dtype(cfg.dtype), memory=memory,
+    )  # fmt: skip
+    return step, optimizer
+
+
+def compiled_train_step(
+    cfg: Any, arrays: Any, *, max_len: int, n_micro: int | None, seed: int, params: Any = None
+) -> Any:
+    """`train_step` on `arrays`, compiled ahead of time: (call, compiled, compile_s, holder,
+    optimizer), `call()` running one step (the state carried in `holder["state"]`) and
+    returning its metrics."""
+    import jax
+    import jax.numpy as jnp
+
+    from rlvr_jax import models
+    from rlvr_jax.training import learner
     from rlvr_jax.training.packing import MAX_SEQS_PER_ROW
 
-    arch = cfg.arch()
-    optimizer = make_optimizer(TrainConfig())
     if params is None:
-        params = models.init_params(arch, jax.random.key(seed))
+        params = models.init_params(cfg.arch(), jax.random.key(seed))
     batch = jax.tree.map(jnp.asarray, arrays)
     packed = int(np.max(arrays.tokens.segment_ids_BxT)) > 1
     memory = dataclasses.replace(cfg.memory(), max_segments=MAX_SEQS_PER_ROW if packed else 1)
-    step = learner.make_train_step(
-        arch, optimizer, losses.resolve_loss_settings(cfg.loss), max_len=max_len,
-        n_micro=n_micro, compute_dtype=jnp.dtype(cfg.dtype), memory=memory,
-    )  # fmt: skip
+    step, optimizer = train_step(cfg, memory, max_len=max_len, n_micro=n_micro)
     holder = {"state": learner.init_state(params, optimizer)}
     train, compile_s = common.compile_ahead(step, holder["state"], batch, donate=(0,))
 

@@ -63,7 +63,7 @@ class LearnerBenchConfig(common.ModelSize):
     """Storage of the weights ("" = float32; with LoRA the frozen base may be int8)."""
     workload: str = option("step", choices=("step", "attention-memory", "long"))
     """step: time the train step; attention-memory: one micro-batch's peak memory per attention
-    kernel (`bench.attention_memory`); long: packed vs padded rows (`bench.learner_long`)."""
+    kernel; long: packed vs padded rows."""
     device_kind: str = ""
     """Device kind for the datasheet lookup ("" = detected)."""
     datasheet_tflops: float = 0.0
@@ -162,7 +162,6 @@ def _profile_pieces(
     head, _ = common.compile_ahead(
         jax.value_and_grad(head_loss, argnums=argnums), head_params, hidden_BxTxD
     )
-    head_s = common.time_calls(head, cfg.repeats, head_params, hidden_BxTxD)
 
     params = lora.split(params)[0]  # what the optimizer updates
     grads = jax.tree_util.tree_map(lambda x: jnp.full_like(x, 1e-3), params)
@@ -175,8 +174,13 @@ def _profile_pieces(
         return optax.apply_updates(p, updates), s
 
     upd, _ = common.compile_ahead(update, grads, opt_state, params)
-    upd_s = common.time_calls(upd, cfg.repeats, grads, opt_state, params)
-    return {"lm_head_logsoftmax_fwd_bwd": head_s, "optimizer_update": upd_s}
+    return common.time_calls(
+        {
+            "lm_head_logsoftmax_fwd_bwd": lambda: head(head_params, hidden_BxTxD),
+            "optimizer_update": lambda: upd(grads, opt_state, params),
+        },
+        cfg.repeats,
+    )
 
 
 def _peak_gflops(roofline: dict, after_fp32: float, platform: str) -> float:
@@ -200,7 +204,7 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
         cfg, arrays, max_len=cfg.seq, n_micro=cfg.n_micro, seed=cfg.seed, params=params
     )
     batch = jax.tree.map(jnp.asarray, arrays)
-    train_s = common.time_calls(train_call, cfg.repeats)
+    timings = common.time_calls({"train_step": train_call}, cfg.repeats)
     metrics = jax.device_get(train_call())
     trainable = lora.split(holder["state"].params)[0]
     if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
@@ -210,9 +214,9 @@ def measure(cfg: LearnerBenchConfig, *, trace_dir: str | None = None) -> dict[st
     )
     params = holder["state"].params
     fwd, fwd_compile_s = common.compile_ahead(logprob_fn, params, batch)
-    fwd_s = common.time_calls(fwd, cfg.repeats, params, batch)
+    timings |= common.time_calls({"logprob_forward": lambda: fwd(params, batch)}, cfg.repeats)
     return {
-        "timings": {"train_step": train_s, "logprob_forward": fwd_s},
+        "timings": timings,
         "compile_s": {"train_step": train_compile_s, "logprob_forward": fwd_compile_s},
         "memory": {"train_step": common.compiled_memory(train),
                    "logprob_forward": common.compiled_memory(fwd)},
@@ -237,8 +241,7 @@ def summarize(
     peak_gflops: float,
     datasheet: tuple[str, float] | None,
 ) -> dict[str, Any]:
-    """The figures of `measured` (best calls) against `peak_gflops`, and MFU against
-    `datasheet` = (name, bf16 TFLOP/s) when given."""
+    """The figures of `measured` against `peak_gflops`, MFU against `datasheet` (name, TFLOP/s)."""
     arch = cfg.arch()
     tokens = cfg.batch * cfg.seq
     forward = common.forward_flops(arch, cfg.batch, cfg.seq)
@@ -329,8 +332,7 @@ def run_step(cfg: LearnerBenchConfig) -> dict[str, Any]:
 
 
 def attention_kernel(cfg: LearnerBenchConfig) -> str:
-    """The kernel `cfg.attention_impl` resolves to here (rows of one sequence: `auto` takes
-    cuDNN on a GPU, as the trainer's unpacked batches do)."""
+    """The kernel `cfg.attention_impl` resolves to here for rows of one sequence each."""
     kw = dict(compute_dtype=jnp.dtype(cfg.dtype), head_dim=cfg.arch().head_dim, max_segments=1)
     return resolve_impl(cfg.attention_impl, **kw)
 

@@ -6,7 +6,7 @@ kernels' peak memory on a one-row micro-batch of `memory_seq` tokens."""
 from __future__ import annotations
 
 import dataclasses
-import time
+import functools
 from typing import Any
 
 import jax
@@ -107,26 +107,24 @@ def _compile_step(cfg: Any, work: LongWorkload, name: str, arrays: Any, n_micro:
 
 
 def _time_interleaved(calls: dict[str, Any], repeats: int) -> dict[str, dict[str, Any]]:
-    """A warm-up call of each, then `repeats` interleaved rounds: best seconds, all, the loss."""
-    out = {name: {"all_s": [], "cpu_s": [], "loss": float("nan")} for name in calls}
-    for call in calls.values():
-        call()
-    for _ in progress.steps(range(repeats), "timed round"):
-        for name, call in calls.items():
-            start, start_cpu = time.perf_counter(), time.process_time()
-            metrics = jax.device_get(call())
-            out[name]["all_s"].append(time.perf_counter() - start)
-            out[name]["cpu_s"].append(time.process_time() - start_cpu)
-            if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
-                raise RuntimeError(f"the {name} train step is not finite: {metrics}")
-            out[name]["loss"] = float(metrics["loss"])
-    for one in out.values():
-        one["seconds"] = min(one["all_s"])
-        one["cpu_seconds"] = min(one["cpu_s"])
-    return out
+    """`common.time_calls` of the train steps, each checked finite: seconds (all, best), loss."""
+    loss: dict[str, float] = {}
+
+    def checked(name: str, call: Any) -> None:
+        metrics = jax.device_get(call())
+        if not (np.isfinite(metrics["loss"]) and metrics["step_ok"] == 1.0):
+            raise RuntimeError(f"the {name} train step is not finite: {metrics}")
+        loss[name] = float(metrics["loss"])
+
+    timed = common.time_calls(
+        {name: functools.partial(checked, name, call) for name, call in calls.items()}, repeats
+    )
+    return {name: {"all_s": list(t.wall_s), "cpu_s": list(t.cpu_s), "loss": loss[name],
+                   "seconds": t.best, "cpu_seconds": min(t.cpu_s)}
+            for name, t in timed.items()}  # fmt: skip
 
 
-def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -> dict[str, Any]:
+def measure(cfg: Any, work: LongWorkload) -> dict[str, Any]:
     """Packed vs padded train steps, then the kernels' memory; the JSON-able `long` result."""
     arch = cfg.arch()
     batch = samples(work, arch.vocab_size)
@@ -141,10 +139,8 @@ def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -
     runs = {name: {**timed[name], **compiled[name][1]} for name in compiled}
     tps = {name: useful / r["seconds"] for name, r in runs.items()}
     per_cpu = {name: useful / r["cpu_seconds"] for name, r in runs.items()}
-    if kernels is None:
-        kernels = attention_memory.kernels_here(jnp.dtype(cfg.dtype), arch.head_dim)
     peak: dict[str, dict[str, float]] = {}
-    for kernel in kernels:
+    for kernel in attention_memory.kernels_here(jnp.dtype(cfg.dtype), arch.head_dim):
         progress.line(f"attention memory: {kernel} kernel, 1 row x {work.memory_seq} tokens")
         peak[kernel] = attention_memory.micro_batch_memory(cfg, kernel, work.memory_seq, 1)
     return {
@@ -172,8 +168,7 @@ def measure(cfg: Any, work: LongWorkload, *, kernels: list[str] | None = None) -
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    """`measure` on the learner config's workload (`long_cap` tokens a row, 0: the platform's
-    default), the roofline and the model."""
+    """`measure` on the learner config's workload (`long_cap`, 0: the platform's), the roofline."""
     from rlvr_jax.bench.roofline import measure_roofline
 
     cap = cfg.long_cap or (CPU_CAP if common.machine_info()["platform"] == "cpu" else FULL_CAP)

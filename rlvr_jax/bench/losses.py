@@ -145,8 +145,7 @@ def run_lab(
     variants: list[str] | None = None,
     agg: str = "token-mean",
 ) -> dict[str, Any]:
-    """Every variant (default ranges, `agg`, no TIS/KL) and every preset on one batch:
-    `{"batch", "variants", "presets"}`."""
+    """Every variant (default ranges, `agg`, no TIS/KL) and every preset on one batch."""
     mask = batch["mask"]
     results: dict[str, Any] = {
         "batch": {

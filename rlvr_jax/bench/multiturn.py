@@ -117,9 +117,8 @@ def run_reprefill(core: Any, cfg: MultiturnConfig, prompts: list[list[int]]) -> 
 
 
 def run(sizes: Any) -> dict:
-    """Both sides at the decode config's model sizes and repeats (its `quick`: the smoke sizes),
-    interleaved, best wall of each, and the roofline."""
-
+    """Both sides (the decode config's model sizes and repeats; `quick`: `QUICK`) interleaved,
+    the best wall of each, and the roofline."""
     from rlvr_jax.bench.engine_timing import interleaved_best
     from rlvr_jax.bench.roofline import best_roofline
     from rlvr_jax.rollout import EngineCore

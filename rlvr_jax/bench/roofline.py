@@ -69,9 +69,8 @@ def default_sizes(quick: bool = False) -> dict[str, int]:
 
 
 def measure_roofline(*, size: int = 2048, bandwidth_mib: int = 256) -> dict:
-    """The roofline of the default JAX device: `matmul_gflops` per dtype, `memory_gbps`,
-    `peak_gflops` (fp32 on a CPU, the larger dtype on accelerators) and the `datasheet` entry
-    with the fractions of it achieved (None: no entry)."""
+    """`matmul_gflops` per dtype, `memory_gbps`, `peak_gflops` (fp32 on a CPU, the larger dtype
+    on accelerators) and the `datasheet` entry with the fractions of it achieved."""
     progress.line(f"roofline: {size}^3 matmuls, {bandwidth_mib} MiB bandwidth probe")
     gflops = {
         "float32": matmul_gflops(size, jnp.float32),

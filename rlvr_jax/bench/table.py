@@ -1,23 +1,16 @@
 """`rlvr-bench`: every subcommand from one table.
 
-`SUBCOMMANDS` names the subcommands, in the order `rlvr-bench all` runs them; the module
-`rlvr_jax.bench.<name>` declares the rest in its `BENCH` (a `Bench`): its config dataclass, its
-named configs (`presets`: the first the default, `quick` what `--quick` runs), its run function
-(config -> JSON-able result), its headline figures (what the command prints and `rlvr-bench
-all` sums up) and its plot's panels.
+`SUBCOMMANDS` names the subcommands in `rlvr-bench all`'s order; module `rlvr_jax.bench.<name>`
+declares the rest in its `BENCH` (a `Bench`): its config dataclass, presets, run function,
+headline figures and plot panels.
 
-The flags are the config's fields: `--<field-name>` (dashes for underscores; the fields of a
-nested dataclass field `long` are `--long-<name>`), help from the docstring under the field;
-`--no-<name>` for a bool that defaults to true; a tuple of numbers is a comma-separated list, a
-tuple of strings a repeatable flag; `common.option(default, flag, **argparse)` names the flag
-otherwise (None: no flag) or adds choices or a converter. A flag not given keeps the preset's
-value; the config's `__post_init__` checks the result (its ValueError is a usage error). Every
-subcommand also takes `--json FILE` and `--quick`, `--plot FILE.png` when it has panels and
-`--preset NAME` when it has presets besides the default and `quick`.
-
-A new flag is a field (with its docstring) of the subcommand's config, read by its run
-function; a new subcommand is a module with a config, a `run(cfg) -> dict` and a `BENCH`, and
-its name and one-line summary in `SUBCOMMANDS`.
+The flags are the config's fields: `--<field-name>` (a nested dataclass field `long`'s fields:
+`--long-<name>`), help from the docstring under the field; `--no-<name>` for a bool that
+defaults to true; a tuple of numbers is a comma-separated list, of strings a repeatable flag;
+`common.option(default, flag, **argparse)` renames the flag (None: no flag) or adds choices or a
+converter. A flag not given keeps the preset's value; the config's `__post_init__` checks the
+result (its ValueError is a usage error). Every subcommand also takes `--json FILE` and
+`--quick`, `--plot FILE.png` when it has panels, `--preset NAME` when it has more presets.
 """
 
 from __future__ import annotations
@@ -216,8 +209,7 @@ def format_result(
     result: Mapping[str, Any], headlines: Sequence[str], *, machine: bool = True
 ) -> str:
     """The headline figures as text: a headline naming a dict of dicts is a table of its own (a
-    row per key, a column per leaf below it), the other figures rows of one "figure | value"
-    table; then (with `machine`) the machine line."""
+    row per key), the others rows of one "figure | value" table; then the machine line."""
     rows, tables = [], []
     for path in headlines:
         value = common.lookup(result, path)
@@ -318,11 +310,11 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _names(text: str | None, flag: str, parser: argparse.ArgumentParser) -> list[str]:
-    names = [n.strip() for n in (text or "").split(",") if n.strip()]
-    unknown = sorted(set(names) - set(SUBCOMMANDS))
-    if unknown:
-        parser.error(f"{flag}: unknown benchmark(s) {unknown}; known: {', '.join(SUBCOMMANDS)}")
+def _names(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if unknown := sorted(set(names) - set(SUBCOMMANDS)):
+        known = ", ".join(SUBCOMMANDS)
+        raise argparse.ArgumentTypeError(f"unknown benchmark(s) {unknown}; known: {known}")
     return names
 
 
@@ -332,12 +324,11 @@ def main_all(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="rlvr-bench all", description="Every benchmark, one JSON.")
     p.add_argument("--json", help="write every benchmark's results here as one JSON")
     p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
-    p.add_argument("--only", help="comma-separated benchmarks to run (default: all)")
-    p.add_argument("--skip", help="comma-separated benchmarks to leave out")
+    p.add_argument("--only", type=_names, default=[], help="run only these (comma-separated)")
+    p.add_argument("--skip", type=_names, default=[], help="leave these out (comma-separated)")
     p.add_argument("--plot-dir", help="write each benchmark's PNG plot into this directory")
     args = p.parse_args(argv)
-    only, skip = _names(args.only, "--only", p), _names(args.skip, "--skip", p)
-    names = [n for n in SUBCOMMANDS if (not only or n in only) and n not in skip]
+    names = [n for n in SUBCOMMANDS if (n in args.only or not args.only) and n not in args.skip]
     if not names:
         p.error("no benchmark left to run")
     plot_dir = Path(args.plot_dir) if args.plot_dir else None

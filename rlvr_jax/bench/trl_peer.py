@@ -156,9 +156,8 @@ def verifier_reward_fn(config: RewardsConfig) -> Callable[..., list[float]]:
 def run_trl(
     cfg: Config, *, steps: int, warmup: int, out: Path, use_vllm: bool = False
 ) -> dict[str, Any]:
-    """Trains `warmup + steps` GRPO steps with TRL on `cfg`'s setup; steps/s and trained tokens/s
-    over the last `steps`. A step ends at `on_step_end`, after its optimizer step (synchronous on
-    the CPU). `use_vllm`: TRL generates with vLLM colocated, its own weight sync."""
+    """Trains `warmup + steps` GRPO steps with TRL (`use_vllm`: generating with vLLM colocated);
+    steps/s and trained tokens/s over the last `steps`, a step ending at `on_step_end`."""
     import datasets
     import torch
     import transformers

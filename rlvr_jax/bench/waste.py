@@ -37,12 +37,9 @@ def continuous_steps(lengths: Sequence[int], slots: int) -> int:
     slot (a slot freed after step t serves the next request from step t + 1)."""
     _check(lengths, slots)
     free_at = [0] * slots
-    end = 0
     for n in lengths:
-        start = heapq.heappop(free_at)
-        heapq.heappush(free_at, start + n)
-        end = max(end, start + n)
-    return end
+        heapq.heappush(free_at, heapq.heappop(free_at) + n)
+    return max(free_at)
 
 
 def waste(lengths: Sequence[int], steps: int, slots: int) -> float:
@@ -85,15 +82,11 @@ class LengthDistribution:
         lo, hi = math.log(mean) - 10 * sigma - 10, math.log(cap) + 10 * sigma + 10
         for _ in range(200):
             mid = 0.5 * (lo + hi)
-            if cls(mid, sigma, cap).mean() < mean:
-                lo = mid
-            else:
-                hi = mid
+            lo, hi = (mid, hi) if cls(mid, sigma, cap).mean() < mean else (lo, mid)
         return cls(0.5 * (lo + hi), sigma, cap)
 
     def mean(self) -> float:
-        """E[min(X, cap)] = e^(μ+σ²/2) Φ(a − σ) + cap (1 − Φ(a)), a = (ln cap − μ)/σ
-        (before rounding up to whole tokens)."""
+        """E[min(X, cap)] = e^(μ+σ²/2) Φ(a − σ) + cap (1 − Φ(a)), a = (ln cap − μ)/σ."""
         a = (math.log(self.cap) - self.mu) / self.sigma
         body = math.exp(self.mu + self.sigma**2 / 2) * _normal_cdf(a - self.sigma)
         return body + self.cap * (1.0 - _normal_cdf(a))
@@ -155,8 +148,8 @@ def simulate(
 
 
 def measure(cfg: WasteBenchConfig, dist: LengthDistribution) -> dict[str, Any]:
-    """Static vs continuous waste and wall time on the real engine for lengths drawn from `dist`
-    (scaled down), beside the simulation of the same lengths."""
+    """Static vs continuous waste and wall time on the engine, beside the simulation of the same
+    lengths (drawn from `dist`)."""
     from rlvr_jax.bench.engine_timing import run_lengths
     from rlvr_jax.rollout import EngineCore
 
@@ -234,8 +227,8 @@ class WasteBenchConfig:
     """Seed of the lengths, prompts and params."""
 
     def __post_init__(self) -> None:
-        counts = ("requests", "slots", "measured_cap", "measured_requests", "measured_slots")
-        for name in (*counts, "prompt_len", "chunk"):
+        for name in ("requests", "slots", "measured_cap", "measured_requests", "measured_slots",
+                     "prompt_len", "chunk"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.sigma <= 0:
