@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 # Must happen before jax is imported anywhere.
-from helpers_cli import xla_flags
+from helpers_cli import load_factor, xla_flags
 
 os.environ.setdefault("XLA_FLAGS", xla_flags(8))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -214,11 +214,6 @@ def pytest_fixture_setup(fixturedef, request):
             )
 
 
-def _load_factor() -> float:
-    """How much slower than idle the cores are: the 1-minute load average per core, >= 1."""
-    return max(1.0, os.getloadavg()[0] / len(os.sched_getaffinity(0)))
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
@@ -230,7 +225,7 @@ def pytest_runtest_makereport(item, call):
     elif report.when == "call" and report.passed:
         own_setup, shared = item.stash.get(_OWN_SETUP, (0.0, []))
         own = own_setup + report.duration
-        load = _load_factor()
+        load = load_factor()
         smoke = item.get_closest_marker("smoke") is not None
         limit = load * item.config.getoption("smoke_limit" if smoke else "fast_limit")
         shared_limit = load * item.config.getoption("smoke_limit")

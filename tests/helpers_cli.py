@@ -17,14 +17,28 @@ FAST_COMPILE = "--xla_backend_optimization_level=0"
 through `xla_flags`): the tests' programs are tiny, so LLVM's optimizations cost more compile
 time than they save at run time (test_ppo_sync_run_resumes_exactly: 122 s -> 65 s, load ~4;
 test_attention_memory_workload, the heaviest compute: 65 s -> 60 s); runs that decode a lot
-lose some (the DPO experiment's --quick run: 106 s -> 125 s, load ~2.5). The float semantics
-are XLA's either way (no fast-math)."""
+lose some (the DPO experiment's --quick run: 106 s -> 125 s, load ~2.5), and a run of many
+steps of the demo model loses most: 200 SFT steps of the tool warm start take 3x the CPU time
+at -O0 (1.31 s a step against 0.42), so that test's process optimizes (`xla_flags(optimize=
+True)`). The float semantics are XLA's either way (no fast-math)."""
 FAULTS = Path(__file__).with_name("serve_faults")
 """PYTHONPATH entry whose sitecustomize injects engine faults (see its docstring)."""
 CHECKOUT = str(Path(__file__).resolve().parents[1])
 """The checkout these tests belong to: first on the PYTHONPATH of every console script they
 start, so that the script runs this checkout's package whichever checkout the virtualenv's
 editable install points at (the same directory when it is this one)."""
+
+
+def load_factor() -> float:
+    """How much slower than idle the cores are: the 1-minute load average per core, >= 1."""
+    return max(1.0, os.getloadavg()[0] / len(os.sched_getaffinity(0)))
+
+
+def stop_s(seconds: float = 10.0) -> float:
+    """The time a command is given to stop on a signal: `seconds` on idle cores, scaled by
+    `load_factor()` (CI's two xdist workers and their subprocesses load two cores to 3-6, and
+    a process that gets a third of a core takes three times as long to unwind)."""
+    return seconds * load_factor()
 
 
 def script(name: str) -> str:
@@ -34,10 +48,11 @@ def script(name: str) -> str:
     return str(path)
 
 
-def xla_flags(devices: int = 1) -> str:
-    """XLA_FLAGS of a test process with `devices` simulated CPU devices (1: XLA's default)."""
+def xla_flags(devices: int = 1, *, optimize: bool = False) -> str:
+    """XLA_FLAGS of a test process with `devices` simulated CPU devices (1: XLA's default),
+    compiled at -O0 (`FAST_COMPILE`) unless `optimize`."""
     count = f"--xla_force_host_platform_device_count={devices} " if devices > 1 else ""
-    return count + FAST_COMPILE
+    return (count + ("" if optimize else FAST_COMPILE)).strip()
 
 
 def user_env(**extra: str) -> dict[str, str]:
@@ -45,7 +60,7 @@ def user_env(**extra: str) -> dict[str, str]:
     XLA device count: `xla_flags()`), plus `extra`; PYTHONPATH is `CHECKOUT`, then `extra`'s
     PYTHONPATH, then (with `RLVR_TEST_*` variables) `FAULTS`."""
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(), **extra)
+    env.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(), **extra})
     path = [CHECKOUT, *([extra["PYTHONPATH"]] if extra.get("PYTHONPATH") else [])]
     if any(k.startswith("RLVR_TEST_") for k in extra):
         path.append(str(FAULTS))
