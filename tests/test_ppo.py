@@ -219,7 +219,9 @@ def make_critic(kind, **cfg):
 
 def critic_params(kind, seed=3):
     k1, k2 = jax.random.split(jax.random.key(seed))
-    head = {"w_D": 0.3 * jax.random.normal(k1, (ARCH.d_model,)), "b": jnp.array(0.1)}
+    # b strongly typed, as the step returns it: a weak-typed one recompiled the step at each
+    # state's second call (test_ppo_packed_mini_batches_equal_unpacked_ones: 4 compiles, not 2)
+    head = {"w_D": 0.3 * jax.random.normal(k1, (ARCH.d_model,)), "b": jnp.array(0.1, jnp.float32)}
     return (
         {"head": head}
         if kind == "shared"
