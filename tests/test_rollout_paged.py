@@ -221,6 +221,23 @@ def test_compile_ahead_leaves_nothing_to_compile(qwen, layout):
     assert not [m for m in messages if m.startswith("Compiling")], messages
 
 
+@pytest.mark.parametrize(("key", "arg", "compiled"), [
+    (True, None, True), (False, None, False), (False, True, True), (True, False, False),
+])  # fmt: skip
+def test_build_rollout_compiles_ahead_as_rollout_compile_ahead_says(
+    qwen, tiny_tokenizer, monkeypatch, key, arg, compiled
+):
+    """`rollout.compile_ahead` decides unless the caller says (rlvr-serve: never)."""
+    from rlvr_jax.config.schema import RolloutConfig
+    from rlvr_jax.rollout import build_rollout
+
+    calls = []
+    monkeypatch.setattr(EngineCore, "compile_ahead", lambda self, *a: calls.append(self) or 0)
+    cfg = RolloutConfig(max_slots=4, compile_ahead=key)
+    build_rollout(cfg, qwen, None, tiny_tokenizer, max_len=48, compile_ahead=arg)
+    assert len(calls) == compiled
+
+
 @pytest.mark.slow
 def test_packed_rows_equal_full_rows(qwen):
     """16 slots (row buckets 8 and 16): as slots finish, live ones are moved down and the

@@ -224,6 +224,11 @@ class RolloutConfig:
     sampled after the push attends to K/V of the weights that sample it — costs a prefill of
     every in-flight sequence per push (`rollout/recomputed_tokens`). Both backends offer both
     (`rlvr_jax.rollout.api.BACKENDS`)."""
+    compile_ahead: bool = True
+    """Compile every program of our engine (each prefill chunk and decode row bucket) when the
+    rollout is built, so that no request stalls to compile one; off, each compiles on first
+    use, and a short run pays only for what it meets (`rlvr-serve` always does: it starts
+    sooner). vLLM compiles its own."""
     push_timeout_s: float = 600.0
     """A weight push to the actors (hand-over, swap and probe) still running after this many
     seconds stops the run with `PushTimeoutError` instead of hanging; 0 = no limit."""

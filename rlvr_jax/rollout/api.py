@@ -292,6 +292,7 @@ def resolve(ref: str) -> Callable[..., Any]:
 _OUR_KEYS = (
     "max_slots", "kv_layout", "page_size", "kv_pages", "kv_cache_gib", "prefill_chunk",
     "decode_chunk", "stop_strings", "weight_dtype", "exact", "interrupt", "on_push",
+    "compile_ahead",
 )  # fmt: skip
 
 JETSTREAM = Backend(
@@ -313,6 +314,7 @@ VLLM = Backend(
         "rollout.on_push": "keep: KV kept; recompute: running requests preempted and recomputed",
         "rollout.kv_layout": "ignored: vLLM's cache is always paged (its budget as above)",
         "rollout.page_size": "ignored: vLLM picks its block size (128 tokens on a CPU)",
+        "rollout.compile_ahead": "ignored: vLLM compiles its own programs",
     },
     refuses=(
         Refusal(

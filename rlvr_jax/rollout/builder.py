@@ -77,15 +77,15 @@ def build_rollout(
     max_pending_groups: int = 64,
     max_ready_groups: int = 64,
     timeline: Timeline | None = None,
-    compile_ahead: bool = True,
+    compile_ahead: bool | None = None,
     turns: DeviceTurns | None = None,
 ) -> Rollout:
     """The `rollout.backend` engine for `model` (its params moved to the actor `mesh`; None = one
     device) behind a `Rollout`, not started (`start()` it, or `step()` it in lockstep on every
     process). `max_len`: default the model's `max_position_embeddings`; `params` / `version`:
-    start from these (e.g. restored); `compile_ahead`: compile every engine program now; the
-    rest as `RolloutStream`'s. Raises ValueError naming the keys: a stop string that is not one
-    token, budget forcing that does not fit `max_new_tokens`."""
+    start from these (e.g. restored); `compile_ahead`: compile every engine program now (None:
+    `cfg.compile_ahead`); the rest as `RolloutStream`'s. Raises ValueError naming the keys: a
+    stop string that is not one token, budget forcing that does not fit `max_new_tokens`."""
     from rlvr_jax.data.formatting import stop_token_ids
 
     if params is not None:
@@ -107,7 +107,7 @@ def build_rollout(
         scheduler = resolve(other)(cfg, model, mesh, max_len=max_len, version=version)
         return RolloutStream(None, scheduler=scheduler, **common)
     engine = build_engine(cfg, model, mesh, tokenizer, max_len=max_len)
-    if compile_ahead:
+    if cfg.compile_ahead if compile_ahead is None else compile_ahead:
         engine.compile_ahead()
     return RolloutStream(engine, on_push=cfg.on_push, **common)
 
