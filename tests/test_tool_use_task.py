@@ -96,7 +96,8 @@ def docs_command() -> str:
 def test_the_documented_tool_env_command_calls_the_tool(tmp_path):
     """docs/envs.md's command from a checkout (configs/ and data/ beside it), as a user runs
     it: the warm start is built on first use and RL's episodes call the tool. Two steps of it
-    here (`train.max_steps=2` appended)."""
+    here, of 2 prompts x 8 samples (`train.max_steps=2 train.prompts_per_batch=2` appended: the
+    warm start's SFT does not read them, RL's episodes are a quarter of the config's 8 x 8)."""
     from helpers_cli import Proc, xla_flags
 
     for name in ("configs", "data"):
@@ -105,7 +106,10 @@ def test_the_documented_tool_env_command_calls_the_tool(tmp_path):
     assert argv[:3] == ["rlvr-train", "--config", "configs/tool_use.yaml"]
     # optimized: its 200 SFT steps take a third of the CPU time they take at -O0 (helpers_cli)
     proc = Proc(
-        argv[0], [*argv[1:], "train.max_steps=2"], tmp_path, XLA_FLAGS=xla_flags(optimize=True)
+        argv[0],
+        [*argv[1:], "train.max_steps=2", "train.prompts_per_batch=2"],
+        tmp_path,
+        XLA_FLAGS=xla_flags(optimize=True),
     )
     assert proc.wait(1800) == 0, proc.stderr()[-3000:]
     warm = json.loads((tmp_path / "runs" / "cache" / "tool_base" / "warm_start.json").read_text())
